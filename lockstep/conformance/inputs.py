@@ -1,0 +1,118 @@
+"""Input generators for the conformance suite: boundary tables and seeded random values.
+
+Random inputs come from Philox streams keyed by (seed, "conformance", op, case), so
+every machine builds the same inputs for the same seed; no np.random.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from lockstep.spec import fp
+from lockstep.spec.philox import PhiloxStream
+
+# Boundary bit patterns, in the manner of TestFloat's tables.
+BOUNDARY_F32: tuple[tuple[int, str], ...] = (
+    (0x00000000, "+0"),
+    (0x80000000, "-0"),
+    (0x00000001, "smallest subnormal (a zero once flushed)"),
+    (0x807FFFFF, "-largest subnormal (a zero once flushed)"),
+    (0x00800000, "smallest normal 2**-126"),
+    (0x80800000, "-smallest normal"),
+    (0x00800001, "smallest normal + 1 ulp"),
+    (0x00C00000, "1.5 * 2**-126"),
+    (0x1F800000, "2**-64 (square rounds to subnormal)"),
+    (0x20000000, "2**-63 (square is the smallest normal)"),
+    (0x33800000, "2**-24 (half an ulp of 1: a rounding tie with 1)"),
+    (0x34000000, "2**-23 (one ulp of 1)"),
+    (0x3EFFFFFF, "0.5 - ulp"),
+    (0x3F000000, "0.5"),
+    (0x3F7FFFFF, "1 - ulp"),
+    (0x3F800000, "1"),
+    (0x3F800001, "1 + ulp"),
+    (0x3F800003, "1 + 3 ulp (ties to even in sums)"),
+    (0xBF800000, "-1"),
+    (0x3FB504F3, "sqrt(2) rounded"),
+    (0x40000000, "2"),
+    (0x40490FDB, "pi rounded"),
+    (0x4B000000, "2**23 (ulp 1)"),
+    (0x4B800001, "2**24 + 2 (ulp 2)"),
+    (0x42B17218, "88.72: exp overflows just above"),
+    (0xC2AEAC50, "-87.34: exp reaches the subnormal range"),
+    (0xC2CE8ED0, "-103.28: exp underflows to 0"),
+    (0x5F800000, "2**64 (square overflows to... 2**128 = inf)"),
+    (0x7F7FFFFF, "largest finite"),
+    (0xFF7FFFFF, "-largest finite"),
+    (0x7F800000, "+inf"),
+    (0xFF800000, "-inf"),
+    (0x7FC00000, "canonical quiet NaN"),
+    (0xFFC00000, "negative quiet NaN (x86 default NaN)"),
+    (0x7F800001, "signalling NaN"),
+    (0x7FC12345, "quiet NaN with payload"),
+)
+
+
+def boundary_values() -> np.ndarray:
+    """The boundary table as a float32 array (raw bits: subnormals and NaN payloads kept)."""
+    return fp.from_bits(np.array([b for b, _ in BOUNDARY_F32], dtype=np.uint32)).copy()
+
+
+def boundary_pairs() -> tuple[np.ndarray, np.ndarray]:
+    """Every ordered pair of boundary values, as two float32 arrays."""
+    v = boundary_values()
+    a, b = np.meshgrid(v, v, indexing="ij")
+    return a.reshape(-1).copy(), b.reshape(-1).copy()
+
+
+def rounding_ties() -> tuple[np.ndarray, np.ndarray]:
+    """Pairs whose exact sum or product lies halfway between two float32 values."""
+    one = np.float32(1.0)
+    half_ulp = np.float32(2.0**-24)
+    a = np.array([one, fp.from_bits(np.uint32(0x3F800001)), fp.from_bits(np.uint32(0x3F800003)),
+                  np.float32(2.0**24), np.float32(3.0), fp.from_bits(np.uint32(0x3F800001))], dtype=np.float32)
+    b = np.array([half_ulp, half_ulp, half_ulp, np.float32(1.0), np.float32(2.0**23 + 1), fp.from_bits(np.uint32(0x3F800001))],
+                 dtype=np.float32)
+    return a, b
+
+
+def _stream(seed: int, *purpose) -> PhiloxStream:
+    return PhiloxStream(seed, "conformance", *purpose)
+
+
+def random_bits(seed: int, purpose: tuple, n: int) -> np.ndarray:
+    """n float32 values with uniformly random bit patterns (NaNs, infs, subnormals included)."""
+    return fp.from_bits(_stream(seed, *purpose).uint32(0, n)).copy()
+
+
+def random_normal_range(seed: int, purpose: tuple, shape, lo_exp: int = -20, hi_exp: int = 20) -> np.ndarray:
+    """Finite float32 values with random sign, exponent in [lo_exp, hi_exp) and mantissa (exact bits)."""
+    n = int(np.prod(shape))
+    u = _stream(seed, *purpose).uint32(0, 2 * n).reshape(2, n)
+    span = hi_exp - lo_exp
+    e = (u[0] % np.uint32(span)).astype(np.int64) + lo_exp + 127
+    sign = (u[0] >> np.uint32(31)).astype(np.uint32) << np.uint32(31)
+    mant = u[1] & fp.MANTISSA_MASK
+    return fp.from_bits(sign | (e.astype(np.uint32) << np.uint32(23)) | mant).reshape(shape).copy()
+
+
+def random_uniform(seed: int, purpose: tuple, shape, lo: float = -1.0, hi: float = 1.0) -> np.ndarray:
+    """float32 values ``lo + (hi - lo) * u`` with u uniform on [0, 1) (spec arithmetic)."""
+    n = int(np.prod(shape))
+    u = _stream(seed, *purpose).uniform(0, n)
+    return fp.add(np.float32(lo), fp.mul(np.float32(hi - lo), u)).reshape(shape)
+
+
+def random_int8(seed: int, purpose: tuple, shape, symmetric: bool = True) -> np.ndarray:
+    """int8 values, uniform on [-127, 127] (symmetric) or [-128, 127]."""
+    n = int(np.prod(shape))
+    u = _stream(seed, *purpose).uint32(0, n).astype(np.int64)
+    if symmetric:
+        v = (u % 255) - 127
+    else:
+        v = (u % 256) - 128
+    return v.astype(np.int8).reshape(shape)
+
+
+def random_uint32(seed: int, purpose: tuple, shape) -> np.ndarray:
+    n = int(np.prod(shape))
+    return _stream(seed, *purpose).uint32(0, n).reshape(shape)

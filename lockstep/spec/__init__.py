@@ -1,0 +1,53 @@
+"""lockstep.spec: the definition of every number lockstep publishes.
+
+Slow, plain NumPy, written to be read. Arithmetic contract (see ``fp``):
+IEEE float32, each ``+ - * / sqrt`` rounded separately (never an FMA), results
+with ``0 < |r| < 2**-126`` flushed to a zero of their sign after rounding,
+every NaN the canonical ``0x7FC00000``, one written order for every float sum
+(``reduce``), transcendentals built from those five operations
+(``transcendental``), random numbers from Philox4x32-10 only (``philox``).
+No BLAS, libm, ``np.sum``/``np.dot``/``np.matmul`` on floats or ``np.random``
+decides a bit. Integer GEMMs are exact and may use anything.
+
+The module is itself a backend: ``OPS`` names the op table that every backend
+(``lockstep.backends``) mirrors one to one, and the conformance suite compares
+``getattr(backend, op)`` with ``getattr(spec, op)`` byte for byte.
+"""
+
+from .fp import abs, add, div, f32, maximum, minimum, mul, neg, sqrt, sub
+from .philox import PhiloxStream, philox4x32
+from .reduce import argmax, int8_matmul, lane_tree_sum, matmul, max
+from .transcendental import exp, log, sigmoid, silu
+from .attention import attention_backward, attention_forward
+from .embedding import embedding_backward, embedding_forward
+from .layout import concat_last
+from .loss import cross_entropy_backward, cross_entropy_forward
+from .norm import column_sum, rmsnorm_backward, rmsnorm_forward
+from .optim import adamw_update, clip_coefficient, global_norm, scale, sum_of_squares
+from .quant import int8_linear_backward, int8_linear_forward
+from .rope import rope_backward, rope_forward
+from .swiglu import swiglu_backward, swiglu_forward
+
+# Bump whenever what any op computes changes; regenerate the golden vectors with
+# ``python -m lockstep.conformance.golden --write`` in the same commit.
+SPEC_VERSION = "1"
+
+# The op table: every backend implements these names with the same signatures.
+OPS: tuple[str, ...] = (
+    "add", "sub", "mul", "div", "sqrt", "neg", "abs", "maximum", "minimum",
+    "exp", "log", "sigmoid", "silu",
+    "lane_tree_sum", "matmul", "int8_matmul", "max", "argmax",
+    "philox4x32",
+    # model ops (forward/backward pairs), see lockstep/train/model.py for how they compose
+    "concat_last", "column_sum",
+    "embedding_forward", "embedding_backward",
+    "rmsnorm_forward", "rmsnorm_backward",
+    "rope_forward", "rope_backward",
+    "attention_forward", "attention_backward",
+    "swiglu_forward", "swiglu_backward",
+    "int8_linear_forward", "int8_linear_backward",
+    "cross_entropy_forward", "cross_entropy_backward",
+    "sum_of_squares", "global_norm", "clip_coefficient", "scale", "adamw_update",
+)
+
+__all__ = ["SPEC_VERSION", "OPS", "PhiloxStream", "f32", *OPS]

@@ -1,0 +1,175 @@
+"""Canonical tensor bytes, Merkle tensor digests, the state root and the step chain.
+
+Everything here is SHA-256 over bytes whose layout is written down below, so any
+language can recompute it. Multi-byte integers are little-endian.
+
+* Canonical header of a tensor::
+
+      b"lockstep.tensor.v1\\0" || u32 len(name) || name (UTF-8)
+      || u32 len(dtype) || dtype (NumPy ``str``, little-endian form, e.g. ``<f4``)
+      || u32 ndim || u64 shape[0] || ... || u64 shape[ndim-1]
+
+  followed by the data: the C-order elements, little-endian.
+* Merkle digest of the data: split it into chunks of ``CHUNK_BYTES`` (1 MiB; the
+  last may be shorter; an empty tensor has one empty chunk). Leaf i is
+  ``SHA-256(0x00 || u64 i || chunk_i)``; a parent is ``SHA-256(0x01 || left || right)``;
+  a level with an odd count carries its last node up unchanged.
+* Tensor digest: ``SHA-256(header || u64 data_length || merkle_root)``.
+* State root: ``SHA-256(b"lockstep.state.v1\\0" || u32 n || (u32 len(name) || name ||
+  tensor_digest) for each tensor in ascending order of UTF-8 name bytes)``.
+* Chain: ``H_t = SHA-256(b"lockstep.chain.v1\\0" || u64 t || H_{t-1} || state_root_t ||
+  batch_digest_t)``; ``H_0 = SHA-256(b"lockstep.genesis.v1\\0" || recipe_digest ||
+  manifest_digest || u32 len(SPEC_VERSION) || SPEC_VERSION)``.
+
+Leaves are hashed on a thread pool (hashlib releases the GIL on large buffers), so
+digests of big states use every core; the result does not depend on the thread count.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import struct
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+
+CHUNK_BYTES = 1 << 20
+TENSOR_DOMAIN = b"lockstep.tensor.v1\x00"
+STATE_DOMAIN = b"lockstep.state.v1\x00"
+CHAIN_DOMAIN = b"lockstep.chain.v1\x00"
+GENESIS_DOMAIN = b"lockstep.genesis.v1\x00"
+LEAF_TAG = b"\x00"
+NODE_TAG = b"\x01"
+
+_POOL: ThreadPoolExecutor | None = None
+
+
+def _pool() -> ThreadPoolExecutor:
+    global _POOL
+    if _POOL is None:
+        _POOL = ThreadPoolExecutor(max_workers=max(1, os.cpu_count() or 1), thread_name_prefix="lockstep-hash")
+    return _POOL
+
+
+def _le_contiguous(x: np.ndarray) -> np.ndarray:
+    """The array as C-contiguous little-endian (a view when it already is)."""
+    x = np.asarray(x)
+    if x.dtype.byteorder == ">" or (x.dtype.byteorder == "=" and not np.little_endian):
+        x = x.astype(x.dtype.newbyteorder("<"))
+    return np.ascontiguousarray(x)
+
+
+def dtype_name(dtype) -> str:
+    """The canonical dtype string: NumPy's ``str`` of the little-endian form (``<f4``, ``|i1``)."""
+    dt = np.dtype(dtype)
+    if dt.hasobject or dt.fields is not None:
+        raise TypeError(f"only plain numeric dtypes can be hashed, got {dt}")
+    return dt.newbyteorder("<").str if dt.byteorder not in ("|",) else dt.str
+
+
+def tensor_header(name: str, x: np.ndarray) -> bytes:
+    """The canonical header bytes of tensor ``name`` (see the module docstring)."""
+    nb = name.encode("utf-8")
+    db = dtype_name(x.dtype).encode("ascii")
+    parts = [TENSOR_DOMAIN, struct.pack("<I", len(nb)), nb, struct.pack("<I", len(db)), db]
+    parts.append(struct.pack("<I", x.ndim))
+    parts.extend(struct.pack("<Q", int(s)) for s in x.shape)
+    return b"".join(parts)
+
+
+def canonical_bytes(name: str, x: np.ndarray) -> bytes:
+    """Header followed by the little-endian C-order data."""
+    x = _le_contiguous(x)
+    return tensor_header(name, x) + x.tobytes()
+
+
+def _leaf(i: int, chunk: memoryview) -> bytes:
+    h = hashlib.sha256(LEAF_TAG + struct.pack("<Q", i))
+    h.update(chunk)
+    return h.digest()
+
+
+def leaf_digests(data: memoryview | bytes, chunk_bytes: int = CHUNK_BYTES) -> list[bytes]:
+    """The Merkle leaves of a byte string: ``SHA-256(0x00 || u64 i || chunk_i)``."""
+    mv = memoryview(data).cast("B")
+    n = len(mv)
+    if n == 0:
+        return [_leaf(0, mv)]
+    starts = range(0, n, chunk_bytes)
+    if n <= 4 * chunk_bytes:
+        return [_leaf(i, mv[s : s + chunk_bytes]) for i, s in enumerate(starts)]
+    return list(_pool().map(lambda a: _leaf(a[0], mv[a[1] : a[1] + chunk_bytes]), enumerate(starts)))
+
+
+def merkle_root(leaves: list[bytes]) -> bytes:
+    """Fold leaves pairwise, left to right, level by level; an odd last node moves up as is."""
+    level = list(leaves)
+    while len(level) > 1:
+        nxt = [hashlib.sha256(NODE_TAG + level[i] + level[i + 1]).digest() for i in range(0, len(level) - 1, 2)]
+        if len(level) % 2:
+            nxt.append(level[-1])
+        level = nxt
+    return level[0]
+
+
+def tensor_digest(name: str, x: np.ndarray) -> bytes:
+    """32-byte digest of tensor ``name``: ``SHA-256(header || u64 nbytes || merkle_root)``."""
+    x = _le_contiguous(x)
+    data = memoryview(x.reshape(-1).view(np.uint8)) if x.size else memoryview(b"")
+    root = merkle_root(leaf_digests(data))
+    return hashlib.sha256(tensor_header(name, x) + struct.pack("<Q", x.nbytes) + root).digest()
+
+
+def state_root_bytes(tensors: dict[str, np.ndarray]) -> bytes:
+    """32-byte state root over all tensors, in ascending order of UTF-8 name bytes."""
+    names = sorted(tensors, key=lambda n: n.encode("utf-8"))
+    h = hashlib.sha256(STATE_DOMAIN + struct.pack("<I", len(names)))
+    for name in names:
+        nb = name.encode("utf-8")
+        h.update(struct.pack("<I", len(nb)) + nb + tensor_digest(name, tensors[name]))
+    return h.digest()
+
+
+def state_root(tensors: dict[str, np.ndarray]) -> str:
+    """The state root as lowercase hex."""
+    return state_root_bytes(tensors).hex()
+
+
+def tensor_digests(tensors: dict[str, np.ndarray]) -> dict[str, str]:
+    """Hex digest of every tensor (used to name which tensor differs)."""
+    return {name: tensor_digest(name, x).hex() for name, x in tensors.items()}
+
+
+def chunk_digests(name: str, x: np.ndarray) -> list[str]:
+    """Hex Merkle leaves of one tensor (used to name the first chunk that differs)."""
+    x = _le_contiguous(x)
+    data = memoryview(x.reshape(-1).view(np.uint8)) if x.size else memoryview(b"")
+    return [d.hex() for d in leaf_digests(data)]
+
+
+def _b32(h: str | bytes, what: str) -> bytes:
+    b = bytes.fromhex(h) if isinstance(h, str) else bytes(h)
+    if len(b) != 32:
+        raise ValueError(f"{what} must be 32 bytes (64 hex digits), got {len(b)} bytes")
+    return b
+
+
+def genesis_hash(recipe_digest: str | bytes, manifest_digest: str | bytes, spec_version: str) -> str:
+    """``H_0``: binds the recipe, the data manifest and the spec version (hex)."""
+    sv = spec_version.encode("utf-8")
+    body = _b32(recipe_digest, "recipe digest") + _b32(manifest_digest, "manifest digest")
+    return hashlib.sha256(GENESIS_DOMAIN + body + struct.pack("<I", len(sv)) + sv).hexdigest()
+
+
+def chain_hash(step: int, prev: str | bytes, state_root_hex: str | bytes, batch_digest: str | bytes) -> str:
+    """``H_t = SHA-256(domain || u64 t || H_{t-1} || state_root_t || batch_digest_t)`` (hex)."""
+    if not 0 <= int(step) < 2**64:
+        raise ValueError(f"step out of range: {step}")
+    body = _b32(prev, "previous chain hash") + _b32(state_root_hex, "state root") + _b32(batch_digest, "batch digest")
+    return hashlib.sha256(CHAIN_DOMAIN + struct.pack("<Q", int(step)) + body).hexdigest()
+
+
+def array_digest(x: np.ndarray) -> str:
+    """SHA-256 hex of an array's canonical bytes under the empty name (batch digests)."""
+    return hashlib.sha256(canonical_bytes("", np.asarray(x))).hexdigest()

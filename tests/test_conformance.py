@@ -1,0 +1,81 @@
+"""The conformance suite: registry coverage, the runner, the golden vectors, the CLI."""
+
+import io
+
+import numpy as np
+import pytest
+
+from lockstep import spec
+from lockstep.backends import Backend, BackendUnavailable, get_backend
+from lockstep.cli import main
+from lockstep.conformance import golden
+from lockstep.conformance.registry import all_records
+from lockstep.conformance.runner import all_passed, print_table, run_conformance
+
+
+def test_registry_covers_every_spec_op():
+    names = [r.name for r in all_records()]
+    assert len(names) == len(set(names))
+    assert set(names) == set(spec.OPS)
+    for op in spec.OPS:
+        assert callable(getattr(spec, op)), op
+    assert all(r.tolerance == 0 for r in all_records())
+
+
+def test_spec_backend_mirrors_op_table():
+    be = get_backend("spec")
+    assert set(be.ops) == set(spec.OPS)
+    with pytest.raises(AttributeError):
+        be.not_an_op
+    with pytest.raises(ValueError):
+        get_backend("nonsense")
+
+
+def test_unavailable_backend_says_what_to_install():
+    with pytest.raises(BackendUnavailable):
+        get_backend("metal")
+
+
+def test_spec_passes_its_own_suite_and_golden_vectors():
+    results = run_conformance(get_backend("spec"), level=1, seed=0, progress=False)
+    assert all_passed(results), [(r.op, r.status, r.messages[:3]) for r in results if r.status != "PASS"]
+    assert {r.golden for r in results} == {"match"}
+
+
+def test_golden_file_is_what_the_generator_writes():
+    assert golden.golden_path().read_text() == golden.format_golden(golden.compute_golden())
+
+
+def test_runner_reports_wrong_and_missing_ops():
+    sp = get_backend("spec")
+    ops = dict(sp.ops)
+
+    def bad_add(a, b):
+        r = spec.add(a, b)
+        r = np.array(r, copy=True)
+        flat = r.reshape(-1).view(np.uint32)
+        if flat.size:
+            flat[0] ^= 1  # one bit wrong
+        return r
+
+    ops["add"] = bad_add
+    del ops["sub"]
+    wrong = Backend("wrong", ops)
+    results = {r.op: r for r in run_conformance(wrong, ops=["add", "sub", "mul"], progress=False)}
+    assert results["add"].status == "FAIL"
+    assert any("0x" in m for m in results["add"].messages)
+    assert results["sub"].status == "MISSING"
+    assert results["mul"].status == "PASS"
+    out = io.StringIO()
+    print_table(list(results.values()), wrong, 1, 0, out=out)
+    assert "1 passed, 1 failed, 1 missing" in out.getvalue()
+
+
+def test_cli_conformance_and_version(capsys):
+    assert main(["conformance", "--ops", "add,lane_tree_sum,exp", "--seed", "5"]) == 0
+    out = capsys.readouterr().out
+    assert "add" in out and "PASS" in out
+    assert main(["version"]) == 0
+    out = capsys.readouterr().out
+    assert f"SPEC_VERSION {spec.SPEC_VERSION}" in out and "numpy" in out
+    assert main(["conformance", "--ops", "nope"]) == 1

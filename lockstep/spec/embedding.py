@@ -1,0 +1,53 @@
+"""Embedding lookup and its backward (a scatter-add in a fixed order).
+
+Legend: B batch, T positions, V vocabulary, D model width.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from . import fp
+
+
+def _check_ids(ids: np.ndarray, vocab_size: int) -> np.ndarray:
+    ids = np.asarray(ids)
+    if not np.issubdtype(ids.dtype, np.integer):
+        raise TypeError(f"token ids must be integers, got {ids.dtype}")
+    if ids.size and (ids.min() < 0 or ids.max() >= vocab_size):
+        raise ValueError(f"token id out of range [0, {vocab_size}): min {ids.min()}, max {ids.max()}")
+    return ids.astype(np.int64)
+
+
+def embedding_forward(table, ids) -> np.ndarray:
+    """``out[b, t, :] = table[ids[b, t], :]``: (V, D), (B, T) -> (B, T, D). Exact (a copy)."""
+    table = fp.f32(table)
+    ids = _check_ids(ids, table.shape[0])
+    return table[ids]
+
+
+def embedding_backward(dout, ids, vocab_size: int) -> np.ndarray:
+    """Gradient of the table: (B, T, D), (B, T) -> (V, D).
+
+    Order: every row of the gradient starts at +0.0; then, visiting positions in
+    ascending flattened order ``p = b*T + t``, ``grad[ids[p]] = grad[ids[p]] + dout[p]``
+    (one rounded add per element). Rows of ids that never occur stay +0.0.
+
+    Written as rounds: round j adds, for every id, its j-th occurrence; within a
+    round no id repeats, so the adds of a round are independent.
+    """
+    dout = fp.f32(dout)
+    ids = _check_ids(ids, vocab_size).reshape(-1)
+    d = dout.shape[-1]
+    rows = dout.reshape(-1, d)
+    grad = np.zeros((vocab_size, d), dtype=np.float32)
+    order = np.argsort(ids, kind="stable")  # positions grouped by id, ascending within an id
+    sorted_ids = ids[order]
+    first = np.searchsorted(sorted_ids, sorted_ids, side="left")
+    occurrence = np.arange(sorted_ids.size) - first  # j: this is the j-th occurrence of its id
+    for j in range(int(occurrence.max()) + 1 if occurrence.size else 0):
+        sel = occurrence == j
+        pos = order[sel]
+        tok = sorted_ids[sel]
+        grad[tok] = fp.add(grad[tok], rows[pos])
+    return grad

@@ -1,0 +1,75 @@
+"""Cross-entropy with z-loss, for the LM head's logits.
+
+Legend: N target tokens, V vocabulary.
+
+The training loss is the mean over all target tokens of the global batch of
+``lse - logit[target] + z * lse**2`` (z-loss, Open-1B: z = 1e-4). Each
+micro-batch contributes its lane-tree sum; the division by the global token count
+happens in the caller (``inv_n`` here is that ``1 / N_global`` in float32).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from . import fp
+from .reduce import lane_tree_sum
+from .reduce import max as row_max
+from .transcendental import exp, log
+
+ONE = np.float32(1.0)
+TWO = np.float32(2.0)
+
+
+def _targets(targets, n: int, vocab: int) -> np.ndarray:
+    t = np.asarray(targets).reshape(-1).astype(np.int64)
+    if t.size != n:
+        raise ValueError(f"{t.size} targets for {n} rows of logits")
+    if t.size and (t.min() < 0 or t.max() >= vocab):
+        raise ValueError(f"target id out of range [0, {vocab})")
+    return t
+
+
+def cross_entropy_forward(logits, targets, z_loss: float):
+    """Loss sum and log-sum-exp: (N, V), (N,) -> ``(loss_sum () float32, lse (N,))``.
+
+    Order, per row::
+
+        m    = max_v logits[v]                          # exact
+        S    = lane_tree_sum_v exp(logits[v] - m)
+        lse  = m + log(S)
+        loss = (lse - logits[target]) + z * (lse * lse) # z as float32
+
+    and ``loss_sum = lane_tree_sum`` over the N rows in order.
+    """
+    logits = fp.f32(logits)
+    n, v = logits.shape
+    t = _targets(targets, n, v)
+    m = row_max(logits, axis=-1)
+    s = lane_tree_sum(exp(fp.sub(logits, m[:, None])))
+    lse = fp.add(m, log(s))
+    picked = logits[np.arange(n), t]
+    per_token = fp.add(fp.sub(lse, picked), fp.mul(np.float32(z_loss), fp.mul(lse, lse)))
+    return lane_tree_sum(per_token), lse
+
+
+def cross_entropy_backward(logits, targets, lse, z_loss: float, inv_n) -> np.ndarray:
+    """Gradient of ``inv_n * loss_sum`` with respect to the logits: (N, V) -> (N, V).
+
+    Order::
+
+        p = exp(logits - lse)                 # softmax, rebuilt from the saved lse
+        c = 1 + (2 * z) * lse                 # d/dlse of (lse + z*lse**2); 2*z rounded once
+        g = p * c;  g[target] = g[target] - 1
+        d = g * inv_n
+    """
+    logits = fp.f32(logits)
+    n, v = logits.shape
+    t = _targets(targets, n, v)
+    lse = fp.f32(lse)
+    p = exp(fp.sub(logits, lse[:, None]))
+    c = fp.add(ONE, fp.mul(fp.mul(TWO, np.float32(z_loss)), lse))
+    g = fp.mul(p, c[:, None])
+    rows = np.arange(n)
+    g[rows, t] = fp.sub(g[rows, t], ONE)
+    return fp.mul(g, fp.f32(inv_n))

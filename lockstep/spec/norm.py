@@ -1,0 +1,73 @@
+"""RMSNorm, with a gain and without one (QK-norm).
+
+Legend: N rows (tokens, or tokens x heads), D the normalized width.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from . import fp
+from .reduce import lane_tree_sum
+
+ONE = np.float32(1.0)
+
+
+def column_sum(x) -> np.ndarray:
+    """Sum over all leading axes, per last-axis feature: (..., D) -> (D,).
+
+    Order (the "batch sum" of every per-feature parameter gradient): from +0.0,
+    ascending over the flattened leading index, one rounded add per row — like a
+    contraction over tokens.
+    """
+    x = fp.f32(x)
+    rows = x.reshape(-1, x.shape[-1])
+    acc = np.zeros(x.shape[-1], dtype=np.float32)
+    for r in rows:
+        acc = fp.add(acc, r)
+    return acc
+
+
+def rmsnorm_forward(x, gain, eps: float):
+    """``y = x * rstd * gain`` with ``rstd = 1 / sqrt(mean(x*x) + eps)`` over the last axis.
+
+    Order, per row of width D::
+
+        ss   = lane_tree_sum(x * x)           # products rounded, lane-tree(32) sum
+        ms   = ss / D                         # D as float32
+        rstd = 1 / sqrt(ms + eps)             # eps as float32; add, sqrt, divide: each rounded
+        y    = (x * rstd) * gain              # gain None: y = x * rstd
+
+    Returns ``(y, rstd)``; rstd has the shape of x without its last axis.
+    """
+    x = fp.f32(x)
+    d = np.float32(x.shape[-1])
+    ss = lane_tree_sum(fp.mul(x, x))
+    ms = fp.div(ss, d)
+    rstd = fp.div(ONE, fp.sqrt(fp.add(ms, np.float32(eps))))
+    y = fp.mul(x, rstd[..., None])
+    if gain is not None:
+        y = fp.mul(y, fp.f32(gain))
+    return y, rstd
+
+
+def rmsnorm_backward(dy, x, gain, rstd):
+    """Gradients of ``rmsnorm_forward``: returns ``(dx, dgain)`` (dgain None without a gain).
+
+    Order, per row, with ``xhat = x * rstd``::
+
+        gy    = dy * gain                     # gain None: gy = dy
+        m     = lane_tree_sum(gy * xhat) / D
+        dx    = rstd * (gy - xhat * m)
+        dgain = column_sum(dy * xhat)         # over all rows, ascending
+    """
+    dy = fp.f32(dy)
+    x = fp.f32(x)
+    rstd = fp.f32(rstd)[..., None]
+    d = np.float32(x.shape[-1])
+    xhat = fp.mul(x, rstd)
+    gy = fp.mul(dy, fp.f32(gain)) if gain is not None else dy
+    m = fp.div(lane_tree_sum(fp.mul(gy, xhat)), d)[..., None]
+    dx = fp.mul(rstd, fp.sub(gy, fp.mul(xhat, m)))
+    dgain = column_sum(fp.mul(dy, xhat)) if gain is not None else None
+    return dx, dgain

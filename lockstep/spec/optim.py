@@ -1,0 +1,62 @@
+"""Global-norm clipping and AdamW, elementwise in float32.
+
+Host scalars (learning rate, bias corrections, 1 - beta) are computed by the
+caller in float64 with ``hostmath`` and rounded once to float32 (see
+``lockstep.train.optim``); these functions take them as float32 scalars.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from . import fp
+from .reduce import lane_tree_sum
+
+CLIP_EPS = np.float32(1e-6)
+
+
+def sum_of_squares(g) -> np.ndarray:
+    """``lane_tree_sum(g * g)`` over the flattened tensor (C order): () float32."""
+    g = fp.f32(g).reshape(-1)
+    return lane_tree_sum(fp.mul(g, g))
+
+
+def global_norm(sums_of_squares) -> np.ndarray:
+    """``sqrt(((0 + s_0) + s_1) + ...)`` over per-tensor sums in canonical parameter order."""
+    total = np.float32(0.0)
+    for s in sums_of_squares:
+        total = fp.add(total, s)
+    return fp.sqrt(total)
+
+
+def clip_coefficient(norm, max_norm: float = 1.0) -> np.ndarray:
+    """``min(1, max_norm / (norm + 1e-6))``: gradients are multiplied by it when it is < 1."""
+    c = fp.div(np.float32(max_norm), fp.add(norm, CLIP_EPS))
+    return fp.minimum(c, np.float32(1.0))
+
+
+def scale(g, coef) -> np.ndarray:
+    """``g * coef`` (one rounded product per element)."""
+    return fp.mul(g, coef)
+
+
+def adamw_update(p, g, m, v, lr, beta1, beta2, one_minus_beta1, one_minus_beta2, eps, weight_decay, bc1, bc2):
+    """One AdamW step for one tensor: returns ``(p, m, v)``.
+
+    Order (all float32, each operation rounded)::
+
+        m     = beta1 * m + one_minus_beta1 * g
+        v     = beta2 * v + one_minus_beta2 * (g * g)
+        u     = (m / bc1) / (sqrt(v / bc2) + eps)
+        p     = p - lr * (u + weight_decay * p)    # weight_decay == 0: p = p - lr * u
+
+    ``bc1 = 1 - beta1**t`` and ``bc2 = 1 - beta2**t`` come from the host.
+    """
+    p, g, m, v = fp.f32(p), fp.f32(g), fp.f32(m), fp.f32(v)
+    m = fp.add(fp.mul(beta1, m), fp.mul(one_minus_beta1, g))
+    v = fp.add(fp.mul(beta2, v), fp.mul(one_minus_beta2, fp.mul(g, g)))
+    u = fp.div(fp.div(m, bc1), fp.add(fp.sqrt(fp.div(v, bc2)), eps))
+    if float(weight_decay) != 0.0:
+        u = fp.add(u, fp.mul(weight_decay, p))
+    p = fp.sub(p, fp.mul(lr, u))
+    return p, m, v

@@ -1,0 +1,58 @@
+"""Rotary position embedding (RoPE), half-split layout.
+
+Legend: T positions, Dh head dimension (even), P = Dh / 2 rotation pairs.
+Pair i rotates elements ``x[..., i]`` and ``x[..., i + P]`` by angle ``t * f_i``.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from . import fp, hostmath
+
+
+def rope_tables(seq_len: int, head_dim: int, theta: float) -> tuple[np.ndarray, np.ndarray]:
+    """``(cos, sin)`` tables, float32 (T, P), built on the host in float64.
+
+    ``f_i = theta ** (-(2 i) / Dh)`` with ``hostmath.pow``; angle ``a = t * f_i``
+    (one float64 product); ``cos(a)`` and ``sin(a)`` with ``hostmath.cos``/``sin``;
+    each value then rounded once to float32 (and flushed).
+    """
+    if head_dim % 2:
+        raise ValueError(f"RoPE needs an even head dimension, got {head_dim}")
+    half = head_dim // 2
+    i = np.arange(half, dtype=np.float64)
+    freq = hostmath.pow(np.full(half, float(theta)), -(2.0 * i) / float(head_dim))
+    t = np.arange(seq_len, dtype=np.float64)[:, None]
+    angle = t * freq[None, :]  # exact: one float64 product per entry, host-side by design
+    return fp.f32(hostmath.cos(angle)), fp.f32(hostmath.sin(angle))
+
+
+def rope_forward(x, cos, sin) -> np.ndarray:
+    """Rotate (..., T, Dh) by the tables (T, P)::
+
+        y1 = x1 * cos - x2 * sin
+        y2 = x2 * cos + x1 * sin
+
+    with ``x1 = x[..., :P]``, ``x2 = x[..., P:]``; each product rounded, then the sum.
+    """
+    x = fp.f32(x)
+    half = x.shape[-1] // 2
+    x1, x2 = x[..., :half], x[..., half:]
+    y1 = fp.sub(fp.mul(x1, cos), fp.mul(x2, sin))
+    y2 = fp.add(fp.mul(x2, cos), fp.mul(x1, sin))
+    return np.concatenate([y1, y2], axis=-1)
+
+
+def rope_backward(dy, cos, sin) -> np.ndarray:
+    """The transpose rotation::
+
+        dx1 = dy1 * cos + dy2 * sin
+        dx2 = dy2 * cos - dy1 * sin
+    """
+    dy = fp.f32(dy)
+    half = dy.shape[-1] // 2
+    d1, d2 = dy[..., :half], dy[..., half:]
+    dx1 = fp.add(fp.mul(d1, cos), fp.mul(d2, sin))
+    dx2 = fp.sub(fp.mul(d2, cos), fp.mul(d1, sin))
+    return np.concatenate([dx1, dx2], axis=-1)

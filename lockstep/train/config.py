@@ -1,0 +1,129 @@
+"""Model and training configuration: the Open-1B recipe, scaled by preset.
+
+``preset(name)`` returns a ``ModelConfig``; ``ModelConfig.from_dict`` rejects
+unknown keys, so a typo in a recipe is an error, not a silent default.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    name: str = "custom"
+    vocab_size: int = 264            # byte tokenizer (257 ids) padded to a multiple of 8
+    d_model: int = 256
+    n_layers: int = 4
+    n_heads: int = 4                 # query heads
+    n_kv_heads: int = 2              # GQA: query heads share KV heads
+    head_dim: int = 64
+    ffn_dim: int = 688               # SwiGLU hidden width
+    seq_len: int = 256
+    sliding_window: int = 128        # local layers attend to the last W positions
+    full_attention_every: int = 5    # every 5th layer (and the last) is fully causal
+    rope_theta: float = 500_000.0
+    norm_eps: float = 1e-6
+    z_loss: float = 1e-4
+    init_std: float = 0.02           # truncated normal (+-2 std); output projections / sqrt(2 L)
+    quantize: bool = True            # int8 W8A8 attention/FFN linears; False: float32 contractions
+    hadamard: bool = True            # Walsh-Hadamard rotation in the int8 backward GEMMs
+
+    def __post_init__(self):
+        if self.n_heads % self.n_kv_heads:
+            raise ValueError(f"n_heads ({self.n_heads}) must be a multiple of n_kv_heads ({self.n_kv_heads})")
+        if self.head_dim % 2:
+            raise ValueError(f"head_dim must be even for RoPE, got {self.head_dim}")
+        for k in ("vocab_size", "d_model", "n_layers", "n_heads", "n_kv_heads", "head_dim", "ffn_dim", "seq_len"):
+            if int(getattr(self, k)) <= 0:
+                raise ValueError(f"{k} must be positive, got {getattr(self, k)}")
+
+    def is_full_attention(self, layer: int) -> bool:
+        """Layer ``layer`` (0-based) is fully causal if it is every 5th or the last."""
+        return (layer + 1) % self.full_attention_every == 0 or layer == self.n_layers - 1
+
+    def window(self, layer: int) -> int | None:
+        return None if self.is_full_attention(layer) else self.sliding_window
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "ModelConfig":
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(d) - known)
+        if unknown:
+            raise ValueError(f"unknown model config key(s): {', '.join(unknown)}")
+        return cls(**d)
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """Optimizer and schedule. Token counts drive the schedule, not step counts."""
+
+    peak_lr: float = 3e-3
+    min_lr_ratio: float = 0.1            # cosine decays to 10% of peak
+    warmup_tokens: int = 65_536
+    total_tokens: int = 8_388_608        # token budget of the cosine
+    beta1: float = 0.9
+    beta2: float = 0.95
+    eps: float = 1e-8
+    weight_decay: float = 0.1
+    grad_clip: float = 1.0
+    # Global-batch ramp: (from_tokens, sequences per step), ascending from 0.
+    batch_ramp: tuple[tuple[int, int], ...] = ((0, 16),)
+    micro_batch: int = 8                 # sequences per micro-batch on one rank
+
+    def to_dict(self) -> dict:
+        d = dataclasses.asdict(self)
+        d["batch_ramp"] = [list(x) for x in self.batch_ramp]
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "TrainConfig":
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(d) - known)
+        if unknown:
+            raise ValueError(f"unknown train config key(s): {', '.join(unknown)}")
+        d = dict(d)
+        if "batch_ramp" in d:
+            d["batch_ramp"] = tuple(tuple(int(v) for v in x) for x in d["batch_ramp"])
+        return cls(**d)
+
+
+PRESETS: dict[str, ModelConfig] = {
+    # For tests: a spec training step well under a second.
+    "tiny": ModelConfig(name="tiny", vocab_size=264, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2,
+                        head_dim=8, ffn_dim=64, seq_len=32, sliding_window=16),
+    # CPU demo: a few million parameters, byte vocabulary, sequence length 256.
+    "small": ModelConfig(name="small", vocab_size=264, d_model=256, n_layers=4, n_heads=4, n_kv_heads=2,
+                         head_dim=64, ffn_dim=688, seq_len=256, sliding_window=128),
+    # The paper: 24 layers, d_model 2048, 16 query heads over 4 KV heads of 128, FFN 5632.
+    "open-1b": ModelConfig(name="open-1b", vocab_size=128_256, d_model=2048, n_layers=24, n_heads=16,
+                           n_kv_heads=4, head_dim=128, ffn_dim=5632, seq_len=4096, sliding_window=512),
+}
+
+TRAIN_PRESETS: dict[str, TrainConfig] = {
+    "tiny": TrainConfig(peak_lr=1e-2, warmup_tokens=2_048, total_tokens=1_000_000,
+                        batch_ramp=((0, 8),), micro_batch=4),
+    "small": TrainConfig(peak_lr=3e-3, warmup_tokens=131_072, total_tokens=8_388_608,
+                         batch_ramp=((0, 16), (1_048_576, 32)), micro_batch=8),
+    # Open-1B: 3.1M tokens per step (768 x 4096), 4.7M from 4B tokens, 9.4M from 360B.
+    "open-1b": TrainConfig(peak_lr=4e-4, warmup_tokens=2_000_000_000, total_tokens=4_000_000_000_000,
+                           batch_ramp=((0, 768), (4_000_000_000, 1152), (360_000_000_000, 2304)),
+                           micro_batch=4),
+}
+
+
+def preset(name: str, **overrides) -> ModelConfig:
+    """The named model preset (tiny, small, open-1b), with optional field overrides."""
+    if name not in PRESETS:
+        raise ValueError(f"unknown preset {name!r}; choose one of {', '.join(PRESETS)}")
+    return dataclasses.replace(PRESETS[name], **overrides) if overrides else PRESETS[name]
+
+
+def train_preset(name: str, **overrides) -> TrainConfig:
+    if name not in TRAIN_PRESETS:
+        raise ValueError(f"unknown preset {name!r}; choose one of {', '.join(TRAIN_PRESETS)}")
+    return dataclasses.replace(TRAIN_PRESETS[name], **overrides) if overrides else TRAIN_PRESETS[name]

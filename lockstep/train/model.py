@@ -1,0 +1,199 @@
+"""The Open-1B model, written once against the backend interface.
+
+Decoder-only; no biases; untied embedding and LM head; RMSNorm on the embedding
+output; pre-norm RMSNorm blocks; GQA with QK-norm (no gain) and RoPE; SwiGLU with
+a fused gate/up GEMM; sliding-window attention except every 5th layer and the
+last; z-loss. Attention and feed-forward linears are int8 W8A8 when
+``cfg.quantize`` (the default), float32 contractions otherwise.
+
+Legend: B sequences in the micro-batch, T positions, D d_model, H query heads,
+G KV heads, Dh head dim, F FFN width, V vocabulary, N = B*T tokens.
+
+Every op goes through ``be`` (a ``lockstep.backends.Backend``), so every backend
+runs this same code; only data movement (reshape, transpose, slicing) happens here.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+
+import numpy as np
+
+from lockstep.spec import fp
+from lockstep.spec.philox import PhiloxStream
+from lockstep.spec.rope import rope_tables
+
+from .config import ModelConfig
+
+
+@dataclass(frozen=True)
+class ParamSpec:
+    name: str
+    shape: tuple[int, ...]
+    init: str          # "ones" or "normal"
+    std: float = 0.0
+    decay: bool = True  # AdamW weight decay applies
+
+
+def param_specs(cfg: ModelConfig) -> list[ParamSpec]:
+    """All parameters in canonical order (the order of the global gradient norm)."""
+    d, dh, f, v = cfg.d_model, cfg.head_dim, cfg.ffn_dim, cfg.vocab_size
+    qkv = (cfg.n_heads + 2 * cfg.n_kv_heads) * dh
+    out_std = cfg.init_std / float(np.sqrt(2.0 * cfg.n_layers))  # host-side constant, rounded into init once
+    specs = [
+        ParamSpec("embed", (v, d), "normal", cfg.init_std, decay=False),
+        ParamSpec("embed_norm.gain", (d,), "ones", decay=False),
+    ]
+    for i in range(cfg.n_layers):
+        p = f"layers.{i:02d}."
+        specs += [
+            ParamSpec(p + "attn_norm.gain", (d,), "ones", decay=False),
+            ParamSpec(p + "attn.wqkv", (d, qkv), "normal", cfg.init_std),
+            ParamSpec(p + "attn.wo", (cfg.n_heads * dh, d), "normal", out_std),
+            ParamSpec(p + "ffn_norm.gain", (d,), "ones", decay=False),
+            ParamSpec(p + "ffn.w_gate_up", (d, 2 * f), "normal", cfg.init_std),
+            ParamSpec(p + "ffn.w_down", (f, d), "normal", out_std),
+        ]
+    specs += [
+        ParamSpec("final_norm.gain", (d,), "ones", decay=False),
+        ParamSpec("lm_head", (d, v), "normal", cfg.init_std),
+    ]
+    return specs
+
+
+def param_count(cfg: ModelConfig) -> int:
+    return sum(int(np.prod(s.shape)) for s in param_specs(cfg))
+
+
+def init_params(cfg: ModelConfig, seed: int) -> dict[str, np.ndarray]:
+    """Parameters from Philox streams keyed by (seed, "init", parameter name) only.
+
+    A matrix is ``std * truncated_normal(bound=2)`` (one rounded product per
+    element, std rounded to float32); gains are ones. Adding a parameter never
+    changes another, since each has its own stream.
+    """
+    from lockstep.spec.rng import truncated_normal
+
+    params = {}
+    for s in param_specs(cfg):
+        if s.init == "ones":
+            params[s.name] = np.ones(s.shape, dtype=np.float32)
+        else:
+            n = int(np.prod(s.shape))
+            z = truncated_normal(PhiloxStream(seed, "init", s.name), 0, n, bound=2.0)
+            params[s.name] = fp.mul(z, np.float32(s.std)).reshape(s.shape)
+    return params
+
+
+@functools.lru_cache(maxsize=8)
+def _rope(seq_len: int, head_dim: int, theta: float):
+    return rope_tables(seq_len, head_dim, theta)
+
+
+def _linear_forward(be, cfg, x, w):
+    return be.int8_linear_forward(x, w) if cfg.quantize else be.matmul(x, w)
+
+
+def _linear_backward(be, cfg, dy, x, w):
+    if cfg.quantize:
+        return be.int8_linear_backward(dy, x, w, cfg.hadamard)
+    x2 = x.reshape(-1, x.shape[-1])
+    dy2 = dy.reshape(-1, dy.shape[-1])
+    return be.matmul(dy, w.T), be.matmul(x2.T, dy2)
+
+
+def _split_heads(x, n_heads, head_dim):
+    """(B, T, n*Dh) -> (B, n, T, Dh)."""
+    b, t, _ = x.shape
+    return x.reshape(b, t, n_heads, head_dim).transpose(0, 2, 1, 3)
+
+
+def _merge_heads(x):
+    """(B, n, T, Dh) -> (B, T, n*Dh)."""
+    b, n, t, dh = x.shape
+    return x.transpose(0, 2, 1, 3).reshape(b, t, n * dh)
+
+
+def loss_and_grads(params: dict, windows, cfg: ModelConfig, backend, n_global: int | None = None):
+    """Loss and gradients of one micro-batch: ``(loss, grads)``.
+
+    ``windows`` is an int array (B, T+1): inputs ``[:, :-1]``, targets ``[:, 1:]``.
+    Both the loss and the gradients are this micro-batch's *contribution* to the
+    mean over ``n_global`` target tokens (default: this micro-batch's B*T): the
+    loss is ``lane_tree_sum(per-token losses) * (1 / n_global)``, and the
+    gradients are those of that number. Summing contributions over micro-batches
+    (ascending) and ranks (the fixed butterfly) gives the global batch's.
+    """
+    be = backend
+    windows = np.asarray(windows)
+    if windows.ndim != 2 or windows.shape[1] != cfg.seq_len + 1:
+        raise ValueError(f"windows must be (B, {cfg.seq_len + 1}), got {windows.shape}")
+    inputs = np.ascontiguousarray(windows[:, :-1])
+    targets = np.ascontiguousarray(windows[:, 1:]).reshape(-1)
+    bsz, t = inputs.shape
+    n = bsz * t
+    inv_n = fp.div(np.float32(1.0), np.float32(n if n_global is None else n_global))[()]
+    h, g, dh = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
+    cos, sin = (be.asarray(a) for a in _rope(t, dh, cfg.rope_theta))
+    P = {k: be.asarray(v) for k, v in params.items()}
+    eps = cfg.norm_eps
+
+    # ---- forward
+    x0 = be.embedding_forward(P["embed"], inputs)                            # (B, T, D)
+    x, r0 = be.rmsnorm_forward(x0, P["embed_norm.gain"], eps)
+    saved = []
+    for i in range(cfg.n_layers):
+        p = f"layers.{i:02d}."
+        window = cfg.window(i)
+        a_in, r1 = be.rmsnorm_forward(x, P[p + "attn_norm.gain"], eps)
+        qkv = _linear_forward(be, cfg, a_in, P[p + "attn.wqkv"])                # (B, T, (H+2G)Dh)
+        q = _split_heads(qkv[..., : h * dh], h, dh)                           # (B, H, T, Dh)
+        k = _split_heads(qkv[..., h * dh : (h + g) * dh], g, dh)               # (B, G, T, Dh)
+        v = _split_heads(qkv[..., (h + g) * dh :], g, dh)
+        qn, rq = be.rmsnorm_forward(q, None, eps)                              # QK-norm, no gain
+        kn, rk = be.rmsnorm_forward(k, None, eps)
+        qr = be.rope_forward(qn, cos, sin)
+        kr = be.rope_forward(kn, cos, sin)
+        o, m, l = be.attention_forward(qr, kr, v, window)
+        o2 = _merge_heads(o)                                                  # (B, T, H Dh)
+        x_mid = be.add(x, _linear_forward(be, cfg, o2, P[p + "attn.wo"]))
+        f_in, r2 = be.rmsnorm_forward(x_mid, P[p + "ffn_norm.gain"], eps)
+        gu = _linear_forward(be, cfg, f_in, P[p + "ffn.w_gate_up"])            # (B, T, 2F)
+        hh = be.swiglu_forward(gu)                                            # (B, T, F)
+        x_out = be.add(x_mid, _linear_forward(be, cfg, hh, P[p + "ffn.w_down"]))
+        saved.append((x, a_in, r1, q, k, v, rq, rk, qr, kr, o, m, l, o2, x_mid, f_in, r2, gu, hh))
+        x = x_out
+    xf, rf = be.rmsnorm_forward(x, P["final_norm.gain"], eps)
+    xf2 = xf.reshape(n, cfg.d_model)
+    logits = be.matmul(xf2, P["lm_head"])                                     # (N, V)
+    loss_sum, lse = be.cross_entropy_forward(logits, targets, cfg.z_loss)
+    loss = be.mul(loss_sum, inv_n)
+
+    # ---- backward
+    grads = {}
+    dlogits = be.cross_entropy_backward(logits, targets, lse, cfg.z_loss, inv_n)
+    grads["lm_head"] = be.matmul(xf2.T, dlogits)
+    dxf = be.matmul(dlogits, P["lm_head"].T).reshape(bsz, t, cfg.d_model)
+    dx, grads["final_norm.gain"] = be.rmsnorm_backward(dxf, x, P["final_norm.gain"], rf)
+    for i in reversed(range(cfg.n_layers)):
+        p = f"layers.{i:02d}."
+        window = cfg.window(i)
+        (x_in, a_in, r1, q, k, v, rq, rk, qr, kr, o, m, l, o2, x_mid, f_in, r2, gu, hh) = saved[i]
+        dhh, grads[p + "ffn.w_down"] = _linear_backward(be, cfg, dx, hh, P[p + "ffn.w_down"])
+        dgu = be.swiglu_backward(dhh, gu)
+        df_in, grads[p + "ffn.w_gate_up"] = _linear_backward(be, cfg, dgu, f_in, P[p + "ffn.w_gate_up"])
+        dxm, grads[p + "ffn_norm.gain"] = be.rmsnorm_backward(df_in, x_mid, P[p + "ffn_norm.gain"], r2)
+        dx = be.add(dx, dxm)                                                  # residual first, then branch
+        do2, grads[p + "attn.wo"] = _linear_backward(be, cfg, dx, o2, P[p + "attn.wo"])
+        do = _split_heads(do2, h, dh)
+        dqr, dkr, dv = be.attention_backward(do, qr, kr, v, o, m, l, window)
+        dq, _ = be.rmsnorm_backward(be.rope_backward(dqr, cos, sin), q, None, rq)
+        dk, _ = be.rmsnorm_backward(be.rope_backward(dkr, cos, sin), k, None, rk)
+        dqkv = be.concat_last([_merge_heads(dq), _merge_heads(dk), _merge_heads(dv)])
+        da_in, grads[p + "attn.wqkv"] = _linear_backward(be, cfg, dqkv, a_in, P[p + "attn.wqkv"])
+        dxi, grads[p + "attn_norm.gain"] = be.rmsnorm_backward(da_in, x_in, P[p + "attn_norm.gain"], r1)
+        dx = be.add(dx, dxi)
+    dx0, grads["embed_norm.gain"] = be.rmsnorm_backward(dx, x0, P["embed_norm.gain"], r0)
+    grads["embed"] = be.embedding_backward(dx0, inputs, cfg.vocab_size)
+    return loss, grads

@@ -1,0 +1,67 @@
+"""Schedules as pure functions of tokens consumed (never of step counts).
+
+The learning rate is computed on the host in float64 with the spec's host math
+(``lockstep.spec.hostmath``: built from + - * / only, so every machine gets the
+same float64), then rounded once to float32 before it reaches the device.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from lockstep.spec import hostmath
+
+from .config import TrainConfig
+
+PI = 3.141592653589793  # float64 nearest to pi (0x400921FB54442D18)
+
+
+def learning_rate_f64(tcfg: TrainConfig, tokens: int) -> float:
+    """Linear warm-up to the peak over ``warmup_tokens``, then one cosine to ``min_lr_ratio * peak``
+    at ``total_tokens``, flat after that.
+
+    ``warm-up: peak * tokens / warmup``;
+    ``decay: min + (peak - min) * (0.5 * (1 + cos(pi * progress)))`` with
+    ``progress = (tokens - warmup) / (total - warmup)`` clipped to [0, 1].
+    """
+    peak = float(tcfg.peak_lr)
+    low = peak * float(tcfg.min_lr_ratio)
+    warm = int(tcfg.warmup_tokens)
+    if tokens < warm:
+        return peak * float(tokens) / float(warm)
+    span = max(int(tcfg.total_tokens) - warm, 1)
+    progress = min(max(float(tokens - warm) / float(span), 0.0), 1.0)
+    return low + (peak - low) * (0.5 * (1.0 + hostmath.cos(PI * progress)))
+
+
+def learning_rate(tcfg: TrainConfig, tokens: int) -> np.float32:
+    """``learning_rate_f64`` rounded once to float32 (what the optimizer uses)."""
+    return np.float32(learning_rate_f64(tcfg, tokens))
+
+
+def sequences_per_step(tcfg: TrainConfig, tokens: int) -> int:
+    """Global batch (sequences) of the step that starts after ``tokens`` tokens: the last
+    ramp stage whose ``from_tokens`` is <= tokens."""
+    size = None
+    for start, seqs in tcfg.batch_ramp:
+        if tokens >= int(start):
+            size = int(seqs)
+    if size is None or size <= 0:
+        raise ValueError(f"batch ramp {tcfg.batch_ramp!r} gives no batch at {tokens} tokens (it must start at 0)")
+    return size
+
+
+def step_windows(tcfg: TrainConfig, seq_len: int, step: int) -> tuple[int, int, int]:
+    """``(first_window, n_windows, tokens_before)`` of step ``step`` (1-based).
+
+    Step 1 starts at window 0; each step takes ``sequences_per_step`` windows of
+    ``seq_len`` target tokens, given the tokens consumed before it.
+    """
+    if step < 1:
+        raise ValueError(f"steps count from 1, got {step}")
+    first, tokens = 0, 0
+    for _ in range(step - 1):
+        s = sequences_per_step(tcfg, tokens)
+        first += s
+        tokens += s * seq_len
+    return first, sequences_per_step(tcfg, tokens), tokens

@@ -1,0 +1,187 @@
+"""The training runtime: MPI runs vs TreeFold, kill -9 and resume, recipe binding, non-finite stops."""
+
+import json
+import os
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from lockstep.backends import get_backend
+from lockstep.train import checkpoint as ckpt
+from lockstep.train.config import preset, train_preset
+from lockstep.train.data import GlobalStream, Manifest
+from lockstep.train.model import init_params
+from lockstep.train.optim import AdamWState, NonFiniteError
+from lockstep.train.step import emulate_step, plan_step
+from lockstep.train.trainer import (RecipeMismatch, genesis, load_recipe, make_recipe, read_trajectory,
+                                    recipe_configs, train)
+
+LOCKSTEP = [sys.executable, "-m", "lockstep.cli"]
+TINY_ARGS = ["--preset", "tiny", "--backend", "spec", "--batch", "6", "--micro-batch", "2", "--quiet"]
+
+
+def _have_mpi():
+    try:
+        import mpi4py  # noqa: F401
+    except ImportError:
+        return False
+    return shutil.which("mpiexec") is not None
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    from lockstep.train.corpus import default_corpus
+
+    folder = tmp_path_factory.mktemp("corpus") / "default"
+    default_corpus(folder)
+    return folder
+
+
+def _run(args, timeout=600, **kw):
+    r = subprocess.run(args, capture_output=True, text=True, timeout=timeout, **kw)
+    assert r.returncode == 0, f"{args}\nstdout:\n{r.stdout[-2000:]}\nstderr:\n{r.stderr[-4000:]}"
+    return r
+
+
+def _emulated_roots(run_dir: Path, world_size: int, steps: int) -> list[str]:
+    recipe = load_recipe(run_dir)
+    cfg, tcfg = recipe_configs(recipe)
+    manifest = Manifest.load(recipe["data"]["folder"])
+    stream = GlobalStream(manifest, recipe["seed"], cfg.seq_len)
+    be = get_backend("spec")
+    params = init_params(cfg, recipe["seed"])
+    opt = AdamWState.zeros(params)
+    roots = []
+    for t in range(1, steps + 1):
+        plan = plan_step(tcfg, cfg.seq_len, t)
+        res = emulate_step(params, opt, stream.windows(plan.first_window, plan.n_windows), plan, cfg, tcfg, be, world_size)
+        params, opt = res.params, res.opt
+        roots.append(res.state_root)
+    return roots
+
+
+@pytest.mark.mpi
+@pytest.mark.skipif(not _have_mpi(), reason="needs mpi4py and mpiexec (pip install 'lockstep[mpi]')")
+@pytest.mark.parametrize("world", [1, 2, 3, 4])
+def test_mpi_run_matches_tree_fold_emulation(tmp_path, corpus, world):
+    out = tmp_path / f"r{world}"
+    _run(["mpiexec", "-n", str(world), *LOCKSTEP, "train", *TINY_ARGS, "--steps", "2", "--data", str(corpus),
+          "--out", str(out)])
+    traj = read_trajectory(out)
+    assert [r["step"] for r in traj] == [1, 2]
+    assert load_recipe(out)["world_size"] == world
+    assert [r["state_root"] for r in traj] == _emulated_roots(out, world, 2)
+
+
+def _train_cmd(out, corpus, steps):
+    return [*LOCKSTEP, "train", *TINY_ARGS, "--steps", str(steps), "--checkpoint-every", "2",
+            "--data", str(corpus), "--out", str(out)]
+
+
+def test_kill_9_and_resume_reproduces_the_trajectory(tmp_path, corpus):
+    steps = 5
+    ref = tmp_path / "ref"
+    _run(_train_cmd(ref, corpus, steps))
+    want = read_trajectory(ref)
+    assert len(want) == steps
+
+    out = tmp_path / "killed"
+    rng = random.Random(1234)  # test schedule only; no published bit depends on it
+    kills = 0
+    cmd = _train_cmd(out, corpus, steps)
+    for attempt in range(12):
+        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        # kill at a random moment: during start-up, a step, or a checkpoint write
+        deadline = time.time() + rng.uniform(1.0, 4.0)
+        while time.time() < deadline and proc.poll() is None:
+            time.sleep(0.05)
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGKILL)
+            proc.wait()
+            kills += 1
+        else:
+            assert proc.returncode == 0, proc.stderr.read().decode()[-3000:]
+            break
+        done = ckpt.list_checkpoints(out)
+        cmd = [*LOCKSTEP, "train", "--resume", str(out), "--steps", str(steps), "--backend", "spec", "--quiet",
+               "--checkpoint-every", "2"] if done else _fresh(out, corpus, steps)
+    else:
+        _run(cmd)
+    assert kills >= 1
+    got = read_trajectory(out)
+    assert got == [{**r} for r in want]  # every field, hash for hash, each step once
+    assert json.loads((out / "commitment.json").read_text())["chain_hash"] == want[-1]["chain_hash"]
+
+
+def _fresh(out, corpus, steps):
+    """No complete checkpoint yet: the run restarts from scratch in a clean folder."""
+    if out.exists():
+        shutil.rmtree(out)
+    return _train_cmd(out, corpus, steps)
+
+
+def test_genesis_binds_seed_data_and_recipe(tmp_path, corpus):
+    m = Manifest.load(corpus)
+    cfg, tcfg = preset("tiny"), train_preset("tiny")
+    base = make_recipe(cfg, tcfg, m, "data", 42, 1)
+    h = genesis(base)
+    assert genesis(make_recipe(cfg, tcfg, m, "data", 43, 1)) != h
+    assert genesis(make_recipe(cfg, tcfg, m, "data", 42, 2)) != h
+    # a changed shard changes the manifest (it records every shard's SHA-256), hence H_0
+    copy = tmp_path / "data2"
+    shutil.copytree(corpus, copy)
+    man = json.loads((copy / "manifest.json").read_text())
+    shard = man["sources"][0]["shards"][0]
+    tokens = np.load(copy / shard["tokens_file"], allow_pickle=False)
+    tokens[0] = (int(tokens[0]) + 1) % 256
+    np.save(copy / shard["tokens_file"], tokens, allow_pickle=False)
+    import hashlib
+
+    shard["tokens_sha256"] = hashlib.sha256((copy / shard["tokens_file"]).read_bytes()).hexdigest()
+    (copy / "manifest.json").write_text(json.dumps(man, indent=1))
+    assert genesis(make_recipe(cfg, tcfg, Manifest.load(copy), "data", 42, 1)) != h
+
+
+def test_changed_recipe_is_refused_on_resume(tmp_path, corpus):
+    out = tmp_path / "run"
+    train(out, cfg=preset("tiny"), tcfg=train_preset("tiny", batch_ramp=((0, 4),), micro_batch=4), data=str(corpus),
+          steps=2, checkpoint_every=2, progress=False, log=lambda *a: None)
+    recipe = json.loads((out / "recipe.json").read_text())
+    recipe["train"]["peak_lr"] = 0.5
+    (out / "recipe.json").write_text(json.dumps(recipe))
+    with pytest.raises(RecipeMismatch):
+        train(out, resume=True, steps=3, progress=False, log=lambda *a: None)
+    r = subprocess.run([*LOCKSTEP, "train", "--resume", str(out), "--steps", "3", "--backend", "spec"],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 1 and "RecipeMismatch" in r.stderr
+
+
+def test_non_finite_loss_stops_and_keeps_the_last_checkpoint(tmp_path, corpus, monkeypatch):
+    import lockstep.train.step as step_mod
+
+    real = step_mod.loss_and_grads
+    calls = {"n": 0}
+
+    def poisoned(params, windows, cfg, backend, n_global=None):
+        loss, grads = real(params, windows, cfg, backend, n_global=n_global)
+        calls["n"] += 1
+        if calls["n"] == 3:  # the first micro-batch of step 3
+            loss = np.float32(np.nan)
+        return loss, grads
+
+    monkeypatch.setattr(step_mod, "loss_and_grads", poisoned)
+    out = tmp_path / "nan"
+    with pytest.raises(NonFiniteError, match="step 3"):
+        train(out, cfg=preset("tiny"), tcfg=train_preset("tiny", batch_ramp=((0, 4),), micro_batch=4),
+              data=str(corpus), steps=5, checkpoint_every=2, progress=False, log=lambda *a: None)
+    assert [r["step"] for r in read_trajectory(out)] == [1, 2]
+    step, folder = ckpt.latest_checkpoint(out)
+    assert step == 2
+    ckpt.load_checkpoint(folder)  # verifies every digest

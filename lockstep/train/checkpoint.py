@@ -1,0 +1,364 @@
+"""Checkpoints: one folder per saved step, written atomically, verified before use.
+
+Layout inside a run directory::
+
+    checkpoints/step-00000120/state.safetensors   every tensor (parameters, AdamW moments, step)
+    checkpoints/step-00000120/sidecar.json        the caller's record + step, state_root,
+                                                  tensor_digests, file_sha256, format: 1
+    checkpoints/step-00000120/COMPLETE            sha256 (hex) of sidecar.json, written last
+
+A save writes all three files into ``checkpoints/.tmp-step-00000120-PID-RANDOM/``,
+fsyncs them and the folder, then renames the folder into place (and fsyncs
+``checkpoints/``). A crash at any moment leaves either no ``step-*`` folder or a
+complete one; leftover ``.tmp-*`` folders are ignored, reported by
+``incomplete_checkpoints`` and removed by ``remove_temporary_checkpoints``.
+
+A load trusts nothing: the marker must match the sidecar, the file its sha256,
+every tensor its digest (``lockstep.spec.hashing.tensor_digest``) and all of
+them the state root, before any tensor is returned. ``CheckpointError`` names
+the folder, the file, the tensor and what to do.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import secrets
+import shutil
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from lockstep.fsio import (
+    FileFormatError,
+    UnsafePath,
+    atomic_write_bytes,
+    atomic_writer,
+    fsync_dir,
+    json_bytes,
+    parse_json,
+    read_safetensors,
+    safe_join,
+    safetensors_header,
+    write_safetensors_to,
+)
+from lockstep.spec.hashing import state_root_from_digests, tensor_digests
+
+FORMAT = 1
+CHECKPOINTS_DIR = "checkpoints"
+STATE_FILE = "state.safetensors"
+SIDECAR_FILE = "sidecar.json"
+COMPLETE_FILE = "COMPLETE"
+TEMP_PREFIX = ".tmp-"
+STEP_DIR_RE = re.compile(r"step-(\d{8,20})")
+RESERVED_KEYS = ("step", "state_root", "tensor_digests", "file_sha256", "format")
+MAX_SIDECAR_BYTES = 16 << 20
+_HEX64 = re.compile(r"[0-9a-f]{64}")
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint is missing, incomplete, corrupt or inconsistent."""
+
+
+@dataclass
+class Checkpoint:
+    step: int
+    tensors: dict[str, np.ndarray]
+    sidecar: dict[str, Any]
+    path: Path = field(default=Path("."))
+
+
+def step_dirname(step: int) -> str:
+    """``step-00000120``: the folder name of a checkpoint (zero-padded to 8 digits)."""
+    return f"step-{int(step):08d}"
+
+
+class _HashingFile:
+    """A write-only file wrapper that SHA-256s everything written through it."""
+
+    def __init__(self, f):
+        self.f, self.sha = f, hashlib.sha256()
+
+    def write(self, b) -> int:
+        self.sha.update(b)
+        return self.f.write(b)
+
+
+def _sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(8 << 20):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+# ---------------------------------------------------------------------------
+# Save
+# ---------------------------------------------------------------------------
+
+
+def save_checkpoint(run_dir: str | os.PathLike, step: int, tensors: Mapping[str, np.ndarray],
+                    sidecar: Mapping[str, Any] | None = None) -> Path:
+    """Save ``tensors`` as the checkpoint of ``step``; return its folder.
+
+    ``sidecar`` is the caller's JSON record (chain hash, stream resume record ...);
+    the keys ``step``, ``state_root``, ``tensor_digests``, ``file_sha256`` and
+    ``format`` are added here and may not be given with other values. Saving a step
+    that already has a complete checkpoint returns it when the state root is the
+    same and raises ``CheckpointError`` otherwise.
+    """
+    step = int(step)
+    if step < 0:
+        raise ValueError(f"step must be >= 0, got {step}")
+    tensors = dict(tensors)
+    record = dict(sidecar or {})
+    metadata = {"format": "lockstep.checkpoint", "format_version": str(FORMAT), "step": str(step)}
+    safetensors_header(tensors, metadata)  # validates names and dtypes before any work
+    run_dir = Path(run_dir)
+    ckdir = run_dir / CHECKPOINTS_DIR
+    ckdir.mkdir(parents=True, exist_ok=True)
+    safe_join(run_dir, CHECKPOINTS_DIR)  # refuse a checkpoints/ symlinked out of the run
+    final = ckdir / step_dirname(step)
+
+    tmp = ckdir / f"{TEMP_PREFIX}{step_dirname(step)}-{os.getpid()}-{secrets.token_hex(4)}"
+    tmp.mkdir()
+    try:
+        digests = tensor_digests(tensors)
+        root = state_root_from_digests(digests)
+        if final.exists() or final.is_symlink():
+            if _marker_problem(final) is None:
+                existing = _read_sidecar(final).get("state_root")
+                if existing == root:
+                    shutil.rmtree(tmp, ignore_errors=True)
+                    return final
+                raise CheckpointError(
+                    f"checkpoint {final} already exists with state root {existing}, not {root}; "
+                    f"the run diverged from its own checkpoint. Move the folder away to overwrite it.")
+            _remove_tree(final, ckdir, "stale")  # an incomplete folder under the final name: replace it
+        with atomic_writer(tmp / STATE_FILE) as f:
+            hf = _HashingFile(f)
+            write_safetensors_to(hf, tensors, metadata)
+        for key, value in (("step", step), ("state_root", root), ("tensor_digests", digests),
+                           ("file_sha256", hf.sha.hexdigest()), ("format", FORMAT)):
+            if key in record and record[key] != value:
+                raise ValueError(f"sidecar key {key!r} is set by save_checkpoint; got {record[key]!r}")
+            record[key] = value
+        sidecar_bytes = json_bytes(record)
+        atomic_write_bytes(tmp / SIDECAR_FILE, sidecar_bytes)
+        atomic_write_bytes(tmp / COMPLETE_FILE, (hashlib.sha256(sidecar_bytes).hexdigest() + "\n").encode())
+        fsync_dir(tmp)
+        try:
+            os.rename(tmp, final)
+        except OSError as exc:
+            raise CheckpointError(f"could not move the new checkpoint into {final}: {exc} "
+                                  f"(another process saving the same step?)") from None
+        fsync_dir(ckdir)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return final
+
+
+def _remove_tree(path: Path, ckdir: Path, why: str) -> None:
+    """Rename ``path`` to a temporary name (atomic), then delete it."""
+    if path.is_symlink():
+        path.unlink()
+        return
+    aside = ckdir / f"{TEMP_PREFIX}{why}-{path.name}-{os.getpid()}-{secrets.token_hex(4)}"
+    os.rename(path, aside)
+    fsync_dir(ckdir)
+    shutil.rmtree(aside, ignore_errors=True)
+
+
+# ---------------------------------------------------------------------------
+# Listing
+# ---------------------------------------------------------------------------
+
+
+def _marker_problem(folder: Path) -> str | None:
+    """None when ``folder`` is a real folder whose COMPLETE matches its sidecar; else why not."""
+    if folder.is_symlink():
+        return "a symlink, not a checkpoint folder"
+    if not folder.is_dir():
+        return "not a folder"
+    marker, side = folder / COMPLETE_FILE, folder / SIDECAR_FILE
+    if marker.is_symlink() or side.is_symlink():
+        return f"{COMPLETE_FILE} or {SIDECAR_FILE} is a symlink"
+    if not marker.is_file():
+        return f"no {COMPLETE_FILE} marker (the save did not finish)"
+    if not side.is_file():
+        return f"{COMPLETE_FILE} present but {SIDECAR_FILE} missing"
+    try:
+        want = marker.read_bytes()[:200].decode("ascii", "replace").strip()
+        got = hashlib.sha256(side.read_bytes()).hexdigest()
+    except OSError as exc:
+        return f"unreadable: {exc}"
+    if want != got:
+        return f"{COMPLETE_FILE} holds {want[:16]}... but {SIDECAR_FILE} hashes to {got[:16]}..."
+    return None
+
+
+def _entries(run_dir: str | os.PathLike) -> list[Path]:
+    ckdir = Path(run_dir) / CHECKPOINTS_DIR
+    if not ckdir.is_dir():
+        return []
+    safe_join(run_dir, CHECKPOINTS_DIR)
+    return sorted(ckdir.iterdir())
+
+
+def list_checkpoints(run_dir: str | os.PathLike) -> list[tuple[int, Path]]:
+    """``[(step, folder)]`` of the complete checkpoints of a run, ascending by step.
+
+    Complete means a real ``step-NNNNNNNN`` folder whose ``COMPLETE`` marker matches
+    its ``sidecar.json``; the tensors themselves are verified by ``load_checkpoint``.
+    """
+    out = []
+    for p in _entries(run_dir):
+        m = STEP_DIR_RE.fullmatch(p.name)
+        if m and _marker_problem(p) is None:
+            out.append((int(m.group(1)), p))
+    return sorted(out)
+
+
+def incomplete_checkpoints(run_dir: str | os.PathLike) -> list[tuple[Path, str]]:
+    """Everything under ``checkpoints/`` that ``list_checkpoints`` ignores, with the reason."""
+    out = []
+    for p in _entries(run_dir):
+        if p.name.startswith(TEMP_PREFIX):
+            out.append((p, "temporary folder of a save that did not finish (or is running now)"))
+        elif STEP_DIR_RE.fullmatch(p.name):
+            why = _marker_problem(p)
+            if why is not None:
+                out.append((p, why))
+        else:
+            out.append((p, "not a checkpoint folder name (expected step-NNNNNNNN)"))
+    return out
+
+
+def remove_temporary_checkpoints(run_dir: str | os.PathLike) -> list[Path]:
+    """Delete the ``.tmp-*`` folders of unfinished saves; call only while no save is running."""
+    removed = []
+    for p in _entries(run_dir):
+        if p.name.startswith(TEMP_PREFIX) and p.is_dir() and not p.is_symlink():
+            shutil.rmtree(p, ignore_errors=True)
+            removed.append(p)
+    return removed
+
+
+def latest_checkpoint(run_dir: str | os.PathLike, before_step: int | None = None) -> tuple[int, Path] | None:
+    """The complete checkpoint with the highest step (``< before_step`` if given), or None."""
+    found = [(s, p) for s, p in list_checkpoints(run_dir) if before_step is None or s < before_step]
+    return found[-1] if found else None
+
+
+# ---------------------------------------------------------------------------
+# Load
+# ---------------------------------------------------------------------------
+
+
+def _read_sidecar(folder: Path) -> dict[str, Any]:
+    path = safe_join(folder, SIDECAR_FILE)
+    data = path.read_bytes()
+    if len(data) > MAX_SIDECAR_BYTES:
+        raise CheckpointError(f"{path} is larger than {MAX_SIDECAR_BYTES} bytes; refusing it")
+    try:
+        record = parse_json(data, "checkpoint sidecar", str(path))
+    except FileFormatError as exc:
+        raise CheckpointError(str(exc)) from None
+    if not isinstance(record, dict):
+        raise CheckpointError(f"{path} must hold a JSON object")
+    return record
+
+
+def _resolve(path_or_run_dir: str | os.PathLike, step: int | None) -> Path:
+    p = Path(path_or_run_dir)
+    if STEP_DIR_RE.fullmatch(p.name) and not (p / CHECKPOINTS_DIR).is_dir():
+        m = STEP_DIR_RE.fullmatch(p.name)
+        if step is not None and int(m.group(1)) != int(step):
+            raise CheckpointError(f"{p} is the checkpoint of step {int(m.group(1))}, not of step {step}")
+        if not p.is_dir():
+            raise CheckpointError(f"checkpoint folder {p} does not exist")
+        return p
+    if not p.is_dir():
+        raise CheckpointError(f"{p} is neither a run directory nor a checkpoint folder")
+    if step is None:
+        latest = latest_checkpoint(p)
+        if latest is None:
+            bad = "; ".join(f"{q.name}: {why}" for q, why in incomplete_checkpoints(p)) or "none at all"
+            raise CheckpointError(f"no complete checkpoint under {p / CHECKPOINTS_DIR} (incomplete: {bad})")
+        return latest[1]
+    try:
+        folder = safe_join(p, f"{CHECKPOINTS_DIR}/{step_dirname(step)}")
+    except UnsafePath as exc:
+        raise CheckpointError(str(exc)) from None
+    if not folder.is_dir():
+        have = [s for s, _ in list_checkpoints(p)]
+        raise CheckpointError(f"run {p} has no checkpoint of step {step} (complete ones: {have[-10:]})")
+    return folder
+
+
+def load_checkpoint(path_or_run_dir: str | os.PathLike, step: int | None = None) -> Checkpoint:
+    """Load and fully verify a checkpoint.
+
+    ``path_or_run_dir`` is a ``step-NNNNNNNN`` folder, or a run directory (then
+    ``step`` picks the checkpoint, default the latest complete one). Raises
+    ``CheckpointError`` unless the marker, the file digest, every tensor digest and
+    the state root all match.
+    """
+    folder = _resolve(path_or_run_dir, step)
+    step_of_folder = int(STEP_DIR_RE.fullmatch(folder.name).group(1))
+    earlier = (f"load an earlier one (latest_checkpoint(run_dir, before_step={step_of_folder})) "
+               f"or re-run from it")
+    why = _marker_problem(folder)
+    if why is not None:
+        raise CheckpointError(f"checkpoint {folder} is not complete: {why}; {earlier}")
+    record = _read_sidecar(folder)
+    side = folder / SIDECAR_FILE
+    if record.get("format") != FORMAT:
+        raise CheckpointError(f"{side}: format {record.get('format')!r} is not {FORMAT}; "
+                              f"this lockstep cannot read it (upgrade lockstep?)")
+    if record.get("step") != step_of_folder:
+        raise CheckpointError(f"{side} says step {record.get('step')!r} but the folder is step {step_of_folder}")
+    want_root, want_file, want_digests = record.get("state_root"), record.get("file_sha256"), record.get("tensor_digests")
+    if not (isinstance(want_root, str) and _HEX64.fullmatch(want_root)
+            and isinstance(want_file, str) and _HEX64.fullmatch(want_file)
+            and isinstance(want_digests, dict)
+            and all(isinstance(v, str) and _HEX64.fullmatch(v) for v in want_digests.values())):
+        raise CheckpointError(f"{side}: state_root, file_sha256 and tensor_digests must be 64-digit hex digests")
+
+    try:
+        state_path = safe_join(folder, STATE_FILE)
+    except UnsafePath as exc:
+        raise CheckpointError(str(exc)) from None
+    if not state_path.is_file():
+        raise CheckpointError(f"checkpoint {folder} has no {STATE_FILE}; {earlier}")
+    file_sha = _sha256_file(state_path)
+    try:
+        tensors, metadata = read_safetensors(state_path)
+    except FileFormatError as exc:
+        raise CheckpointError(f"{exc}; the checkpoint is corrupt: {earlier}") from None
+
+    if sorted(tensors) != sorted(want_digests):
+        missing = sorted(set(want_digests) - set(tensors))
+        extra = sorted(set(tensors) - set(want_digests))
+        raise CheckpointError(f"{state_path}: tensors differ from {SIDECAR_FILE} "
+                              f"(missing {missing[:10]}, unexpected {extra[:10]}); {earlier}")
+    got_digests = tensor_digests(tensors)
+    bad = [n for n in sorted(want_digests) if got_digests[n] != want_digests[n]]
+    if bad:
+        raise CheckpointError(f"{state_path}: tensor {bad[0]!r} does not match its digest in {SIDECAR_FILE}"
+                              f"{f' (nor do {len(bad) - 1} more: {bad[1:6]})' if len(bad) > 1 else ''}; "
+                              f"the file is corrupt or was edited: {earlier}")
+    if file_sha != want_file:
+        raise CheckpointError(f"{state_path}: sha256 {file_sha} is not the {want_file} recorded in "
+                              f"{SIDECAR_FILE} (the tensors match, the header or layout changed); {earlier}")
+    if metadata.get("step") != str(step_of_folder):
+        raise CheckpointError(f"{state_path}: metadata step {metadata.get('step')!r} is not {step_of_folder}")
+    root = state_root_from_digests(got_digests)  # the digests were just recomputed from the tensors
+    if root != want_root:
+        raise CheckpointError(f"{side}: state root {want_root} does not match the tensors ({root}); {earlier}")
+    return Checkpoint(step=step_of_folder, tensors=tensors, sidecar=record, path=folder)

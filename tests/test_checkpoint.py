@@ -1,0 +1,330 @@
+"""Atomic files, our safetensors reader/writer, and checkpoints that never half-exist.
+
+This file is also the worker of the crash test: ``python test_checkpoint.py save-loop RUN``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import struct
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from lockstep.fsio import (
+    FileFormatError,
+    SafetensorsError,
+    UnsafePath,
+    atomic_write_json,
+    atomic_write_text,
+    read_json,
+    read_safetensors,
+    safe_join,
+    write_safetensors,
+)
+from lockstep.spec.hashing import state_root
+from lockstep.train.checkpoint import (
+    CheckpointError,
+    incomplete_checkpoints,
+    latest_checkpoint,
+    list_checkpoints,
+    load_checkpoint,
+    remove_temporary_checkpoints,
+    save_checkpoint,
+)
+
+
+def _tensors(seed: int = 0) -> dict[str, np.ndarray]:
+    g = np.arange(1000, dtype=np.float32) * np.float32(0.25) + np.float32(seed)  # exact values
+    return {
+        "model.w": g.reshape(10, 100),
+        "model.b": g[:7].copy(),
+        "adam.m.w": (g.reshape(10, 100) * np.float32(-0.5)).astype(np.float32),
+        "step": np.array(seed, dtype=np.int64),
+        "tokens": np.arange(5, dtype=np.int32),
+        "empty": np.zeros((0, 3), dtype=np.float32),
+        "bytes": np.arange(9, dtype=np.uint8).reshape(3, 3),
+        "f64": np.linspace(0, 1, 4),
+        "i8": np.array([-128, 0, 127], dtype=np.int8),
+        "u32": np.array([0, 2**32 - 1], dtype=np.uint32),
+    }
+
+
+def _same(a: dict, b: dict) -> bool:
+    return sorted(a) == sorted(b) and all(
+        a[k].dtype.newbyteorder("<") == b[k].dtype.newbyteorder("<") and a[k].shape == b[k].shape
+        and a[k].tobytes() == np.ascontiguousarray(b[k], dtype=a[k].dtype).tobytes()
+        for k in a
+    )
+
+
+# ---------------------------------------------------------------------------
+# fsio
+# ---------------------------------------------------------------------------
+
+
+def test_atomic_writes_and_read_json(tmp_path):
+    p = tmp_path / "a.json"
+    atomic_write_json(p, {"b": 1, "a": [1, 2]})
+    assert read_json(p, "test record") == {"a": [1, 2], "b": 1}
+    atomic_write_text(p, '{"a": 1,}')
+    with pytest.raises(FileFormatError, match=r"malformed test record .*a\.json.*line 1"):
+        read_json(p, "test record")
+    atomic_write_text(p, '{"a": 1, "a": 2}')
+    with pytest.raises(FileFormatError, match="duplicate key 'a'"):
+        read_json(p, "test record")
+    atomic_write_text(p, '{"a": NaN}')
+    with pytest.raises(FileFormatError, match="NaN"):
+        read_json(p, "test record")
+    with pytest.raises(FileNotFoundError, match="test record not found"):
+        read_json(tmp_path / "missing.json", "test record")
+    assert sorted(os.listdir(tmp_path)) == ["a.json"]  # no temporary files left behind
+    with pytest.raises(TypeError):
+        atomic_write_json(tmp_path / "b.json", {"x": object()})
+    assert sorted(os.listdir(tmp_path)) == ["a.json"]
+
+
+def test_safe_join(tmp_path):
+    root = tmp_path / "run"
+    (root / "sub").mkdir(parents=True)
+    (tmp_path / "outside").mkdir()
+    assert safe_join(root, "sub/x.json") == root / "sub" / "x.json"
+    assert safe_join(root, "./sub/./x") == root / "sub" / "x"
+    for bad in ["/etc/passwd", "../x", "sub/../../x", "sub/..", "", "a\\b", "C:/x", "a\x00b"]:
+        with pytest.raises(UnsafePath):
+            safe_join(root, bad)
+    os.symlink(tmp_path / "outside", root / "escape")
+    os.symlink(root / "sub", root / "inside")
+    with pytest.raises(UnsafePath, match="escape.*outside"):
+        safe_join(root, "escape/file")
+    assert safe_join(root, "inside/file") == root / "inside" / "file"
+
+
+def test_safetensors_round_trip(tmp_path):
+    t = _tensors(3)
+    t["big_endian"] = np.arange(4, dtype=">f4")
+    p = tmp_path / "x.safetensors"
+    write_safetensors(p, t, {"k": "v"})
+    got, meta = read_safetensors(p)
+    assert meta == {"k": "v"} and _same(t, got)
+    assert got["big_endian"].dtype == np.dtype("<f4")
+    raw = p.read_bytes()
+    (n,) = struct.unpack("<Q", raw[:8])
+    assert (8 + n) % 8 == 0  # data 8-byte aligned, like the reference writer
+    with pytest.raises(TypeError, match="float16"):
+        write_safetensors(tmp_path / "y.safetensors", {"h": np.zeros(2, np.float16)})
+    assert not (tmp_path / "y.safetensors").exists()
+
+
+def _write_raw(path: Path, header: dict, data: bytes) -> None:
+    body = json.dumps(header).encode()
+    path.write_bytes(struct.pack("<Q", len(body)) + body + data)
+
+
+@pytest.mark.parametrize(
+    "header,data,match",
+    [
+        ({"a": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]}}, b"\0" * 4, "run past"),
+        ({"a": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]}}, b"\0" * 12, "trailing"),
+        ({"a": {"dtype": "F32", "shape": [3], "data_offsets": [0, 8]}}, b"\0" * 8, "needs 12"),
+        ({"a": {"dtype": "F16", "shape": [4], "data_offsets": [0, 8]}}, b"\0" * 8, "not one of"),
+        ({"a": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]},
+          "b": {"dtype": "F32", "shape": [2], "data_offsets": [4, 12]}}, b"\0" * 12, "overlap"),
+        ({"a": {"dtype": "F32", "shape": [1], "data_offsets": [4, 8]}}, b"\0" * 8, "gap"),
+        ({"a": {"dtype": "F32", "shape": [-1], "data_offsets": [0, 0]}}, b"", "non-negative"),
+        ({"a": {"dtype": "F32", "shape": [1], "data_offsets": [8, 4]}}, b"\0" * 8, "begin <= end"),
+        ({"a": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4], "x": 1}}, b"\0" * 4, "exactly the keys"),
+        ({"__metadata__": {"a": 1}}, b"", "strings to strings"),
+    ],
+)
+def test_safetensors_rejects_lies(tmp_path, header, data, match):
+    p = tmp_path / "bad.safetensors"
+    _write_raw(p, header, data)
+    with pytest.raises(SafetensorsError, match=match) as exc:
+        read_safetensors(p)
+    assert "bad.safetensors" in str(exc.value)
+
+
+def test_safetensors_rejects_bad_framing(tmp_path):
+    p = tmp_path / "bad.safetensors"
+    p.write_bytes(b"\x01\x02")
+    with pytest.raises(SafetensorsError, match="too short"):
+        read_safetensors(p)
+    p.write_bytes(struct.pack("<Q", 2**40) + b"{}")
+    with pytest.raises(SafetensorsError, match="exceeds"):
+        read_safetensors(p)
+    p.write_bytes(struct.pack("<Q", 100) + b"{}")
+    with pytest.raises(SafetensorsError, match="truncated"):
+        read_safetensors(p)
+    p.write_bytes(struct.pack("<Q", 4) + b"[1] ")
+    with pytest.raises(SafetensorsError, match="not a JSON object"):
+        read_safetensors(p)
+    p.write_bytes(struct.pack("<Q", 3) + b"{x}")
+    with pytest.raises(SafetensorsError, match="malformed"):
+        read_safetensors(p)
+
+
+def test_safetensors_interoperates_with_the_reference_package(tmp_path):
+    st = pytest.importorskip("safetensors.numpy", reason="the safetensors package is not installed")
+    t = {k: v for k, v in _tensors(1).items()}
+    ours = tmp_path / "ours.safetensors"
+    write_safetensors(ours, t, {"m": "1"})
+    assert _same(t, st.load_file(str(ours)))
+    theirs = tmp_path / "theirs.safetensors"
+    st.save_file(t, str(theirs), metadata={"m": "2"})
+    got, meta = read_safetensors(theirs)
+    assert meta == {"m": "2"} and _same(t, got)
+
+
+# ---------------------------------------------------------------------------
+# checkpoints
+# ---------------------------------------------------------------------------
+
+
+def test_checkpoint_round_trip(tmp_path):
+    t = _tensors(5)
+    path = save_checkpoint(tmp_path, 12, t, {"chain_hash": "ab" * 32, "stream": {"window": 96}})
+    assert path == tmp_path / "checkpoints" / "step-00000012"
+    assert sorted(os.listdir(path)) == ["COMPLETE", "sidecar.json", "state.safetensors"]
+    ck = load_checkpoint(tmp_path)
+    assert ck.step == 12 and _same(t, ck.tensors) and ck.path == path
+    assert ck.sidecar["state_root"] == state_root(t) and ck.sidecar["format"] == 1
+    assert ck.sidecar["stream"] == {"window": 96} and ck.sidecar["step"] == 12
+    assert load_checkpoint(path).step == 12 and load_checkpoint(tmp_path, step=12).step == 12
+    save_checkpoint(tmp_path, 20, _tensors(6))
+    assert [s for s, _ in list_checkpoints(tmp_path)] == [12, 20]
+    assert latest_checkpoint(tmp_path)[0] == 20
+    assert latest_checkpoint(tmp_path, before_step=20)[0] == 12
+    assert latest_checkpoint(tmp_path, before_step=12) is None
+    assert save_checkpoint(tmp_path, 12, t) == path  # same state again: idempotent
+    with pytest.raises(CheckpointError, match="already exists"):
+        save_checkpoint(tmp_path, 12, _tensors(7))
+    with pytest.raises(ValueError, match="set by save_checkpoint"):
+        save_checkpoint(tmp_path, 13, t, {"step": 14})
+    with pytest.raises(CheckpointError, match="no checkpoint of step 99"):
+        load_checkpoint(tmp_path, step=99)
+    assert incomplete_checkpoints(tmp_path) == []
+
+
+def _flip_bit_in(path: Path, tensor: str) -> None:
+    raw = bytearray(path.read_bytes())
+    (n,) = struct.unpack("<Q", raw[:8])
+    begin, _ = json.loads(raw[8 : 8 + n])[tensor]["data_offsets"]
+    raw[8 + n + begin + 3] ^= 0x10
+    path.write_bytes(bytes(raw))
+
+
+def test_flipped_bit_names_the_tensor(tmp_path):
+    path = save_checkpoint(tmp_path, 1, _tensors())
+    _flip_bit_in(path / "state.safetensors", "model.b")
+    assert [s for s, _ in list_checkpoints(tmp_path)] == [1]  # the marker is fine; the load checks data
+    with pytest.raises(CheckpointError, match=r"state\.safetensors: tensor 'model\.b' does not match") as exc:
+        load_checkpoint(tmp_path)
+    assert "step-00000001" in str(exc.value) and "earlier" in str(exc.value)
+
+
+def test_truncated_file(tmp_path):
+    path = save_checkpoint(tmp_path, 1, _tensors())
+    f = path / "state.safetensors"
+    f.write_bytes(f.read_bytes()[:-100])
+    with pytest.raises(CheckpointError, match="state.safetensors.*truncated"):
+        load_checkpoint(tmp_path)
+
+
+def test_header_lying_about_offsets(tmp_path):
+    path = save_checkpoint(tmp_path, 1, _tensors())
+    f = path / "state.safetensors"
+    raw = f.read_bytes()
+    (n,) = struct.unpack("<Q", raw[:8])
+    header = json.loads(raw[8 : 8 + n])
+    header["model.b"]["data_offsets"][0] -= 4  # overlaps its neighbour, sizes no longer agree
+    body = json.dumps(header).encode()
+    f.write_bytes(struct.pack("<Q", len(body)) + body + raw[8 + n :])
+    with pytest.raises(CheckpointError, match="tensor 'model.b'.*data_offsets"):
+        load_checkpoint(tmp_path)
+
+
+def test_sidecar_edits_are_caught(tmp_path):
+    path = save_checkpoint(tmp_path, 1, _tensors())
+    side = path / "sidecar.json"
+    record = json.loads(side.read_text())
+    record["state_root"] = "00" * 32
+    side.write_text(json.dumps(record))
+    assert list_checkpoints(tmp_path) == []  # COMPLETE no longer matches the sidecar
+    with pytest.raises(CheckpointError, match="COMPLETE holds"):
+        load_checkpoint(path)
+
+
+def test_folder_without_complete_is_ignored(tmp_path):
+    save_checkpoint(tmp_path, 1, _tensors(1))
+    path = save_checkpoint(tmp_path, 2, _tensors(2))
+    (path / "COMPLETE").unlink()
+    (tmp_path / "checkpoints" / ".tmp-step-00000003-1-abcd").mkdir()
+    assert [s for s, _ in list_checkpoints(tmp_path)] == [1]
+    assert load_checkpoint(tmp_path).step == 1
+    reasons = {p.name: why for p, why in incomplete_checkpoints(tmp_path)}
+    assert "no COMPLETE marker" in reasons["step-00000002"] and "did not finish" in reasons[".tmp-step-00000003-1-abcd"]
+    with pytest.raises(CheckpointError, match="not complete: no COMPLETE"):
+        load_checkpoint(tmp_path, step=2)
+    assert [p.name for p in remove_temporary_checkpoints(tmp_path)] == [".tmp-step-00000003-1-abcd"]
+    save_checkpoint(tmp_path, 2, _tensors(2))  # an incomplete folder under the final name is replaced
+    assert [s for s, _ in list_checkpoints(tmp_path)] == [1, 2]
+
+
+def test_symlinked_state_file_is_refused(tmp_path):
+    path = save_checkpoint(tmp_path / "run", 1, _tensors())
+    outside = tmp_path / "elsewhere.safetensors"
+    os.replace(path / "state.safetensors", outside)
+    os.symlink(outside, path / "state.safetensors")
+    with pytest.raises(CheckpointError, match="outside"):
+        load_checkpoint(path)
+
+
+def _save_loop(run_dir: str) -> None:
+    """Save big checkpoints for ever (killed by the test)."""
+    big = np.arange(3 << 20, dtype=np.float32)  # 12 MiB
+    step = 0
+    while True:
+        step += 1
+        save_checkpoint(run_dir, step, {"w": big, "m": big[::-1].copy(), "step": np.array(step)},
+                        {"chain_hash": f"{step:064x}"})
+        big[step % big.size] += 1
+
+
+def test_sigkill_during_saves_never_leaves_a_bad_checkpoint(tmp_path):
+    runs = [tmp_path / f"run{i}" for i in range(4)]
+    procs = [subprocess.Popen([sys.executable, os.path.abspath(__file__), "save-loop", str(r)]) for r in runs]
+    try:
+        deadline = time.monotonic() + 90
+        while not all(list_checkpoints(r) for r in runs) and time.monotonic() < deadline:  # imports take a while
+            time.sleep(0.02)
+        for proc, extra in zip(procs, [0.05, 0.23, 0.41, 0.67]):  # staggered, unrelated to the save period
+            time.sleep(extra)
+            proc.send_signal(signal.SIGKILL)
+    finally:
+        for proc in procs:
+            proc.kill()
+            proc.wait()
+    seen_temporary = 0
+    for run in runs:
+        listed = list_checkpoints(run)
+        assert listed, "the save loop produced no checkpoint"
+        for step, path in listed:
+            assert load_checkpoint(path).step == step
+        assert load_checkpoint(run).step == listed[-1][0]
+        seen_temporary += any(p.name.startswith(".tmp-") for p, _ in incomplete_checkpoints(run))
+        remove_temporary_checkpoints(run)
+        assert all(not p.name.startswith(".tmp-") for p, _ in incomplete_checkpoints(run))
+    # saving is nearly all of the loop, so kills land in the middle of a save
+    assert seen_temporary >= 1
+
+
+if __name__ == "__main__":
+    if sys.argv[1] == "save-loop":
+        _save_loop(sys.argv[2])

@@ -48,13 +48,11 @@ def canon(x: np.ndarray) -> np.ndarray:
     * exponent field 0 (zero or subnormal) -> zero with the same sign bit;
     * any NaN -> 0x7FC00000.
     """
-    u = bits(np.asarray(x, dtype=F32)).copy()
+    u = bits(np.asarray(x, dtype=F32))
     exp_field = u & EXPONENT_MASK
-    subnormal_or_zero = exp_field == 0
-    u[subnormal_or_zero] &= SIGN_BIT
+    u = np.where(exp_field == 0, u & SIGN_BIT, u)
     is_nan = (exp_field == EXPONENT_MASK) & ((u & MANTISSA_MASK) != 0)
-    u[is_nan] = CANONICAL_NAN_BITS
-    return u.view(F32)
+    return np.where(is_nan, CANONICAL_NAN_BITS, u).astype(np.uint32, copy=False).view(F32)
 
 
 def f32(x) -> np.ndarray:

@@ -121,14 +121,19 @@ def tensor_digest(name: str, x: np.ndarray) -> bytes:
     return hashlib.sha256(tensor_header(name, x) + struct.pack("<Q", x.nbytes) + root).digest()
 
 
-def state_root_bytes(tensors: dict[str, np.ndarray]) -> bytes:
-    """32-byte state root over all tensors, in ascending order of UTF-8 name bytes."""
-    names = sorted(tensors, key=lambda n: n.encode("utf-8"))
+def state_root_from_digests(digests: dict[str, bytes | str]) -> str:
+    """The state root (hex) from already computed tensor digests (raw or hex), by name."""
+    names = sorted(digests, key=lambda n: n.encode("utf-8"))
     h = hashlib.sha256(STATE_DOMAIN + struct.pack("<I", len(names)))
     for name in names:
         nb = name.encode("utf-8")
-        h.update(struct.pack("<I", len(nb)) + nb + tensor_digest(name, tensors[name]))
-    return h.digest()
+        h.update(struct.pack("<I", len(nb)) + nb + _b32(digests[name], f"digest of {name!r}"))
+    return h.hexdigest()
+
+
+def state_root_bytes(tensors: dict[str, np.ndarray]) -> bytes:
+    """32-byte state root over all tensors, in ascending order of UTF-8 name bytes."""
+    return bytes.fromhex(state_root_from_digests({n: tensor_digest(n, x) for n, x in tensors.items()}))
 
 
 def state_root(tensors: dict[str, np.ndarray]) -> str:

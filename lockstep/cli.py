@@ -70,11 +70,11 @@ def build_parser() -> argparse.ArgumentParser:
     c.set_defaults(func=cmd_conformance)
 
     try:
-        from lockstep.data_cli import add_data_parser
+        from lockstep.data_cli import add_data_parser, run_data
     except ImportError:
         pass
     else:
-        add_data_parser(sub)
+        add_data_parser(sub).set_defaults(func=run_data)
     try:
         from lockstep.train_cli import add_train_parser
     except ImportError:

@@ -1,0 +1,159 @@
+"""Tokenizers for the data pipeline: text -> token ids, and back for demos.
+
+Two kinds, each with an *identity*: the JSON record that a data manifest stores under
+``"tokenizer"`` so that anyone can tell which ids a shard holds.
+
+``bytes`` (the default)
+    Token ``b`` (0..255) is the byte ``b`` of the document's raw bytes (UTF-8 for
+    text from .jsonl); ``EOD_ID = 256`` is the end-of-document separator the stream
+    puts after every document. ``vocab_size = 257``. There is no padding id: every
+    window the stream cuts is full, so nothing is ever padded.
+    Identity: ``{"kind": "bytes", "vocab_size": 257, "eod_id": 256}``.
+
+``hf-tokenizers``
+    A Hugging Face ``tokenizers`` ``tokenizer.json``, loaded offline with
+    ``Tokenizer.from_file`` (optional dependency: used only where the package
+    imports). The file is copied next to the manifest and recorded by SHA-256.
+    The separator is ``--eod-token`` (an existing token, e.g. ``<|endoftext|>``) or,
+    without one, a new id equal to the tokenizer's vocabulary size.
+    Identity: ``{"kind": "hf-tokenizers", "file": "tokenizer.json", "sha256": HEX,
+    "vocab_size": V, "eod_id": E, "eod_token": TOKEN or null}``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+import numpy as np
+
+BYTE_VOCAB = 256  # one id per byte value
+EOD_ID = 256  # the end-of-document separator of the byte tokenizer
+BYTE_TOKENIZER_VOCAB_SIZE = BYTE_VOCAB + 1  # bytes plus the separator; no padding id
+
+HF_TOKENIZER_FILE = "tokenizer.json"  # the name the copy gets in a data folder
+
+
+class TokenizerError(ValueError):
+    """A tokenizer that cannot be used; the message says which file and what to do."""
+
+
+class ByteTokenizer:
+    """Bytes in, bytes out: id b is byte b, ``EOD_ID`` ends a document."""
+
+    kind = "bytes"
+    vocab_size = BYTE_TOKENIZER_VOCAB_SIZE
+    eod_id = EOD_ID
+
+    def identity(self) -> dict:
+        return {"kind": self.kind, "vocab_size": self.vocab_size, "eod_id": self.eod_id}
+
+    def encode(self, text: str | bytes) -> np.ndarray:
+        """Token ids (uint8) of a document: its UTF-8 bytes, unchanged (no normalisation)."""
+        data = text.encode("utf-8") if isinstance(text, str) else bytes(text)
+        return np.frombuffer(data, dtype=np.uint8).copy()
+
+    def decode(self, ids) -> str:
+        """Text of ids: the separator becomes a newline; invalid UTF-8 becomes U+FFFD."""
+        ids = np.asarray(ids).reshape(-1)
+        out = bytearray()
+        for t in ids.tolist():
+            if 0 <= t < BYTE_VOCAB:
+                out.append(t)
+            elif t == EOD_ID:
+                out.extend(b"\n")
+        return out.decode("utf-8", errors="replace")
+
+
+def file_sha256(path: Path) -> str:
+    """Hex SHA-256 of a file's bytes, read in 1 MiB pieces."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def hf_tokenizers_available() -> bool:
+    """True where the optional ``tokenizers`` package imports."""
+    try:
+        import tokenizers  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+class HFTokenizer:
+    """A ``tokenizers`` tokenizer.json, used offline, identified by its SHA-256."""
+
+    kind = "hf-tokenizers"
+
+    def __init__(self, path: str | Path, eod_token: str | None = None, expected_sha256: str | None = None):
+        path = Path(path)
+        if not path.is_file():
+            raise TokenizerError(f"{path}: tokenizer file not found; pass the path of a tokenizer.json")
+        try:
+            from tokenizers import Tokenizer
+        except ImportError as e:
+            raise TokenizerError(
+                f"{path}: reading a Hugging Face tokenizer needs the optional 'tokenizers' package; "
+                "install it (pip install tokenizers) or use the default byte tokenizer"
+            ) from e
+        self.path = path
+        self.sha256 = file_sha256(path)
+        if expected_sha256 is not None and self.sha256 != expected_sha256:
+            raise TokenizerError(
+                f"{path}: SHA-256 {self.sha256} differs from the manifest's {expected_sha256}; "
+                "the tokenizer file was altered: restore it or re-ingest the data"
+            )
+        try:
+            self._tok = Tokenizer.from_file(str(path))
+        except Exception as e:  # the library raises its own exception types
+            raise TokenizerError(f"{path}: not a readable tokenizer.json ({e}); check the file") from e
+        base = int(self._tok.get_vocab_size(with_added_tokens=True))
+        self.eod_token = eod_token
+        if eod_token is None:
+            self.eod_id = base  # a new id, one past the tokenizer's own
+            self.vocab_size = base + 1
+        else:
+            tid = self._tok.token_to_id(eod_token)
+            if tid is None:
+                raise TokenizerError(
+                    f"{path}: the end-of-document token {eod_token!r} is not in the vocabulary; "
+                    "name an existing token or leave --eod-token out to add a new id"
+                )
+            self.eod_id = int(tid)
+            self.vocab_size = base
+
+    def identity(self) -> dict:
+        return {
+            "kind": self.kind,
+            "file": HF_TOKENIZER_FILE,
+            "sha256": self.sha256,
+            "vocab_size": self.vocab_size,
+            "eod_id": self.eod_id,
+            "eod_token": self.eod_token,
+        }
+
+    def encode(self, text: str | bytes) -> np.ndarray:
+        """Token ids (uint32) of a document, without added special tokens."""
+        if isinstance(text, bytes):
+            text = text.decode("utf-8")  # callers turn UnicodeDecodeError into a file error
+        ids = self._tok.encode(text, add_special_tokens=False).ids
+        return np.asarray(ids, dtype=np.uint32)
+
+    def decode(self, ids) -> str:
+        ids = [int(t) for t in np.asarray(ids).reshape(-1).tolist() if int(t) != self.eod_id or self.eod_token]
+        return self._tok.decode(ids, skip_special_tokens=False)
+
+
+def tokenizer_from_identity(identity: dict, folder: Path):
+    """The tokenizer a manifest names (``folder`` holds the manifest and its files)."""
+    kind = identity.get("kind")
+    if kind == ByteTokenizer.kind:
+        return ByteTokenizer()
+    if kind == HFTokenizer.kind:
+        return HFTokenizer(
+            Path(folder) / identity["file"], eod_token=identity.get("eod_token"), expected_sha256=identity["sha256"]
+        )
+    raise TokenizerError(f"{folder}: unknown tokenizer kind {kind!r}; expected 'bytes' or 'hf-tokenizers'")

@@ -1,0 +1,20 @@
+"""The audit: check a run directory someone else produced, and replay its steps.
+
+* ``verify.verify_run``: everything that needs no training arithmetic (the layout,
+  the recipe and H_0, the chain, every checkpoint's tensors and state root against
+  the trajectory, the data shards, the commitment).
+* ``replay.replay_step`` / ``replay_steps``: recompute steps from the newest verified
+  checkpoint before them, emulating all R ranks of the run on one process
+  (TreeFold), and compare state roots and chain hashes with the trajectory.
+* ``certificate``: the signed JSON record an auditor publishes for a replay.
+* ``plan.plan_audit``: who replays which step, drawn with Philox from the run's
+  final commitment; ``merge.merge_certificates``: coverage, disagreements, gaps.
+
+Nothing read from a run directory, a plan or a certificate is ever executed or
+unpickled; every path inside a run goes through ``lockstep.fsio.safe_join``, and
+every digest is checked before the thing it covers is used.
+"""
+
+from .verify import Finding, Report, verify_run
+
+__all__ = ["Finding", "Report", "verify_run"]

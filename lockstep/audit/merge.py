@@ -1,0 +1,239 @@
+"""``lockstep audit merge CERT...``: what a set of certificates says about a run, together.
+
+For each certificate: its structure, its internal consistency (a "match" must list
+equal hashes) and its signature (if signed; with ``--pub`` only certificates signed
+by the given keys count). Rejected certificates are listed and count for nothing.
+Certificates for another commitment than the first (or the plan's) are rejected too.
+
+Then, per step of the run:
+
+* **coverage**: the distinct auditors (signing key, else ``auditor`` name, else the
+  file) whose certificates replayed the step, and their outcomes;
+* **disagreements**: two certificates for the same step with different replayed state
+  roots or chain hashes, or different outcomes (one of them is wrong, or the run's
+  state is not a function of its recipe);
+* **mismatches**: steps whose replay did not reproduce the published hashes (the run
+  fails its audit there);
+* **missing**: steps no certificate covers; with ``--plan``, steps covered by fewer
+  distinct auditors than the plan's redundancy, and planned (auditor, step) pairs
+  that no certificate of that auditor delivered (auditors are matched by name).
+
+``merge_certificates`` returns a ``MergeReport``; ``format`` prints the table and
+``plot_coverage`` writes a PNG (matplotlib) of coverage over the steps.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .certificate import (CertificateError, auditor_id, consistency_problems, load_certificate,
+                          signature_problem)
+
+
+@dataclass
+class StepCoverage:
+    step: int
+    auditors: dict[str, str] = field(default_factory=dict)  # auditor -> "match" / "mismatch"
+    roots: dict[str, tuple[str | None, str | None]] = field(default_factory=dict)  # auditor -> (root, chain)
+
+    @property
+    def count(self) -> int:
+        return len(self.auditors)
+
+    @property
+    def disagreement(self) -> bool:
+        return len(set(self.auditors.values())) > 1 or len(set(self.roots.values())) > 1
+
+    @property
+    def status(self) -> str:
+        if not self.auditors:
+            return "missing"
+        if self.disagreement:
+            return "DISAGREE"
+        return "match" if set(self.auditors.values()) == {"match"} else "MISMATCH"
+
+
+@dataclass
+class MergeReport:
+    commitment: str | None
+    last_step: int
+    steps: dict[int, StepCoverage]
+    accepted: list[str] = field(default_factory=list)
+    rejected: list[tuple[str, str]] = field(default_factory=list)  # (certificate, why)
+    redundancy: int | None = None
+    undelivered: list[tuple[str, int]] = field(default_factory=list)  # (planned auditor, step)
+
+    @property
+    def missing(self) -> list[int]:
+        return [s for s, c in self.steps.items() if c.count == 0]
+
+    @property
+    def under_covered(self) -> list[int]:
+        k = self.redundancy or 1
+        return [s for s, c in self.steps.items() if 0 < c.count < k]
+
+    @property
+    def disagreements(self) -> list[int]:
+        return [s for s, c in self.steps.items() if c.disagreement]
+
+    @property
+    def mismatches(self) -> list[int]:
+        return [s for s, c in self.steps.items() if not c.disagreement and c.status == "MISMATCH"]
+
+    @property
+    def ok(self) -> bool:
+        return not (self.missing or self.under_covered or self.disagreements or self.mismatches or self.rejected
+                    or self.undelivered)
+
+    def format(self, max_rows: int = 60) -> str:
+        k = self.redundancy
+        lines = [f"commitment {self.commitment or '(none)'}: steps 1..{self.last_step}, "
+                 f"{len(self.accepted)} certificate(s) accepted, {len(self.rejected)} rejected"
+                 + (f", planned redundancy {k}" if k else "")]
+        for name, why in self.rejected:
+            lines.append(f"  rejected {name}: {why}")
+        lines.append(f"  {'step':>8}  {'auditors':>8}  status    detail")
+        rows = []
+        for s, c in self.steps.items():
+            interesting = c.status != "match" or (k is not None and c.count < k)
+            rows.append((s, c, interesting))
+        shown = [r for r in rows if r[2]] if len(rows) > max_rows else rows
+        for s, c, _ in shown[:max_rows]:
+            detail = ""
+            if c.disagreement:
+                detail = "; ".join(f"{a[:24]}: {o} root {(c.roots[a][0] or '-')[:12]}" for a, o in c.auditors.items())
+            elif c.status == "MISMATCH":
+                detail = "replay did not reproduce the published hashes"
+            elif k is not None and c.count < k:
+                detail = f"covered {c.count} of {k} times"
+            lines.append(f"  {s:>8}  {c.count:>8}  {c.status:<8}  {detail}")
+        if len(shown) < len(rows):
+            lines.append(f"  ... {len(rows) - len(shown)} fully covered matching step(s) not shown")
+        if len(shown) > max_rows:
+            lines.append(f"  ... {len(shown) - max_rows} more")
+        for a, s in self.undelivered[:20]:
+            lines.append(f"  planned but not delivered: {a} step {s}")
+        if len(self.undelivered) > 20:
+            lines.append(f"  ... {len(self.undelivered) - 20} more undelivered")
+        covered = self.last_step - len(self.missing)
+        lines.append(f"coverage {covered}/{self.last_step} step(s); missing {_ranges(self.missing)}; "
+                     f"disagreements {_ranges(self.disagreements)}; mismatches {_ranges(self.mismatches)}")
+        lines.append("COMPLETE AND CONSISTENT" if self.ok else "INCOMPLETE OR INCONSISTENT")
+        return "\n".join(lines)
+
+
+def _ranges(steps: list[int]) -> str:
+    if not steps:
+        return "none"
+    out, start, prev = [], steps[0], steps[0]
+    for s in steps[1:] + [None]:
+        if s is not None and s == prev + 1:
+            prev = s
+            continue
+        out.append(str(start) if start == prev else f"{start}-{prev}")
+        if s is not None:
+            start = prev = s
+    return ", ".join(out[:20]) + (" ..." if len(out) > 20 else "")
+
+
+def merge_certificates(paths: list[str | os.PathLike], plan: dict | None = None,
+                       trusted_keys: list[str] | None = None) -> MergeReport:
+    """Merge certificate files (module docstring); ``plan`` from ``plan.load_plan``; ``trusted_keys`` hex."""
+    certs: list[tuple[str, dict]] = []
+    rejected: list[tuple[str, str]] = []
+    for p in paths:
+        name = str(p)
+        try:
+            cert = load_certificate(p)
+        except CertificateError as exc:
+            rejected.append((name, str(exc)))
+            continue
+        why = signature_problem(cert, trusted_keys)
+        if why is None:
+            bad = consistency_problems(cert)
+            why = "; ".join(bad) if bad else None
+        if why is not None:
+            rejected.append((name, why))
+            continue
+        certs.append((name, cert))
+
+    commitment = plan["commitment"] if plan else (certs[0][1]["run"]["commitment"] if certs else None)
+    last_step = plan["last_step"] if plan else max((c["run"]["last_step"] for _, c in certs), default=0)
+    kept = []
+    for name, cert in certs:
+        if cert["run"]["commitment"] != commitment:
+            rejected.append((name, f"for commitment {cert['run']['commitment'][:16]}..., not {commitment[:16]}..."))
+        elif cert["run"]["last_step"] != last_step:
+            rejected.append((name, f"says the run has {cert['run']['last_step']} steps, not {last_step}"))
+        else:
+            kept.append((name, cert))
+
+    steps = {s: StepCoverage(s) for s in range(1, last_step + 1)}
+    for name, cert in kept:
+        who = auditor_id(cert, name)
+        for s in cert["steps"]:
+            cov = steps.get(s["step"])
+            if cov is None:
+                continue
+            outcome = "match" if s["match"] else "mismatch"
+            if who in cov.auditors and (cov.auditors[who] != outcome):
+                outcome = "mismatch"  # one auditor, two answers: count the worse
+            cov.auditors[who] = outcome
+            cov.roots[who] = (s["replayed"].get("state_root"), s["replayed"].get("chain_hash"))
+
+    report = MergeReport(commitment, last_step, steps, [n for n, _ in kept], rejected,
+                         plan["redundancy"] if plan else None)
+    if plan:
+        names_seen: dict[str, set[int]] = {}
+        for name, cert in kept:
+            if isinstance(cert.get("auditor"), str):
+                names_seen.setdefault(cert["auditor"], set()).update(s["step"] for s in cert["steps"])
+        for a in plan["auditors"]:
+            got = names_seen.get(a.get("name"), set())
+            report.undelivered += [(a.get("name", str(a["index"])), s) for s in a["steps"] if s not in got]
+    return report
+
+
+def plot_coverage(report: MergeReport, path: str | os.PathLike) -> Path:
+    """A PNG of coverage over the steps: bars per step, coloured by status; the plan's k as a line."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        raise RuntimeError("the coverage PNG needs matplotlib: pip install 'lockstep[io]'") from None
+    colours = {"match": "#2e7d32", "MISMATCH": "#c62828", "DISAGREE": "#ff8f00", "missing": "#9e9e9e"}
+    xs = list(report.steps)
+    counts = [report.steps[s].count for s in xs]
+    cols = [colours[report.steps[s].status] for s in xs]
+    fig, ax = plt.subplots(figsize=(max(6, min(16, len(xs) / 20)), 3.5))
+    ax.bar(xs, [c if c else 0.15 for c in counts], color=cols, width=0.9 if len(xs) <= 100 else 1.0, linewidth=0)
+    if report.redundancy:
+        ax.axhline(report.redundancy, color="black", linestyle="--", linewidth=1, label=f"planned k={report.redundancy}")
+    from matplotlib.patches import Patch
+
+    handles = [Patch(color=c, label=s.lower()) for s, c in colours.items()]
+    if report.redundancy:
+        handles.append(ax.get_lines()[0])
+    from matplotlib.ticker import MaxNLocator
+
+    top = max(counts + [report.redundancy or 1])
+    ax.set_ylim(0, top + 1)
+    ax.legend(handles=handles, loc="upper center", ncol=len(handles), fontsize=8, frameon=False)
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.yaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.set_xlabel("step")
+    ax.set_ylabel("distinct auditors")
+    ax.set_title(f"audit coverage of run {(report.commitment or '?')[:16]}...: {report.last_step - len(report.missing)}"
+                 f"/{report.last_step} steps covered")
+    ax.set_xlim(0.5, max(xs, default=1) + 0.5)
+    fig.tight_layout()
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.tmp")
+    fig.savefig(tmp, format="png")
+    plt.close(fig)
+    os.replace(tmp, path)
+    return path

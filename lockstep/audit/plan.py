@@ -1,0 +1,158 @@
+"""``lockstep audit plan``: who replays which step, drawn from the run's final commitment.
+
+The trainer publishes the commitment H_N only when the run ends, and H_N depends
+on every bit of every step, so it could not have known which auditor would check
+which step. The assignment (all exact integer work):
+
+* ``sigma = keyed_permutation(PhiloxStream(0, PURPOSE, H_N, "auditors"), A)``: the
+  auditors in a random order;
+* ``pi = keyed_permutation(PhiloxStream(0, PURPOSE, H_N, "steps"), N)``: the steps
+  1..N in a random order (``pi[i] + 1``);
+* copy c (0 <= c < k) of the i-th step in that order goes to auditor
+  ``sigma[(i * k + c) mod A]``.
+
+with ``PURPOSE = "lockstep.audit.plan"``, ``H_N`` as its 32 raw bytes, and
+``keyed_permutation`` the data stream's (``lockstep.train.data``). The k copies of
+a step sit at k consecutive positions mod A, so they go to k distinct auditors
+(k <= A), and the positions 0 .. N*k - 1 spread evenly: every auditor gets
+``floor(N*k/A)`` or ``ceil(N*k/A)`` steps. Anyone can redraw the plan from the
+commitment (``check_plan`` does), so a plan file cannot be forged either.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from lockstep.fsio import FileFormatError, read_json
+from lockstep.spec.philox import PhiloxStream
+from lockstep.train.data import keyed_permutation
+
+PURPOSE = "lockstep.audit.plan"
+PLAN_FORMAT = "lockstep.audit-plan"
+PLAN_VERSION = 1
+
+
+class PlanError(ValueError):
+    """A plan cannot be made or read; the message says why and what to do."""
+
+
+def _commitment_of(source) -> tuple[str, int]:
+    """``(H_N, N)`` from a run directory, a commitment.json, or a dict ``{chain_hash, last_step}``."""
+    from .verify import HEX64, RunFileError, read_commitment, read_trajectory_strict
+
+    if isinstance(source, dict):
+        c = source
+    else:
+        p = Path(source)
+        if p.is_dir():
+            try:
+                c = read_commitment(p)
+                traj = read_trajectory_strict(p)
+            except RunFileError as exc:
+                raise PlanError(str(exc)) from None
+            if not traj or traj[-1]["chain_hash"] != c["chain_hash"] or len(traj) != c["last_step"]:
+                raise PlanError(f"{p}: commitment.json does not match the trajectory's last record; "
+                                "run `lockstep audit verify` first")
+        else:
+            try:
+                c = read_json(p, "commitment")
+            except (FileFormatError, OSError) as exc:
+                raise PlanError(str(exc)) from None
+    if not isinstance(c, dict) or not isinstance(c.get("chain_hash"), str) or not HEX64.fullmatch(c["chain_hash"]):
+        raise PlanError(f"{source}: no 64-digit chain_hash (the run's commitment)")
+    if type(c.get("last_step")) is not int or c["last_step"] < 1:
+        raise PlanError(f"{source}: last_step must be an integer >= 1")
+    return c["chain_hash"], c["last_step"]
+
+
+def draw_assignment(commitment: str, last_step: int, auditors: int, redundancy: int) -> list[list[int]]:
+    """``steps[a]``: the ascending steps auditor ``a`` replays (module docstring)."""
+    if type(auditors) is not int or auditors < 1:
+        raise PlanError(f"--auditors must be >= 1, got {auditors!r}")
+    if type(redundancy) is not int or redundancy < 1:
+        raise PlanError(f"--redundancy must be >= 1, got {redundancy!r}")
+    if redundancy > auditors:
+        raise PlanError(f"redundancy {redundancy} needs at least {redundancy} distinct auditors, got {auditors}")
+    key = bytes.fromhex(commitment)
+    sigma = keyed_permutation(PhiloxStream(0, PURPOSE, key, "auditors"), auditors).tolist()
+    pi = keyed_permutation(PhiloxStream(0, PURPOSE, key, "steps"), last_step).tolist()
+    steps: list[list[int]] = [[] for _ in range(auditors)]
+    for i, s in enumerate(pi):
+        for c in range(redundancy):
+            steps[sigma[(i * redundancy + c) % auditors]].append(s + 1)
+    return [sorted(x) for x in steps]
+
+
+def plan_audit(source, auditors: int, redundancy: int = 1, names: list[str] | None = None) -> dict:
+    """The audit plan of a run: ``source`` is a run directory, a commitment.json, or a commitment dict."""
+    commitment, last_step = _commitment_of(source)
+    if names is not None and len(names) != auditors:
+        raise PlanError(f"{len(names)} auditor names for {auditors} auditors")
+    steps = draw_assignment(commitment, last_step, auditors, redundancy)
+    return {
+        "format": PLAN_FORMAT,
+        "version": PLAN_VERSION,
+        "commitment": commitment,
+        "last_step": last_step,
+        "redundancy": redundancy,
+        "purpose": PURPOSE,
+        "auditors": [{"index": a, "name": names[a] if names else f"auditor-{a}", "steps": s}
+                     for a, s in enumerate(steps)],
+    }
+
+
+def coverage(plan: dict) -> dict[int, list[int]]:
+    """``{step: [auditor indices]}`` of a plan."""
+    out: dict[int, list[int]] = {s: [] for s in range(1, plan["last_step"] + 1)}
+    for a in plan["auditors"]:
+        for s in a["steps"]:
+            out.setdefault(s, []).append(a["index"])
+    return out
+
+
+def load_plan(path: str | os.PathLike) -> dict:
+    try:
+        plan = read_json(path, "audit plan")
+    except (FileFormatError, OSError) as exc:
+        raise PlanError(str(exc)) from None
+    if not isinstance(plan, dict) or plan.get("format") != PLAN_FORMAT or plan.get("version") != PLAN_VERSION:
+        raise PlanError(f"{path}: not a lockstep audit plan ({PLAN_FORMAT} v{PLAN_VERSION})")
+    auditors = plan.get("auditors")
+    if not (isinstance(auditors, list) and all(isinstance(a, dict) and type(a.get("index")) is int
+                                               and isinstance(a.get("steps"), list)
+                                               and all(type(s) is int for s in a["steps"]) for a in auditors)):
+        raise PlanError(f"{path}: 'auditors' must be a list of {{index, name, steps}}")
+    _commitment_of({"chain_hash": plan.get("commitment"), "last_step": plan.get("last_step")})
+    if type(plan.get("redundancy")) is not int:
+        raise PlanError(f"{path}: 'redundancy' must be an integer")
+    return plan
+
+
+def check_plan(plan: dict) -> list[str]:
+    """Problems of a plan: a step covered other than k times, by repeated auditors, or not the redrawn plan."""
+    problems = []
+    k = plan["redundancy"]
+    for s, who in coverage(plan).items():
+        if not 1 <= s <= plan["last_step"]:
+            problems.append(f"step {s} is outside the run's steps 1..{plan['last_step']}")
+        elif len(who) != k:
+            problems.append(f"step {s} is assigned {len(who)} time(s), not {k}")
+        elif len(set(who)) != len(who):
+            problems.append(f"step {s} is assigned twice to one auditor")
+    try:
+        redrawn = draw_assignment(plan["commitment"], plan["last_step"], len(plan["auditors"]), k)
+    except PlanError as exc:
+        return problems + [str(exc)]
+    if [sorted(a["steps"]) for a in sorted(plan["auditors"], key=lambda a: a["index"])] != redrawn:
+        problems.append("the assignment is not the one drawn from the commitment (the plan was edited)")
+    return problems
+
+
+def format_plan(plan: dict, max_steps: int = 20) -> str:
+    lines = [f"audit plan for commitment {plan['commitment'][:16]}...: steps 1..{plan['last_step']}, "
+             f"{len(plan['auditors'])} auditor(s), each step {plan['redundancy']} time(s)"]
+    for a in plan["auditors"]:
+        shown = ", ".join(map(str, a["steps"][:max_steps])) + (" ..." if len(a["steps"]) > max_steps else "")
+        lines.append(f"  {a['index']:>4}  {a.get('name', '')}: {len(a['steps'])} step(s): {shown}")
+    return "\n".join(lines)

@@ -1,0 +1,252 @@
+"""``lockstep audit``: verify a run, replay its steps, sign certificates, plan and merge a collective audit.
+
+    lockstep audit verify RUN [--data DIR] [--no-batches]
+    lockstep audit replay RUN --step t[,t2,a-b] [--backend B] [--out CERT] [--key PEM] [--auditor NAME] [--data DIR]
+    lockstep audit replay RUN --plan PLAN --auditor NAME   (replay the steps the plan gives NAME)
+    lockstep audit check CERT... [--pub PEM] [--run RUN [--recompute] [--backend B] [--data DIR]]
+    lockstep audit plan RUN --auditors N [--redundancy k] [--names a,b,...] [--out PLAN]
+    lockstep audit merge CERT... [--plan PLAN] [--pub PEM ...] [--png OUT]
+    lockstep audit keygen --out PREFIX                      (PREFIX.key and PREFIX.pub, Ed25519)
+
+Exit codes: 0 valid / match / consistent; 2 invalid / mismatch / inconsistent (every
+finding listed); 1 the command could not run (a missing file, a bad argument, a
+backend that is not installed).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+EXIT_OK, EXIT_ERROR, EXIT_BAD = 0, 1, 2
+
+
+def _steps_arg(text: str) -> list[int]:
+    """``3``, ``3,7``, ``2-5`` or a mix: the steps to replay."""
+    out: list[int] = []
+    for part in text.split(","):
+        part = part.strip()
+        if not part:
+            continue
+        a, dash, b = part.partition("-")
+        try:
+            lo, hi = int(a), int(b) if dash else int(a)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"bad step list {text!r}: use 3, 3,7 or 2-5") from None
+        if lo < 1 or hi < lo or hi - lo > 1_000_000:
+            raise argparse.ArgumentTypeError(f"bad step range {part!r}")
+        out.extend(range(lo, hi + 1))
+    if not out:
+        raise argparse.ArgumentTypeError("no step given")
+    return out
+
+
+def add_audit_parser(subparsers) -> argparse.ArgumentParser:
+    """Add ``audit`` and its sub-commands to the ``lockstep`` parser."""
+    p = subparsers.add_parser("audit", help="verify a run, replay steps, plan and merge a collective audit",
+                              description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = p.add_subparsers(dest="audit_command", metavar="{verify,replay,check,plan,merge,keygen}")
+    sub.required = True
+
+    v = sub.add_parser("verify", help="check a run directory without replaying (structure, recipe, chain, "
+                                      "checkpoints, data, commitment)")
+    v.add_argument("run", type=Path, help="the run directory")
+    v.add_argument("--data", type=Path, help="use this data folder instead of the recipe's")
+    v.add_argument("--no-batches", action="store_true", help="do not rebuild the batch digests from the data")
+    v.add_argument("--json", action="store_true", help="print the findings as JSON")
+
+    r = sub.add_parser("replay", help="replay steps on this machine and compare with the published hashes")
+    r.add_argument("run", type=Path, help="the run directory")
+    r.add_argument("--step", type=_steps_arg, help="the step(s): 3, 3,7 or 2-5")
+    r.add_argument("--plan", type=Path, help="replay the steps a plan gives --auditor")
+    r.add_argument("--backend", default="spec", help="spec, numba, cuda or metal (default: spec)")
+    r.add_argument("--data", type=Path, help="use this data folder instead of the recipe's")
+    r.add_argument("--out", type=Path, help="write the certificate (JSON) here")
+    r.add_argument("--key", type=Path, help="sign the certificate with this Ed25519 private key (PEM)")
+    r.add_argument("--auditor", help="your name in the certificate (and in the plan)")
+    r.add_argument("--quiet", action="store_true", help="no progress lines")
+
+    c = sub.add_parser("check", help="check certificates: signatures, consistency, against a run, or recomputed")
+    c.add_argument("certs", nargs="+", type=Path, help="certificate files")
+    c.add_argument("--pub", action="append", default=[], help="trusted public key (PEM file or 64 hex digits); "
+                                                              "repeatable; then unsigned certificates fail")
+    c.add_argument("--run", type=Path, help="the run directory: check the quoted published hashes")
+    c.add_argument("--recompute", action="store_true", help="with --run: replay the targets and compare")
+    c.add_argument("--backend", default="spec", help="backend for --recompute (default: spec)")
+    c.add_argument("--data", type=Path, help="data folder for --recompute")
+
+    pl = sub.add_parser("plan", help="assign steps to auditors, drawn from the run's final commitment")
+    pl.add_argument("run", type=Path, help="the run directory (or its commitment.json)")
+    pl.add_argument("--auditors", type=int, required=True, help="number of auditors")
+    pl.add_argument("--redundancy", type=int, default=1, help="distinct auditors per step (default 1)")
+    pl.add_argument("--names", help="comma-separated auditor names (default auditor-0, auditor-1, ...)")
+    pl.add_argument("--out", type=Path, help="write the plan (JSON) here")
+
+    m = sub.add_parser("merge", help="coverage, disagreements and missing steps of a set of certificates")
+    m.add_argument("certs", nargs="+", type=Path, help="certificate files")
+    m.add_argument("--plan", type=Path, help="the audit plan: checks redundancy and delivery")
+    m.add_argument("--pub", action="append", default=None, help="trusted public key (PEM or hex); repeatable")
+    m.add_argument("--png", type=Path, help="write a PNG of coverage over the steps")
+
+    k = sub.add_parser("keygen", help="make an Ed25519 key pair for signing certificates")
+    k.add_argument("--out", required=True, help="PREFIX: writes PREFIX.key (private, 0600) and PREFIX.pub")
+
+    p.set_defaults(func=run_audit)
+    return p
+
+
+def _err(msg: str) -> int:
+    print(f"lockstep audit: {msg}", file=sys.stderr)
+    return EXIT_ERROR
+
+
+def run_audit(args) -> int:
+    """Run ``lockstep audit <command>``; returns the exit code."""
+    from lockstep.backends import BackendUnavailable
+
+    from .audit.certificate import CertificateError
+    from .audit.plan import PlanError
+    from .audit.replay import ReplayError
+
+    handlers = {"verify": _verify, "replay": _replay, "check": _check, "plan": _plan, "merge": _merge,
+                "keygen": _keygen}
+    try:
+        return handlers[args.audit_command](args)
+    except (ReplayError, PlanError, CertificateError, BackendUnavailable, FileNotFoundError) as exc:
+        return _err(str(exc))
+
+
+def _verify(args) -> int:
+    from .audit.verify import verify_run
+
+    rep = verify_run(args.run, data=args.data, batches=not args.no_batches)
+    if args.json:
+        print(json.dumps({"run": str(rep.run_dir), "valid": rep.ok, "steps": rep.steps,
+                          "chain_hash": rep.chain_hash, "genesis": rep.genesis,
+                          "findings": [f.to_dict() for f in rep.findings]}, indent=2, sort_keys=True))
+    else:
+        print(rep.format())
+    return EXIT_OK if rep.ok else EXIT_BAD
+
+
+def _replay(args) -> int:
+    from .audit.certificate import make_certificate, sign_certificate, write_certificate
+    from .audit.plan import load_plan
+    from .audit.replay import replay_steps
+
+    if args.plan is not None:
+        if not args.auditor:
+            return _err("--plan needs --auditor NAME (your name in the plan)")
+        plan = load_plan(args.plan)
+        mine = [a for a in plan["auditors"] if a.get("name") == args.auditor or str(a["index"]) == args.auditor]
+        if not mine:
+            return _err(f"{args.plan}: no auditor named {args.auditor!r}")
+        steps = mine[0]["steps"]
+        if not steps:
+            print(f"the plan gives {args.auditor} no step")
+            return EXIT_OK
+    elif args.step is None:
+        return _err("give --step t (or --plan PLAN --auditor NAME)")
+    else:
+        steps = args.step
+    if args.key is not None:
+        from .audit.certificate import load_private_key
+
+        load_private_key(args.key)  # fail before hours of replay, not after
+    log = None if args.quiet else (lambda msg: print(msg, file=sys.stderr, flush=True))
+    result = replay_steps(args.run, steps, args.backend, data=args.data, log=log)
+    print(result.format())
+    if args.out is not None or args.key is not None:
+        cert = make_certificate(result, auditor=args.auditor)
+        if args.key is not None:
+            cert = sign_certificate(cert, args.key)
+        out = args.out or Path(f"certificate-{result.commitment[:12]}-steps-{steps[0]}-{steps[-1]}.json")
+        write_certificate(out, cert)
+        print(f"certificate: {out}" + (" (signed)" if "signature" in cert else ""))
+    return EXIT_OK if result.ok else EXIT_BAD
+
+
+def _trusted(keys: list[str] | None) -> list[str] | None:
+    from .audit.certificate import public_key_hex
+
+    return [public_key_hex(k) for k in keys] if keys else None
+
+
+def _check(args) -> int:
+    from .audit.certificate import (consistency_problems, load_certificate, recheck_certificate, run_problems,
+                                    signature_problem)
+
+    trusted = _trusted(args.pub)
+    bad = 0
+    for path in args.certs:
+        try:
+            cert = load_certificate(path)
+        except Exception as exc:  # noqa: BLE001 - report and go on with the next file
+            print(f"{path}: REJECTED: {exc}")
+            bad += 1
+            continue
+        problems = []
+        sig = signature_problem(cert, trusted)
+        if sig:
+            problems.append(sig)
+        problems += consistency_problems(cert)
+        if args.run is not None:
+            problems += run_problems(cert, args.run)
+            if args.recompute:
+                problems += recheck_certificate(cert, args.run, args.backend, args.data)
+        signer = cert.get("signature", {}).get("public_key", "")
+        head = f"{path}: outcome {cert['outcome']}, steps {[s['step'] for s in cert['steps']]}" + (
+            f", signed by {signer[:16]}..." if signer else ", unsigned")
+        if problems:
+            bad += 1
+            print(f"{head}: REJECTED")
+            for pr in problems:
+                print(f"  {pr}")
+        else:
+            print(f"{head}: ok" + (" (recomputed)" if args.recompute and args.run else ""))
+    return EXIT_BAD if bad else EXIT_OK
+
+
+def _plan(args) -> int:
+    from lockstep.fsio import atomic_write_json
+
+    from .audit.plan import format_plan, plan_audit
+
+    names = [n.strip() for n in args.names.split(",")] if args.names else None
+    plan = plan_audit(args.run, args.auditors, args.redundancy, names)
+    print(format_plan(plan))
+    if args.out is not None:
+        atomic_write_json(args.out, plan)
+        print(f"plan: {args.out}")
+    return EXIT_OK
+
+
+def _merge(args) -> int:
+    from .audit.merge import merge_certificates, plot_coverage
+    from .audit.plan import check_plan, load_plan
+
+    plan = None
+    if args.plan is not None:
+        plan = load_plan(args.plan)
+        problems = check_plan(plan)
+        if problems:
+            print(f"{args.plan}: not a valid plan: " + "; ".join(problems[:5]))
+            return EXIT_BAD
+    report = merge_certificates(args.certs, plan, _trusted(args.pub))
+    print(report.format())
+    if args.png is not None:
+        try:
+            print(f"coverage plot: {plot_coverage(report, args.png)}")
+        except RuntimeError as exc:
+            return _err(str(exc))
+    return EXIT_OK if report.ok else EXIT_BAD
+
+
+def _keygen(args) -> int:
+    from .audit.certificate import generate_keypair, public_key_hex
+
+    priv, pub = generate_keypair(args.out)
+    print(f"private key: {priv} (keep it secret)\npublic key:  {pub} ({public_key_hex(pub)})")
+    return EXIT_OK

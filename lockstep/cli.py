@@ -92,7 +92,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv=None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as e:
+        # argparse exits 2 on a usage error; lockstep reserves 2 for "invalid / mismatch"
+        return 1 if e.code == 2 else int(e.code or 0)
     try:
         return int(args.func(args) or 0)
     except KeyboardInterrupt:

@@ -55,13 +55,21 @@ def step_windows(tcfg: TrainConfig, seq_len: int, step: int) -> tuple[int, int, 
     """``(first_window, n_windows, tokens_before)`` of step ``step`` (1-based).
 
     Step 1 starts at window 0; each step takes ``sequences_per_step`` windows of
-    ``seq_len`` target tokens, given the tokens consumed before it.
+    ``seq_len`` target tokens, given the tokens consumed before it. Computed stage by
+    stage of the batch ramp (integer arithmetic), so its cost does not grow with ``step``.
     """
     if step < 1:
         raise ValueError(f"steps count from 1, got {step}")
-    first, tokens = 0, 0
-    for _ in range(step - 1):
-        s = sequences_per_step(tcfg, tokens)
-        first += s
-        tokens += s * seq_len
-    return first, sequences_per_step(tcfg, tokens), tokens
+    stages = sorted((int(a), int(b)) for a, b in tcfg.batch_ramp)
+    first, tokens, left = 0, 0, step - 1  # steps still to skip
+    while True:
+        size = sequences_per_step(tcfg, tokens)
+        nxt = next((a for a, _ in stages if a > tokens), None)
+        per_step = size * seq_len
+        # steps of this size before the ramp changes: until tokens reach the next stage's start
+        run = left if nxt is None else min(left, -(-(nxt - tokens) // per_step))
+        first += run * size
+        tokens += run * per_step
+        left -= run
+        if left == 0:
+            return first, sequences_per_step(tcfg, tokens), tokens

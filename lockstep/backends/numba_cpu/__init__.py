@@ -1,0 +1,73 @@
+"""The Numba CPU backend: every op of ``lockstep.spec.OPS``, bit for bit, compiled and parallel.
+
+One module per spec module, with the same op names (``fp``, ``transcendental``,
+``reduce``, ``philox``, ``embedding``, ``norm``, ``rope``, ``attention``, ``swiglu``,
+``quant``, ``loss``, ``optim``, ``layout``). Each op's docstring names the spec op it
+reproduces; the order of operations is the spec's. How the kernels stay exact
+while fast:
+
+* Every float32 result goes through ``fp.fl`` (round, then flush: a bit test) and
+  every stored output through ``fp.cn`` (plus the canonical NaN). ``njit`` never
+  with ``fastmath``, so no FMA contraction; constants are ``np.float32``.
+* Parallelism (``prange``) only over independent outputs: rows, heads, columns,
+  lane groups; never across the steps of one sum.
+* Contractions vectorize across outputs with ascending order per output; a row
+  whose products provably never reach the flush range skips the flush tests
+  (``fp.safe_products``: same bits).
+* int8 GEMMs are exact and run as float32 BLAS on int8-valued operands, K in
+  chunks of 1024.
+* Attention visits only allowed keys and replays masked terms in the one case
+  where they can change a bit (a -0.0 partial sum), see ``attention``.
+
+Kernels are compiled on first use and cached on disk (``cache=True``, in
+``__pycache__`` next to these files; set ``NUMBA_CACHE_DIR`` to move it).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from lockstep.backends import Backend, BackendUnavailable
+
+try:
+    import numba  # noqa: F401
+except ImportError as e:  # pragma: no cover - exercised only without numba
+    raise BackendUnavailable("backend 'numba' needs the Python package 'numba': pip install 'lockstep[numba]'") from e
+
+from . import attention, embedding, fp, layout, loss, norm, optim, philox, quant, reduce, rope, swiglu, transcendental
+
+# op name -> the module that implements it (the same module name as in lockstep.spec)
+_OP_MODULES = {
+    "add": fp, "sub": fp, "mul": fp, "div": fp, "sqrt": fp, "neg": fp, "abs": fp, "maximum": fp, "minimum": fp,
+    "exp": transcendental, "log": transcendental, "sigmoid": transcendental, "silu": transcendental,
+    "lane_tree_sum": reduce, "matmul": reduce, "int8_matmul": reduce, "max": reduce, "argmax": reduce,
+    "philox4x32": philox,
+    "concat_last": layout, "column_sum": norm,
+    "embedding_forward": embedding, "embedding_backward": embedding,
+    "rmsnorm_forward": norm, "rmsnorm_backward": norm,
+    "rope_forward": rope, "rope_backward": rope,
+    "attention_forward": attention, "attention_backward": attention,
+    "swiglu_forward": swiglu, "swiglu_backward": swiglu,
+    "int8_linear_forward": quant, "int8_linear_backward": quant,
+    "cross_entropy_forward": loss, "cross_entropy_backward": loss,
+    "sum_of_squares": optim, "global_norm": optim, "clip_coefficient": optim, "scale": optim,
+    "adamw_update": optim,
+}
+
+OPS = {name: getattr(mod, name) for name, mod in _OP_MODULES.items()}
+
+
+def _asarray(x):
+    return np.asarray(x)
+
+
+def make_backend() -> Backend:
+    """The numba backend: NumPy arrays in and out, every spec op."""
+    return Backend(
+        name="numba",
+        ops=dict(OPS),
+        asarray=_asarray,
+        to_numpy=_asarray,
+        description=f"Numba {numba.__version__} CPU kernels, {numba.config.NUMBA_NUM_THREADS} threads",
+        extras={"threads": numba.config.NUMBA_NUM_THREADS},
+    )

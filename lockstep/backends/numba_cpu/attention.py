@@ -1,0 +1,433 @@
+"""Causal grouped-query attention with an optional sliding window (``lockstep.spec.attention``).
+
+The spec computes every (query i, key j) pair and zeroes the masked ones; these
+kernels visit only the allowed keys ``j in [i - W + 1, i]`` and give the same bits:
+
+* ``m`` (a max) and ``l`` (a lane-tree sum of ``e >= +0``, key j in lane ``j mod 32``)
+  are unchanged by the masked entries (-inf, and +0.0 added to a non-negative sum).
+* In the contractions (``o = p v``, ``dq = ds k``, ``dk = ds^T q``, ``dv = p^T do``) a
+  masked term is ``+0 * x``, a signed zero. Adding a signed zero changes a partial
+  sum only when the sum is -0.0 (``-0 + +0 = +0``), which a flushed negative
+  subnormal can produce. So after each allowed run, a sum holding a -0.0 replays
+  the masked terms that follow it exactly (``_replay_*``); otherwise they are skipped.
+* That argument needs the masked terms to be signed zeros, not NaN: every input
+  finite, ``l > 0``, and no overflow in the masked ``dp`` (checked by a bound). When
+  that fails (inputs the model never produces), the kernels run in ``full`` mode and
+  visit every pair exactly as the spec does.
+
+Contractions run vectorized across outputs with ascending order per output (see
+``reduce``), with the same never-flushes fast path (``fp.safe_products``).
+Parallel over (batch, head) in the forward and phase 1 of the backward (rows of
+dq), over (batch, KV head) in phase 2 (rows of dk and dv).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .fp import (CANONICAL_NAN_BITS, NEG_ZERO_BITS, ONE, ZERO, bits, cn, entered, fl, from_bits, kernel,
+                 min_nonzero_abs, parallel_kernel, safe_products, total_key)
+from .reduce import LANES, lane_tree
+from .transcendental import exp_diff_row
+
+# Bound on the masked dp = do . v and on D = lane_tree(do * o) that keeps them (and
+# their difference) finite: Dh * max|do| * max|v| below this is far from overflow.
+DP_BOUND = 2.0**120
+
+
+@kernel
+def attention_scale(head_dim):
+    """``1 / sqrt(Dh)``: ``fp.div(1, fp.sqrt(Dh))``."""
+    return fl(ONE / fl(np.sqrt(np.float32(head_dim))))
+
+
+@kernel
+def _has_neg_zero(acc):
+    found = 0
+    for d in range(acc.size):
+        found |= bits(acc[d]) == NEG_ZERO_BITS
+    return found != 0
+
+
+@kernel
+def _scores_row(qi, kt, lo, hi, fast, scale, s):
+    """``s[j] = (sum_d qi[d] * kt[d, j]) * scale`` for j in [lo, hi), ascending d from +0.0.
+
+    Vectorized across j. (Loops run over zero-based slices: Numba then knows the
+    indices are non-negative and leaves out its wraparound checks, which would
+    otherwise keep LLVM from vectorizing.)
+    """
+    ss = s[lo:hi]
+    n = ss.size
+    for j in range(n):
+        ss[j] = ZERO
+    if fast:
+        for d in range(qi.size):
+            qd = qi[d]
+            kr = kt[d, lo:hi]
+            for j in range(n):
+                ss[j] = ss[j] + qd * kr[j]
+    else:
+        for d in range(qi.size):
+            qd = qi[d]
+            kr = kt[d, lo:hi]
+            for j in range(n):
+                ss[j] = fl(ss[j] + fl(qd * kr[j]))
+    for j in range(n):
+        ss[j] = fl(ss[j] * scale)
+
+
+@kernel
+def _dot_flushed(a, b):
+    """``sum_d a[d] * b[d]`` ascending from +0.0, every step rounded and flushed."""
+    acc = ZERO
+    for d in range(a.size):
+        acc = fl(acc + fl(a[d] * b[d]))
+    return acc
+
+
+@kernel
+def _accumulate(acc, w, x, fast):
+    """``acc[d] = acc[d] + w * x[d]`` (product and sum rounded; flushed unless ``fast``)."""
+    if fast:
+        for d in range(acc.size):
+            acc[d] = acc[d] + w * x[d]
+    else:
+        for d in range(acc.size):
+            acc[d] = fl(acc[d] + fl(w * x[d]))
+
+
+@kernel
+def _weighted_rows_sum(acc, w, rows, fast):
+    """``acc[d] = acc[d] + w[j] * rows[j, d]`` for j ascending (the contraction order of each output d)."""
+    dh = acc.size
+    if fast:
+        for j in range(w.size):
+            wj = w[j]
+            x = rows[j]
+            for d in range(dh):
+                acc[d] = acc[d] + wj * x[d]
+    else:
+        for j in range(w.size):
+            wj = w[j]
+            x = rows[j]
+            for d in range(dh):
+                acc[d] = fl(acc[d] + fl(wj * x[d]))
+
+
+@kernel
+def _rank1_rows(acc_rows, w, x):
+    """``acc_rows[j, d] = acc_rows[j, d] + w[j] * x[d]`` without flush tests (caller proved none fire)."""
+    dh = x.size
+    for j in range(w.size):
+        wj = w[j]
+        a = acc_rows[j]
+        for d in range(dh):
+            a[d] = a[d] + wj * x[d]
+
+
+@kernel
+def _lane_tree_keys(seg, first_key, lanes):
+    """Lane-tree(32) sum of ``seg`` whose element jj is key ``first_key + jj`` (lane = key mod 32).
+
+    Each lane adds its keys in ascending order from +0.0, then the lanes fold; the
+    keys before ``first_key`` are masked zeros, which never change a lane.
+    """
+    for ln in range(LANES):
+        lanes[ln] = ZERO
+    n = seg.size
+    head = min(n, (LANES - first_key % LANES) % LANES)
+    off = first_key % LANES
+    for jj in range(head):
+        lanes[off + jj] = fl(lanes[off + jj] + seg[jj])
+    full_end = head + ((n - head) // LANES) * LANES
+    for g0 in range(head, full_end, LANES):
+        grp = seg[g0:g0 + LANES]
+        for ln in range(LANES):
+            lanes[ln] = fl(lanes[ln] + grp[ln])
+    tail = seg[full_end:]
+    for ln in range(tail.size):
+        lanes[ln] = fl(lanes[ln] + tail[ln])
+    w = LANES // 2
+    while w >= 1:
+        for ln in range(w):
+            lanes[ln] = fl(lanes[ln] + lanes[ln + w])
+        w //= 2
+    return lanes[0]
+
+
+@kernel
+def _row_max(seg):
+    """Exact total-order max of a non-empty segment; any NaN -> canonical NaN."""
+    mx = seg[0]
+    mk = total_key(mx)
+    nan = False
+    for j in range(seg.size):
+        v = seg[j]
+        nan |= v != v
+        kj = total_key(v)
+        if kj > mk:
+            mk = kj
+            mx = v
+    if nan:
+        return from_bits(CANONICAL_NAN_BITS)
+    return mx
+
+
+# ---------------------------------------------------------------- forward
+
+@parallel_kernel(weight=16)
+def _forward_kernel(t0, t1, q, k, kt, v, window, full, o, m_out, l_out):
+    """q (B, H, T, Dh); k, v (B, G, T, Dh); kt (B, G, Dh, T) = k transposed."""
+    nb, nh, t, dh = q.shape
+    ng = k.shape[1]
+    rep = nh // ng
+    ntasks = nb * nh
+    if t0 < 0:
+        return ntasks
+    scale = attention_scale(dh)
+    min_k = np.empty(nb * ng)
+    min_v = np.empty(nb * ng)
+    for bg in range(nb * ng):
+        min_k[bg] = min_nonzero_abs(k[bg // ng, bg % ng].reshape(-1))
+        min_v[bg] = min_nonzero_abs(v[bg // ng, bg % ng].reshape(-1))
+    for bh in range(t0, min(t1, ntasks)):
+        b = bh // nh
+        h = bh % nh
+        g = h // rep
+        s = np.empty(t, dtype=np.float32)
+        lanes = np.empty(LANES, dtype=np.float32)
+        acc = np.empty(dh, dtype=np.float32)
+        qh = q[b, h]
+        kg = kt[b, g]
+        vg = v[b, g]
+        for i in range(t):
+            lo = max(0, i - window + 1)
+            hi = i + 1
+            fast = safe_products(min_nonzero_abs(qh[i]), min_k[b * ng + g])
+            _scores_row(qh[i], kg, lo, hi, fast, scale, s)
+            seg = s[lo:hi]
+            mx = _row_max(seg)  # masked -inf never wins
+            exp_diff_row(seg, mx, seg)
+            li = _lane_tree_keys(seg, lo, lanes)  # masked e are +0.0
+            for jj in range(seg.size):
+                seg[jj] = fl(seg[jj] / li)  # p
+            p_masked = fl(ZERO / li)
+            # o = sum_j p[j] v[j, :], ascending j
+            for d in range(dh):
+                acc[d] = ZERO
+            if full:
+                for j in range(t):
+                    pj = s[j] if (j >= lo and j < hi) else p_masked
+                    _accumulate(acc, pj, vg[j], False)
+            else:
+                fast_o = safe_products(min_nonzero_abs(seg), min_v[b * ng + g])
+                _weighted_rows_sum(acc, seg, vg[lo:hi], fast_o)
+                if _has_neg_zero(acc):  # replay the masked keys after i (signed zeros)
+                    for j in range(hi, t):
+                        _accumulate(acc, p_masked, vg[j], False)
+            for d in range(dh):
+                o[b, h, i, d] = cn(acc[d])
+            m_out[b, h, i] = cn(mx)
+            l_out[b, h, i] = cn(li)
+    return ntasks
+
+
+def _window(window, t: int) -> int:
+    return int(window) if window is not None and window > 0 else t
+
+
+def _check_heads(q, k):
+    if q.shape[1] % k.shape[1]:
+        raise ValueError(f"query heads {q.shape[1]} are not a multiple of KV heads {k.shape[1]}")
+
+
+def attention_forward(q, k, v, window: int | None = None):
+    """``spec.attention.attention_forward``: returns ``(o, m, l)``."""
+    (q, _, _), (k, _, _), (v, v_finite, _) = (entered(a) for a in (q, k, v))
+    _check_heads(q, k)
+    b, h, t, dh = q.shape
+    _check_width(dh)
+    o = np.empty(q.shape, dtype=np.float32)
+    m = np.empty((b, h, t), dtype=np.float32)
+    l = np.empty((b, h, t), dtype=np.float32)
+    if o.size == 0:
+        return o, m, l
+    kt = np.ascontiguousarray(k.transpose(0, 1, 3, 2))
+    _forward_kernel(q, k, kt, v, _window(window, t), not v_finite, o, m, l)
+    return o, m, l
+
+
+def _check_width(dh: int):
+    if dh == 0:
+        raise ValueError("attention with head dimension 0 is not supported by the numba backend")
+
+
+# ---------------------------------------------------------------- backward
+
+@kernel
+def _masked_ds(doi, vj, d_row, p_masked, scale):
+    """ds of a masked pair: ``((p * (dp - D)) * scale)`` with p = fl(0 / l) and dp = do_i . v_j."""
+    dp = _dot_flushed(doi, vj)
+    return fl(fl(p_masked * fl(dp - d_row)) * scale)
+
+
+@kernel
+def _replay_kv(acc_k, acc_v, i_lo, i_hi, j, qh, doh, vj, d_rows, lh, scale):
+    """Add the masked terms of key j for queries [i_lo, i_hi) of one head, exactly as the spec.
+
+    They are signed zeros, so only a -0.0 in an accumulator can change (to +0.0);
+    once none is left the rest of the run is skipped.
+    """
+    need_k = _has_neg_zero(acc_k)
+    need_v = _has_neg_zero(acc_v)
+    for i in range(i_lo, i_hi):
+        if not (need_k or need_v):
+            return
+        pm = fl(ZERO / fl(lh[i]))
+        if need_k:
+            _accumulate(acc_k, _masked_ds(doh[i], vj, d_rows[i], pm, scale), qh[i], False)
+            need_k = _has_neg_zero(acc_k)
+        if need_v:
+            _accumulate(acc_v, pm, doh[i], False)
+            need_v = _has_neg_zero(acc_v)
+
+
+@parallel_kernel(weight=16)
+def _backward_kernel(t0, t1, do, q, k, v, o, m, l, window, full, dq, dk, dv):
+    """One task per (batch, KV group g): dq rows of the group's heads, dk and dv of its keys.
+
+    dk[j] and dv[j] sum over (head h ascending, query i ascending): the loop order
+    here, so each key's accumulator receives its terms in the spec's order while
+    the rows of p and ds are consumed as they are made (nothing is stored).
+    A first attempt leaves out the flush tests of the dk/dv updates; if some
+    product there could flush, the group is redone with them (``fast_kv`` False).
+    (One flat function: Numba re-optimizes every callee inside each caller, so
+    nesting this body in a helper would double its compile time.)
+    """
+    nb, nh, t, dh = q.shape
+    ng = k.shape[1]
+    rep = nh // ng
+    ntasks = nb * ng
+    if t0 < 0:
+        return ntasks
+    scale = attention_scale(dh)
+    for task in range(t0, min(t1, ntasks)):
+        b = task // ng
+        g = task % ng
+        kt = np.ascontiguousarray(k[b, g].T)
+        vt = np.ascontiguousarray(v[b, g].T)
+        s = np.empty(t, dtype=np.float32)
+        dsr = np.empty(t, dtype=np.float32)
+        d_rows = np.empty(t, dtype=np.float32)
+        lanes = np.empty(LANES, dtype=np.float32)
+        tmp = np.empty(dh, dtype=np.float32)
+        acc = np.empty(dh, dtype=np.float32)
+        dk_acc = dk[b, g]
+        dv_acc = dv[b, g]
+        kg = k[b, g]
+        vg = v[b, g]
+        min_k = min_nonzero_abs(kg.reshape(-1))
+        min_v = min_nonzero_abs(vg.reshape(-1))
+        fast_kv = not full
+        for attempt in range(2):
+            ok = True
+            for j in range(t):
+                for d in range(dh):
+                    dk_acc[j, d] = ZERO
+                    dv_acc[j, d] = ZERO
+            for hh in range(rep):
+                if not ok:
+                    break
+                h = g * rep + hh
+                qh = q[b, h]
+                doh = do[b, h]
+                oh = o[b, h]
+                lh = l[b, h]
+                min_q = min_nonzero_abs(qh.reshape(-1))
+                min_do = min_nonzero_abs(doh.reshape(-1))
+                for i in range(t):  # D[i] = lane_tree_sum_d do[i, d] * o[i, d]
+                    for d in range(dh):
+                        tmp[d] = fl(doh[i, d] * oh[i, d])
+                    d_rows[i] = lane_tree(tmp, lanes)
+                for i in range(t):
+                    lo = max(0, i - window + 1)
+                    hi = i + 1
+                    vlo = 0 if full else lo
+                    vhi = t if full else hi
+                    mi = fl(m[b, h, i])
+                    li = fl(lh[i])
+                    d_i = d_rows[i]
+                    p_masked = fl(ZERO / li)
+                    _scores_row(qh[i], kt, lo, hi, safe_products(min_nonzero_abs(qh[i]), min_k), scale, s)
+                    seg = s[lo:hi]
+                    exp_diff_row(seg, mi, seg)
+                    for jj in range(seg.size):
+                        seg[jj] = fl(seg[jj] / li)  # p
+                    if full:
+                        for j in range(0, lo):
+                            s[j] = p_masked
+                        for j in range(hi, t):
+                            s[j] = p_masked
+                    _scores_row(doh[i], vt, vlo, vhi, safe_products(min_nonzero_abs(doh[i]), min_v), ONE, dsr)  # dp
+                    pv = s[vlo:vhi]
+                    dsv = dsr[vlo:vhi]
+                    for jj in range(dsv.size):
+                        dsv[jj] = fl(fl(pv[jj] * fl(dsv[jj] - d_i)) * scale)  # ds
+                    # dq[i] = sum_j ds[j] k[j, :], ascending j
+                    for d in range(dh):
+                        acc[d] = ZERO
+                    fast_q = (not full) and safe_products(min_nonzero_abs(dsv), min_k)
+                    _weighted_rows_sum(acc, dsv, kg[vlo:vhi], fast_q)
+                    if not full and _has_neg_zero(acc):
+                        for j in range(hi, t):
+                            _accumulate(acc, _masked_ds(doh[i], vg[j], d_i, p_masked, scale), kg[j], False)
+                    for d in range(dh):
+                        dq[b, h, i, d] = cn(acc[d])
+                    # dk[j] += ds[j] q[i], dv[j] += p[j] do[i] for this row's keys
+                    if fast_kv:
+                        if not (safe_products(min_nonzero_abs(dsv), min_q) and safe_products(min_nonzero_abs(pv), min_do)):
+                            ok = False
+                            break
+                        _rank1_rows(dk_acc[vlo:vhi], dsv, qh[i])
+                        _rank1_rows(dv_acc[vlo:vhi], pv, doh[i])
+                    else:
+                        for jj in range(dsv.size):
+                            j = vlo + jj
+                            if not full and j == i and hh > 0:  # key i's run starts: replay its masked prefix
+                                _replay_kv(dk_acc[j], dv_acc[j], 0, i, j, qh, doh, vg[j], d_rows, lh, scale)
+                            _accumulate(dk_acc[j], dsv[jj], qh[i], False)
+                            _accumulate(dv_acc[j], pv[jj], doh[i], False)
+                        j_end = i - window + 1  # the key whose run ends at this query
+                        if not full and j_end >= 0 and i + 1 < t:
+                            _replay_kv(dk_acc[j_end], dv_acc[j_end], i + 1, t, j_end, qh, doh, vg[j_end], d_rows, lh,
+                                       scale)
+            if ok:
+                break
+            fast_kv = False
+        for j in range(t):
+            for d in range(dh):
+                dk_acc[j, d] = cn(dk_acc[j, d])
+                dv_acc[j, d] = cn(dv_acc[j, d])
+    return ntasks
+
+
+def attention_backward(do, q, k, v, o, m, l, window: int | None = None):
+    """``spec.attention.attention_backward``: returns ``(dq, dk, dv)``."""
+    (do, f_do, a_do), (q, f_q, _), (k, f_k, _), (v, f_v, a_v), (o, f_o, a_o) = (entered(a) for a in (do, q, k, v, o))
+    _check_heads(q, k)
+    b, h, t, dh = q.shape
+    (m, f_m, _), (l, f_l, _) = (entered(np.broadcast_to(np.asarray(a, np.float32), (b, h, t))) for a in (m, l))
+    _check_width(dh)
+    dq = np.empty(q.shape, dtype=np.float32)
+    dk = np.empty(k.shape, dtype=np.float32)
+    dv = np.empty(v.shape, dtype=np.float32)
+    if q.size == 0:
+        dk[...] = 0.0
+        dv[...] = 0.0
+        return dq, dk, dv
+    # Skipping masked pairs needs their terms to be signed zeros (see the module docstring).
+    skip = f_do and f_q and f_k and f_v and f_o and f_m and f_l and bool((l > 0).all())
+    skip = skip and float(dh) * a_do * max(a_v, a_o) < DP_BOUND
+    _backward_kernel(do, q, k, v, o, m, l, _window(window, t), not skip, dq, dk, dv)
+    return dq, dk, dv

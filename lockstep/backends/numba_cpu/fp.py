@@ -1,0 +1,592 @@
+"""The float32 rules of ``lockstep.spec.fp`` as Numba scalar helpers, and the elementwise ops.
+
+Every kernel in this backend is built from the helpers here:
+
+* ``bits``/``from_bits``: exact reinterpretation float32 <-> uint32 (an LLVM bitcast).
+* ``fl(r)``: round-then-flush, a bit test on the already rounded float32 result:
+  exponent field 0 (zero or subnormal) -> a zero of r's sign.
+* ``cn(r)``: ``fl`` plus the canonical NaN ``0x7FC00000``; applied to every value a
+  kernel stores into an op's output. Intermediate NaNs need no canonicalizing: a
+  NaN's payload never changes a later ``+ - * / sqrt`` result's NaN-ness, and the
+  output is canonicalized anyway.
+* ``fadd``, ``fsub``, ``fmul``, ``fdiv``, ``fsqrt``: one IEEE operation, then ``fl``.
+
+Compilation rules (DESIGN.md, lock 2): ``njit`` without ``fastmath`` (so LLVM never
+contracts ``a*b + c`` into an FMA), ``error_model="numpy"`` (IEEE division by zero,
+no Python exception), every constant a ``np.float32`` so no intermediate is promoted
+to float64, ``cache=True``. ``kernel``/``parallel_kernel`` are those decorators.
+"""
+
+from __future__ import annotations
+
+import functools
+import threading
+from concurrent.futures import ThreadPoolExecutor
+
+import numba
+import numpy as np
+from llvmlite import ir
+from numba import njit, types
+from numba.extending import intrinsic
+
+kernel = functools.partial(njit, cache=True, error_model="numpy", fastmath=False)
+scalar = functools.partial(njit, cache=True, error_model="numpy", fastmath=False)
+# For large scalar functions (exp, log) that LLVM's inliner would leave as calls,
+# which would keep the loops that call them from vectorizing.
+inlined = functools.partial(njit, cache=True, error_model="numpy", fastmath=False, inline="always")
+
+# Below this much work (elements touched times the kernel's ``weight``) a parallel
+# kernel runs on the calling thread alone: handing work to another thread costs tens
+# of microseconds on an idle machine and whole scheduler slices on a busy one.
+PARALLEL_MIN_WORK = 1 << 18
+
+_POOL: ThreadPoolExecutor | None = None
+_POOL_LOCK = threading.Lock()
+
+
+def num_threads() -> int:
+    """Threads the kernels use: ``NUMBA_NUM_THREADS`` (default: the CPU count)."""
+    return max(1, int(numba.config.NUMBA_NUM_THREADS))
+
+
+def _pool() -> ThreadPoolExecutor:
+    global _POOL
+    with _POOL_LOCK:
+        if _POOL is None:
+            _POOL = ThreadPoolExecutor(max_workers=max(1, num_threads() - 1), thread_name_prefix="lockstep-numba")
+        return _POOL
+
+
+class TaskKernel:
+    """A kernel over independent tasks (rows, heads, column blocks), run on a few threads.
+
+    The Numba function is written ``f(t0, t1, *args)``: it computes its task count
+    ``ntasks``, returns it at once when ``t0 < 0``, and otherwise runs tasks
+    ``[t0, min(t1, ntasks))``. It is compiled ``nogil``, so Python threads run the
+    chunks truly in parallel. Tasks write disjoint outputs, so how they are split
+    never changes a bit. (This stands in for ``prange``: Numba's parallel compiler
+    costs seconds per kernel to compile, and its OpenMP workers spin while waiting,
+    which stalls badly on a shared machine.)
+
+    The work estimate is the total size of the array arguments times ``weight``
+    (about the cost per element relative to an add).
+    """
+
+    def __init__(self, fn, weight: int = 1):
+        self.dispatcher = njit(cache=True, nogil=True, error_model="numpy", fastmath=False)(fn)
+        self.weight = weight
+        functools.update_wrapper(self, fn)
+
+    def __call__(self, *args):
+        threads = num_threads()
+        work = sum(a.size for a in args if isinstance(a, np.ndarray)) * self.weight
+        if threads == 1 or work < PARALLEL_MIN_WORK:
+            return self.dispatcher(0, 1 << 62, *args)
+        ntasks = self.dispatcher(-1, 0, *args)
+        parts = min(threads, ntasks)
+        if parts <= 1:
+            return self.dispatcher(0, ntasks, *args)
+        bounds = [ntasks * i // parts for i in range(parts + 1)]
+        pool = _pool()
+        futures = [pool.submit(self.dispatcher, bounds[i], bounds[i + 1], *args) for i in range(1, parts)]
+        self.dispatcher(bounds[0], bounds[1], *args)
+        for f in futures:
+            f.result()
+        return ntasks
+
+
+def parallel_kernel(fn=None, *, weight: int = 1):
+    """Decorator for a ``TaskKernel``: ``@parallel_kernel`` or ``@parallel_kernel(weight=8)``."""
+    if fn is None:
+        return lambda f: TaskKernel(f, weight)
+    return TaskKernel(fn, weight)
+
+
+F32 = np.float32
+EXPONENT_MASK = np.uint32(0x7F800000)
+MANTISSA_MASK = np.uint32(0x007FFFFF)
+SIGN_BIT = np.uint32(0x80000000)
+ABS_MASK = np.uint32(0x7FFFFFFF)
+CANONICAL_NAN_BITS = np.uint32(0x7FC00000)
+NEG_ZERO_BITS = np.uint32(0x80000000)
+ZERO = np.float32(0.0)
+ONE = np.float32(1.0)
+# A contraction whose every nonzero product has magnitude >= 2**-103 never flushes
+# (see ``safe_products``).
+SAFE_PRODUCT = 2.0**-103
+
+# Elementwise kernels split work into blocks of this many elements per task.
+BLOCK = 16384
+
+
+@intrinsic
+def bits(typingctx, x):
+    """The uint32 pattern of a float32 (exact)."""
+    if x != types.float32:
+        return None
+
+    def codegen(context, builder, sig, args):
+        return builder.bitcast(args[0], ir.IntType(32))
+
+    return types.uint32(types.float32), codegen
+
+
+@intrinsic
+def from_bits(typingctx, u):
+    """The float32 whose pattern is the low 32 bits of integer u (exact)."""
+    if not isinstance(u, types.Integer):
+        return None
+
+    def codegen(context, builder, sig, args):
+        v = args[0]
+        if u.bitwidth > 32:
+            v = builder.trunc(v, ir.IntType(32))
+        elif u.bitwidth < 32:
+            v = builder.zext(v, ir.IntType(32))
+        return builder.bitcast(v, ir.FloatType())
+
+    return types.float32(u), codegen
+
+
+@scalar
+def fl(r):
+    """Round-then-flush: a zero or subnormal result becomes a zero of its sign."""
+    u = bits(r)
+    if (u & EXPONENT_MASK) == 0:
+        return from_bits(u & SIGN_BIT)
+    return r
+
+
+@scalar
+def is_nan(r):
+    u = bits(r)
+    return (u & EXPONENT_MASK) == EXPONENT_MASK and (u & MANTISSA_MASK) != 0
+
+
+@scalar
+def cn(r):
+    """``fl`` and the canonical NaN: what every stored output element goes through."""
+    u = bits(r)
+    e = u & EXPONENT_MASK
+    if e == 0:
+        return from_bits(u & SIGN_BIT)
+    if e == EXPONENT_MASK and (u & MANTISSA_MASK) != 0:
+        return from_bits(CANONICAL_NAN_BITS)
+    return r
+
+
+@scalar
+def fadd(a, b):
+    return fl(a + b)
+
+
+@scalar
+def fsub(a, b):
+    return fl(a - b)
+
+
+@scalar
+def fmul(a, b):
+    return fl(a * b)
+
+
+@scalar
+def fdiv(a, b):
+    return fl(a / b)
+
+
+@scalar
+def fsqrt(a):
+    return fl(np.sqrt(a))
+
+
+@scalar
+def total_key(x):
+    """An int64 whose order is the float total order (-0.0 < +0.0), as ``spec.fp._total_key``."""
+    u = np.int64(bits(x))
+    if u & 0x80000000:
+        return -(u & 0x7FFFFFFF) - 1
+    return u
+
+
+@scalar
+def max_total(a, b):
+    """``spec.fp.maximum`` of two canonical values: total order, any NaN -> canonical NaN."""
+    if a != a or b != b:
+        return from_bits(CANONICAL_NAN_BITS)
+    return a if total_key(a) >= total_key(b) else b
+
+
+@scalar
+def min_total(a, b):
+    """``spec.fp.minimum`` of two canonical values: total order, any NaN -> canonical NaN."""
+    if a != a or b != b:
+        return from_bits(CANONICAL_NAN_BITS)
+    return a if total_key(a) <= total_key(b) else b
+
+
+@scalar
+def abs_bits(x):
+    """``|x|`` as a uint32 pattern, with zeros mapped to 0xFFFFFFFF (for ``min_nonzero_abs``)."""
+    u = np.uint32(bits(x) & ABS_MASK)
+    return np.uint32(0xFFFFFFFF) if u == 0 else u
+
+
+@kernel
+def min_nonzero_abs(x):
+    """Smallest nonzero |x| over a 1-D array, as float64 (+inf if all are zero).
+
+    NaNs compare above every finite pattern, so a NaN never is the minimum unless
+    every nonzero is NaN (and then the product test below fails: NaN >= t is False).
+    """
+    m = np.uint32(0xFFFFFFFF)
+    for i in range(x.size):
+        m = min(m, abs_bits(x[i]))
+    if m == np.uint32(0xFFFFFFFF):
+        return np.inf
+    return np.float64(from_bits(m))
+
+
+@scalar
+def safe_products(min_a, min_b):
+    """True when every nonzero product of the two operands' elements has |p| >= 2**-103.
+
+    Then a contraction ``acc = acc + a*b`` starting from +0.0 never produces a
+    subnormal, so its unflushed loop gives the flushed loop's bits: every product is
+    a multiple of 2**-126 (a float32 >= 2**-103 has ulp >= 2**-126), so every exact
+    partial sum is one too, and rounding a multiple of a power of two q that is
+    >= q in magnitude gives a multiple of q again. A nonzero multiple of 2**-126
+    is never subnormal. (Products of float32s are exact in float64.)
+    """
+    return min_a * min_b >= SAFE_PRODUCT
+
+
+# ---------------------------------------------------------------- array helpers
+
+@kernel
+def _scan(x):
+    """One pass over a flat float32 array: (any element not canonical, all finite, max |x| of the finite)."""
+    noncanonical = False
+    finite = True
+    mx = np.uint32(0)
+    for i in range(x.size):
+        u = bits(x[i])
+        e = u & EXPONENT_MASK
+        a = u & ABS_MASK
+        noncanonical |= (e == 0 and a != 0) or (e == EXPONENT_MASK and a > EXPONENT_MASK and u != CANONICAL_NAN_BITS)
+        finite &= e != EXPONENT_MASK
+        mx = max(mx, np.uint32(a if e != EXPONENT_MASK else 0))
+    return noncanonical, finite, from_bits(mx)
+
+
+def entered(x):
+    """``spec.fp.f32(x)`` without a copy when x already is canonical C-contiguous float32.
+
+    Returns ``(array, all_finite, max_abs)``; the array must be treated as read-only.
+    """
+    a = np.ascontiguousarray(np.asarray(x, dtype=np.float32))
+    if a.size == 0:
+        return a, True, 0.0
+    noncanonical, finite, mx = _scan(a.reshape(-1))
+    if noncanonical:
+        a = f32(a)
+    return a, bool(finite), float(mx)
+
+
+
+@parallel_kernel
+def _canon_into(t0, t1, x, out):
+    n = x.size
+    nb = (n + BLOCK - 1) // BLOCK
+    ntasks = nb
+    if t0 < 0:
+        return ntasks
+    for blk in range(t0, min(t1, ntasks)):
+        lo = blk * BLOCK
+        hi = min(n, lo + BLOCK)
+        out_b = out[lo:hi]
+        x_b = x[lo:hi]
+        for i in range(hi - lo):
+            out_b[i] = cn(x_b[i])
+    return ntasks
+
+
+def f32(x) -> np.ndarray:
+    """``spec.fp.f32``: a fresh C-contiguous float32 copy, flushed, NaNs canonical."""
+    a = np.asarray(x, dtype=np.float32)
+    out = np.empty(a.shape, dtype=np.float32)
+    _canon_into(np.ascontiguousarray(a).reshape(-1), out.reshape(-1))
+    return out
+
+
+def as_f32(x) -> np.ndarray:
+    """A C-contiguous float32 view or copy (rounded from float64 when needed; no flush)."""
+    return np.ascontiguousarray(np.asarray(x, dtype=np.float32))
+
+
+def f32_scalar(x) -> np.float32:
+    """A float32 scalar as ``np.asarray(x, dtype=float32)`` gives it (rounded, not flushed)."""
+    a = np.asarray(x, dtype=np.float32)
+    if a.size != 1:
+        raise ValueError(f"expected a scalar, got shape {a.shape}")
+    return np.float32(a.reshape(-1)[0])
+
+
+@kernel
+def _cn_value(x):
+    return cn(x)
+
+
+def canon_scalar(x) -> np.float32:
+    """``spec.fp.f32`` of a scalar, as a ``np.float32``."""
+    return np.float32(_cn_value(np.float32(x)))
+
+
+# ---------------------------------------------------------------- elementwise ops
+# Binary ops take two flat arrays of equal length; broadcasting happens in ``_binary``.
+
+@parallel_kernel
+def _add_kernel(t0, t1, a, b, out):
+    n = out.size
+    ntasks = (n + BLOCK - 1) // BLOCK
+    if t0 < 0:
+        return ntasks
+    for blk in range(t0, min(t1, ntasks)):
+        lo = blk * BLOCK
+        hi = min(n, lo + BLOCK)
+        a_b = a[lo:hi]
+        b_b = b[lo:hi]
+        out_b = out[lo:hi]
+        for i in range(hi - lo):
+            out_b[i] = cn(a_b[i] + b_b[i])
+    return ntasks
+
+
+@parallel_kernel
+def _sub_kernel(t0, t1, a, b, out):
+    n = out.size
+    ntasks = (n + BLOCK - 1) // BLOCK
+    if t0 < 0:
+        return ntasks
+    for blk in range(t0, min(t1, ntasks)):
+        lo = blk * BLOCK
+        hi = min(n, lo + BLOCK)
+        a_b = a[lo:hi]
+        b_b = b[lo:hi]
+        out_b = out[lo:hi]
+        for i in range(hi - lo):
+            out_b[i] = cn(a_b[i] - b_b[i])
+    return ntasks
+
+
+@parallel_kernel
+def _mul_kernel(t0, t1, a, b, out):
+    n = out.size
+    ntasks = (n + BLOCK - 1) // BLOCK
+    if t0 < 0:
+        return ntasks
+    for blk in range(t0, min(t1, ntasks)):
+        lo = blk * BLOCK
+        hi = min(n, lo + BLOCK)
+        a_b = a[lo:hi]
+        b_b = b[lo:hi]
+        out_b = out[lo:hi]
+        for i in range(hi - lo):
+            out_b[i] = cn(a_b[i] * b_b[i])
+    return ntasks
+
+
+@parallel_kernel
+def _div_kernel(t0, t1, a, b, out):
+    n = out.size
+    ntasks = (n + BLOCK - 1) // BLOCK
+    if t0 < 0:
+        return ntasks
+    for blk in range(t0, min(t1, ntasks)):
+        lo = blk * BLOCK
+        hi = min(n, lo + BLOCK)
+        a_b = a[lo:hi]
+        b_b = b[lo:hi]
+        out_b = out[lo:hi]
+        for i in range(hi - lo):
+            out_b[i] = cn(a_b[i] / b_b[i])
+    return ntasks
+
+
+@parallel_kernel
+def _max_kernel(t0, t1, a, b, out):
+    n = out.size
+    ntasks = (n + BLOCK - 1) // BLOCK
+    if t0 < 0:
+        return ntasks
+    for blk in range(t0, min(t1, ntasks)):
+        lo = blk * BLOCK
+        hi = min(n, lo + BLOCK)
+        a_b = a[lo:hi]
+        b_b = b[lo:hi]
+        out_b = out[lo:hi]
+        for i in range(hi - lo):
+            out_b[i] = cn(max_total(cn(a_b[i]), cn(b_b[i])))
+    return ntasks
+
+
+@parallel_kernel
+def _min_kernel(t0, t1, a, b, out):
+    n = out.size
+    ntasks = (n + BLOCK - 1) // BLOCK
+    if t0 < 0:
+        return ntasks
+    for blk in range(t0, min(t1, ntasks)):
+        lo = blk * BLOCK
+        hi = min(n, lo + BLOCK)
+        a_b = a[lo:hi]
+        b_b = b[lo:hi]
+        out_b = out[lo:hi]
+        for i in range(hi - lo):
+            out_b[i] = cn(min_total(cn(a_b[i]), cn(b_b[i])))
+    return ntasks
+
+
+@parallel_kernel
+def _mul_scalar_kernel(t0, t1, a, s, out):
+    n = out.size
+    ntasks = (n + BLOCK - 1) // BLOCK
+    if t0 < 0:
+        return ntasks
+    for blk in range(t0, min(t1, ntasks)):
+        lo = blk * BLOCK
+        hi = min(n, lo + BLOCK)
+        a_b = a[lo:hi]
+        out_b = out[lo:hi]
+        for i in range(hi - lo):
+            out_b[i] = cn(a_b[i] * s)
+    return ntasks
+
+
+@parallel_kernel
+def _sqrt_kernel(t0, t1, a, out):
+    n = out.size
+    ntasks = (n + BLOCK - 1) // BLOCK
+    if t0 < 0:
+        return ntasks
+    for blk in range(t0, min(t1, ntasks)):
+        lo = blk * BLOCK
+        hi = min(n, lo + BLOCK)
+        a_b = a[lo:hi]
+        out_b = out[lo:hi]
+        for i in range(hi - lo):
+            out_b[i] = cn(np.sqrt(a_b[i]))
+    return ntasks
+
+
+@parallel_kernel
+def _neg_kernel(t0, t1, a, out):
+    n = out.size
+    ntasks = (n + BLOCK - 1) // BLOCK
+    if t0 < 0:
+        return ntasks
+    for blk in range(t0, min(t1, ntasks)):
+        lo = blk * BLOCK
+        hi = min(n, lo + BLOCK)
+        a_b = a[lo:hi]
+        out_b = out[lo:hi]
+        for i in range(hi - lo):
+            out_b[i] = cn(-a_b[i])
+    return ntasks
+
+
+@parallel_kernel
+def _abs_kernel(t0, t1, a, out):
+    n = out.size
+    ntasks = (n + BLOCK - 1) // BLOCK
+    if t0 < 0:
+        return ntasks
+    for blk in range(t0, min(t1, ntasks)):
+        lo = blk * BLOCK
+        hi = min(n, lo + BLOCK)
+        a_b = a[lo:hi]
+        out_b = out[lo:hi]
+        for i in range(hi - lo):
+            out_b[i] = cn(from_bits(bits(a_b[i]) & ABS_MASK))
+    return ntasks
+
+
+def _flat_operands(a, b):
+    """Both operands as flat contiguous float32 arrays of the broadcast size, and that shape."""
+    a = np.asarray(a, dtype=np.float32)
+    b = np.asarray(b, dtype=np.float32)
+    if a.shape == b.shape:
+        return as_f32(a).reshape(-1), as_f32(b).reshape(-1), a.shape
+    shape = np.broadcast_shapes(a.shape, b.shape)
+    return (np.ascontiguousarray(np.broadcast_to(a, shape)).reshape(-1),
+            np.ascontiguousarray(np.broadcast_to(b, shape)).reshape(-1), shape)
+
+
+def _binary(kern, a, b):
+    fa, fb, shape = _flat_operands(a, b)
+    out = np.empty(shape, dtype=np.float32)
+    kern(fa, fb, out.reshape(-1))
+    return out
+
+
+def _unary(kern, a):
+    a = np.asarray(a, dtype=np.float32)
+    out = np.empty(a.shape, dtype=np.float32)
+    kern(as_f32(a).reshape(-1), out.reshape(-1))
+    return out
+
+
+def add(a, b) -> np.ndarray:
+    """``spec.fp.add``: ``a + b`` rounded, flushed, canonical NaN (inputs are not flushed)."""
+    return _binary(_add_kernel, a, b)
+
+
+def sub(a, b) -> np.ndarray:
+    """``spec.fp.sub``."""
+    return _binary(_sub_kernel, a, b)
+
+
+def mul(a, b) -> np.ndarray:
+    """``spec.fp.mul``; a scalar operand is not broadcast into memory."""
+    a_arr = np.asarray(a, dtype=np.float32)
+    b_arr = np.asarray(b, dtype=np.float32)
+    if b_arr.size == 1 and b_arr.ndim <= a_arr.ndim:
+        out = np.empty(a_arr.shape, dtype=np.float32)
+        _mul_scalar_kernel(as_f32(a_arr).reshape(-1), np.float32(b_arr.reshape(-1)[0]), out.reshape(-1))
+        return out
+    if a_arr.size == 1 and a_arr.ndim <= b_arr.ndim:
+        out = np.empty(b_arr.shape, dtype=np.float32)
+        # a*b == b*a bit for bit (IEEE multiplication is commutative, NaNs are canonicalized)
+        _mul_scalar_kernel(as_f32(b_arr).reshape(-1), np.float32(a_arr.reshape(-1)[0]), out.reshape(-1))
+        return out
+    return _binary(_mul_kernel, a_arr, b_arr)
+
+
+def div(a, b) -> np.ndarray:
+    """``spec.fp.div`` (IEEE division)."""
+    return _binary(_div_kernel, a, b)
+
+
+def maximum(a, b) -> np.ndarray:
+    """``spec.fp.maximum``: inputs canonicalized, total order -0.0 < +0.0, NaN -> canonical NaN."""
+    return _binary(_max_kernel, a, b)
+
+
+def minimum(a, b) -> np.ndarray:
+    """``spec.fp.minimum``."""
+    return _binary(_min_kernel, a, b)
+
+
+def sqrt(a) -> np.ndarray:
+    """``spec.fp.sqrt`` (IEEE square root of the unflushed input, then flush)."""
+    return _unary(_sqrt_kernel, a)
+
+
+def neg(a) -> np.ndarray:
+    """``spec.fp.neg``."""
+    return _unary(_neg_kernel, a)
+
+
+def abs(a) -> np.ndarray:  # noqa: A001 - the op is called abs in every backend
+    """``spec.fp.abs``."""
+    return _unary(_abs_kernel, a)

@@ -1,0 +1,186 @@
+"""RMSNorm and the per-feature column sum (``lockstep.spec.norm``).
+
+Rows are independent and run in parallel; each row's sums use ``reduce.lane_tree``.
+``column_sum`` (the gain gradient) adds rows in ascending order, so threads split
+the columns instead, each visiting every row in order.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .fp import ONE, ZERO, as_f32, cn, fl, num_threads, parallel_kernel
+from .reduce import LANES, canonical_copy, lane_tree
+
+
+def _rows(x):
+    x = np.asarray(x, dtype=np.float32)
+    d = x.shape[-1]
+    return as_f32(x).reshape(-1, d), x.shape
+
+
+def _gain_rows(gain, shape):
+    """The gain as a canonical (1, D) or (N, D) array, and whether there is one."""
+    d = shape[-1]
+    if gain is None:
+        return np.zeros((1, d), dtype=np.float32), False
+    g = np.asarray(gain, dtype=np.float32)
+    try:
+        return canonical_copy(g, (d,)).reshape(1, d), True
+    except ValueError:
+        return canonical_copy(g, shape).reshape(-1, d), True
+
+
+@parallel_kernel
+def _rmsnorm_forward_kernel(t0, t1, x, gain, has_gain, eps, y, rstd):
+    n, d = x.shape
+    df = np.float32(d)
+    g_rows = gain.shape[0]
+    nchunks = min(n, 64)
+    ntasks = nchunks
+    if t0 < 0:
+        return ntasks
+    for c in range(t0, min(t1, ntasks)):
+        lanes = np.empty(LANES, dtype=np.float32)
+        sq = np.empty(d, dtype=np.float32)
+        for r in range(c * n // nchunks, (c + 1) * n // nchunks):
+            for j in range(d):
+                xv = fl(x[r, j])
+                sq[j] = fl(xv * xv)
+            ss = lane_tree(sq, lanes)
+            ms = fl(ss / df)
+            rs = fl(ONE / fl(np.sqrt(fl(ms + eps))))
+            gr = r if g_rows > 1 else 0
+            if has_gain:
+                for j in range(d):
+                    y[r, j] = cn(fl(fl(fl(x[r, j]) * rs) * gain[gr, j]))
+            else:
+                for j in range(d):
+                    y[r, j] = cn(fl(fl(x[r, j]) * rs))
+            rstd[r] = cn(rs)
+    return ntasks
+
+
+def rmsnorm_forward(x, gain, eps: float):
+    """``spec.norm.rmsnorm_forward``: returns ``(y, rstd)``."""
+    x2, shape = _rows(x)
+    g, has_gain = _gain_rows(gain, shape)
+    y = np.empty(shape, dtype=np.float32)
+    rstd = np.empty(shape[:-1], dtype=np.float32)
+    if x2.shape[0] and x2.shape[1]:
+        _rmsnorm_forward_kernel(x2, g, has_gain, np.float32(eps), y.reshape(x2.shape), rstd.reshape(-1))
+    elif x2.shape[0]:
+        # D = 0: ss = 0, ms = 0/0 = NaN, rstd = NaN (the spec's arithmetic, no special case)
+        rstd[...] = np.float32(np.nan)
+    return y, rstd
+
+
+@parallel_kernel
+def _rmsnorm_backward_dx_kernel(t0, t1, dy, x, gain, has_gain, rstd, dx):
+    n, d = x.shape
+    df = np.float32(d)
+    g_rows = gain.shape[0]
+    nchunks = min(n, 64)
+    ntasks = nchunks
+    if t0 < 0:
+        return ntasks
+    for c in range(t0, min(t1, ntasks)):
+        lanes = np.empty(LANES, dtype=np.float32)
+        t = np.empty(d, dtype=np.float32)
+        gy = np.empty(d, dtype=np.float32)
+        xh = np.empty(d, dtype=np.float32)
+        for r in range(c * n // nchunks, (c + 1) * n // nchunks):
+            rs = fl(rstd[r])
+            gr = r if g_rows > 1 else 0
+            for j in range(d):
+                xh[j] = fl(fl(x[r, j]) * rs)
+                if has_gain:
+                    gy[j] = fl(fl(dy[r, j]) * gain[gr, j])
+                else:
+                    gy[j] = fl(dy[r, j])
+                t[j] = fl(gy[j] * xh[j])
+            m = fl(lane_tree(t, lanes) / df)
+            for j in range(d):
+                dx[r, j] = cn(fl(rs * fl(gy[j] - fl(xh[j] * m))))
+    return ntasks
+
+
+@parallel_kernel
+def _dgain_kernel(t0, t1, dy, x, rstd, out, col_block):
+    """``column_sum(dy * (x * rstd))``: ascending rows, columns split among threads."""
+    n, d = x.shape
+    nblocks = (d + col_block - 1) // col_block
+    ntasks = nblocks
+    if t0 < 0:
+        return ntasks
+    for c in range(t0, min(t1, ntasks)):
+        lo = c * col_block
+        hi = min(d, lo + col_block)
+        acc = np.zeros(hi - lo, dtype=np.float32)
+        for r in range(n):
+            rs = fl(rstd[r])
+            dyr = dy[r, lo:hi]
+            xr = x[r, lo:hi]
+            for j in range(acc.size):
+                acc[j] = fl(acc[j] + fl(fl(dyr[j]) * fl(fl(xr[j]) * rs)))
+        ob = out[lo:hi]
+        for j in range(acc.size):
+            ob[j] = cn(acc[j])
+    return ntasks
+
+
+@parallel_kernel
+def _column_sum_kernel(t0, t1, x, out, col_block):
+    n, d = x.shape
+    nblocks = (d + col_block - 1) // col_block
+    ntasks = nblocks
+    if t0 < 0:
+        return ntasks
+    for c in range(t0, min(t1, ntasks)):
+        lo = c * col_block
+        hi = min(d, lo + col_block)
+        acc = np.zeros(hi - lo, dtype=np.float32)
+        for r in range(n):
+            xr = x[r, lo:hi]
+            for j in range(acc.size):
+                acc[j] = fl(acc[j] + fl(xr[j]))
+        ob = out[lo:hi]
+        for j in range(acc.size):
+            ob[j] = cn(acc[j])
+    return ntasks
+
+
+def _col_block(d: int) -> int:
+    """Columns per task: one contiguous share per thread (rows stay long runs)."""
+    threads = num_threads()
+    return max(8, -(-d // threads))
+
+
+def rmsnorm_backward(dy, x, gain, rstd):
+    """``spec.norm.rmsnorm_backward``: returns ``(dx, dgain)`` (dgain None without a gain)."""
+    x2, shape = _rows(x)
+    n, d = x2.shape
+    dy2 = as_f32(np.broadcast_to(np.asarray(dy, dtype=np.float32), shape)).reshape(n, d)
+    r = as_f32(np.broadcast_to(np.asarray(rstd, dtype=np.float32), shape[:-1])).reshape(-1)
+    g, has_gain = _gain_rows(gain, shape)
+    dx = np.empty(shape, dtype=np.float32)
+    if n and d:
+        _rmsnorm_backward_dx_kernel(dy2, x2, g, has_gain, r, dx.reshape(n, d))
+    if not has_gain:
+        return dx, None
+    dgain = np.empty(d, dtype=np.float32)
+    if d:
+        _dgain_kernel(dy2, x2, r, dgain, _col_block(d))
+    return dx, dgain
+
+
+def column_sum(x) -> np.ndarray:
+    """``spec.norm.column_sum``: (..., D) -> (D,), rows added in ascending order from +0.0."""
+    x2, _ = _rows(x)
+    out = np.empty(x2.shape[1], dtype=np.float32)
+    if out.size:
+        if x2.shape[0]:
+            _column_sum_kernel(x2, out, _col_block(x2.shape[1]))
+        else:
+            out[...] = 0.0
+    return out

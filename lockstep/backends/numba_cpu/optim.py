@@ -1,0 +1,134 @@
+"""Global-norm clipping and AdamW (``lockstep.spec.optim``), elementwise in parallel.
+
+``sum_of_squares`` is one lane-tree row over the flattened tensor; its 32 lanes
+are independent, so threads take groups of ``LANE_GROUP`` lanes (one SIMD
+register) and each sums its lanes over the whole tensor, then the lanes fold.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .fp import (BLOCK, ZERO, add, as_f32, cn, div, f32_scalar, fl, kernel, minimum, mul,
+                 parallel_kernel)
+from .reduce import LANES
+
+CLIP_EPS = np.float32(1e-6)
+LANE_GROUP = 8
+
+
+@parallel_kernel
+def _sum_of_squares_kernel(t0, t1, g, lanes):
+    n = g.size
+    full = (n // LANES) * LANES
+    ntasks = LANES // LANE_GROUP
+    if t0 < 0:
+        return ntasks
+    for grp in range(t0, min(t1, ntasks)):
+        lo = grp * LANE_GROUP
+        acc = np.zeros(LANE_GROUP, dtype=np.float32)
+        for s in range(0, full, LANES):
+            for j in range(LANE_GROUP):
+                v = fl(g[s + lo + j])
+                acc[j] = fl(acc[j] + fl(v * v))
+        for j in range(LANE_GROUP):
+            if lo + j < n - full:
+                v = fl(g[full + lo + j])
+                acc[j] = fl(acc[j] + fl(v * v))
+            lanes[lo + j] = acc[j]
+    return ntasks
+
+
+@kernel
+def _fold_lanes(lanes):
+    w = LANES // 2
+    while w >= 1:
+        for j in range(w):
+            lanes[j] = fl(lanes[j] + lanes[j + w])
+        w //= 2
+    return cn(lanes[0])
+
+
+def sum_of_squares(g) -> np.ndarray:
+    """``spec.optim.sum_of_squares``: ``lane_tree_sum(g * g)`` over the flattened tensor: () float32."""
+    flat = as_f32(np.asarray(g, dtype=np.float32)).reshape(-1)
+    lanes = np.zeros(LANES, dtype=np.float32)
+    if flat.size:
+        _sum_of_squares_kernel(flat, lanes)
+    return np.array(np.float32(_fold_lanes(lanes)), dtype=np.float32)
+
+
+@kernel
+def _global_norm_kernel(sums):
+    total = ZERO
+    for i in range(sums.size):
+        total = fl(total + sums[i])
+    return cn(fl(np.sqrt(total)))
+
+
+def global_norm(sums_of_squares) -> np.ndarray:
+    """``spec.optim.global_norm``: ``sqrt(((0 + s_0) + s_1) + ...)`` in the given (canonical) order."""
+    sums = [np.asarray(s, dtype=np.float32) for s in sums_of_squares]
+    if all(s.ndim == 0 for s in sums):
+        packed = np.array([s[()] for s in sums], dtype=np.float32)
+        return np.array(np.float32(_global_norm_kernel(packed)), dtype=np.float32)
+    total = np.float32(0.0)  # shaped sums: the same adds, broadcast like the spec's
+    for s in sums:
+        total = add(total, s)
+    from .fp import sqrt
+
+    return sqrt(total)
+
+
+def clip_coefficient(norm, max_norm: float = 1.0) -> np.ndarray:
+    """``spec.optim.clip_coefficient``: ``min(1, max_norm / (norm + 1e-6))``."""
+    c = div(np.float32(max_norm), add(norm, CLIP_EPS))
+    return minimum(c, np.float32(1.0))
+
+
+def scale(g, coef) -> np.ndarray:
+    """``spec.optim.scale``: ``g * coef``."""
+    return mul(g, coef)
+
+
+@parallel_kernel
+def _adamw_kernel(t0, t1, p, g, m, v, lr, beta1, beta2, omb1, omb2, eps, wd, decay, bc1, bc2, p_out, m_out, v_out):
+    n = p.size
+    ntasks = (n + BLOCK - 1) // BLOCK
+    if t0 < 0:
+        return ntasks
+    for blk in range(t0, min(t1, ntasks)):
+        lo = blk * BLOCK
+        hi = min(n, lo + BLOCK)
+        g_b = g[lo:hi]
+        m_b = m[lo:hi]
+        m_out_b = m_out[lo:hi]
+        p_b = p[lo:hi]
+        p_out_b = p_out[lo:hi]
+        v_b = v[lo:hi]
+        v_out_b = v_out[lo:hi]
+        for i in range(hi - lo):
+            pi = fl(p_b[i])
+            gi = fl(g_b[i])
+            mi = fl(fl(beta1 * fl(m_b[i])) + fl(omb1 * gi))
+            vi = fl(fl(beta2 * fl(v_b[i])) + fl(omb2 * fl(gi * gi)))
+            u = fl(fl(mi / bc1) / fl(fl(np.sqrt(fl(vi / bc2))) + eps))
+            if decay:
+                u = fl(u + fl(wd * pi))
+            p_out_b[i] = cn(fl(pi - fl(lr * u)))
+            m_out_b[i] = cn(mi)
+            v_out_b[i] = cn(vi)
+    return ntasks
+
+
+def adamw_update(p, g, m, v, lr, beta1, beta2, one_minus_beta1, one_minus_beta2, eps, weight_decay, bc1, bc2):
+    """``spec.optim.adamw_update``: returns ``(p, m, v)``; the scalars are float32 (not flushed)."""
+    arrays = [np.asarray(a, dtype=np.float32) for a in (p, g, m, v)]
+    shape = arrays[0].shape
+    flat = [as_f32(np.broadcast_to(a, shape)).reshape(-1) for a in arrays]
+    outs = [np.empty(shape, dtype=np.float32) for _ in range(3)]
+    if flat[0].size:
+        s = [f32_scalar(x) for x in (lr, beta1, beta2, one_minus_beta1, one_minus_beta2, eps, weight_decay, bc1, bc2)]
+        _adamw_kernel(*flat, s[0], s[1], s[2], s[3], s[4], s[5], s[6], float(weight_decay) != 0.0, s[7], s[8],
+                      *(o.reshape(-1) for o in outs))
+    return tuple(outs)

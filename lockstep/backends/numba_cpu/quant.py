@@ -1,0 +1,548 @@
+"""The int8 W8A8 linear layer and its backward (``lockstep.spec.quant``).
+
+Every float step (scales, quantization, Hadamard butterflies, dequantization,
+rescaling) is a Numba kernel that follows the spec's order. The int8 GEMMs are
+exact, so they run as float32 BLAS on int8-valued operands (``reduce.int8_valued_matmul``:
+K in chunks of 1024, chunks summed in int32); the quantized operands are kept as
+float32 holding the integers -127..127, which is exactly what the spec's int8
+arrays hold.
+
+Where the spec transposes (``dequantized_weight(w).T``, ``xdq.T``), the kernels
+work on the untransposed array along the other axis and BLAS reads the transpose
+for free.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from lockstep.spec.quant import HADAMARD_MAX_BLOCK
+
+from .fp import (ABS_MASK, CANONICAL_NAN_BITS, ONE, ZERO, as_f32, bits, cn, fl, from_bits, inlined, kernel,
+                 min_nonzero_abs, parallel_kernel)
+from .reduce import LANES, int8_valued_matmul
+
+QMAX = np.float32(127.0)
+NEG_QMAX = np.float32(-127.0)
+TWO = np.float32(2.0)
+SQRT_QMAX = np.float32(np.sqrt(np.float32(127.0)))  # fp.sqrt(127): IEEE sqrt, one rounding, normal
+INF_BITS = np.uint32(0x7F800000)
+
+
+def hadamard_block(n: int) -> int:
+    """The rotation block for a dimension of length n: largest power of two dividing n, <= 256."""
+    b = 1
+    while n % (2 * b) == 0 and 2 * b <= HADAMARD_MAX_BLOCK:
+        b *= 2
+    return b
+
+
+# ---------------------------------------------------------------- scalar pieces
+
+@kernel
+def quantize1(x, s):
+    """``clip(rint(x / s), -127, 127)`` as a float32 integer; NaN -> 0 (x already entered)."""
+    r = np.rint(fl(x / s))
+    if r != r:
+        return ZERO
+    if r > QMAX:
+        return QMAX
+    if r < NEG_QMAX:
+        return NEG_QMAX
+    return r
+
+
+@kernel
+def nonzero_scale(s):
+    """A zero scale becomes 1 (NaN stays NaN)."""
+    return ONE if s == ZERO else s
+
+
+@kernel
+def abs_max_bits_to_float(m):
+    """The max of |x| bit patterns (sign cleared) as a float: > inf's pattern means a NaN was seen."""
+    if m > INF_BITS:
+        return from_bits(CANONICAL_NAN_BITS)
+    return from_bits(m)
+
+
+@kernel
+def abs_bits_entered(x):
+    """Bits of ``|f32(x)|``: flushed to 0 if subnormal, sign cleared (NaNs stay above inf)."""
+    return bits(fl(x)) & ABS_MASK
+
+
+# ---------------------------------------------------------------- scales
+
+@parallel_kernel
+def _abs_max_bits(t0, t1, x, nchunks, out):
+    n = x.size
+    ntasks = nchunks
+    if t0 < 0:
+        return ntasks
+    for c in range(t0, min(t1, ntasks)):
+        m = np.uint32(0)
+        for i in range(c * n // nchunks, (c + 1) * n // nchunks):
+            u = abs_bits_entered(x[i])
+            if u > m:
+                m = u
+        out[c] = m
+    return ntasks
+
+
+def activation_scale(x_flat) -> np.float32:
+    """``spec.quant.activation_scale``: ``max|x| / 127`` (total-order max, exact), 0 -> 1."""
+    if x_flat.size == 0:
+        raise ValueError("max of an empty axis")
+    nchunks = max(1, min(64, x_flat.size // 65536))
+    parts = np.zeros(nchunks, dtype=np.uint32)
+    if x_flat.size:
+        _abs_max_bits(x_flat, nchunks, parts)
+    return np.float32(_activation_scale_from_bits(np.uint32(parts.max())))
+
+
+@kernel
+def _activation_scale_from_bits(m):
+    return cn(nonzero_scale(fl(abs_max_bits_to_float(m) / QMAX)))
+
+
+@kernel
+def _weight_scale_kernel(w, col_block, sw):
+    """Per column n: ``(2 * (lane_tree_sum_k |w[k, n]| / K)) / sqrt(127)``, 0 -> 1.
+
+    The lane tree runs down each column; lanes are held for a block of columns at
+    once so the loads are contiguous rows.
+    """
+    k, n = w.shape
+    kf = np.float32(k)
+    nblocks = (n + col_block - 1) // col_block
+    for c in range(nblocks):
+        lo = c * col_block
+        hi = min(n, lo + col_block)
+        cw = hi - lo
+        lanes = np.zeros((LANES, cw), dtype=np.float32)
+        for i in range(k):
+            lane = lanes[i % LANES]
+            wr = w[i, lo:hi]
+            for j in range(cw):
+                lane[j] = fl(lane[j] + from_bits(abs_bits_entered(wr[j])))
+        width = LANES // 2
+        while width >= 1:
+            for ln in range(width):
+                la = lanes[ln]
+                lb = lanes[ln + width]
+                for j in range(cw):
+                    la[j] = fl(la[j] + lb[j])
+            width //= 2
+        out = sw[lo:hi]
+        for j in range(cw):
+            mean_abs = fl(lanes[0, j] / kf)
+            out[j] = cn(nonzero_scale(fl(fl(TWO * mean_abs) / SQRT_QMAX)))
+
+
+def weight_scale(w2) -> np.ndarray:
+    k, n = w2.shape
+    sw = np.empty(n, dtype=np.float32)
+    if n:
+        _weight_scale_kernel(w2, max(32, -(-n // 8)), sw)
+    return sw
+
+
+# ---------------------------------------------------------------- forward
+
+@parallel_kernel
+def _quantize_rows_scalar(t0, t1, x, s, out):
+    """out = quantize(f32(x), s) for a scalar scale (the activations), rows in parallel."""
+    m, k = x.shape
+    ntasks = m
+    if t0 < 0:
+        return ntasks
+    for r in range(t0, min(t1, ntasks)):
+        for j in range(k):
+            out[r, j] = quantize1(fl(x[r, j]), s)
+    return ntasks
+
+
+@kernel
+def _quantize_cols(w, sw, out):
+    """out[k, n] = quantize(f32(w[k, n]), sw[n])."""
+    k, n = w.shape
+    for r in range(k):
+        for j in range(n):
+            out[r, j] = quantize1(fl(w[r, j]), sw[j])
+
+
+@parallel_kernel
+def _rescale_kernel(t0, t1, acc, sa, sb, factor, out):
+    """out[m, n] = ((acc[m, n] * sa[m or 0]) * sb[n]) * factor, each product rounded and flushed.
+
+    ``factor`` is 1/block after a Hadamard rotation (an exact power of two), else 1
+    (a product by 1 changes nothing, so the spec's "no rescale" is the same bits).
+    """
+    m, n = acc.shape
+    per_row = sa.size > 1
+    ntasks = m
+    if t0 < 0:
+        return ntasks
+    for r in range(t0, min(t1, ntasks)):
+        a = sa[r] if per_row else sa[0]
+        src = acc[r]
+        dst = out[r]
+        for j in range(n):
+            dst[j] = cn(fl(fl(fl(src[j] * a) * sb[j]) * factor))
+    return ntasks
+
+
+def _acc_float32(a, b) -> np.ndarray:
+    """float32(int8 GEMM) of int8-valued float32 operands: exact ints, rounded to float32 like ``astype``."""
+    if a.shape[-1] <= 1024:
+        return np.matmul(a, b)  # exact integers below 2**24: already float32(acc)
+    return int8_valued_matmul(a, b).astype(np.float32)
+
+
+def int8_linear_forward(x, w) -> np.ndarray:
+    """``spec.quant.int8_linear_forward``: (..., K), (K, N) -> (..., N)."""
+    x = np.asarray(x, dtype=np.float32)
+    w2 = as_f32(w)
+    lead = x.shape[:-1]
+    x2 = as_f32(x).reshape(-1, x.shape[-1])
+    sx = activation_scale(x2.reshape(-1))
+    sw = weight_scale(w2)
+    xq = np.empty(x2.shape, dtype=np.float32)
+    wq = np.empty(w2.shape, dtype=np.float32)
+    if xq.size:
+        _quantize_rows_scalar(x2, sx, xq)
+    if wq.size:
+        _quantize_cols(w2, sw, wq)
+    acc = _acc_float32(xq, wq)
+    y = np.empty(acc.shape, dtype=np.float32)
+    if y.size:
+        _rescale_kernel(acc, np.array([sx], dtype=np.float32), sw, ONE, y)
+    return y.reshape(lead + (w2.shape[1],))
+
+
+# ---------------------------------------------------------------- Hadamard pieces
+#
+# The transform is sums and differences only. If every input is a multiple of
+# 2**-126 (true of 0 and of every float32 with |x| >= 2**-103), every exact sum
+# and difference is one too, and so is its rounding: nothing is ever subnormal
+# and the flush tests can be left out (``fast``) with the same bits.
+
+ADDITIVE_SAFE = 2.0**-103
+
+
+@inlined
+def _butterfly_run(va, vb, fast):
+    """``(va[i], vb[i]) = (va[i] + vb[i], va[i] - vb[i])``, each rounded (and flushed)."""
+    if fast:
+        for i in range(va.size):
+            x = va[i]
+            y = vb[i]
+            va[i] = x + y
+            vb[i] = x - y
+    else:
+        for i in range(va.size):
+            x = va[i]
+            y = vb[i]
+            va[i] = fl(x + y)
+            vb[i] = fl(x - y)
+
+
+@inlined
+def _butterfly4_run(va, vb, vc, vd, fast):
+    """Stages h and 2h on four runs at i, i+h, i+2h, i+3h: (a, b, c, d) ->
+    stage h: (a+b, a-b, c+d, c-d), then stage 2h: pairs (0, 2) and (1, 3)."""
+    if fast:
+        for i in range(va.size):
+            y0 = va[i] + vb[i]
+            y1 = va[i] - vb[i]
+            y2 = vc[i] + vd[i]
+            y3 = vc[i] - vd[i]
+            va[i] = y0 + y2
+            vc[i] = y0 - y2
+            vb[i] = y1 + y3
+            vd[i] = y1 - y3
+    else:
+        for i in range(va.size):
+            y0 = fl(va[i] + vb[i])
+            y1 = fl(va[i] - vb[i])
+            y2 = fl(vc[i] + vd[i])
+            y3 = fl(vc[i] - vd[i])
+            va[i] = fl(y0 + y2)
+            vc[i] = fl(y0 - y2)
+            vb[i] = fl(y1 + y3)
+            vd[i] = fl(y1 - y3)
+
+
+@kernel
+def _radix8_flushed(v):
+    """Stages h = 1, 2, 4 of the transform on each group of 8 consecutive elements."""
+    for c in range(0, v.size, 8):
+        g = v[c:c + 8]
+        y0 = fl(g[0] + g[1]); y1 = fl(g[0] - g[1]); y2 = fl(g[2] + g[3]); y3 = fl(g[2] - g[3])  # noqa: E702
+        y4 = fl(g[4] + g[5]); y5 = fl(g[4] - g[5]); y6 = fl(g[6] + g[7]); y7 = fl(g[6] - g[7])  # noqa: E702
+        z0 = fl(y0 + y2); z1 = fl(y1 + y3); z2 = fl(y0 - y2); z3 = fl(y1 - y3)  # noqa: E702
+        z4 = fl(y4 + y6); z5 = fl(y5 + y7); z6 = fl(y4 - y6); z7 = fl(y5 - y7)  # noqa: E702
+        g[0] = fl(z0 + z4); g[1] = fl(z1 + z5); g[2] = fl(z2 + z6); g[3] = fl(z3 + z7)  # noqa: E702
+        g[4] = fl(z0 - z4); g[5] = fl(z1 - z5); g[6] = fl(z2 - z6); g[7] = fl(z3 - z7)  # noqa: E702
+
+
+@kernel
+def _radix8_exact(v):
+    """``_radix8_flushed`` without the flush tests (for inputs that are multiples of 2**-126)."""
+    for c in range(0, v.size, 8):
+        g = v[c:c + 8]
+        y0 = g[0] + g[1]; y1 = g[0] - g[1]; y2 = g[2] + g[3]; y3 = g[2] - g[3]  # noqa: E702
+        y4 = g[4] + g[5]; y5 = g[4] - g[5]; y6 = g[6] + g[7]; y7 = g[6] - g[7]  # noqa: E702
+        z0 = y0 + y2; z1 = y1 + y3; z2 = y0 - y2; z3 = y1 - y3  # noqa: E702
+        z4 = y4 + y6; z5 = y5 + y7; z6 = y4 - y6; z7 = y5 - y7  # noqa: E702
+        g[0] = z0 + z4; g[1] = z1 + z5; g[2] = z2 + z6; g[3] = z3 + z7  # noqa: E702
+        g[4] = z0 - z4; g[5] = z1 - z5; g[6] = z2 - z6; g[7] = z3 - z7  # noqa: E702
+
+
+@kernel
+def hadamard_row(v, blk):
+    """``spec.quant.hadamard_transform`` of one contiguous row (already entered), in place.
+
+    Blocks are independent and the stages of a block run in the spec's order, so
+    running each stage over all blocks before the next stage gives the same bits.
+    """
+    fast = min_nonzero_abs(v) >= ADDITIVE_SAFE
+    h = 1
+    if blk >= 8:
+        if fast:
+            _radix8_exact(v)
+        else:
+            _radix8_flushed(v)
+        h = 8
+    while 4 * h <= blk:
+        _radix4_row(v.reshape(v.size // (4 * h), 4, h), fast)
+        h *= 4
+    while h < blk:
+        _radix2_row(v.reshape(v.size // (2 * h), 2, h), fast)
+        h *= 2
+
+
+@kernel
+def _radix4_row(v3, fast):
+    """Stages h and 2h on a row viewed as (groups, 4, h): see ``_butterfly4_run``."""
+    for gi in range(v3.shape[0]):
+        _butterfly4_run(v3[gi, 0], v3[gi, 1], v3[gi, 2], v3[gi, 3], fast)
+
+
+@kernel
+def _radix2_row(v3, fast):
+    """Stage h on a row viewed as (groups, 2, h)."""
+    for gi in range(v3.shape[0]):
+        _butterfly_run(v3[gi, 0], v3[gi, 1], fast)
+
+
+@kernel
+def _row_abs_max_scale(row):
+    """``nonzero(max |row| / 127)`` (exact total-order max of |.|; NaN -> NaN)."""
+    mx = np.uint32(0)
+    for j in range(row.size):
+        mx = max(mx, np.uint32(bits(row[j]) & ABS_MASK))
+    return nonzero_scale(fl(abs_max_bits_to_float(mx) / QMAX))
+
+
+@kernel
+def _quantize_row(row, s):
+    for j in range(row.size):
+        row[j] = quantize1(row[j], s)
+
+
+@parallel_kernel(weight=4)
+def _rows_rotate_quantize(t0, t1, a, blk, rotate, q, sa):
+    """Rows of a (M, C), contracted along C: enter (flush), rotate (optional),
+    ``sa[m] = max|.| / 127``, quantize. ``q`` receives the quantized rows."""
+    m, c = a.shape
+    ntasks = m
+    if t0 < 0:
+        return ntasks
+    for r in range(t0, min(t1, ntasks)):
+        row = q[r]
+        src = a[r]
+        for j in range(c):
+            row[j] = fl(src[j])
+        if rotate:
+            hadamard_row(row, blk)
+        s = _row_abs_max_scale(row)
+        sa[r] = cn(s)
+        _quantize_row(row, s)
+    return ntasks
+
+
+@kernel
+def _weight_rows_rotate_quantize(w, sw, blk, rotate, q, sb):
+    """Rows k of wdq = dequantized_weight(w) (K, N), rotated along N, scaled and quantized.
+
+    ``wdq[k, n] = quantize(w[k, n], sw[n]) * sw[n]`` (one rounded product).
+    """
+    k, n = w.shape
+    for r in range(k):
+        row = q[r]
+        src = w[r]
+        for j in range(n):
+            row[j] = fl(quantize1(fl(src[j]), sw[j]) * sw[j])
+        if rotate:
+            hadamard_row(row, blk)
+        s = _row_abs_max_scale(row)
+        sb[r] = cn(s)
+        _quantize_row(row, s)
+
+
+@parallel_kernel
+def _dequantize_activation(t0, t1, x, sx, out):
+    """``xdq = quantize(f32(x), sx) * sx`` elementwise (rows in parallel)."""
+    m, k = x.shape
+    ntasks = m
+    if t0 < 0:
+        return ntasks
+    for r in range(t0, min(t1, ntasks)):
+        src = x[r]
+        dst = out[r]
+        for j in range(k):
+            dst[j] = fl(quantize1(fl(src[j]), sx) * sx)
+    return ntasks
+
+
+COL_CHUNK = 256  # columns per task of the column transform: a 256 x 256 tile stays in L2
+
+
+@parallel_kernel(weight=4)
+def _cols_transform_max(t0, t1, src, dst, blk, rotate, partial):
+    """dst = ``spec.quant.hadamard_transform(f32(src), axis=0)`` (or just f32(src)), and
+    ``partial[row_block, c]`` = max over the block's rows of |dst[:, c]| (bit patterns).
+
+    Tasks are (block of ``blk`` rows) x (chunk of columns); a stage pair (h, 2h) is one
+    pass of four-row butterflies vectorized across the chunk's columns.
+    """
+    m, c = src.shape
+    nrb = m // blk
+    ncc = (c + COL_CHUNK - 1) // COL_CHUNK
+    ntasks = nrb * ncc
+    if t0 < 0:
+        return ntasks
+    for task in range(t0, min(t1, ntasks)):
+        rb = task // ncc
+        r0 = rb * blk
+        lo = (task % ncc) * COL_CHUNK
+        hi = min(c, lo + COL_CHUNK)
+        mn = np.inf
+        for i in range(r0, r0 + blk):
+            srow = src[i, lo:hi]
+            drow = dst[i, lo:hi]
+            for j in range(drow.size):
+                drow[j] = fl(srow[j])
+            mn = min(mn, min_nonzero_abs(drow))
+        fast = mn >= ADDITIVE_SAFE
+        h = 1
+        if rotate:
+            while 4 * h <= blk:
+                for g in range(r0, r0 + blk, 4 * h):
+                    for i in range(g, g + h):
+                        _butterfly4_run(dst[i, lo:hi], dst[i + h, lo:hi], dst[i + 2 * h, lo:hi], dst[i + 3 * h, lo:hi],
+                                        fast)
+                h *= 4
+            while h < blk:
+                for g in range(r0, r0 + blk, 2 * h):
+                    for i in range(g, g + h):
+                        _butterfly_run(dst[i, lo:hi], dst[i + h, lo:hi], fast)
+                h *= 2
+        pm = partial[rb, lo:hi]
+        for j in range(pm.size):
+            pm[j] = np.uint32(0)
+        for i in range(r0, r0 + blk):
+            drow = dst[i, lo:hi]
+            for j in range(pm.size):
+                pm[j] = max(pm[j], np.uint32(bits(drow[j]) & ABS_MASK))
+    return ntasks
+
+
+@kernel
+def _col_scales(partial, s_out, sc):
+    """Column scales from the partial maxima (max is exact in any order)."""
+    c = partial.shape[1]
+    for j in range(c):
+        mx = np.uint32(0)
+        for p in range(partial.shape[0]):
+            mx = max(mx, partial[p, j])
+        s = nonzero_scale(fl(abs_max_bits_to_float(mx) / QMAX))
+        sc[j] = s
+        s_out[j] = cn(s)
+
+
+@parallel_kernel
+def _quantize_by_cols(t0, t1, a, sc):
+    m, c = a.shape
+    ntasks = m
+    if t0 < 0:
+        return ntasks
+    for r in range(t0, min(t1, ntasks)):
+        row = a[r]
+        for j in range(c):
+            row[j] = quantize1(row[j], sc[j])
+    return ntasks
+
+
+def _cols_rotate_quantize(src, dst, blk, rotate, s_out):
+    """Columns of src (M, C), contracted along M, into dst: enter, rotate down the rows,
+    ``s[c] = max_m |.| / 127``, quantize each column by its scale (dst may be src)."""
+    m, c = src.shape
+    if not rotate:
+        blk = max(1, min(256, m))
+        while m % blk:
+            blk //= 2
+    partial = np.empty((m // blk, c), dtype=np.uint32)
+    _cols_transform_max(src, dst, blk, rotate, partial)
+    sc = np.empty(c, dtype=np.float32)
+    _col_scales(partial, s_out, sc)
+    _quantize_by_cols(dst, sc)
+
+
+def int8_linear_backward(dy, x, w, hadamard: bool = True):
+    """``spec.quant.int8_linear_backward``: straight-through ``(dx, dw)``, both int8 GEMMs."""
+    x = np.asarray(x, dtype=np.float32)
+    lead = x.shape[:-1]
+    kdim = x.shape[-1]
+    x2 = as_f32(x).reshape(-1, kdim)
+    dy = np.asarray(dy, dtype=np.float32)
+    dy2 = as_f32(dy).reshape(-1, dy.shape[-1])
+    w2 = as_f32(w)
+    m, n = dy2.shape
+    sw = weight_scale(w2)
+
+    # dx = int8_rotated_matmul(dy, wdq^T): contracted over N.
+    blk_n = hadamard_block(n) if hadamard else 1
+    dyq = np.empty((m, n), dtype=np.float32)
+    sa = np.empty(m, dtype=np.float32)
+    wq_t = np.empty((kdim, n), dtype=np.float32)  # (wdq rotated, quantized) laid out (K, N) = b'^T
+    sb = np.empty(kdim, dtype=np.float32)
+    if dyq.size:
+        _rows_rotate_quantize(dy2, blk_n, hadamard, dyq, sa)
+    if wq_t.size:
+        _weight_rows_rotate_quantize(w2, sw, blk_n, hadamard, wq_t, sb)
+    acc = _acc_float32(dyq, wq_t.T)
+    dx = np.empty((m, kdim), dtype=np.float32)
+    if dx.size:
+        _rescale_kernel(acc, sa, sb, np.float32(1.0 / blk_n), dx)
+
+    # dw = int8_rotated_matmul(xdq^T, dy): contracted over the M rows.
+    blk_m = hadamard_block(m) if hadamard else 1
+    xq_t = np.empty((m, kdim), dtype=np.float32)  # xdq, then rotated and quantized in place: a'^T
+    s_x = np.empty(kdim, dtype=np.float32)
+    dyq_m = np.empty((m, n), dtype=np.float32)  # dy rotated along M and quantized: b'
+    s_dy = np.empty(n, dtype=np.float32)
+    if m:
+        sx = activation_scale(x2.reshape(-1))
+        if xq_t.size:
+            _dequantize_activation(x2, sx, xq_t)
+            _cols_rotate_quantize(xq_t, xq_t, blk_m, hadamard, s_x)
+        if dyq_m.size:
+            _cols_rotate_quantize(dy2, dyq_m, blk_m, hadamard, s_dy)
+    acc_w = _acc_float32(xq_t.T, dyq_m)
+    dw = np.empty((kdim, n), dtype=np.float32)
+    if dw.size:
+        _rescale_kernel(acc_w, s_x, s_dy, np.float32(1.0 / blk_m), dw)
+    return dx.reshape(lead + (kdim,)), dw

@@ -1,0 +1,283 @@
+"""Reductions and contractions in the spec's orders (``lockstep.spec.reduce``).
+
+* ``lane_tree_sum``: lane j (0..31) sums elements j, j+32, ... ascending from +0.0,
+  then the lanes fold 16, 8, 4, 2, 1 (``lane_tree``). Rows run in parallel.
+* ``matmul``: per output element ascending over k from +0.0, ``acc = acc + a*b`` with
+  product and sum each rounded and flushed. The loop order is: for each output row
+  (in parallel), for k ascending, for n vectorized: ``acc[n] += a[m, k] * b[k, n]``,
+  which keeps every element's ascending order while SIMD runs across outputs.
+  A row whose products provably never flush (``fp.safe_products``) runs the same
+  loop without the flush tests (same bits, faster).
+* ``int8_matmul``: exact, so it may use any order: float32 BLAS on int8-valued
+  operands, K cut into chunks of ``INT8_CHUNK_K`` (every partial sum an integer
+  below 2**24, so exact), chunk results summed in int32.
+* ``max``/``argmax``: exact in the total order; rows in parallel.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .fp import (CANONICAL_NAN_BITS, ONE, ZERO, as_f32, cn, fl, from_bits, kernel, min_nonzero_abs,
+                 parallel_kernel, safe_products, total_key)
+
+LANES = 32
+# int8 x int8 products are at most 128*128 = 2**14 in magnitude, so a sum of up to
+# 1024 of them is an integer of magnitude <= 2**24: exact in float32 in any order.
+# (The spec's FLOAT32_EXACT_INT8_K = 1040 holds for symmetric [-127, 127] operands;
+# int8_matmul also takes -128.)
+INT8_CHUNK_K = 1024
+
+
+# ---------------------------------------------------------------- lane tree
+
+@kernel
+def lane_tree(row, lanes):
+    """Lane-tree(32) sum of a 1-D float32 array (elements flushed on entry); ``lanes`` is scratch (32,)."""
+    for j in range(LANES):
+        lanes[j] = ZERO
+    n = row.size
+    full = (n // LANES) * LANES
+    for s in range(0, full, LANES):
+        for j in range(LANES):
+            lanes[j] = fl(lanes[j] + fl(row[s + j]))
+    for j in range(n - full):
+        lanes[j] = fl(lanes[j] + fl(row[full + j]))
+    w = LANES // 2
+    while w >= 1:
+        for j in range(w):
+            lanes[j] = fl(lanes[j] + lanes[j + w])
+        w //= 2
+    return lanes[0]
+
+
+@kernel
+def lane_tree_value(row):
+    """The canonical lane-tree sum of one row (a float32, returned to Python as a float)."""
+    lanes = np.empty(LANES, dtype=np.float32)
+    return cn(lane_tree(row, lanes))
+
+
+@parallel_kernel
+def _lane_tree_rows(t0, t1, x, out):
+    rows = x.shape[0]
+    nchunks = min(rows, 64)
+    ntasks = nchunks
+    if t0 < 0:
+        return ntasks
+    for c in range(t0, min(t1, ntasks)):
+        lanes = np.empty(LANES, dtype=np.float32)
+        for r in range(c * rows // nchunks, (c + 1) * rows // nchunks):
+            out[r] = cn(lane_tree(x[r], lanes))
+    return ntasks
+
+
+def lane_tree_sum(x, axis: int = -1) -> np.ndarray:
+    """``spec.reduce.lane_tree_sum``."""
+    x = np.moveaxis(np.asarray(x, dtype=np.float32), axis, -1)
+    lead = x.shape[:-1]
+    x2 = as_f32(x).reshape(-1, x.shape[-1]) if x.size else np.zeros((int(np.prod(lead)), 0), np.float32)
+    out = np.empty(x2.shape[0], dtype=np.float32)
+    if out.size:
+        _lane_tree_rows(x2, out)
+    return out.reshape(lead)
+
+
+# ---------------------------------------------------------------- float32 contraction
+
+@kernel
+def contract_row(a_row, b, acc, fast):
+    """``acc[n] = sum_k a_row[k] * b[k, n]``, ascending k from +0.0, canonical output.
+
+    ``fast``: the caller proved (``safe_products``) that nothing flushes, so the
+    flush tests are left out; the bits are the same.
+    """
+    n = acc.size
+    for j in range(n):
+        acc[j] = ZERO
+    if fast:
+        for k in range(a_row.size):
+            av = a_row[k]
+            bk = b[k]
+            for j in range(n):
+                acc[j] = acc[j] + av * bk[j]
+    else:
+        for k in range(a_row.size):
+            av = a_row[k]
+            bk = b[k]
+            for j in range(n):
+                acc[j] = fl(acc[j] + fl(av * bk[j]))
+    for j in range(n):
+        acc[j] = cn(acc[j])
+
+
+@parallel_kernel(weight=16)
+def _matmul_kernel(t0, t1, a, b, out):
+    """a (Bt, M, K), b (Bt, K, N), both canonical; out (Bt, M, N)."""
+    nb, m, _ = a.shape
+    ntasks = nb * m
+    if t0 < 0:
+        return ntasks
+    min_b = np.empty(nb)
+    for i in range(nb):
+        min_b[i] = min_nonzero_abs(b[i].reshape(-1))
+    for r in range(t0, min(t1, ntasks)):
+        bi = r // m
+        mi = r % m
+        fast = safe_products(min_nonzero_abs(a[bi, mi]), min_b[bi])
+        contract_row(a[bi, mi], b[bi], out[bi, mi], fast)
+    return ntasks
+
+
+def canonical_copy(x, shape=None) -> np.ndarray:
+    """``spec.fp.f32`` of x (optionally broadcast to ``shape`` first): a fresh canonical C array."""
+    a = np.asarray(x, dtype=np.float32)
+    if shape is not None and a.shape != tuple(shape):
+        a = np.broadcast_to(a, shape)
+    out = np.array(a, dtype=np.float32, order="C", copy=True)
+    _canon_inplace(out.reshape(-1))
+    return out
+
+
+@parallel_kernel
+def _canon_inplace(t0, t1, x):
+    n = x.size
+    nb = (n + 16383) // 16384
+    ntasks = nb
+    if t0 < 0:
+        return ntasks
+    for blk in range(t0, min(t1, ntasks)):
+        lo = blk * 16384
+        hi = min(n, lo + 16384)
+        x_b = x[lo:hi]
+        for i in range(hi - lo):
+            x_b[i] = cn(x_b[i])
+    return ntasks
+
+
+def matmul(a, b) -> np.ndarray:
+    """``spec.reduce.matmul``: (..., M, K) x (..., K, N) -> (..., M, N), leading dims broadcast."""
+    a = np.asarray(a, dtype=np.float32)
+    b = np.asarray(b, dtype=np.float32)
+    if a.ndim < 2 or b.ndim < 2 or a.shape[-1] != b.shape[-2]:
+        raise ValueError(f"matmul shapes do not contract: {a.shape} x {b.shape}")
+    batch = np.broadcast_shapes(a.shape[:-2], b.shape[:-2])
+    m, k = a.shape[-2:]
+    n = b.shape[-1]
+    out = np.empty(batch + (m, n), dtype=np.float32)
+    if out.size == 0:
+        return out
+    if k == 0:
+        out[...] = 0.0
+        return out
+    a3 = canonical_copy(a, batch + (m, k)).reshape(-1, m, k)
+    b3 = canonical_copy(b, batch + (k, n)).reshape(-1, k, n)
+    _matmul_kernel(a3, b3, out.reshape(-1, m, n))
+    return out
+
+
+# ---------------------------------------------------------------- int8 contraction
+
+def int8_valued_matmul(a, b) -> np.ndarray:
+    """Exact integer product of two float32 arrays holding int8 values: (..., M, K) x (..., K, N) -> int32.
+
+    BLAS sgemm per K-chunk of ``INT8_CHUNK_K`` (exact, order-free), chunks summed in int32.
+    """
+    k = a.shape[-1]
+    if k <= INT8_CHUNK_K:
+        return np.matmul(a, b).astype(np.int32)
+    acc = None
+    for s in range(0, k, INT8_CHUNK_K):
+        part = np.matmul(a[..., s:s + INT8_CHUNK_K], b[..., s:s + INT8_CHUNK_K, :]).astype(np.int32)
+        acc = part if acc is None else acc + part
+    return acc
+
+
+def int8_matmul(a, b) -> np.ndarray:
+    """``spec.reduce.int8_matmul``: exact (..., M, K) int8 x (..., K, N) int8 -> int32."""
+    a = np.asarray(a)
+    b = np.asarray(b)
+    if a.dtype != np.int8 or b.dtype != np.int8:
+        raise TypeError(f"int8_matmul needs int8 operands, got {a.dtype} and {b.dtype}")
+    if a.ndim < 2 or b.ndim < 2 or a.shape[-1] != b.shape[-2]:
+        raise ValueError(f"int8_matmul shapes do not contract: {a.shape} x {b.shape}")
+    if a.shape[-1] > 2**31 // 2**14:
+        raise ValueError(f"int8_matmul: K={a.shape[-1]} could overflow int32")
+    return int8_valued_matmul(a.astype(np.float32), b.astype(np.float32))
+
+
+# ---------------------------------------------------------------- max / argmax
+
+@parallel_kernel
+def _max_rows(t0, t1, x, out):
+    rows, n = x.shape
+    ntasks = rows
+    if t0 < 0:
+        return ntasks
+    for r in range(t0, min(t1, ntasks)):
+        best = cn(x[r, 0])
+        bk = total_key(best)
+        nan = False
+        for j in range(n):
+            v = cn(x[r, j])
+            if v != v:
+                nan = True
+            else:
+                kv = total_key(v)
+                if kv > bk:
+                    best = v
+                    bk = kv
+        out[r] = from_bits(CANONICAL_NAN_BITS) if nan else best
+    return ntasks
+
+
+@parallel_kernel
+def _argmax_rows(t0, t1, x, out):
+    rows, n = x.shape
+    ntasks = rows
+    if t0 < 0:
+        return ntasks
+    for r in range(t0, min(t1, ntasks)):
+        idx = 0
+        bk = np.int64(-(2**62))
+        for j in range(n):
+            v = cn(x[r, j])
+            if v != v:
+                idx = j
+                break
+            kv = total_key(v)
+            if kv > bk:
+                bk = kv
+                idx = j
+        out[r] = idx
+    return ntasks
+
+
+def _rows_along(x, axis: int, what: str):
+    x = np.moveaxis(np.asarray(x, dtype=np.float32), axis, -1)
+    if x.shape[-1] == 0:
+        raise ValueError(f"{what} of an empty axis")
+    return as_f32(x).reshape(-1, x.shape[-1]), x.shape[:-1]
+
+
+def max(x, axis: int = -1) -> np.ndarray:  # noqa: A001 - the op is called max in every backend
+    """``spec.reduce.max``: total order (-0.0 < +0.0), any NaN -> canonical NaN."""
+    x2, lead = _rows_along(x, axis, "max")
+    out = np.empty(x2.shape[0], dtype=np.float32)
+    if out.size:
+        _max_rows(x2, out)
+    return out.reshape(lead)
+
+
+def argmax(x, axis: int = -1) -> np.ndarray:
+    """``spec.reduce.argmax``: first index of the total-order maximum; a NaN row gives its first NaN."""
+    x2, lead = _rows_along(x, axis, "argmax")
+    out = np.empty(x2.shape[0], dtype=np.int64)
+    if out.size:
+        _argmax_rows(x2, out)
+    return out.reshape(lead)
+
+
+# names the other modules share
+__all__ = ["lane_tree", "lane_tree_sum", "contract_row", "matmul", "int8_matmul", "int8_valued_matmul",
+           "max", "argmax", "canonical_copy", "ONE", "ZERO"]

@@ -1,0 +1,67 @@
+"""Rotary position embedding, half-split layout (``lockstep.spec.rope``).
+
+The tables are not flushed on entry (the spec multiplies them with ``fp.mul``,
+which rounds its operands to float32 but does not flush them); x and dy are.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .fp import as_f32, cn, fl, parallel_kernel
+
+
+@parallel_kernel
+def _rotate_kernel(t0, t1, x, cos, sin, out, sign):
+    """x (R, T, 2P); cos/sin (1 or R, T, P). sign +1: forward; -1: the transpose (backward)."""
+    rows, t, dh = x.shape
+    p = dh // 2
+    tab_rows = cos.shape[0]
+    ntasks = rows
+    if t0 < 0:
+        return ntasks
+    for r in range(t0, min(t1, ntasks)):
+        tr = min(np.int64(r), tab_rows - 1)  # one shared table, or one per row
+        for i in range(t):
+            for j in range(p):
+                a = fl(x[r, i, j])
+                b = fl(x[r, i, j + p])
+                c = cos[tr, i, j]
+                s = sin[tr, i, j]
+                if sign > 0:
+                    out[r, i, j] = cn(fl(fl(a * c) - fl(b * s)))
+                    out[r, i, j + p] = cn(fl(fl(b * c) + fl(a * s)))
+                else:
+                    out[r, i, j] = cn(fl(fl(a * c) + fl(b * s)))
+                    out[r, i, j + p] = cn(fl(fl(b * c) - fl(a * s)))
+    return ntasks
+
+
+def _rotate(x, cos, sin, sign):
+    x = np.asarray(x, dtype=np.float32)
+    if x.shape[-1] % 2:
+        raise ValueError(f"RoPE needs an even last dimension, got {x.shape[-1]}")
+    t, dh = x.shape[-2], x.shape[-1]
+    p = dh // 2
+    x3 = as_f32(x).reshape(-1, t, dh)
+    tables = []
+    for tab in (cos, sin):
+        tab = np.asarray(tab, dtype=np.float32)
+        try:
+            tables.append(as_f32(np.broadcast_to(tab, (t, p))).reshape(1, t, p))
+        except ValueError:
+            tables.append(as_f32(np.broadcast_to(tab, x.shape[:-1] + (p,))).reshape(-1, t, p))
+    out = np.empty(x.shape, dtype=np.float32)
+    if out.size:
+        _rotate_kernel(x3, tables[0], tables[1], out.reshape(x3.shape), sign)
+    return out
+
+
+def rope_forward(x, cos, sin) -> np.ndarray:
+    """``spec.rope.rope_forward``: ``y1 = x1*cos - x2*sin``, ``y2 = x2*cos + x1*sin``."""
+    return _rotate(x, cos, sin, 1)
+
+
+def rope_backward(dy, cos, sin) -> np.ndarray:
+    """``spec.rope.rope_backward``: ``dx1 = dy1*cos + dy2*sin``, ``dx2 = dy2*cos - dy1*sin``."""
+    return _rotate(dy, cos, sin, -1)

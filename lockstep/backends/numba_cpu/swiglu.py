@@ -1,0 +1,80 @@
+"""SwiGLU on the fused gate/up projection (``lockstep.spec.swiglu``), rows in parallel."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .fp import ONE, as_f32, cn, fl, parallel_kernel
+from .transcendental import sigmoid_row, silu_from_sigmoid
+
+
+@parallel_kernel(weight=8)
+def _swiglu_forward_kernel(t0, t1, gu, h):
+    n, f = h.shape
+    ntasks = n
+    if t0 < 0:
+        return ntasks
+    for r in range(t0, min(t1, ntasks)):
+        sg = np.empty(f, dtype=np.float32)
+        gate_row = gu[r, :f]
+        up_row = gu[r, f:]
+        sigmoid_row(gate_row, sg)
+        out = h[r]
+        for j in range(f):
+            gate = fl(gate_row[j])
+            out[j] = cn(fl(silu_from_sigmoid(gate, sg[j]) * fl(up_row[j])))
+    return ntasks
+
+
+@parallel_kernel(weight=8)
+def _swiglu_backward_kernel(t0, t1, dh, gu, out):
+    n, f = dh.shape
+    ntasks = n
+    if t0 < 0:
+        return ntasks
+    for r in range(t0, min(t1, ntasks)):
+        sg = np.empty(f, dtype=np.float32)
+        gate_row = gu[r, :f]
+        up_row = gu[r, f:]
+        sigmoid_row(gate_row, sg)
+        d_row = dh[r]
+        dgate = out[r, :f]
+        dup = out[r, f:]
+        for j in range(f):
+            gate = fl(gate_row[j])
+            d = fl(d_row[j])
+            s = sg[j]
+            dup[j] = cn(fl(d * silu_from_sigmoid(gate, s)))
+            dsilu = fl(s * fl(ONE + fl(gate * fl(ONE - s))))
+            dgate[j] = cn(fl(fl(d * fl(up_row[j])) * dsilu))
+    return ntasks
+
+
+def _check_even(gu):
+    if gu.shape[-1] % 2:
+        raise ValueError(f"swiglu needs an even fused width 2F, got {gu.shape[-1]}")
+
+
+def swiglu_forward(gu) -> np.ndarray:
+    """``spec.swiglu.swiglu_forward``: (..., 2F) -> (..., F), ``silu(gate) * up``."""
+    gu = np.asarray(gu, dtype=np.float32)
+    _check_even(gu)
+    f = gu.shape[-1] // 2
+    g2 = as_f32(gu).reshape(-1, gu.shape[-1])
+    h = np.empty(gu.shape[:-1] + (f,), dtype=np.float32)
+    if h.size:
+        _swiglu_forward_kernel(g2, h.reshape(-1, f))
+    return h
+
+
+def swiglu_backward(dh, gu) -> np.ndarray:
+    """``spec.swiglu.swiglu_backward``: (..., F), (..., 2F) -> (..., 2F) = ``[dgate, dup]``."""
+    gu = np.asarray(gu, dtype=np.float32)
+    _check_even(gu)
+    f = gu.shape[-1] // 2
+    g2 = as_f32(gu).reshape(-1, gu.shape[-1])
+    d2 = as_f32(np.broadcast_to(np.asarray(dh, dtype=np.float32), gu.shape[:-1] + (f,))).reshape(-1, f)
+    out = np.empty(gu.shape, dtype=np.float32)
+    if out.size:
+        _swiglu_backward_kernel(d2, g2, out.reshape(-1, 2 * f))
+    return out

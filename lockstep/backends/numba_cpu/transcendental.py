@@ -1,0 +1,333 @@
+"""``exp``, ``log``, ``sigmoid``, ``silu``: ``lockstep.spec.transcendental`` op for op.
+
+Each scalar function below is the "Order of operations" block of the spec's
+docstring, one line per rounded float32 operation (``fadd``/``fsub``/``fmul``/``fdiv``
+round then flush), in the same order, with the same constants (copied here as
+bit patterns and checked against the spec's at import). The array ops run them
+in parallel over independent elements.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from lockstep.spec import transcendental as _spec_t
+
+from .fp import (BLOCK, CANONICAL_NAN_BITS, as_f32, bits, cn, fadd, fdiv, fl, fmul, from_bits, fsub,
+                 inlined, kernel, parallel_kernel, scalar)
+
+
+def _c(pattern: int) -> np.float32:
+    return np.array([pattern], dtype=np.uint32).view(np.float32)[0]
+
+
+ONE = _c(0x3F800000)
+TWO = _c(0x40000000)
+HALF = _c(0x3F000000)
+POS_INF = _c(0x7F800000)
+NEG_INF = _c(0xFF800000)
+NEG_ZERO = _c(0x80000000)
+LN2_HI = _c(0x3F317200)
+LN2_LO = _c(0x35BFBE8E)
+INV_LN2 = _c(0x3FB8AA3B)
+ROUND_MAGIC = _c(0x4B400000)
+EXP_ARG_MAX = _c(0x42B20000)
+EXP_ARG_MIN = _c(0xC2D00000)
+EXP_C3 = _c(0x3E2AAAAB)
+EXP_C4 = _c(0x3D2AAAAB)
+EXP_C5 = _c(0x3C088889)
+EXP_C6 = _c(0x3AB60B61)
+EXP_C7 = _c(0x39500D01)
+EXP_C8 = _c(0x37D00D01)
+LOG_SQRT2_MANTISSA = np.uint32(0x3504F4)
+LOG_L3 = _c(0x3F2AAAAB)
+LOG_L5 = _c(0x3ECCCCCD)
+LOG_L7 = _c(0x3E924925)
+LOG_L9 = _c(0x3E638E39)
+LOG_L11 = _c(0x3E3A2E8C)
+HIGH_12_BITS_MASK = np.uint32(0xFFFFF000)
+ONE_EXPONENT_FIELD = np.uint32(0x3F800000)
+HALF_EXPONENT_FIELD = np.uint32(0x3F000000)
+SMALLEST_NORMAL_BITS = np.uint32(0x00800000)
+POS_INF_BITS = np.uint32(0x7F800000)
+NEG_INF_BITS = np.uint32(0xFF800000)
+MANTISSA_MASK = np.uint32(0x007FFFFF)
+
+
+def _check_constants() -> None:
+    """The spec is the definition: refuse to run if its constants moved under us."""
+    for name in ("ONE", "TWO", "HALF", "LN2_HI", "LN2_LO", "INV_LN2", "ROUND_MAGIC", "EXP_ARG_MAX", "EXP_ARG_MIN",
+                 "EXP_C3", "EXP_C4", "EXP_C5", "EXP_C6", "EXP_C7", "EXP_C8",
+                 "LOG_L3", "LOG_L5", "LOG_L7", "LOG_L9", "LOG_L11"):
+        ours, theirs = globals()[name], getattr(_spec_t, name)
+        if np.float32(ours).view(np.uint32) != np.float32(theirs).view(np.uint32):
+            raise RuntimeError(f"numba_cpu/transcendental.py: constant {name} differs from lockstep.spec.transcendental; "
+                               "port the spec change")
+    for name in ("LOG_SQRT2_MANTISSA", "HIGH_12_BITS_MASK", "ONE_EXPONENT_FIELD", "HALF_EXPONENT_FIELD"):
+        if int(globals()[name]) != int(getattr(_spec_t, name)):
+            raise RuntimeError(f"numba_cpu/transcendental.py: constant {name} differs from lockstep.spec.transcendental")
+
+
+_check_constants()
+
+
+@scalar
+def pow2(k):
+    """2**k for an integer -126 <= k <= 127 (exact bits)."""
+    return from_bits(np.uint32((k + 127) << 23))
+
+
+@inlined
+def ldexp_exact(y, k):
+    """``spec.fp.ldexp_exact`` for one value: three rounded, flushed products by powers of two."""
+    k = min(max(k, -300), 300)
+    k1 = min(max(k, -126), 127)
+    k2 = min(max(k - k1, -126), 127)
+    k3 = k - k1 - k2
+    r = fmul(y, pow2(k1))
+    r = fmul(r, pow2(k2))
+    return fmul(r, pow2(k3))
+
+
+@inlined
+def exp_entered(x):
+    """spec ``exp`` of one value already entered (flushed); NaN in -> canonical NaN out."""
+    nan = x != x
+    xc = np.float32(0.0) if nan else x
+    # fp.minimum(fp.maximum(xc, -104), 89): the bounds are nonzero, so the total order
+    # is the ordinary one here
+    if xc < EXP_ARG_MIN:
+        xc = EXP_ARG_MIN
+    if xc > EXP_ARG_MAX:
+        xc = EXP_ARG_MAX
+    kf = fsub(fadd(fmul(xc, INV_LN2), ROUND_MAGIC), ROUND_MAGIC)
+    hi = fsub(xc, fmul(kf, LN2_HI))
+    lo = fmul(kf, LN2_LO)
+    r = fsub(hi, lo)
+    r_err = fsub(fsub(hi, r), lo)
+    p = EXP_C8
+    p = fadd(EXP_C7, fmul(r, p))
+    p = fadd(EXP_C6, fmul(r, p))
+    p = fadd(EXP_C5, fmul(r, p))
+    p = fadd(EXP_C4, fmul(r, p))
+    p = fadd(EXP_C3, fmul(r, p))
+    c3 = fmul(fmul(fmul(r, r), r), p)
+    r_hi = from_bits(bits(r) & HIGH_12_BITS_MASK)
+    r_lo = fsub(r, r_hi)
+    h2_hi = fmul(HALF, fmul(r_hi, r_hi))
+    h2_lo = fadd(fmul(r_hi, r_lo), fmul(HALF, fmul(r_lo, r_lo)))
+    y1 = fadd(ONE, r)
+    e1 = fadd(fsub(ONE, y1), r)
+    y2 = fadd(y1, h2_hi)
+    e2 = fadd(fsub(y1, y2), h2_hi)
+    tail = fadd(fadd(e1, e2), fadd(fadd(h2_lo, c3), fmul(r_err, y1)))
+    y = fadd(y2, tail)
+    result = ldexp_exact(y, np.int32(kf))
+    if nan:
+        return from_bits(CANONICAL_NAN_BITS)
+    return result
+
+
+@inlined
+def exp1(x):
+    """spec ``exp`` of one raw float32 (entered here: flushed)."""
+    return exp_entered(fl(x))
+
+
+@inlined
+def log1(x):
+    """spec ``log`` of one raw float32 (the docstring's order, line by line)."""
+    x = fl(x)
+    u = bits(x)
+    positive_normal = u >= SMALLEST_NORMAL_BITS and u < POS_INF_BITS
+    xc = x if positive_normal else ONE
+    uc = bits(xc)
+    e = np.int32(uc >> 23) - 127
+    mb = uc & MANTISSA_MASK
+    if mb >= LOG_SQRT2_MANTISSA:
+        m = from_bits(mb | HALF_EXPONENT_FIELD)
+        e = e + 1
+    else:
+        m = from_bits(mb | ONE_EXPONENT_FIELD)
+    ef = np.float32(e)
+    f = fsub(m, ONE)
+    s = fdiv(f, fadd(TWO, f))
+    z = fmul(s, s)
+    R = LOG_L11
+    R = fadd(LOG_L9, fmul(z, R))
+    R = fadd(LOG_L7, fmul(z, R))
+    R = fadd(LOG_L5, fmul(z, R))
+    R = fadd(LOG_L3, fmul(z, R))
+    R = fmul(z, R)
+    f_hi = from_bits(bits(f) & HIGH_12_BITS_MASK)
+    f_lo = fsub(f, f_hi)
+    hf_hi = fmul(HALF, fmul(f_hi, f_hi))
+    hf_lo = fadd(fmul(f_hi, f_lo), fmul(HALF, fmul(f_lo, f_lo)))
+    t = fmul(s, fadd(fadd(hf_hi, hf_lo), R))
+    A = fmul(ef, LN2_HI)
+    S1 = fadd(A, f)
+    E1 = fadd(fsub(A, S1), f)
+    S2 = fsub(S1, hf_hi)
+    E2 = fsub(fsub(S1, S2), hf_hi)
+    tail = fadd(fadd(fsub(t, hf_lo), fmul(ef, LN2_LO)), fadd(E1, E2))
+    y = fadd(S2, tail)
+    is_zero = (u & np.uint32(0x7FFFFFFF)) == 0
+    nan_in = (u & np.uint32(0x7F800000)) == np.uint32(0x7F800000) and (u & MANTISSA_MASK) != 0
+    if u == POS_INF_BITS:
+        y = POS_INF
+    if is_zero:
+        y = NEG_INF
+    if nan_in or ((u & np.uint32(0x80000000)) != 0 and not is_zero):
+        y = from_bits(CANONICAL_NAN_BITS)
+    return y
+
+
+@inlined
+def sigmoid1(x):
+    """spec ``sigmoid``: ``1 / (1 + exp(-x))``, each step rounded and flushed."""
+    x = fl(x)
+    return fdiv(ONE, fadd(ONE, exp_entered(fl(-x))))
+
+
+@inlined
+def silu_from_sigmoid(x, s):
+    """spec ``silu`` of an entered x whose spec sigmoid is s: ``x * s``; -inf -> -0.0."""
+    if bits(x) == NEG_INF_BITS:
+        return NEG_ZERO
+    return fmul(x, s)
+
+
+@inlined
+def silu1(x):
+    x = fl(x)
+    return silu_from_sigmoid(x, sigmoid1(x))
+
+
+# ---------------------------------------------------------------- row helpers
+# Every kernel that needs exp/sigmoid calls one of these on a contiguous run: the
+# big scalar functions are inlined (and vectorized) here once, not in every caller,
+# which keeps compile times down.
+
+@kernel
+def exp_diff_row(src, shift, dst):
+    """``dst[j] = exp(f32(src[j]) - shift)``: one rounded subtraction, then the spec's exp."""
+    for j in range(dst.size):
+        dst[j] = exp_entered(fl(fl(src[j]) - shift))
+
+
+@kernel
+def sigmoid_row(src, dst):
+    """``dst[j] = sigmoid(src[j])`` (the spec's, entry flush included)."""
+    for j in range(dst.size):
+        dst[j] = sigmoid1(src[j])
+
+
+@kernel
+def silu_row(src, dst):
+    for j in range(dst.size):
+        dst[j] = silu1(src[j])
+
+
+@kernel
+def log_value(x):
+    """The spec's ``log`` of one value (not inlined: callers use it once per row)."""
+    return log1(x)
+
+
+@kernel
+def log_row(src, dst):
+    for j in range(dst.size):
+        dst[j] = log1(src[j])
+
+
+@kernel
+def canonicalize_row(v):
+    for j in range(v.size):
+        v[j] = cn(v[j])
+
+
+@parallel_kernel(weight=8)
+def _exp_kernel(t0, t1, x, out):
+    n = out.size
+    ntasks = (n + BLOCK - 1) // BLOCK
+    if t0 < 0:
+        return ntasks
+    for blk in range(t0, min(t1, ntasks)):
+        lo = blk * BLOCK
+        hi = min(n, lo + BLOCK)
+        o = out[lo:hi]
+        exp_diff_row(x[lo:hi], np.float32(0.0), o)  # x - (+0) == x for every float32, NaN included
+        canonicalize_row(o)
+    return ntasks
+
+
+@parallel_kernel(weight=8)
+def _log_kernel(t0, t1, x, out):
+    n = out.size
+    ntasks = (n + BLOCK - 1) // BLOCK
+    if t0 < 0:
+        return ntasks
+    for blk in range(t0, min(t1, ntasks)):
+        lo = blk * BLOCK
+        hi = min(n, lo + BLOCK)
+        o = out[lo:hi]
+        log_row(x[lo:hi], o)
+        canonicalize_row(o)
+    return ntasks
+
+
+@parallel_kernel(weight=8)
+def _sigmoid_kernel(t0, t1, x, out):
+    n = out.size
+    ntasks = (n + BLOCK - 1) // BLOCK
+    if t0 < 0:
+        return ntasks
+    for blk in range(t0, min(t1, ntasks)):
+        lo = blk * BLOCK
+        hi = min(n, lo + BLOCK)
+        o = out[lo:hi]
+        sigmoid_row(x[lo:hi], o)
+        canonicalize_row(o)
+    return ntasks
+
+
+@parallel_kernel(weight=8)
+def _silu_kernel(t0, t1, x, out):
+    n = out.size
+    ntasks = (n + BLOCK - 1) // BLOCK
+    if t0 < 0:
+        return ntasks
+    for blk in range(t0, min(t1, ntasks)):
+        lo = blk * BLOCK
+        hi = min(n, lo + BLOCK)
+        o = out[lo:hi]
+        silu_row(x[lo:hi], o)
+        canonicalize_row(o)
+    return ntasks
+
+
+def _apply(kern, x) -> np.ndarray:
+    a = np.asarray(x, dtype=np.float32)
+    out = np.empty(a.shape, dtype=np.float32)
+    kern(as_f32(a).reshape(-1), out.reshape(-1))
+    return out
+
+
+def exp(x) -> np.ndarray:
+    """``spec.transcendental.exp``."""
+    return _apply(_exp_kernel, x)
+
+
+def log(x) -> np.ndarray:
+    """``spec.transcendental.log``."""
+    return _apply(_log_kernel, x)
+
+
+def sigmoid(x) -> np.ndarray:
+    """``spec.transcendental.sigmoid``."""
+    return _apply(_sigmoid_kernel, x)
+
+
+def silu(x) -> np.ndarray:
+    """``spec.transcendental.silu``."""
+    return _apply(_silu_kernel, x)

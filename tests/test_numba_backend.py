@@ -1,0 +1,238 @@
+"""The Numba CPU backend: every spec op bit for bit, and whole training steps to the spec's state root.
+
+Kernels compile on first use (about a minute for all of them on a 2-core machine,
+then cached on disk next to the sources).
+"""
+
+import io
+import re
+
+import numpy as np
+import pytest
+
+numba = pytest.importorskip("numba", reason="the numba backend needs numba: pip install 'lockstep[numba]'")
+
+from lockstep import spec  # noqa: E402
+from lockstep.backends import get_backend  # noqa: E402
+from lockstep.conformance import inputs as gen  # noqa: E402
+from lockstep.conformance.runner import all_passed, print_table, run_conformance  # noqa: E402
+from lockstep.spec.hashing import state_root  # noqa: E402
+from lockstep.train.config import preset, train_preset  # noqa: E402
+from lockstep.train.model import init_params, loss_and_grads  # noqa: E402
+from lockstep.train.optim import AdamWState, optimizer_step  # noqa: E402
+from lockstep.train.schedule import learning_rate  # noqa: E402
+from lockstep.train.step import state_tensors  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def be():
+    return get_backend("numba")
+
+
+def same_bits(want, got) -> bool:
+    want, got = np.asarray(want), np.asarray(got)
+    return want.dtype == got.dtype and want.shape == got.shape and want.tobytes() == np.ascontiguousarray(got).tobytes()
+
+
+def assert_same(want, got, what=""):
+    wants = want if isinstance(want, tuple) else (want,)
+    gots = got if isinstance(got, tuple) else (got,)
+    assert len(wants) == len(gots), what
+    for k, (w, g) in enumerate(zip(wants, gots)):
+        if w is None or g is None:
+            assert w is None and g is None, f"{what}[{k}]"
+            continue
+        if not same_bits(w, g):
+            w, g = np.asarray(w), np.asarray(g)
+            detail = ""
+            if w.shape == g.shape and w.dtype == g.dtype == np.float32:
+                d = np.nonzero(w.reshape(-1).view(np.uint32) != np.ascontiguousarray(g).reshape(-1).view(np.uint32))[0]
+                detail = f": {d.size} elements differ, first at {d[:3]}: spec {w.reshape(-1)[d[:3]]}, numba {g.reshape(-1)[d[:3]]}"
+            pytest.fail(f"{what}[out{k}] {w.dtype}{w.shape} vs {g.dtype}{g.shape}{detail}")
+
+
+# ---------------------------------------------------------------- the op table and conformance
+
+def test_backend_implements_every_spec_op(be):
+    assert be.name == "numba"
+    assert set(be.ops) == set(spec.OPS)
+    for op in spec.OPS:
+        assert be.implements(op)
+
+
+def test_conformance_level1_all_pass(be):
+    out = io.StringIO()
+    results = run_conformance(be, level=1, seed=0, progress=False, out=out)
+    if not all_passed(results):
+        print_table(results, be, 1, 0, out=out)
+        pytest.fail(out.getvalue())
+    assert len(results) == len(spec.OPS)
+
+
+# ---------------------------------------------------------------- whole training steps
+
+def _windows(cfg, batch: int, step: int) -> np.ndarray:
+    """Deterministic token windows (integer arithmetic only)."""
+    b = np.arange(batch, dtype=np.int64)[:, None]
+    t = np.arange(cfg.seq_len + 1, dtype=np.int64)[None, :]
+    return ((b * 7919 + t * 31 + step * 104729) % cfg.vocab_size).astype(np.int64)
+
+
+def _train(backend, cfg, tcfg, batch: int, steps: int):
+    """``steps`` optimizer steps of one micro-batch each: (state root, last loss, last grad norm)."""
+    params = init_params(cfg, seed=0)
+    state = AdamWState.zeros(params)
+    loss = norm = None
+    for step in range(steps):
+        lr = learning_rate(tcfg, step * batch * cfg.seq_len)
+        loss, grads = loss_and_grads(params, _windows(cfg, batch, step), cfg, backend)
+        params, state, norm = optimizer_step(params, grads, state, cfg, tcfg, lr, backend)
+    return state_root(state_tensors(params, state)), np.asarray(loss), np.asarray(norm)
+
+
+@pytest.mark.parametrize("quantize", [True, False])
+def test_tiny_training_steps_give_the_spec_state_root(be, quantize):
+    cfg = preset("tiny", quantize=quantize)
+    tcfg = train_preset("tiny")
+    want = _train(get_backend("spec"), cfg, tcfg, tcfg.micro_batch, steps=2)
+    got = _train(be, cfg, tcfg, tcfg.micro_batch, steps=2)
+    assert got[0] == want[0]
+    assert same_bits(want[1], got[1]) and same_bits(want[2], got[2])
+
+
+@pytest.mark.slow
+def test_small_training_step_gives_the_spec_state_root(be):
+    """``small`` (3M parameters, T = 256) with a micro-batch of one sequence: the spec takes ~20 s."""
+    cfg = preset("small")
+    tcfg = train_preset("small")
+    want = _train(get_backend("spec"), cfg, tcfg, batch=1, steps=1)
+    got = _train(be, cfg, tcfg, batch=1, steps=1)
+    assert got[0] == want[0]
+    assert same_bits(want[1], got[1]) and same_bits(want[2], got[2])
+
+
+# ---------------------------------------------------------------- paths the random cases rarely reach
+
+def test_attention_replays_masked_terms_onto_negative_zero(be):
+    """A flushed partial sum can be -0.0; the spec then adds the masked +0 terms and gets +0.0.
+
+    Forward: query 1 sees keys 0 and 1 with p = 0.5 each and 0.5*v0 + 0.5*v1 = -2**-148,
+    which flushes to -0.0; key 2 is masked with v2 > 0. Backward (window 2): key 0 gets
+    1*do0 + 0.5*do1 = -2**-148 from queries 0 and 1; query 2 is masked for it.
+    """
+    f = np.float32
+    q = np.zeros((1, 1, 3, 1), f)
+    k = np.zeros((1, 1, 3, 1), f)
+    v = np.array([2.0**-125, -(2.0**-125 + 2.0**-147), 1.0], f).reshape(1, 1, 3, 1)
+    want = spec.attention_forward(q, k, v)
+    assert want[0].reshape(-1).view(np.uint32)[1] == 0  # +0.0, not -0.0
+    assert_same(want, be.attention_forward(q, k, v), "attention_forward")
+    do = np.array([2.0**-126, -(2.0**-125 + 2.0**-147), 1.0], f).reshape(1, 1, 3, 1)
+    ones = np.ones((1, 1, 3, 1), f)
+    o, m, l = spec.attention_forward(q, k, ones, 2)
+    want = spec.attention_backward(do, q, k, ones, o, m, l, 2)
+    assert want[2].reshape(-1).view(np.uint32)[0] == 0
+    assert_same(want, be.attention_backward(do, q, k, ones, o, m, l, 2), "attention_backward")
+
+
+def _tiny_values(seed, shape, lo_exp, hi_exp):
+    """Random float32 with exponents in [lo_exp, hi_exp): products near 2**-126 when both are small."""
+    return gen.random_normal_range(seed, ("numba-test", *shape, lo_exp + 200), shape, lo_exp, hi_exp).copy()
+
+
+def test_attention_near_the_flush_range_and_with_nonfinite_inputs(be):
+    b, h, g, t, dh = 1, 2, 1, 9, 3
+    for window in (2, None):
+        for trial in range(6):
+            q = _tiny_values(trial, (b, h, t, dh), -3, 3)
+            k = _tiny_values(trial + 100, (b, g, t, dh), -3, 3)
+            v = _tiny_values(trial + 200, (b, g, t, dh), -66, -61)
+            do = _tiny_values(trial + 300, (b, h, t, dh), -66, -61)
+            fw = spec.attention_forward(q, k, v, window)
+            assert_same(fw, be.attention_forward(q, k, v, window), f"fwd trial {trial}")
+            assert_same(spec.attention_backward(do, q, k, v, *fw, window),
+                        be.attention_backward(do, q, k, v, *fw, window), f"bwd trial {trial}")
+    q = _tiny_values(7, (b, h, t, dh), -2, 2)
+    k = _tiny_values(8, (b, g, t, dh), -2, 2)
+    v = _tiny_values(9, (b, g, t, dh), -2, 2)
+    v[0, 0, t - 1, 0] = np.inf  # a masked key for every query but the last: 0 * inf = NaN in the spec
+    v[0, 0, 0, 1] = np.nan
+    fw = spec.attention_forward(q, k, v, 3)
+    assert_same(fw, be.attention_forward(q, k, v, 3), "fwd non-finite")
+    o, m, l = fw
+    l = l.copy()
+    l[0, 0, 2] = 0.0  # 0 / 0 in the masked probabilities
+    assert_same(spec.attention_backward(q, q, k, v, o, m, l, 3), be.attention_backward(q, q, k, v, o, m, l, 3),
+                "bwd non-finite")
+
+
+def test_matmul_rows_with_and_without_the_flush_tests(be):
+    """Rows whose products reach the flush range take the flushed loop; the others skip it."""
+    a = _tiny_values(1, (6, 40), -3, 3)
+    a[2] = _tiny_values(2, (40,), -70, -60)
+    b = _tiny_values(3, (40, 9), -60, -50)
+    assert_same(spec.matmul(a, b), be.matmul(a, b), "matmul")
+    a[4, 5] = np.inf
+    assert_same(spec.matmul(a, b), be.matmul(a, b), "matmul inf")
+
+
+@pytest.mark.parametrize("m,k,n", [(1100, 24, 16), (8, 16, 1100), (7, 12, 5)])
+def test_int8_linear_chunked_and_odd_shapes(be, m, k, n):
+    """M > 1024 and N > 1024 split the backward GEMMs into K-chunks; odd M has Hadamard block 1."""
+    x = gen.random_uniform(0, ("i8lin", m, k), (m, k), -2, 2)
+    w = gen.random_uniform(0, ("i8lin-w", k, n), (k, n), -0.1, 0.1)
+    dy = gen.random_uniform(0, ("i8lin-dy", m, n), (m, n), -1e-3, 1e-3)
+    assert_same(spec.int8_linear_forward(x, w), be.int8_linear_forward(x, w), "int8 forward")
+    for hadamard in (True, False):
+        assert_same(spec.int8_linear_backward(dy, x, w, hadamard), be.int8_linear_backward(dy, x, w, hadamard),
+                    f"int8 backward hadamard={hadamard}")
+
+
+def test_thread_count_never_changes_bits(be, monkeypatch):
+    from lockstep.backends.numba_cpu import fp as nfp
+
+    x = gen.random_uniform(0, ("threads", "x"), (2, 4, 40, 8), -2, 2)
+    k = gen.random_uniform(0, ("threads", "k"), (2, 2, 40, 8), -2, 2)
+    w = gen.random_uniform(0, ("threads", "w"), (8, 24), -0.1, 0.1)
+    dy = gen.random_uniform(0, ("threads", "dy"), (2, 4, 40, 24), -1e-2, 1e-2)
+
+    def run():
+        o = be.attention_forward(x, k, k, 16)
+        return (o, be.attention_backward(x, x, k, k, *o, 16), be.int8_linear_backward(dy, x, w),
+                be.rmsnorm_backward(x, x, None, be.rmsnorm_forward(x, None, 1e-6)[1]), be.matmul(x, w), be.exp(x))
+
+    monkeypatch.setattr(nfp, "PARALLEL_MIN_WORK", 0)
+    outs = []
+    for threads in (1, 3):
+        monkeypatch.setattr(nfp, "num_threads", lambda threads=threads: threads)
+        outs.append(run())
+
+    def flat(r):
+        return [a for x in r for a in (flat(x) if isinstance(x, tuple) else [x]) if a is not None]
+
+    for a, b in zip(flat(outs[0]), flat(outs[1])):
+        assert same_bits(a, b)
+
+
+def test_no_fused_multiply_add_in_the_compiled_code():
+    """Lock 2: Numba without fastmath never contracts a*b + c. Check the machine code of the hot loops."""
+    from lockstep.backends.numba_cpu import attention, optim, reduce, transcendental
+
+    f32 = np.float32
+    row, mat = np.ones(16, f32), np.ones((16, 16), f32)
+    cases = [
+        (reduce.contract_row.py_func, (row, mat, row.copy(), True)),
+        (attention._scores_row.py_func, (row, mat, 0, 16, True, f32(1), row.copy())),
+        (attention._rank1_rows.py_func, (mat.copy(), row, row)),
+        (transcendental.exp_diff_row.py_func, (row, f32(0), row.copy())),
+        (optim._adamw_kernel.dispatcher.py_func, (0, 1, row, row, row, row, *(f32(0.5),) * 7, True, f32(1), f32(1),
+                                                  row.copy(), row.copy(), row.copy())),
+    ]
+    fma = re.compile(r"\b(v?f(n)?m(add|sub)\d*\w*|fmla|fmls|fmadd|fmsub)\b", re.IGNORECASE)
+    for fn, args in cases:
+        fresh = numba.njit(error_model="numpy")(fn)  # not cached, so its assembly can be inspected
+        fresh(*args)
+        asm = "\n".join(fresh.inspect_asm().values())
+        assert asm, fn.__name__
+        hits = [line.strip() for line in asm.splitlines() if fma.search(line.split("#")[0])]
+        assert not hits, f"{fn.__name__}: {hits[:3]}"

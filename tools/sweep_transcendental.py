@@ -98,7 +98,8 @@ def sweep_chunk(args) -> dict:
         hi = (rn + np.abs(rn) * NEAR_TIE_REL).astype(F32)
     near_tie = lo != hi
     out["not_correctly_rounded"] = int((wrong & ~near_tie).sum())
-    out["near_ties"] = [(int(b), int(v)) for b, v in zip(xn[near_tie].view(np.uint32), yn[near_tie].astype(F32).view(np.uint32))]
+    tie_x, tie_y = xn[near_tie].view(np.uint32), yn[near_tie].astype(F32).view(np.uint32)
+    out["near_ties"] = [(int(b), int(v)) for b, v in zip(tie_x, tie_y)]
     out["worst_examples"] = []
     if wrong.any():
         order = np.argsort(-err[wrong])[:3]
@@ -114,7 +115,9 @@ def sweep_chunk(args) -> dict:
         got = fp.bits(y[other])
         bad = got != want
         out["contract_mismatches"] = int(bad.sum())
-        out["contract_examples"] = [(int(a), int(b), int(w)) for a, b, w in zip(u[other][bad][:5], got[bad][:5], want[bad][:5])]
+        out["contract_examples"] = [
+            (int(a), int(b), int(w)) for a, b, w in zip(u[other][bad][:5], got[bad][:5], want[bad][:5])
+        ]
     else:
         out["contract_mismatches"], out["contract_examples"] = 0, []
     return out

@@ -8,7 +8,7 @@ import sys
 import time
 from pathlib import Path
 
-DEFAULT_STEPS = {"tiny": 100, "small": 60, "open-1b": 10}
+DEFAULT_STEPS = {"tiny": 100, "small": 100, "open-1b": 10}
 
 
 def _default_backend() -> str:

@@ -236,3 +236,30 @@ def test_no_fused_multiply_add_in_the_compiled_code():
         assert asm, fn.__name__
         hits = [line.strip() for line in asm.splitlines() if fma.search(line.split("#")[0])]
         assert not hits, f"{fn.__name__}: {hits[:3]}"
+
+
+def test_a_run_trained_on_one_backend_replays_to_a_match_on_the_other(tmp_path, capsys):
+    """``lockstep train`` on tiny with each backend; ``lockstep audit replay`` with the other."""
+    from lockstep.cli import main
+
+    for train_be, replay_be in (("numba", "spec"), ("spec", "numba")):
+        run = tmp_path / f"run-{train_be}"
+        assert main(["train", "--preset", "tiny", "--steps", "2", "--backend", train_be, "--out", str(run), "--quiet"]) == 0
+        assert main(["audit", "replay", str(run), "--step", "1-2", "--backend", replay_be]) == 0
+        out = capsys.readouterr().out
+        assert "MISMATCH" not in out and out.count("MATCH") >= 3, out
+
+
+def test_exp_without_its_needless_flush_tests_equals_the_line_by_line_port():
+    """``exp_entered_fast`` (the hot path) against ``exp_entered`` (the spec, line by line).
+
+    The full check covers all 2**32 inputs (``check_exp_fast()``, minutes); here a stride
+    through all of them plus the two regions where intermediates go subnormal: tiny |x|
+    (the reduced argument r is tiny) and x near -87..-104 (subnormal results).
+    """
+    from lockstep.backends.numba_cpu.transcendental import check_exp_fast
+
+    assert check_exp_fast(stride=4099) == 0
+    assert check_exp_fast(first=0x2E000000, count=1 << 20) == 0  # x ~ 2.9e-11
+    assert check_exp_fast(first=0xAE000000, count=1 << 20) == 0  # x ~ -2.9e-11
+    assert check_exp_fast(first=0xC2AE0000, count=1 << 20) == 0  # x ~ -87 .. -88.8

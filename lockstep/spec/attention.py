@@ -4,10 +4,13 @@ Legend: B batch, H query heads, G key/value heads (H = G * R, R query heads per
 KV head; query head h reads KV head h // R), T positions, Dh head dimension.
 Query i may attend key j iff ``j <= i`` and, with a window W, ``i - j < W``.
 
-Masked entries are exact zeros in every sum below, and adding a zero never
-changes a partial sum that started from +0.0, so a kernel that skips masked
-keys produces the same bits as one that visits them. Key j always belongs to
-lane ``j mod 32`` of the softmax denominator's lane tree.
+Every sum below visits every key j = 0 .. T-1 in ascending order; a masked entry
+enters as an exact +0.0 score weight (e = +0.0, p = +0.0). Such a term usually
+changes nothing, but not always under round-then-flush: a partial sum that
+flushed to -0.0 becomes +0.0 when a masked +0.0 term is added, and a masked
+``+0.0 * v`` is NaN when v is infinite or NaN. A kernel that skips masked keys
+must reproduce those effects. Key j always belongs to lane ``j mod 32`` of the
+softmax denominator's lane tree.
 """
 
 from __future__ import annotations

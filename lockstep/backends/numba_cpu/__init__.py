@@ -9,11 +9,15 @@ while fast:
 * Every float32 result goes through ``fp.fl`` (round, then flush: a bit test) and
   every stored output through ``fp.cn`` (plus the canonical NaN). ``njit`` never
   with ``fastmath``, so no FMA contraction; constants are ``np.float32``.
-* Parallelism (``prange``) only over independent outputs: rows, heads, columns,
-  lane groups; never across the steps of one sum.
+* Parallelism only over independent outputs (rows, heads, column blocks, lane
+  groups), never across the steps of one sum: ``fp.TaskKernel`` runs a kernel's
+  tasks on ``NUMBA_NUM_THREADS`` threads (``nogil`` Numba code on a Python thread
+  pool; small calls stay on the calling thread).
 * Contractions vectorize across outputs with ascending order per output; a row
   whose products provably never reach the flush range skips the flush tests
-  (``fp.safe_products``: same bits).
+  (``fp.safe_products``: same bits). ``exp`` keeps only the flush tests whose
+  removal would change a result, checked on all 2**32 inputs
+  (``transcendental.check_exp_fast``).
 * int8 GEMMs are exact and run as float32 BLAS on int8-valued operands, K in
   chunks of 1024.
 * Attention visits only allowed keys and replays masked terms in the one case

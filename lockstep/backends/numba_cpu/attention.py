@@ -9,16 +9,18 @@ kernels visit only the allowed keys ``j in [i - W + 1, i]`` and give the same bi
   masked term is ``+0 * x``, a signed zero. Adding a signed zero changes a partial
   sum only when the sum is -0.0 (``-0 + +0 = +0``), which a flushed negative
   subnormal can produce. So after each allowed run, a sum holding a -0.0 replays
-  the masked terms that follow it exactly (``_replay_*``); otherwise they are skipped.
+  the masked terms that follow it exactly (``_replay_kv`` and the replay loops);
+  otherwise they are skipped. (The spec's module docstring says skipping is always
+  exact; with round-then-flush it is not, hence the replays.)
 * That argument needs the masked terms to be signed zeros, not NaN: every input
   finite, ``l > 0``, and no overflow in the masked ``dp`` (checked by a bound). When
   that fails (inputs the model never produces), the kernels run in ``full`` mode and
   visit every pair exactly as the spec does.
 
 Contractions run vectorized across outputs with ascending order per output (see
-``reduce``), with the same never-flushes fast path (``fp.safe_products``).
-Parallel over (batch, head) in the forward and phase 1 of the backward (rows of
-dq), over (batch, KV head) in phase 2 (rows of dk and dv).
+``reduce``), with the same never-flushes fast path (``fp.safe_products``). Tasks:
+(batch, head) in the forward; (batch, KV group) in the backward, one pass that
+makes each row of p and ds, finishes its dq row and adds it into dk and dv.
 """
 
 from __future__ import annotations
@@ -53,22 +55,36 @@ def _has_neg_zero(acc):
 def _scores_row(qi, kt, lo, hi, fast, scale, s):
     """``s[j] = (sum_d qi[d] * kt[d, j]) * scale`` for j in [lo, hi), ascending d from +0.0.
 
-    Vectorized across j. (Loops run over zero-based slices: Numba then knows the
-    indices are non-negative and leaves out its wraparound checks, which would
-    otherwise keep LLVM from vectorizing.)
+    Vectorized across j; in the fast path four d per pass (each s[j] still adds its
+    terms one at a time in ascending d). Loops run over zero-based slices: Numba then
+    knows the indices are non-negative and leaves out its wraparound checks, which
+    would otherwise keep LLVM from vectorizing.
     """
     ss = s[lo:hi]
     n = ss.size
     for j in range(n):
         ss[j] = ZERO
+    dh = qi.size
     if fast:
-        for d in range(qi.size):
+        d4 = dh - dh % 4
+        for d in range(0, d4, 4):
+            q0 = qi[d]
+            q1 = qi[d + 1]
+            q2 = qi[d + 2]
+            q3 = qi[d + 3]
+            k0 = kt[d, lo:hi]
+            k1 = kt[d + 1, lo:hi]
+            k2 = kt[d + 2, lo:hi]
+            k3 = kt[d + 3, lo:hi]
+            for j in range(n):
+                ss[j] = (((ss[j] + q0 * k0[j]) + q1 * k1[j]) + q2 * k2[j]) + q3 * k3[j]
+        for d in range(d4, dh):
             qd = qi[d]
             kr = kt[d, lo:hi]
             for j in range(n):
                 ss[j] = ss[j] + qd * kr[j]
     else:
-        for d in range(qi.size):
+        for d in range(dh):
             qd = qi[d]
             kr = kt[d, lo:hi]
             for j in range(n):
@@ -99,16 +115,34 @@ def _accumulate(acc, w, x, fast):
 
 @kernel
 def _weighted_rows_sum(acc, w, rows, fast):
-    """``acc[d] = acc[d] + w[j] * rows[j, d]`` for j ascending (the contraction order of each output d)."""
+    """``acc[d] = acc[d] + w[j] * rows[j, d]`` for j ascending (the contraction order of each output d).
+
+    Four j per pass over acc (unroll-and-jam): each element still gets its terms one
+    at a time in ascending j, with every product and sum rounded, but acc is loaded
+    and stored a quarter as often.
+    """
     dh = acc.size
+    n = w.size
+    n4 = n - n % 4
     if fast:
-        for j in range(w.size):
+        for j in range(0, n4, 4):
+            w0 = w[j]
+            w1 = w[j + 1]
+            w2 = w[j + 2]
+            w3 = w[j + 3]
+            x0 = rows[j]
+            x1 = rows[j + 1]
+            x2 = rows[j + 2]
+            x3 = rows[j + 3]
+            for d in range(dh):
+                acc[d] = (((acc[d] + w0 * x0[d]) + w1 * x1[d]) + w2 * x2[d]) + w3 * x3[d]
+        for j in range(n4, n):
             wj = w[j]
             x = rows[j]
             for d in range(dh):
                 acc[d] = acc[d] + wj * x[d]
     else:
-        for j in range(w.size):
+        for j in range(n):
             wj = w[j]
             x = rows[j]
             for d in range(dh):
@@ -195,6 +229,7 @@ def _forward_kernel(t0, t1, q, k, kt, v, window, full, o, m_out, l_out):
         b = bh // nh
         h = bh % nh
         g = h // rep
+        sc = np.empty(t, dtype=np.float32)
         s = np.empty(t, dtype=np.float32)
         lanes = np.empty(LANES, dtype=np.float32)
         acc = np.empty(dh, dtype=np.float32)
@@ -205,10 +240,10 @@ def _forward_kernel(t0, t1, q, k, kt, v, window, full, o, m_out, l_out):
             lo = max(0, i - window + 1)
             hi = i + 1
             fast = safe_products(min_nonzero_abs(qh[i]), min_k[b * ng + g])
-            _scores_row(qh[i], kg, lo, hi, fast, scale, s)
+            _scores_row(qh[i], kg, lo, hi, fast, scale, sc)
+            mx = _row_max(sc[lo:hi])  # masked -inf never wins
             seg = s[lo:hi]
-            mx = _row_max(seg)  # masked -inf never wins
-            exp_diff_row(seg, mx, seg)
+            exp_diff_row(sc[lo:hi], mx, seg)  # (separate in/out arrays: in-place would not vectorize)
             li = _lane_tree_keys(seg, lo, lanes)  # masked e are +0.0
             for jj in range(seg.size):
                 seg[jj] = fl(seg[jj] / li)  # p
@@ -226,8 +261,9 @@ def _forward_kernel(t0, t1, q, k, kt, v, window, full, o, m_out, l_out):
                 if _has_neg_zero(acc):  # replay the masked keys after i (signed zeros)
                     for j in range(hi, t):
                         _accumulate(acc, p_masked, vg[j], False)
+            orow = o[b, h, i]
             for d in range(dh):
-                o[b, h, i, d] = cn(acc[d])
+                orow[d] = cn(acc[d])
             m_out[b, h, i] = cn(mx)
             l_out[b, h, i] = cn(li)
     return ntasks
@@ -317,6 +353,7 @@ def _backward_kernel(t0, t1, do, q, k, v, o, m, l, window, full, dq, dk, dv):
         g = task % ng
         kt = np.ascontiguousarray(k[b, g].T)
         vt = np.ascontiguousarray(v[b, g].T)
+        sc = np.empty(t, dtype=np.float32)
         s = np.empty(t, dtype=np.float32)
         dsr = np.empty(t, dtype=np.float32)
         d_rows = np.empty(t, dtype=np.float32)
@@ -347,8 +384,10 @@ def _backward_kernel(t0, t1, do, q, k, v, o, m, l, window, full, dq, dk, dv):
                 min_q = min_nonzero_abs(qh.reshape(-1))
                 min_do = min_nonzero_abs(doh.reshape(-1))
                 for i in range(t):  # D[i] = lane_tree_sum_d do[i, d] * o[i, d]
+                    dor = doh[i]
+                    orow = oh[i]
                     for d in range(dh):
-                        tmp[d] = fl(doh[i, d] * oh[i, d])
+                        tmp[d] = fl(dor[d] * orow[d])
                     d_rows[i] = lane_tree(tmp, lanes)
                 for i in range(t):
                     lo = max(0, i - window + 1)
@@ -359,9 +398,9 @@ def _backward_kernel(t0, t1, do, q, k, v, o, m, l, window, full, dq, dk, dv):
                     li = fl(lh[i])
                     d_i = d_rows[i]
                     p_masked = fl(ZERO / li)
-                    _scores_row(qh[i], kt, lo, hi, safe_products(min_nonzero_abs(qh[i]), min_k), scale, s)
+                    _scores_row(qh[i], kt, lo, hi, safe_products(min_nonzero_abs(qh[i]), min_k), scale, sc)
                     seg = s[lo:hi]
-                    exp_diff_row(seg, mi, seg)
+                    exp_diff_row(sc[lo:hi], mi, seg)
                     for jj in range(seg.size):
                         seg[jj] = fl(seg[jj] / li)  # p
                     if full:
@@ -382,8 +421,9 @@ def _backward_kernel(t0, t1, do, q, k, v, o, m, l, window, full, dq, dk, dv):
                     if not full and _has_neg_zero(acc):
                         for j in range(hi, t):
                             _accumulate(acc, _masked_ds(doh[i], vg[j], d_i, p_masked, scale), kg[j], False)
+                    dqrow = dq[b, h, i]
                     for d in range(dh):
-                        dq[b, h, i, d] = cn(acc[d])
+                        dqrow[d] = cn(acc[d])
                     # dk[j] += ds[j] q[i], dv[j] += p[j] do[i] for this row's keys
                     if fast_kv:
                         if not (safe_products(min_nonzero_abs(dsv), min_q) and safe_products(min_nonzero_abs(pv), min_do)):

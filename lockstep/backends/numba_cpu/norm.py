@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .fp import ONE, ZERO, as_f32, cn, fl, num_threads, parallel_kernel
+from .fp import ONE, as_f32, cn, fl, num_threads, parallel_kernel
 from .reduce import LANES, canonical_copy, lane_tree
 
 

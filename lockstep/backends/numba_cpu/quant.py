@@ -20,7 +20,7 @@ from lockstep.spec.quant import HADAMARD_MAX_BLOCK
 
 from .fp import (ABS_MASK, CANONICAL_NAN_BITS, ONE, ZERO, as_f32, bits, cn, fl, from_bits, inlined, kernel,
                  min_nonzero_abs, parallel_kernel)
-from .reduce import LANES, int8_valued_matmul
+from .reduce import LANES
 
 QMAX = np.float32(127.0)
 NEG_QMAX = np.float32(-127.0)
@@ -82,10 +82,9 @@ def _abs_max_bits(t0, t1, x, nchunks, out):
         return ntasks
     for c in range(t0, min(t1, ntasks)):
         m = np.uint32(0)
-        for i in range(c * n // nchunks, (c + 1) * n // nchunks):
-            u = abs_bits_entered(x[i])
-            if u > m:
-                m = u
+        part = x[c * n // nchunks:(c + 1) * n // nchunks]
+        for i in range(part.size):
+            m = max(m, np.uint32(abs_bits_entered(part[i])))
         out[c] = m
     return ntasks
 
@@ -96,8 +95,7 @@ def activation_scale(x_flat) -> np.float32:
         raise ValueError("max of an empty axis")
     nchunks = max(1, min(64, x_flat.size // 65536))
     parts = np.zeros(nchunks, dtype=np.uint32)
-    if x_flat.size:
-        _abs_max_bits(x_flat, nchunks, parts)
+    _abs_max_bits(x_flat, nchunks, parts)
     return np.float32(_activation_scale_from_bits(np.uint32(parts.max())))
 
 
@@ -144,7 +142,7 @@ def weight_scale(w2) -> np.ndarray:
     k, n = w2.shape
     sw = np.empty(n, dtype=np.float32)
     if n:
-        _weight_scale_kernel(w2, max(32, -(-n // 8)), sw)
+        _weight_scale_kernel(w2, 256, sw)  # lanes of 256 columns (32 KiB) stay in L1/L2
     return sw
 
 
@@ -173,11 +171,16 @@ def _quantize_cols(w, sw, out):
 
 
 @parallel_kernel
-def _rescale_kernel(t0, t1, acc, sa, sb, factor, out):
-    """out[m, n] = ((acc[m, n] * sa[m or 0]) * sb[n]) * factor, each product rounded and flushed.
+def _rescale_kernel(t0, t1, acc, sa, sb, factor, fast):
+    """acc[m, n] = ((acc[m, n] * sa[m or 0]) * sb[n]) * factor in place, each product rounded and flushed.
 
-    ``factor`` is 1/block after a Hadamard rotation (an exact power of two), else 1
-    (a product by 1 changes nothing, so the spec's "no rescale" is the same bits).
+    ``acc`` is the int8 GEMM's exact integer result as float32. ``+ 0.0`` first turns
+    a -0.0 (which a BLAS may return for an all-zero sum) into the +0.0 that
+    ``float32(int32 0)`` is in the spec. ``factor`` is 1/block after a Hadamard
+    rotation (an exact power of two), else 1 (a product by 1 changes nothing, so the
+    spec's "no rescale" is the same bits). ``fast``: the caller proved that no product
+    can be subnormal or NaN (``_rescale_is_exact``), so the tests are left out.
+    In place: the GEMM's output pages are already mapped, a fresh array's are not.
     """
     m, n = acc.shape
     per_row = sa.size > 1
@@ -186,18 +189,73 @@ def _rescale_kernel(t0, t1, acc, sa, sb, factor, out):
         return ntasks
     for r in range(t0, min(t1, ntasks)):
         a = sa[r] if per_row else sa[0]
-        src = acc[r]
-        dst = out[r]
-        for j in range(n):
-            dst[j] = cn(fl(fl(fl(src[j] * a) * sb[j]) * factor))
+        row = acc[r]
+        if fast:
+            for j in range(n):
+                row[j] = (((row[j] + ZERO) * a) * sb[j]) * factor
+        else:
+            for j in range(n):
+                row[j] = cn(fl(fl(fl((row[j] + ZERO) * a) * sb[j]) * factor))
     return ntasks
 
 
-def _acc_float32(a, b) -> np.ndarray:
-    """float32(int8 GEMM) of int8-valued float32 operands: exact ints, rounded to float32 like ``astype``."""
-    if a.shape[-1] <= 1024:
-        return np.matmul(a, b)  # exact integers below 2**24: already float32(acc)
-    return int8_valued_matmul(a, b).astype(np.float32)
+def _rescale_is_exact(sa, sb, factor) -> bool:
+    """True when ``((acc * sa) * sb) * factor`` can be neither subnormal nor NaN for any integer acc.
+
+    |acc| >= 1 when nonzero, so each partial product is at least min|sa|, then
+    min|sa| * min|sb|, then that times factor in magnitude (float64 products of
+    float32 are exact); finite scales keep NaN out.
+    """
+    sa64 = np.abs(sa.astype(np.float64))
+    sb64 = np.abs(sb.astype(np.float64))
+    if not (np.isfinite(sa64).all() and np.isfinite(sb64).all()) or sa64.size == 0 or sb64.size == 0:
+        return False
+    tiny = 2.0**-126
+    lo_a, lo_b = sa64.min(), sb64.min()
+    return bool(lo_a >= tiny and lo_a * lo_b >= tiny and lo_a * lo_b * float(factor) >= tiny)
+
+
+@parallel_kernel
+def _sum_chunks_kernel(t0, t1, chunks, out):
+    """out = float32(sum of the chunk products): exact integers summed in float64, rounded once
+    to float32 (round to nearest even, as the spec's ``int32 -> float32``)."""
+    nchunk, m, n = chunks.shape
+    ntasks = m
+    if t0 < 0:
+        return ntasks
+    for r in range(t0, min(t1, ntasks)):
+        dst = out[r]
+        for j in range(n):
+            acc = np.float64(0.0)
+            for c in range(nchunk):
+                acc += np.float64(chunks[c, r, j])
+            dst[j] = np.float32(acc)
+    return ntasks
+
+
+def _int8_gemm_rescaled(a, b, sa, sb, factor) -> np.ndarray:
+    """``rescale(float32(int8 GEMM of a and b))`` for int8-valued float32 operands (M, K) x (K, N).
+
+    K up to 1024 is one BLAS sgemm (every partial sum an integer below 2**24: exact in
+    any order). Longer K is cut into equal chunks of at most 1024, each an exact sgemm,
+    whose integer results are summed exactly in float64 and rounded once to float32.
+    """
+    m, k = a.shape
+    n = b.shape[1]
+    nchunk = max(1, -(-k // 1024))
+    if nchunk == 1:
+        acc = np.ascontiguousarray(np.matmul(a, b))
+    else:
+        step = -(-k // nchunk)
+        parts = np.empty((nchunk, m, n), dtype=np.float32)
+        for c in range(nchunk):
+            np.matmul(a[:, c * step:(c + 1) * step], b[c * step:(c + 1) * step], out=parts[c])
+        acc = np.empty((m, n), dtype=np.float32)
+        if acc.size:
+            _sum_chunks_kernel(parts, acc)
+    if acc.size:
+        _rescale_kernel(acc, sa, sb, factor, _rescale_is_exact(sa, sb, factor))
+    return acc
 
 
 def int8_linear_forward(x, w) -> np.ndarray:
@@ -214,10 +272,7 @@ def int8_linear_forward(x, w) -> np.ndarray:
         _quantize_rows_scalar(x2, sx, xq)
     if wq.size:
         _quantize_cols(w2, sw, wq)
-    acc = _acc_float32(xq, wq)
-    y = np.empty(acc.shape, dtype=np.float32)
-    if y.size:
-        _rescale_kernel(acc, np.array([sx], dtype=np.float32), sw, ONE, y)
+    y = _int8_gemm_rescaled(xq, wq, np.array([sx], dtype=np.float32), sw, ONE)
     return y.reshape(lead + (w2.shape[1],))
 
 
@@ -523,10 +578,7 @@ def int8_linear_backward(dy, x, w, hadamard: bool = True):
         _rows_rotate_quantize(dy2, blk_n, hadamard, dyq, sa)
     if wq_t.size:
         _weight_rows_rotate_quantize(w2, sw, blk_n, hadamard, wq_t, sb)
-    acc = _acc_float32(dyq, wq_t.T)
-    dx = np.empty((m, kdim), dtype=np.float32)
-    if dx.size:
-        _rescale_kernel(acc, sa, sb, np.float32(1.0 / blk_n), dx)
+    dx = _int8_gemm_rescaled(dyq, wq_t.T, sa, sb, np.float32(1.0 / blk_n))
 
     # dw = int8_rotated_matmul(xdq^T, dy): contracted over the M rows.
     blk_m = hadamard_block(m) if hadamard else 1
@@ -534,15 +586,11 @@ def int8_linear_backward(dy, x, w, hadamard: bool = True):
     s_x = np.empty(kdim, dtype=np.float32)
     dyq_m = np.empty((m, n), dtype=np.float32)  # dy rotated along M and quantized: b'
     s_dy = np.empty(n, dtype=np.float32)
-    if m:
-        sx = activation_scale(x2.reshape(-1))
-        if xq_t.size:
-            _dequantize_activation(x2, sx, xq_t)
-            _cols_rotate_quantize(xq_t, xq_t, blk_m, hadamard, s_x)
-        if dyq_m.size:
-            _cols_rotate_quantize(dy2, dyq_m, blk_m, hadamard, s_dy)
-    acc_w = _acc_float32(xq_t.T, dyq_m)
-    dw = np.empty((kdim, n), dtype=np.float32)
-    if dw.size:
-        _rescale_kernel(acc_w, s_x, s_dy, np.float32(1.0 / blk_m), dw)
+    sx = activation_scale(x2.reshape(-1))  # raises on an empty x, as the spec's does
+    if xq_t.size:
+        _dequantize_activation(x2, sx, xq_t)
+        _cols_rotate_quantize(xq_t, xq_t, blk_m, hadamard, s_x)
+    if dyq_m.size:
+        _cols_rotate_quantize(dy2, dyq_m, blk_m, hadamard, s_dy)
+    dw = _int8_gemm_rescaled(xq_t.T, dyq_m, s_x, s_dy, np.float32(1.0 / blk_m))
     return dx.reshape(lead + (kdim,)), dw

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .fp import (CANONICAL_NAN_BITS, ONE, ZERO, as_f32, cn, fl, from_bits, kernel, min_nonzero_abs,
+from .fp import (CANONICAL_NAN_BITS, ONE, ZERO, as_f32, cn, entered, fl, from_bits, kernel, min_nonzero_abs,
                  parallel_kernel, safe_products, total_key)
 
 LANES = 32
@@ -39,10 +39,12 @@ def lane_tree(row, lanes):
     n = row.size
     full = (n // LANES) * LANES
     for s in range(0, full, LANES):
+        grp = row[s:s + LANES]
         for j in range(LANES):
-            lanes[j] = fl(lanes[j] + fl(row[s + j]))
-    for j in range(n - full):
-        lanes[j] = fl(lanes[j] + fl(row[full + j]))
+            lanes[j] = fl(lanes[j] + fl(grp[j]))
+    tail = row[full:]
+    for j in range(tail.size):
+        lanes[j] = fl(lanes[j] + fl(tail[j]))
     w = LANES // 2
     while w >= 1:
         for j in range(w):
@@ -90,19 +92,35 @@ def contract_row(a_row, b, acc, fast):
     """``acc[n] = sum_k a_row[k] * b[k, n]``, ascending k from +0.0, canonical output.
 
     ``fast``: the caller proved (``safe_products``) that nothing flushes, so the
-    flush tests are left out; the bits are the same.
+    flush tests are left out; the bits are the same. The fast loop also takes four
+    k per pass over acc (each element still adds its terms one at a time in
+    ascending k, every product and sum rounded), so acc is loaded and stored a
+    quarter as often.
     """
     n = acc.size
     for j in range(n):
         acc[j] = ZERO
+    kk = a_row.size
     if fast:
-        for k in range(a_row.size):
+        k4 = kk - kk % 4
+        for k in range(0, k4, 4):
+            a0 = a_row[k]
+            a1 = a_row[k + 1]
+            a2 = a_row[k + 2]
+            a3 = a_row[k + 3]
+            b0 = b[k]
+            b1 = b[k + 1]
+            b2 = b[k + 2]
+            b3 = b[k + 3]
+            for j in range(n):
+                acc[j] = (((acc[j] + a0 * b0[j]) + a1 * b1[j]) + a2 * b2[j]) + a3 * b3[j]
+        for k in range(k4, kk):
             av = a_row[k]
             bk = b[k]
             for j in range(n):
                 acc[j] = acc[j] + av * bk[j]
     else:
-        for k in range(a_row.size):
+        for k in range(kk):
             av = a_row[k]
             bk = b[k]
             for j in range(n):
@@ -111,21 +129,70 @@ def contract_row(a_row, b, acc, fast):
         acc[j] = cn(acc[j])
 
 
+ROW_BLOCK = 8  # output rows per pass over b: b streams from L2 once per block, not once per row
+
+
+@kernel
+def contract_rows(a_rows, b, acc_rows):
+    """``contract_row`` (fast path) for a block of rows: four k at a time, each k-step
+    applied to every row of the block while b's four rows are in L1."""
+    r = a_rows.shape[0]
+    kk = a_rows.shape[1]
+    n = acc_rows.shape[1]
+    for i in range(r):
+        acc = acc_rows[i]
+        for j in range(n):
+            acc[j] = ZERO
+    k4 = kk - kk % 4
+    for k in range(0, k4, 4):
+        b0 = b[k]
+        b1 = b[k + 1]
+        b2 = b[k + 2]
+        b3 = b[k + 3]
+        for i in range(r):
+            a0 = a_rows[i, k]
+            a1 = a_rows[i, k + 1]
+            a2 = a_rows[i, k + 2]
+            a3 = a_rows[i, k + 3]
+            acc = acc_rows[i]
+            for j in range(n):
+                acc[j] = (((acc[j] + a0 * b0[j]) + a1 * b1[j]) + a2 * b2[j]) + a3 * b3[j]
+    for k in range(k4, kk):
+        bk = b[k]
+        for i in range(r):
+            av = a_rows[i, k]
+            acc = acc_rows[i]
+            for j in range(n):
+                acc[j] = acc[j] + av * bk[j]
+    for i in range(r):
+        acc = acc_rows[i]
+        for j in range(n):
+            acc[j] = cn(acc[j])
+
+
 @parallel_kernel(weight=16)
 def _matmul_kernel(t0, t1, a, b, out):
-    """a (Bt, M, K), b (Bt, K, N), both canonical; out (Bt, M, N)."""
+    """a (Bt, M, K), b (Bt, K, N), both canonical; out (Bt, M, N). Tasks: blocks of output rows."""
     nb, m, _ = a.shape
-    ntasks = nb * m
+    blocks = (m + ROW_BLOCK - 1) // ROW_BLOCK
+    ntasks = nb * blocks
     if t0 < 0:
         return ntasks
     min_b = np.empty(nb)
     for i in range(nb):
         min_b[i] = min_nonzero_abs(b[i].reshape(-1))
-    for r in range(t0, min(t1, ntasks)):
-        bi = r // m
-        mi = r % m
-        fast = safe_products(min_nonzero_abs(a[bi, mi]), min_b[bi])
-        contract_row(a[bi, mi], b[bi], out[bi, mi], fast)
+    for task in range(t0, min(t1, ntasks)):
+        bi = task // blocks
+        r0 = (task % blocks) * ROW_BLOCK
+        r1 = min(m, r0 + ROW_BLOCK)
+        fast = True
+        for r in range(r0, r1):
+            fast = fast and safe_products(min_nonzero_abs(a[bi, r]), min_b[bi])
+        if fast:
+            contract_rows(a[bi, r0:r1], b[bi], out[bi, r0:r1])
+        else:
+            for r in range(r0, r1):
+                contract_row(a[bi, r], b[bi], out[bi, r], safe_products(min_nonzero_abs(a[bi, r]), min_b[bi]))
     return ntasks
 
 
@@ -170,8 +237,8 @@ def matmul(a, b) -> np.ndarray:
     if k == 0:
         out[...] = 0.0
         return out
-    a3 = canonical_copy(a, batch + (m, k)).reshape(-1, m, k)
-    b3 = canonical_copy(b, batch + (k, n)).reshape(-1, k, n)
+    a3 = (entered(a)[0] if a.shape == batch + (m, k) else canonical_copy(a, batch + (m, k))).reshape(-1, m, k)
+    b3 = (entered(b)[0] if b.shape == batch + (k, n) else canonical_copy(b, batch + (k, n))).reshape(-1, k, n)
     _matmul_kernel(a3, b3, out.reshape(-1, m, n))
     return out
 

@@ -14,8 +14,8 @@ def _swiglu_forward_kernel(t0, t1, gu, h):
     ntasks = n
     if t0 < 0:
         return ntasks
+    sg = np.empty(f, dtype=np.float32)
     for r in range(t0, min(t1, ntasks)):
-        sg = np.empty(f, dtype=np.float32)
         gate_row = gu[r, :f]
         up_row = gu[r, f:]
         sigmoid_row(gate_row, sg)
@@ -32,8 +32,8 @@ def _swiglu_backward_kernel(t0, t1, dh, gu, out):
     ntasks = n
     if t0 < 0:
         return ntasks
+    sg = np.empty(f, dtype=np.float32)
     for r in range(t0, min(t1, ntasks)):
-        sg = np.empty(f, dtype=np.float32)
         gate_row = gu[r, :f]
         up_row = gu[r, f:]
         sigmoid_row(gate_row, sg)

@@ -85,7 +85,7 @@ def int8_matmul(a, b) -> np.ndarray:
     if a.shape[-1] > 2**31 // 2**14:
         raise ValueError(f"int8_matmul: K={a.shape[-1]} could overflow int32")
     # exact: float64 holds every partial sum (|sum| <= K * 2**14 < 2**53), so BLAS order is irrelevant (int8 values)
-    out = np.matmul(a.astype(np.float64), b.astype(np.float64))
+    out = np.matmul(a.astype(np.float64), b.astype(np.float64))  # exact: int8 values, sums < 2**53
     return out.astype(np.int32)
 
 

@@ -70,12 +70,8 @@ def matmul(a, b) -> np.ndarray:
     return acc
 
 
-def int8_matmul(a, b) -> np.ndarray:
-    """Exact ``(..., M, K) int8 x (..., K, N) int8 -> (..., M, N) int32``.
-
-    Integer sums are exact in any order, so the order is not part of the spec.
-    Raises if a result could not fit int32 (K > 2**31 / 2**14).
-    """
+def check_int8_operands(a, b) -> tuple[np.ndarray, np.ndarray]:
+    """The operands of ``int8_matmul`` as arrays; raises on wrong dtypes, shapes or a K that could overflow."""
     a = np.asarray(a)
     b = np.asarray(b)
     if a.dtype != np.int8 or b.dtype != np.int8:
@@ -84,6 +80,16 @@ def int8_matmul(a, b) -> np.ndarray:
         raise ValueError(f"int8_matmul shapes do not contract: {a.shape} x {b.shape}")
     if a.shape[-1] > 2**31 // 2**14:
         raise ValueError(f"int8_matmul: K={a.shape[-1]} could overflow int32")
+    return a, b
+
+
+def int8_matmul(a, b) -> np.ndarray:
+    """Exact ``(..., M, K) int8 x (..., K, N) int8 -> (..., M, N) int32``.
+
+    Integer sums are exact in any order, so the order is not part of the spec.
+    Raises if a result could not fit int32 (K > 2**31 / 2**14).
+    """
+    a, b = check_int8_operands(a, b)
     # exact: float64 holds every partial sum (|sum| <= K * 2**14 < 2**53), so BLAS order is irrelevant (int8 values)
     out = np.matmul(a.astype(np.float64), b.astype(np.float64))  # exact: int8 values, sums < 2**53
     return out.astype(np.int32)

@@ -96,6 +96,7 @@ from typing import Callable, Iterable, Iterator
 
 import numpy as np
 
+from lockstep.fsio import fsync_dir
 from lockstep.spec.philox import PhiloxStream, philox4x32
 
 from .tokenizer import (
@@ -139,19 +140,6 @@ class DataError(ValueError):
 # ---------------------------------------------------------------------------------
 
 
-def _fsync_dir(path: Path) -> None:
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return  # some platforms cannot open a directory; the rename is still atomic
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
-
-
 def write_bytes_atomic(path: str | Path, data: bytes) -> None:
     """Write ``data`` to ``path`` via a temporary file, fsync and rename: all or nothing."""
     path = Path(path)
@@ -169,7 +157,7 @@ def write_bytes_atomic(path: str | Path, data: bytes) -> None:
         except OSError:
             pass
         raise
-    _fsync_dir(path.parent)
+    fsync_dir(path.parent)
 
 
 def npy_bytes(a: np.ndarray) -> bytes:
@@ -706,11 +694,11 @@ class DataWriter:
             write_bytes_atomic(self.staging / HF_TOKENIZER_FILE, data)
         write_bytes_atomic(self.staging / MANIFEST_NAME, raw)
         for d in [*(self.staging / s.name for s in self.sources), self.staging]:
-            _fsync_dir(d)
+            fsync_dir(d)
         if self.out_dir.exists():
             self.out_dir.rmdir()  # empty (checked at start); fails loudly if someone filled it meanwhile
         os.rename(self.staging, self.out_dir)
-        _fsync_dir(self.out_dir.parent)
+        fsync_dir(self.out_dir.parent)
         self._done = True
         return self.out_dir / MANIFEST_NAME
 

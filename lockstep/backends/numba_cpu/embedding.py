@@ -9,16 +9,9 @@ from __future__ import annotations
 
 import numpy as np
 
+from lockstep.spec.embedding import _check_ids  # the same input checks as the spec
+
 from .fp import ZERO, cn, fl, num_threads, parallel_kernel
-
-
-def _check_ids(ids, vocab_size: int) -> np.ndarray:
-    ids = np.asarray(ids)
-    if not np.issubdtype(ids.dtype, np.integer):
-        raise TypeError(f"token ids must be integers, got {ids.dtype}")
-    if ids.size and (ids.min() < 0 or ids.max() >= vocab_size):
-        raise ValueError(f"token id out of range [0, {vocab_size}): min {ids.min()}, max {ids.max()}")
-    return ids.astype(np.int64)
 
 
 @parallel_kernel

@@ -7,17 +7,9 @@ import numpy as np
 from .fp import CANONICAL_NAN_BITS, ONE, as_f32, canon_scalar, cn, fl, from_bits, kernel, parallel_kernel, total_key
 from .reduce import LANES, lane_tree, lane_tree_value
 from .transcendental import exp_diff_row, log_value
+from lockstep.spec.loss import _targets  # the same input checks as the spec
 
 TWO = np.float32(2.0)
-
-
-def _targets(targets, n: int, vocab: int) -> np.ndarray:
-    t = np.asarray(targets).reshape(-1).astype(np.int64)
-    if t.size != n:
-        raise ValueError(f"{t.size} targets for {n} rows of logits")
-    if t.size and (t.min() < 0 or t.max() >= vocab):
-        raise ValueError(f"target id out of range [0, {vocab})")
-    return t
 
 
 @kernel

@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from lockstep.spec.reduce import check_int8_operands
+
 from .fp import (CANONICAL_NAN_BITS, ONE, ZERO, as_f32, cn, entered, fl, from_bits, kernel, min_nonzero_abs,
                  parallel_kernel, safe_products, total_key)
 
@@ -262,14 +264,7 @@ def int8_valued_matmul(a, b) -> np.ndarray:
 
 def int8_matmul(a, b) -> np.ndarray:
     """``spec.reduce.int8_matmul``: exact (..., M, K) int8 x (..., K, N) int8 -> int32."""
-    a = np.asarray(a)
-    b = np.asarray(b)
-    if a.dtype != np.int8 or b.dtype != np.int8:
-        raise TypeError(f"int8_matmul needs int8 operands, got {a.dtype} and {b.dtype}")
-    if a.ndim < 2 or b.ndim < 2 or a.shape[-1] != b.shape[-2]:
-        raise ValueError(f"int8_matmul shapes do not contract: {a.shape} x {b.shape}")
-    if a.shape[-1] > 2**31 // 2**14:
-        raise ValueError(f"int8_matmul: K={a.shape[-1]} could overflow int32")
+    a, b = check_int8_operands(a, b)
     return int8_valued_matmul(a.astype(np.float32), b.astype(np.float32))
 
 

@@ -2,12 +2,10 @@
 
 import json
 import os
-import random
 import shutil
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -87,6 +85,96 @@ def _train_cmd(out, corpus, steps):
             "--data", str(corpus), "--out", str(out)]
 
 
+# A child Python that runs `lockstep ...` with one real function wrapped: at the Nth call
+# whose first argument contains MATCH, it SIGKILLs itself ("before" or "after" the call),
+# or ("pause") tells the parent through the file descriptor PAUSE_FD and blocks on stdin
+# until the parent acts. Kills therefore land at observed events, never after a delay.
+KILL_POINT = r"""
+import importlib, os, signal, sys
+target, when, nth, match, pause_fd, *argv = sys.argv[1:]
+module_name, attr = target.split(":")
+owner = importlib.import_module(module_name)
+real = getattr(owner, attr)
+calls = 0
+
+def wrapped(*args, **kwargs):
+    global calls
+    matches = match in str(args[0] if args else "")
+    calls += matches
+    hit = matches and calls == int(nth)
+    if hit and when == "before":
+        os.kill(os.getpid(), signal.SIGKILL)
+    if hit and when == "pause":
+        os.write(int(pause_fd), b"paused\n")
+        sys.stdin.buffer.readline()
+    result = real(*args, **kwargs)
+    if hit and when == "after":
+        os.kill(os.getpid(), signal.SIGKILL)
+    return result
+
+setattr(owner, attr, wrapped)
+from lockstep.cli import main
+sys.exit(main(argv))
+"""
+
+
+def _at_kill_point(target, when, nth, match, argv, pause_fd=-1, **popen):
+    """Popen of `lockstep argv` with ``target`` wrapped (see KILL_POINT)."""
+    return subprocess.Popen([sys.executable, "-c", KILL_POINT, target, when, str(nth), match, str(pause_fd),
+                             *argv], **popen)
+
+
+def _wait_for_pause(read_fd, proc):
+    """Block until the child reports that it reached its pause point (or died)."""
+    import select
+
+    ready, _, _ = select.select([read_fd], [], [], 600)  # a guard against a hang, not a timing assumption
+    assert ready, "the child neither paused nor exited"
+    assert os.read(read_fd, 100) == b"paused\n", f"the child exited early ({proc.wait()}): {proc.stderr.read()[-3000:]}"
+
+
+# (what is wrapped, when, the Nth matching call, substring of its first argument, where the kill lands);
+# each kill interrupts the run the previous ones left behind
+KILLS = [
+    ("os:replace", "before", 1, "recipe.json", "start-up: recipe.json not yet in place"),
+    ("os:replace", "after", 1, "recipe.json", "start-up: recipe.json written, no step yet"),
+    ("lockstep.train.trainer:apply_update", "before", 2, "", "mid-step 2: gradients summed, no update"),
+    ("os:replace", "before", 1, "sidecar.json", "mid-checkpoint-write: state file written, no sidecar"),
+    ("os:rename", "before", 1, "step-00000004", "mid-checkpoint-write: checkpoint 4 complete, not renamed"),
+    ("os:rename", "after", 1, "step-00000004", "checkpoint 4 renamed, its folder not yet fsynced"),
+    # from outside: the child pauses as step 5 begins; once the trajectory holds step 4 (the
+    # observed event) the test sends SIGKILL, which lands while step 5 is under way
+    ("lockstep.train.trainer:apply_update", "pause", 1, "", "mid-step 5, killed from outside"),
+    ("os:replace", "before", 1, "commitment.json", "all steps done, commitment.json not written"),
+]
+
+
+def _next_command(out, corpus, steps):
+    """Resume from the last complete checkpoint; without one, start afresh in a clean folder."""
+    if ckpt.list_checkpoints(out):
+        return ["train", "--resume", str(out), "--steps", str(steps), "--backend", "spec", "--quiet",
+                "--checkpoint-every", "2"]
+    if out.exists():
+        shutil.rmtree(out)
+    return _train_cmd(out, corpus, steps)[len(LOCKSTEP):]
+
+
+def _kill_from_outside(target, nth, match, argv, trajectory_steps, out):
+    read_fd, write_fd = os.pipe()
+    proc = _at_kill_point(target, "pause", nth, match, argv, write_fd, pass_fds=(write_fd,), stdin=subprocess.PIPE,
+                          stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    os.close(write_fd)
+    try:
+        _wait_for_pause(read_fd, proc)
+        assert [r["step"] for r in read_trajectory(out)] == trajectory_steps
+        proc.send_signal(signal.SIGKILL)
+        return proc.wait(timeout=600), b""
+    finally:
+        os.close(read_fd)
+        proc.kill()
+        proc.wait()
+
+
 def test_kill_9_and_resume_reproduces_the_trajectory(tmp_path, corpus):
     steps = 5
     ref = tmp_path / "ref"
@@ -95,38 +183,24 @@ def test_kill_9_and_resume_reproduces_the_trajectory(tmp_path, corpus):
     assert len(want) == steps
 
     out = tmp_path / "killed"
-    rng = random.Random(1234)  # test schedule only; no published bit depends on it
-    kills = 0
-    cmd = _train_cmd(out, corpus, steps)
-    for attempt in range(12):
-        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-        # kill at a random moment: during start-up, a step, or a checkpoint write
-        deadline = time.time() + rng.uniform(1.0, 4.0)
-        while time.time() < deadline and proc.poll() is None:
-            time.sleep(0.05)
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGKILL)
-            proc.wait()
-            kills += 1
+    for target, when, nth, match, where in KILLS:
+        argv = _next_command(out, corpus, steps)
+        if when == "pause":
+            rc, err = _kill_from_outside(target, nth, match, argv, [1, 2, 3, 4], out)
         else:
-            assert proc.returncode == 0, proc.stderr.read().decode()[-3000:]
-            break
-        done = ckpt.list_checkpoints(out)
-        cmd = [*LOCKSTEP, "train", "--resume", str(out), "--steps", str(steps), "--backend", "spec", "--quiet",
-               "--checkpoint-every", "2"] if done else _fresh(out, corpus, steps)
-    else:
-        _run(cmd)
-    assert kills >= 1
+            proc = _at_kill_point(target, when, nth, match, argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+            _, err = proc.communicate(timeout=600)
+            rc = proc.returncode
+        assert rc == -signal.SIGKILL, f"{where}: not killed (exit {rc})\n{err.decode()[-3000:]}"
+        if where.startswith("mid-checkpoint-write"):
+            assert any(p.name.startswith(".tmp-") for p, _ in ckpt.incomplete_checkpoints(out)), where
+
+    _run([*LOCKSTEP, *_next_command(out, corpus, steps)])
+    assert not ckpt.incomplete_checkpoints(out)
     got = read_trajectory(out)
-    assert got == [{**r} for r in want]  # every field, hash for hash, each step once
+    assert got == want  # every field, hash for hash, each step once
     assert json.loads((out / "commitment.json").read_text())["chain_hash"] == want[-1]["chain_hash"]
-
-
-def _fresh(out, corpus, steps):
-    """No complete checkpoint yet: the run restarts from scratch in a clean folder."""
-    if out.exists():
-        shutil.rmtree(out)
-    return _train_cmd(out, corpus, steps)
+    assert [s for s, _ in ckpt.list_checkpoints(out)] == [2, 4, 5]
 
 
 def test_genesis_binds_seed_data_and_recipe(tmp_path, corpus):

@@ -1,6 +1,6 @@
 """Atomic files, our safetensors reader/writer, and checkpoints that never half-exist.
 
-This file is also the worker of the crash test: ``python test_checkpoint.py save-loop RUN``.
+This file is also the worker of the crash test: ``python test_checkpoint.py save-and-die RUN N``.
 """
 
 from __future__ import annotations
@@ -11,7 +11,6 @@ import signal
 import struct
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -286,45 +285,72 @@ def test_symlinked_state_file_is_refused(tmp_path):
         load_checkpoint(path)
 
 
-def _save_loop(run_dir: str) -> None:
-    """Save big checkpoints for ever (killed by the test)."""
-    big = np.arange(3 << 20, dtype=np.float32)  # 12 MiB
-    step = 0
-    while True:
-        step += 1
-        save_checkpoint(run_dir, step, {"w": big, "m": big[::-1].copy(), "step": np.array(step)},
-                        {"chain_hash": f"{step:064x}"})
-        big[step % big.size] += 1
+# The crash test: a child process saves checkpoint 1, then SIGKILLs itself at the Nth
+# file-system call of the save of checkpoint 2 (every write, fsync, replace and rename the
+# save makes, learned from the child itself, so the kills follow the code as it changes).
+SAVE_CALLS = ("os:fsync", "os:replace", "os:rename", "lockstep.train.checkpoint:_HashingFile.write")
+REPO_ROOT = Path(__file__).resolve().parents[1]
 
 
-def test_sigkill_during_saves_never_leaves_a_bad_checkpoint(tmp_path):
-    runs = [tmp_path / f"run{i}" for i in range(4)]
-    procs = [subprocess.Popen([sys.executable, os.path.abspath(__file__), "save-loop", str(r)]) for r in runs]
-    try:
-        deadline = time.monotonic() + 90
-        while not all(list_checkpoints(r) for r in runs) and time.monotonic() < deadline:  # imports take a while
-            time.sleep(0.02)
-        for proc, extra in zip(procs, [0.05, 0.23, 0.41, 0.67]):  # staggered, unrelated to the save period
-            time.sleep(extra)
-            proc.send_signal(signal.SIGKILL)
-    finally:
-        for proc in procs:
-            proc.kill()
-            proc.wait()
-    seen_temporary = 0
-    for run in runs:
-        listed = list_checkpoints(run)
-        assert listed, "the save loop produced no checkpoint"
-        for step, path in listed:
-            assert load_checkpoint(path).step == step
-        assert load_checkpoint(run).step == listed[-1][0]
-        seen_temporary += any(p.name.startswith(".tmp-") for p, _ in incomplete_checkpoints(run))
+def _crash_tensors(step: int) -> dict:
+    w = np.arange(1 << 16, dtype=np.float32) + step  # several writes per state file
+    return {"w": w, "m": w[::-1].copy(), "step": np.array(step)}
+
+
+def _save_and_die(run_dir: str, kill_at: int) -> None:
+    """Save checkpoint 1; during the save of checkpoint 2 record the calls (kill_at 0) or die at call kill_at."""
+    import importlib
+
+    save_checkpoint(run_dir, 1, _crash_tensors(1), {"chain_hash": "01" * 32})
+    calls = []
+    for target in SAVE_CALLS:
+        module_name, path = target.split(":")
+        owner = importlib.import_module(module_name)
+        *outer, attr = path.split(".")
+        for name in outer:
+            owner = getattr(owner, name)
+        real = getattr(owner, attr)
+
+        def wrapped(*args, _real=real, _name=target, **kwargs):
+            calls.append(_name)
+            if len(calls) == kill_at:
+                os.kill(os.getpid(), signal.SIGKILL)
+            return _real(*args, **kwargs)
+
+        setattr(owner, attr, wrapped)
+    save_checkpoint(run_dir, 2, _crash_tensors(2), {"chain_hash": "02" * 32})
+    print(json.dumps(calls))
+
+
+def _crash_child(run: Path, kill_at: int) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, os.path.abspath(__file__), "save-and-die", str(run), str(kill_at)],
+                          capture_output=True, text=True, timeout=600,  # a guard against a hang only
+                          env=dict(os.environ, PYTHONPATH=str(REPO_ROOT)))
+
+
+def test_sigkill_at_every_call_of_a_save_never_leaves_a_bad_checkpoint(tmp_path):
+    counted = _crash_child(tmp_path / "count", 0)
+    assert counted.returncode == 0, counted.stderr
+    calls = json.loads(counted.stdout)
+    assert {"os:rename", "lockstep.train.checkpoint:_HashingFile.write"} <= set(calls), calls
+    renamed_at = len(calls) - calls[::-1].index("os:rename")  # 1-based: the rename that publishes step 2
+    for kill_at in range(1, len(calls) + 1):
+        run = tmp_path / f"kill-{kill_at}"
+        r = _crash_child(run, kill_at)
+        where = f"killed at call {kill_at} of {len(calls)} ({calls[kill_at - 1]})"
+        assert r.returncode == -signal.SIGKILL, f"{where}: not killed\n{r.stderr}"
+        listed = [s for s, _ in list_checkpoints(run)]
+        assert listed == ([1, 2] if kill_at > renamed_at else [1]), where
+        for step, path in list_checkpoints(run):
+            assert load_checkpoint(path).step == step, where
+        temporary = [p for p, _ in incomplete_checkpoints(run) if p.name.startswith(".tmp-")]
+        assert bool(temporary) == (kill_at <= renamed_at), where  # an unfinished save is a .tmp- folder
         remove_temporary_checkpoints(run)
-        assert all(not p.name.startswith(".tmp-") for p, _ in incomplete_checkpoints(run))
-    # saving is nearly all of the loop, so kills land in the middle of a save
-    assert seen_temporary >= 1
+        assert not incomplete_checkpoints(run), where
+        save_checkpoint(run, 2, _crash_tensors(2), {"chain_hash": "02" * 32})  # the save can be redone
+        assert load_checkpoint(run).step == 2, where
 
 
 if __name__ == "__main__":
-    if sys.argv[1] == "save-loop":
-        _save_loop(sys.argv[2])
+    if sys.argv[1] == "save-and-die":
+        _save_and_die(sys.argv[2], int(sys.argv[3]))

@@ -159,7 +159,7 @@ def _matmul_cases(seed: int, level: int) -> list[Case]:
                                 gen.random_uniform(seed, ("mm", "bb"), (3, 6, 5)))))
     out.append(Case("wide-range", (gen.random_normal_range(seed, ("mm", "wa"), (6, 40), -60, 60),
                                    gen.random_normal_range(seed, ("mm", "wb"), (40, 6), -60, 60))))
-    out.append(Case("specials", (gen.boundary_values().reshape(6, 6), gen.boundary_values().reshape(6, 6).T.copy())))
+    out.append(Case("specials", (gen.boundary_matrix(), gen.boundary_matrix().T.copy())))
     return out
 
 
@@ -181,7 +181,7 @@ def _max_cases(seed: int, level: int) -> list[Case]:
     out = [Case(f"rows-{n}", (gen.random_uniform(seed, ("max", n), (4, n)),)) for n in (1, 2, 33, 300)]
     signed_zeros = np.array([[0.0, -0.0, -0.0], [-0.0, -0.0, -0.0], [-0.0, 0.0, -1.0]], dtype=np.float32)
     out.append(Case("signed-zeros", (signed_zeros,)))
-    out.append(Case("specials", (gen.boundary_values().reshape(4, 9),)))
+    out.append(Case("specials", (gen.boundary_matrix(),)))
     out.append(Case("axis0", (gen.random_uniform(seed, ("max", "axis0"), (9, 5)),), {"axis": 0}))
     return out
 

@@ -153,13 +153,14 @@ def run_train(args) -> int:
         return 1
     except KeyboardInterrupt:
         if is_root:
-            print(f"\nlockstep train: stopped at once; {_resume_hint(run_dir, 1)}", file=sys.stderr)
+            print(f"\nlockstep train: stopped at once; {_resume_hint(run_dir, 1, args.data)}", file=sys.stderr)
         return 130
     if summary.stopped_by:
         if summary.rank == 0:
             name = signal.Signals(summary.stopped_by).name
             print(f"lockstep train: stopped by {name} after step {summary.last_step} of {summary.target}; "
-                  f"checkpoint {summary.last_step} written. {_resume_hint(summary.run_dir, summary.world_size)}",
+                  f"checkpoint {summary.last_step} written; "
+                  f"{_resume_hint(summary.run_dir, summary.world_size, args.data)}",
                   file=sys.stderr)
         return 128 + summary.stopped_by
     if summary.rank != 0:
@@ -169,10 +170,12 @@ def run_train(args) -> int:
     return 0
 
 
-def _resume_hint(run_dir, world_size: int) -> str:
+def _resume_hint(run_dir, world_size: int, data: str | None) -> str:
+    """The command that resumes ``run_dir`` (with ``--data`` when the data was named: it may be outside the run)."""
     from .train.trainer import RECIPE_FILE
 
     if run_dir is None or not (Path(run_dir) / RECIPE_FILE).is_file():
         return "the run had not started; run the same command again"
     launcher = f"mpiexec -n {world_size} " if world_size > 1 else ""
-    return f"resume with: {launcher}lockstep train --resume {run_dir}"
+    named = f" --data {data}" if data not in (None, "default") else ""
+    return f"resume with: {launcher}lockstep train --resume {run_dir}{named}"

@@ -99,7 +99,7 @@ def test_signal_finishes_the_step_checkpoints_and_resume_reaches_the_target(tmp_
         proc.kill()
         proc.wait()
     assert f"stopped by {signal.Signals(sig).name} after step 3 of 6" in err
-    assert f"resume with: lockstep train --resume {out}" in err
+    assert f"resume with: lockstep train --resume {out} --data {corpus}" in err
     assert [r["step"] for r in read_trajectory(out)] == [1, 2, 3]
     assert [s for s, _ in ckpt.list_checkpoints(out)] == [3]  # not a multiple of 4: written for the stop
     assert not (out / "commitment.json").exists()  # the run has not reached its target
@@ -128,7 +128,7 @@ def test_second_ctrl_c_stops_at_once_and_damages_nothing(tmp_path, corpus, refer
         pause.close()
         proc.kill()
         proc.wait()
-    assert f"stopped at once; resume with: lockstep train --resume {out}" in err, err
+    assert f"stopped at once; resume with: lockstep train --resume {out} --data {corpus}" in err, err
     assert "Traceback" not in err
     assert [s for s, _ in ckpt.list_checkpoints(out)] == [2], left
     ckpt.load_checkpoint(out)  # every digest verified
@@ -161,7 +161,7 @@ def test_a_signal_to_one_rank_stops_every_rank_after_the_same_step(tmp_path, cor
         proc.kill()
         proc.wait()
     assert err.count("stopped by SIGINT after step 2 of 4") == 1, err  # said once, by rank 0
-    assert f"resume with: mpiexec -n 2 lockstep train --resume {out}" in err
+    assert f"resume with: mpiexec -n 2 lockstep train --resume {out} --data {corpus}" in err
     assert "Traceback" not in err
     assert [r["step"] for r in read_trajectory(out)] == [1, 2]
     assert [s for s, _ in ckpt.list_checkpoints(out)] == [2]

@@ -45,8 +45,10 @@ def _steps_arg(text: str) -> list[int]:
 
 def add_audit_parser(subparsers) -> argparse.ArgumentParser:
     """Add ``audit`` and its sub-commands to the ``lockstep`` parser."""
+    from lockstep.cli import plain_help
+
     p = subparsers.add_parser("audit", help="verify a run, replay steps, plan and merge a collective audit",
-                              description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+                              description=plain_help(__doc__), formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="audit_command", metavar="{verify,replay,check,plan,merge,keygen}")
     sub.required = True
 

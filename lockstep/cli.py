@@ -54,8 +54,24 @@ def cmd_conformance(args) -> int:
     return 0 if all_passed(results) else 2
 
 
+def plain_help(docstring: str) -> str:
+    """A module docstring as ``--help`` text: without reStructuredText's double backticks."""
+    return docstring.replace("``", "")
+
+
+class OneLineErrorParser(argparse.ArgumentParser):
+    """A usage error is one line (``lockstep train: error: ...``), printed by rank 0 only under mpiexec."""
+
+    def error(self, message: str):
+        from lockstep.train.trainer import launcher_rank
+
+        if launcher_rank() == 0:
+            print(f"{self.prog}: error: {message} (see {self.prog} --help)", file=sys.stderr)
+        self.exit(2)
+
+
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="lockstep", description="Bit-exact, auditable language-model training.")
+    p = OneLineErrorParser(prog="lockstep", description="Bit-exact, auditable language-model training.")
     sub = p.add_subparsers(dest="command", required=True)
 
     v = sub.add_parser("version", help="package, SPEC_VERSION, NumPy and the CPU features NumPy dispatches on")

@@ -28,7 +28,9 @@ from lockstep.train.data import DEFAULT_SHARD_TOKENS, SOURCE_NAME_RE, DataError,
 
 def add_data_parser(subparsers) -> argparse.ArgumentParser:
     """Add the ``data`` subcommand (``ingest``, ``default``, ``verify``) to ``subparsers``."""
-    p = subparsers.add_parser("data", help="build and check training data folders", description=__doc__,
+    from lockstep.cli import plain_help
+
+    p = subparsers.add_parser("data", help="build and check training data folders", description=plain_help(__doc__),
                               formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="data_command", metavar="{ingest,default,verify}")
     sub.required = True

@@ -1,26 +1,44 @@
-"""``lockstep train``: train a new run, or ``--resume`` one."""
+"""``lockstep train``: train a new run, or ``--resume`` one.
+
+Every flag is checked before anything is written; a bad one is one line on stderr
+(printed once, by rank 0, under ``mpiexec``) and exit status 1. A run stopped by
+SIGINT/SIGTERM writes a checkpoint at its last step and exits 130/143 with the
+command that resumes it.
+"""
 
 from __future__ import annotations
 
 import argparse
-import dataclasses
+import signal
 import sys
 import time
 from pathlib import Path
 
 DEFAULT_STEPS = {"tiny": 100, "small": 100, "open-1b": 10}
+DEFAULT_PRESET = "small"
+DEFAULT_SEED = 42
+PRESETS = ("tiny", "small", "open-1b")
+BACKENDS = ("spec", "numba", "cuda", "metal")
 
 
-def _default_backend() -> str:
+def positive_int(text: str) -> int:
     try:
-        import numba  # noqa: F401
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {value}")
+    return value
 
-        from lockstep.backends import get_backend
 
-        get_backend("numba")
-        return "numba"
-    except Exception:  # noqa: BLE001 - any failure means: use the spec
-        return "spec"
+def seed_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if not 0 <= value < 2**64:
+        raise argparse.ArgumentTypeError(f"must be an integer in [0, 2**64), got {value}")
+    return value
 
 
 def add_train_parser(subparsers) -> argparse.ArgumentParser:
@@ -28,58 +46,136 @@ def add_train_parser(subparsers) -> argparse.ArgumentParser:
         "train",
         help="train an auditable run (one process, or under mpiexec -n R)",
         description="Train an auditable run. With no arguments: the small preset on the embedded default "
-                    "corpus for a few minutes. Under `mpiexec -n R lockstep train ...` the ranks combine "
-                    "gradients with the fixed butterfly and compare state roots every step.",
+                    "corpus for a few minutes. Under mpiexec -n R lockstep train ... the ranks combine "
+                    "gradients with the fixed butterfly and compare state roots every step. Ctrl-C (or "
+                    "SIGTERM) finishes the current step, writes a checkpoint and says how to resume; a "
+                    "second Ctrl-C stops at once (the run then resumes from its last checkpoint).",
     )
-    p.add_argument("--preset", default="small", help="tiny, small or open-1b (default: small)")
-    p.add_argument("--data", default="default", help="'default' (embedded corpus) or a data folder / manifest.json")
+    p.add_argument("--preset", choices=PRESETS, help=f"model and schedule (default: {DEFAULT_PRESET})")
+    p.add_argument("--data", help="a data folder or its manifest.json (default: the embedded corpus, built in "
+                                  "the run); with --resume: where the run's data is now (its manifest digest "
+                                  "is checked against the recipe)")
     g = p.add_mutually_exclusive_group()
-    g.add_argument("--steps", type=int, help="train until this step (default: depends on the preset)")
-    g.add_argument("--tokens", type=int, help="train until this many tokens are consumed")
+    g.add_argument("--steps", type=positive_int, help="train until this step (default: depends on the preset; "
+                                                      "with --resume: the run's recorded target)")
+    g.add_argument("--tokens", type=positive_int, help="train until this many tokens are consumed")
     p.add_argument("--out", help="run directory (default: runs/<preset>-<time>)")
-    p.add_argument("--backend", default=None, help="spec or numba (default: numba when installed, else spec)")
-    p.add_argument("--seed", type=int, default=42)
-    p.add_argument("--micro-batch", type=int, help="sequences per micro-batch (default: the preset's)")
-    p.add_argument("--batch", type=int, help="global batch in sequences, fixed (default: the preset's ramp)")
-    p.add_argument("--checkpoint-every", type=int, default=50, help="checkpoint every K steps (and at the end)")
-    p.add_argument("--resume", metavar="RUN", help="continue RUN from its last complete checkpoint")
+    p.add_argument("--backend", choices=BACKENDS, help="spec or numba (default: numba; without it, say "
+                                                       "--backend spec, about 60x slower)")
+    p.add_argument("--seed", type=seed_int, help="seed of the initial weights and of the data order, an integer "
+                                                 f"in [0, 2**64) (default: {DEFAULT_SEED})")
+    p.add_argument("--micro-batch", type=positive_int, help="sequences per micro-batch (default: the preset's)")
+    p.add_argument("--batch", type=positive_int, help="global batch in sequences, fixed (default: the preset's ramp)")
+    p.add_argument("--checkpoint-every", type=positive_int, default=50,
+                   help="checkpoint every K steps, at the end and when stopped (default: 50)")
+    p.add_argument("--resume", metavar="RUN", help="continue RUN from its last complete checkpoint (or its "
+                                                   "initial state), to its recorded target unless --steps/--tokens")
     p.add_argument("--no-quantize", action="store_true", help="float32 linears instead of int8 W8A8")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=run_train)
     return p
 
 
+def default_backend() -> str:
+    """numba, or ``BackendUnavailable`` saying why not: never a silent switch to the ~60x slower spec."""
+    from lockstep.backends import BackendUnavailable, get_backend
+
+    try:
+        get_backend("numba")
+    except BackendUnavailable as exc:
+        raise BackendUnavailable(f"{exc}; or pass --backend spec to train on the pure-NumPy spec "
+                                 "(the same bits, about 60x slower)") from None
+    except Exception as exc:  # noqa: BLE001 - a broken install must be reported, not papered over
+        raise BackendUnavailable(f"the numba backend does not load here ({type(exc).__name__}: {exc}); "
+                                 "repair it (`lockstep conformance --backend numba`), or pass --backend spec "
+                                 "(the same bits, about 60x slower)") from None
+    return "numba"
+
+
+def recipe_checker(args):
+    """``check_recipe(recipe)`` for a resume: refuse every flag whose value differs from the run's recipe."""
+    from .train.trainer import RecipeMismatch
+
+    def check(recipe: dict) -> None:
+        model, train = recipe.get("model", {}), recipe.get("train", {})
+        recorded = {
+            "--preset": (args.preset, model.get("name")),
+            "--seed": (args.seed, recipe.get("seed")),
+            "--micro-batch": (args.micro_batch, train.get("micro_batch")),
+            "--batch": (args.batch and [[0, args.batch]], train.get("batch_ramp")),
+            "--no-quantize": (False if args.no_quantize else None, model.get("quantize")),
+        }
+        for flag, (given, theirs) in recorded.items():
+            if given is not None and given != theirs:
+                raise RecipeMismatch(f"{flag} differs from the run's recipe.json ({theirs!r}); a resume continues "
+                                     f"the run as it was made: drop {flag}, or start a new run with --out")
+
+    return check
+
+
 def run_train(args) -> int:
     from lockstep.backends import BackendUnavailable
 
     from .train.checkpoint import CheckpointError
+    from .train.collectives import AgreedError
     from .train.config import preset, train_preset
     from .train.data import DataError
     from .train.optim import NonFiniteError
-    from .train.trainer import RecipeMismatch, train
+    from .train.trainer import RecipeMismatch, launcher_rank, train
 
-    backend = args.backend or _default_backend()
+    is_root = launcher_rank() == 0
+    run_dir = args.resume or args.out
     try:
+        if args.resume and args.out is not None:
+            raise ValueError(f"--out names a new run; --resume {args.resume} continues that run in place")
+        backend = args.backend or default_backend()
         if args.resume:
-            summary = train(args.resume, resume=True, steps=args.steps, tokens=args.tokens, backend_name=backend,
-                            checkpoint_every=args.checkpoint_every, progress=not args.quiet)
+            summary = train(args.resume, resume=True, data=args.data, steps=args.steps, tokens=args.tokens,
+                            backend_name=backend, checkpoint_every=args.checkpoint_every, progress=not args.quiet,
+                            check_recipe=recipe_checker(args))
         else:
-            cfg = preset(args.preset, quantize=not args.no_quantize)
-            tcfg = train_preset(args.preset)
-            if args.micro_batch:
-                tcfg = dataclasses.replace(tcfg, micro_batch=args.micro_batch)
+            name = args.preset or DEFAULT_PRESET
+            cfg = preset(name, quantize=not args.no_quantize)
+            overrides = {"micro_batch": args.micro_batch} if args.micro_batch else {}
             if args.batch:
-                tcfg = dataclasses.replace(tcfg, batch_ramp=((0, args.batch),))
-            steps = args.steps if args.steps is not None or args.tokens is not None else DEFAULT_STEPS.get(args.preset, 50)
-            out = args.out or str(Path("runs") / f"{args.preset}-{time.strftime('%Y%m%d-%H%M%S')}")
-            summary = train(out, cfg=cfg, tcfg=tcfg, data=args.data, seed=args.seed, steps=steps, tokens=args.tokens,
-                            backend_name=backend, checkpoint_every=args.checkpoint_every, progress=not args.quiet)
-    except (BackendUnavailable, RecipeMismatch, CheckpointError, DataError, NonFiniteError, FileExistsError,
-            FileNotFoundError, ValueError) as e:
-        print(f"lockstep train: {type(e).__name__}: {e}", file=sys.stderr)
+                overrides["batch_ramp"] = ((0, args.batch),)
+            tcfg = train_preset(name, **overrides)
+            steps = args.steps if args.steps is not None or args.tokens is not None else DEFAULT_STEPS[name]
+            run_dir = args.out or str(Path("runs") / f"{name}-{time.strftime('%Y%m%d-%H%M%S')}")
+            summary = train(run_dir, cfg=cfg, tcfg=tcfg, data=args.data, steps=steps, tokens=args.tokens,
+                            seed=DEFAULT_SEED if args.seed is None else args.seed, backend_name=backend,
+                            checkpoint_every=args.checkpoint_every, progress=not args.quiet)
+    except (BackendUnavailable, RecipeMismatch, CheckpointError, DataError, NonFiniteError, AgreedError,
+            OSError, ValueError) as e:
+        if is_root:
+            what = "" if isinstance(e, AgreedError) else f"{type(e).__name__}: "
+            print(f"lockstep train: {what}{e}", file=sys.stderr)
         return 1
+    except KeyboardInterrupt:
+        if is_root:
+            print(f"\nlockstep train: stopped at once; {_resume_hint(run_dir, 1, args.data)}", file=sys.stderr)
+        return 130
+    if summary.stopped_by:
+        if summary.rank == 0:
+            name = signal.Signals(summary.stopped_by).name
+            print(f"lockstep train: stopped by {name} after step {summary.last_step} of {summary.target}; "
+                  f"checkpoint {summary.last_step} written; "
+                  f"{_resume_hint(summary.run_dir, summary.world_size, args.data)}",
+                  file=sys.stderr)
+        return 128 + summary.stopped_by
     if summary.rank != 0:
         return 0
     print(f"run directory: {summary.run_dir}")
     print(f"last step {summary.last_step}, chain hash {summary.chain_hash}")
     return 0
+
+
+def _resume_hint(run_dir, world_size: int, data: str | None) -> str:
+    """The command that resumes ``run_dir`` (with ``--data`` when the data was named: it may be outside the run)."""
+    from .train.trainer import RECIPE_FILE
+
+    if run_dir is None or not (Path(run_dir) / RECIPE_FILE).is_file():
+        return "the run had not started; run the same command again"
+    launcher = f"mpiexec -n {world_size} " if world_size > 1 else ""
+    named = f" --data {data}" if data not in (None, "default") else ""
+    return f"resume with: {launcher}lockstep train --resume {run_dir}{named}"

@@ -71,8 +71,8 @@ def run1(tmp_path_factory, corpus):
 
     out = tmp_path_factory.mktemp("audit-run1") / "run"
     tcfg = dataclasses.replace(train_preset("tiny"), micro_batch=2, batch_ramp=((0, 6),))
-    train(out, cfg=preset("tiny"), tcfg=tcfg, data=str(corpus), steps=4, checkpoint_every=2, progress=False,
-          log=lambda *a, **k: None)
+    train(out, cfg=preset("tiny"), tcfg=tcfg, steps=4, checkpoint_every=2, progress=False,
+          log=lambda *a, **k: None)  # the default corpus, inside the run: an auditor needs no --data
     return out
 
 
@@ -86,7 +86,7 @@ def mpi_run(tmp_path_factory, corpus):
             out = tmp_path_factory.mktemp(f"audit-run{world}") / "run"
             env = dict(os.environ, MPIR_CVAR_ENABLE_HEAVY_YIELD="1")
             r = subprocess.run(["mpiexec", "-n", str(world), sys.executable, "-m", "lockstep.cli", "train", *TINY,
-                                "--steps", "3", "--checkpoint-every", "2", "--data", str(corpus), "--out", str(out)],
+                                "--steps", "3", "--checkpoint-every", "2", "--out", str(out)],
                                capture_output=True, text=True, timeout=600, env=env)
             assert r.returncode == 0, r.stderr[-3000:]
             _MPI_RUNS[world] = out

@@ -8,8 +8,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import killpoint
 import numpy as np
 import pytest
+from killpoint import Paused
 
 from lockstep.backends import get_backend
 from lockstep.train import checkpoint as ckpt
@@ -85,54 +87,6 @@ def _train_cmd(out, corpus, steps):
             "--data", str(corpus), "--out", str(out)]
 
 
-# A child Python that runs `lockstep ...` with one real function wrapped: at the Nth call
-# whose first argument contains MATCH, it SIGKILLs itself ("before" or "after" the call),
-# or ("pause") tells the parent through the file descriptor PAUSE_FD and blocks on stdin
-# until the parent acts. Kills therefore land at observed events, never after a delay.
-KILL_POINT = r"""
-import importlib, os, signal, sys
-target, when, nth, match, pause_fd, *argv = sys.argv[1:]
-module_name, attr = target.split(":")
-owner = importlib.import_module(module_name)
-real = getattr(owner, attr)
-calls = 0
-
-def wrapped(*args, **kwargs):
-    global calls
-    matches = match in str(args[0] if args else "")
-    calls += matches
-    hit = matches and calls == int(nth)
-    if hit and when == "before":
-        os.kill(os.getpid(), signal.SIGKILL)
-    if hit and when == "pause":
-        os.write(int(pause_fd), b"paused\n")
-        sys.stdin.buffer.readline()
-    result = real(*args, **kwargs)
-    if hit and when == "after":
-        os.kill(os.getpid(), signal.SIGKILL)
-    return result
-
-setattr(owner, attr, wrapped)
-from lockstep.cli import main
-sys.exit(main(argv))
-"""
-
-
-def _at_kill_point(target, when, nth, match, argv, pause_fd=-1, **popen):
-    """Popen of `lockstep argv` with ``target`` wrapped (see KILL_POINT)."""
-    return subprocess.Popen([sys.executable, "-c", KILL_POINT, target, when, str(nth), match, str(pause_fd),
-                             *argv], **popen)
-
-
-def _wait_for_pause(read_fd, proc):
-    """Block until the child reports that it reached its pause point (or died)."""
-    import select
-
-    ready, _, _ = select.select([read_fd], [], [], 600)  # a guard against a hang, not a timing assumption
-    assert ready, "the child neither paused nor exited"
-    assert os.read(read_fd, 100) == b"paused\n", f"the child exited early ({proc.wait()}): {proc.stderr.read()[-3000:]}"
-
-
 # (what is wrapped, when, the Nth matching call, substring of its first argument, where the kill lands);
 # each kill interrupts the run the previous ones left behind
 KILLS = [
@@ -150,27 +104,26 @@ KILLS = [
 
 
 def _next_command(out, corpus, steps):
-    """Resume from the last complete checkpoint; without one, start afresh in a clean folder."""
-    if ckpt.list_checkpoints(out):
-        return ["train", "--resume", str(out), "--steps", str(steps), "--backend", "spec", "--quiet",
+    """Resume the run once it has a recipe (from its last checkpoint, or its initial state without one);
+    before that, start it again in the same folder."""
+    if (out / "recipe.json").exists():
+        return ["train", "--resume", str(out), "--data", str(corpus), "--backend", "spec", "--quiet",
                 "--checkpoint-every", "2"]
-    if out.exists():
-        shutil.rmtree(out)
     return _train_cmd(out, corpus, steps)[len(LOCKSTEP):]
 
 
-def _kill_from_outside(target, nth, match, argv, trajectory_steps, out):
-    read_fd, write_fd = os.pipe()
-    proc = _at_kill_point(target, "pause", nth, match, argv, write_fd, pass_fds=(write_fd,), stdin=subprocess.PIPE,
-                          stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    os.close(write_fd)
+def _kill_from_outside(target, nth, match, argv, trajectory_steps, out, tmp_path):
+    pause = Paused(tmp_path / "fifos")
+    proc = killpoint.launch(target, "pause", nth, match, argv, pause.folder, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE)
     try:
-        _wait_for_pause(read_fd, proc)
+        pid = pause.wait(proc)
+        assert pid == proc.pid
         assert [r["step"] for r in read_trajectory(out)] == trajectory_steps
         proc.send_signal(signal.SIGKILL)
-        return proc.wait(timeout=600), b""
+        return proc.wait(timeout=killpoint.HANG_GUARD_S), b""
     finally:
-        os.close(read_fd)
+        pause.close()
         proc.kill()
         proc.wait()
 
@@ -186,10 +139,10 @@ def test_kill_9_and_resume_reproduces_the_trajectory(tmp_path, corpus):
     for target, when, nth, match, where in KILLS:
         argv = _next_command(out, corpus, steps)
         if when == "pause":
-            rc, err = _kill_from_outside(target, nth, match, argv, [1, 2, 3, 4], out)
+            rc, err = _kill_from_outside(target, nth, match, argv, [1, 2, 3, 4], out, tmp_path)
         else:
-            proc = _at_kill_point(target, when, nth, match, argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-            _, err = proc.communicate(timeout=600)
+            proc = killpoint.launch(target, when, nth, match, argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+            _, err = proc.communicate(timeout=killpoint.HANG_GUARD_S)
             rc = proc.returncode
         assert rc == -signal.SIGKILL, f"{where}: not killed (exit {rc})\n{err.decode()[-3000:]}"
         if where.startswith("mid-checkpoint-write"):
@@ -233,8 +186,9 @@ def test_changed_recipe_is_refused_on_resume(tmp_path, corpus):
     recipe["train"]["peak_lr"] = 0.5
     (out / "recipe.json").write_text(json.dumps(recipe))
     with pytest.raises(RecipeMismatch):
-        train(out, resume=True, steps=3, progress=False, log=lambda *a: None)
-    r = subprocess.run([*LOCKSTEP, "train", "--resume", str(out), "--steps", "3", "--backend", "spec"],
+        train(out, resume=True, data=str(corpus), steps=3, progress=False, log=lambda *a: None)
+    r = subprocess.run([*LOCKSTEP, "train", "--resume", str(out), "--data", str(corpus), "--steps", "3",
+                        "--backend", "spec"],
                        capture_output=True, text=True, timeout=300)
     assert r.returncode == 1 and "RecipeMismatch" in r.stderr
 

@@ -8,10 +8,10 @@ The checks, in order (each failure is one ``Finding``; all are collected):
    matches its sidecar). Leftover ``.tmp-*`` folders and unknown files are warnings.
 2. **Recipe.** Strict JSON, known keys only (``ModelConfig.from_dict``), and its
    SHA-256 (``trainer.recipe_digest``) gives ``H_0 = genesis(recipe)``.
-3. **Data.** The recipe's data folder (relative: through ``safe_join``; absolute, as
-   ``train --data DIR`` records it: used, with a warning; or ``--data DIR``):
-   ``Manifest.load`` checks every shard's SHA-256 before any shard is read, and the
-   manifest's digest must be the recipe's.
+3. **Data.** ``rundir.open_run_data``: the recipe's data folder, which must be inside
+   the run (a folder elsewhere, as ``train --data DIR`` records it, is read only when
+   the auditor names it with ``--data DIR``); the manifest's digest must be the
+   recipe's before any shard is read, then every shard's SHA-256 is checked.
 4. **Trajectory and chain.** Strict JSON lines, steps 1..N in order, hex digests;
    the chain is recomputed from ``H_0``: ``H_t = chain_hash(t, H_{t-1}, state_root_t,
    batch_digest_t)`` must equal each record's ``chain_hash`` (a broken link is
@@ -46,7 +46,8 @@ from lockstep.fsio import FileFormatError, UnsafePath, parse_json, read_json, re
 from lockstep.spec import SPEC_VERSION, hashing
 from lockstep.train import checkpoint as ckpt
 from lockstep.train.config import ModelConfig, TrainConfig
-from lockstep.train.data import DataError, GlobalStream, Manifest, batch_digest
+from lockstep.train.data import GlobalStream, Manifest, batch_digest
+from lockstep.train.rundir import TARGET_FILE, DataLocationError, open_run_data, run_data_folder
 from lockstep.train.trainer import (COMMITMENT_FILE, DATA_DIR, METRICS_FILE, RECIPE_FILE, RECIPE_FORMAT,
                                     TRAJECTORY_FILE, genesis, recipe_configs, recipe_digest)
 
@@ -54,7 +55,7 @@ HEX64 = re.compile(r"[0-9a-f]{64}")
 BITS_RE = re.compile(r"0x[0-9A-F]{8}")
 MAX_TRAJECTORY_BYTES = 1 << 30  # a billion bytes is ~3M steps; refuse anything larger
 KNOWN_TOP_LEVEL = {RECIPE_FILE, TRAJECTORY_FILE, METRICS_FILE, COMMITMENT_FILE, DATA_DIR, ckpt.CHECKPOINTS_DIR,
-                   "loss.png"}
+                   "loss.png", TARGET_FILE}
 RECORD_HEX_KEYS = ("state_root", "batch_digest", "chain_hash")
 RECORD_FLOAT_KEYS = ("lr", "loss", "grad_norm")
 
@@ -183,23 +184,12 @@ def configs(recipe: dict) -> tuple[ModelConfig, TrainConfig]:
 
 
 def data_location(run_dir: Path, recipe: dict, override: str | os.PathLike | None = None) -> tuple[Path, str | None]:
-    """Where the run's data is, and a warning when it is outside the run directory.
-
-    ``override`` (``--data DIR``) wins. A relative folder goes through ``safe_join``
-    (``../x`` or a symlink out of the run raises ``RunFileError``); an absolute one is
-    what ``train --data DIR`` records: it is used, and said.
-    """
-    if override is not None:
-        return Path(override), None
-    folder = recipe["data"]["folder"]
-    if os.path.isabs(folder):
-        return Path(folder), (f"the data folder is outside the run directory ({folder}, recorded by "
-                              "`train --data`); its files are verified against the recipe's manifest digest. "
-                              "Pass --data DIR to use your own copy")
-    path = run_path(run_dir, folder)
-    if path.is_dir():
-        run_path(run_dir, f"{folder.rstrip('/')}/manifest.json")  # a manifest symlinked out of the run
-    return path, None
+    """Where the run's data is (``rundir.run_data_folder``: ``--data DIR``, else the recipe's folder, which
+    must be inside the run) and a warning (none today); ``RunFileError`` when it is outside the run."""
+    try:
+        return run_data_folder(run_dir, recipe, override), None
+    except DataLocationError as exc:
+        raise RunFileError(str(exc)) from None
 
 
 def step_plans(tcfg: TrainConfig, seq_len: int, last_step: int):
@@ -220,17 +210,11 @@ def step_plans(tcfg: TrainConfig, seq_len: int, last_step: int):
 
 
 def open_data(run_dir: Path, recipe: dict, override: str | os.PathLike | None = None) -> Manifest:
-    """The run's data, every shard verified, and the manifest digest checked against the recipe."""
-    path, _ = data_location(run_dir, recipe, override)
+    """The run's data (``rundir.open_run_data``: manifest digest checked against the recipe, then every shard)."""
     try:
-        manifest = Manifest.load(path)
-    except DataError as exc:
+        return open_run_data(run_dir, recipe, override)
+    except DataLocationError as exc:
         raise RunFileError(str(exc)) from None
-    want = recipe["data"]["manifest_sha256"]
-    if manifest.sha256 != want:
-        raise RunFileError(f"{manifest.path}: manifest SHA-256 {manifest.sha256} is not the recipe's {want}; "
-                           "this is not the data the run was trained on: pass --data with the run's data folder")
-    return manifest
 
 
 def _check_record(rec: Any, lineno: int, path: Path) -> None:

@@ -425,16 +425,66 @@ def check_state_agreement(comm, state_root_hex: str, step: int) -> None:
         raise RankDisagreement(step, roots)
 
 
+class AgreedError(RuntimeError):
+    """An error that every rank raises together (``on_all_ranks``): no rank is left waiting.
+
+    ``rank`` is the lowest rank where it happened; the message is that rank's error.
+    """
+
+    def __init__(self, message: str, rank: int):
+        super().__init__(message)
+        self.rank = rank
+
+
+def on_all_ranks(comm, fn: Callable[[], object]):
+    """Run ``fn()`` on every rank; if it raised ``Exception`` on any rank, raise on every rank.
+
+    One allgather of the ranks' outcomes follows ``fn``, so every rank either goes on
+    or raises ``AgreedError`` (with the lowest failing rank's ``TypeName: message``).
+    Only use it where all ranks call it in the same order and ``fn`` holds no
+    collective. With ``comm`` None the error propagates unchanged.
+    """
+    if comm is None:
+        return fn()
+    error, result = None, None
+    try:
+        result = fn()
+    except Exception as exc:  # noqa: BLE001 - the peers must hear of any failure
+        error = exc
+    outcomes = comm.allgather(None if error is None else f"{type(error).__name__}: {error}")
+    failed = [(r, text) for r, text in enumerate(outcomes) if text is not None]
+    if failed:
+        rank, text = failed[0]
+        if len(outcomes) > 1 and len(failed) < len(outcomes):
+            text += f" (on rank {', '.join(str(r) for r, _ in failed)} of {len(outcomes)})"
+        raise AgreedError(text, rank) from error
+    return result
+
+
+def max_over_ranks(comm, value: int) -> int:
+    """The largest of the ranks' small integers (an exact integer ``MPI_Allreduce``)."""
+    if comm is None:
+        return int(value)
+    from mpi4py import MPI
+
+    out = np.zeros(1, dtype=np.int64)
+    comm.Allreduce(np.array([value], dtype=np.int64), out, op=MPI.MAX)
+    return int(out[0])
+
+
 @contextlib.contextmanager
 def abort_on_exception(comm, stream=None) -> Iterator[None]:
     """Run the body; if it raises, print the error with the rank number and ``comm.Abort(1)``.
 
     Without this an exception on one rank leaves the others blocked in a
-    collective for ever. ``SystemExit(0)`` passes through; any other exception,
-    ``KeyboardInterrupt`` and non-zero ``SystemExit`` included, ends the job.
+    collective for ever. ``SystemExit(0)`` and ``AgreedError`` (raised on every
+    rank at once) pass through; any other exception, ``KeyboardInterrupt`` and
+    non-zero ``SystemExit`` included, ends the job.
     """
     try:
         yield
+    except AgreedError:
+        raise
     except SystemExit as exc:
         if exc.code in (None, 0):
             raise
@@ -447,8 +497,11 @@ def _report_and_abort(comm, stream) -> None:
     stream = stream if stream is not None else sys.stderr
     rank, size = comm.Get_rank(), comm.Get_size()
     try:
-        text = traceback.format_exc()
-        stream.write(f"[lockstep rank {rank}/{size}] aborting the job after an error:\n{text}")
+        if isinstance(sys.exc_info()[1], KeyboardInterrupt):
+            text = "interrupted (a second Ctrl-C or signal); the run resumes from its last complete checkpoint\n"
+        else:
+            text = "aborting the job after an error:\n" + traceback.format_exc()
+        stream.write(f"[lockstep rank {rank}/{size}] {text}")
         stream.flush()
     finally:
         comm.Abort(1)

@@ -3,6 +3,7 @@
 Run directory::
 
     recipe.json          everything that defines the run; its digest is bound into H_0
+    target.json          the step the run is to reach (``rundir``); not part of the chain
     data/                the embedded default corpus (manifest + shards), when used
     trajectory.jsonl     one record per step: step, tokens, lr, loss, grad_norm,
                          state_root, batch_digest, chain_hash (+ exact float bits)
@@ -15,10 +16,18 @@ The loop, per step t: plan the global batch (``step.plan_step``), compute this
 rank's contribution (``step.rank_contribution``), combine with the fixed butterfly
 (``collectives.allreduce_dict``), clip + AdamW (``step.apply_update``), compare
 state roots across ranks, extend the chain, record, checkpoint every K steps.
+
+Before the loop every argument is checked on every rank and nothing is written
+until all agree (``collectives.on_all_ranks``). A resume starts from the last
+complete checkpoint, or from the initial state (recipe and seed) when there is
+none, and runs to the recorded target unless given another. The first SIGINT or
+SIGTERM ends the run after the current step with a checkpoint (``stop``), the
+ranks agreeing on the step; the second stops it at once.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -38,7 +47,9 @@ from .config import ModelConfig, TrainConfig
 from .data import GlobalStream, Manifest, batch_digest
 from .model import init_params
 from .optim import AdamWState
+from .rundir import TARGET_FILE, open_run_data, read_target, write_target
 from .step import apply_update, float_record, plan_step, rank_contribution, split_state, state_tensors
+from .stop import StopRequest
 
 RECIPE_FILE = "recipe.json"
 TRAJECTORY_FILE = "trajectory.jsonl"
@@ -90,17 +101,6 @@ def recipe_configs(recipe: dict) -> tuple[ModelConfig, TrainConfig]:
     return ModelConfig.from_dict(recipe["model"]), TrainConfig.from_dict(recipe["train"])
 
 
-def open_run_data(run_dir: Path, recipe: dict, override: str | Path | None = None) -> Manifest:
-    """The run's data, verified, and checked against the recipe's manifest digest."""
-    folder = recipe["data"]["folder"]
-    path = Path(override) if override else (safe_join(run_dir, folder) if not Path(folder).is_absolute() else Path(folder))
-    manifest = Manifest.load(path)
-    if manifest.sha256 != recipe["data"]["manifest_sha256"]:
-        raise ValueError(f"{manifest.path}: manifest digest {manifest.sha256} is not the run's "
-                         f"{recipe['data']['manifest_sha256']}; use the data the run was trained on")
-    return manifest
-
-
 # ---------------------------------------------------------------- trajectory
 
 def read_trajectory(run_dir: Path, tolerate_torn_tail: bool = False) -> list[dict]:
@@ -131,6 +131,19 @@ def _append_line(path: Path, obj: dict) -> None:
 
 
 # ---------------------------------------------------------------- MPI
+
+LAUNCHER_RANK_VARIABLES = ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK")
+
+
+def launcher_rank() -> int:
+    """This process's rank as mpiexec set it in the environment (0 when not launched by mpiexec);
+    known before MPI starts, so errors in the arguments are printed by rank 0 only."""
+    for key in LAUNCHER_RANK_VARIABLES:
+        value = os.environ.get(key, "")
+        if value.isdigit():
+            return int(value)
+    return 0
+
 
 def mpi_world():
     """``(comm, rank, size)``; comm is None when not launched by mpiexec."""
@@ -174,10 +187,13 @@ class Progress:
 @dataclass
 class RunSummary:
     run_dir: Path
-    last_step: int
+    last_step: int          # the last step trained (the target, unless stopped early)
     chain_hash: str
     loss: float
     rank: int = 0
+    target: int = 0         # the step the run is to reach (target.json)
+    stopped_by: int = 0     # the signal that stopped the run before its target; 0 if none
+    world_size: int = 1
 
 
 def _plot_loss(run_dir: Path, trajectory: list[dict]) -> Path | None:
@@ -205,105 +221,191 @@ def _plot_loss(run_dir: Path, trajectory: list[dict]) -> Path | None:
     return path
 
 
-def train(run_dir: str | Path, *, cfg: ModelConfig | None = None, tcfg: TrainConfig | None = None,
-          data: str = "default", seed: int = 42, steps: int | None = None, tokens: int | None = None,
-          backend_name: str = "spec", checkpoint_every: int = 50, resume: bool = False,
-          progress: bool = True, log=print) -> RunSummary:
-    """Train (or resume) the run in ``run_dir``; see the module docstring."""
-    from lockstep.backends import get_backend
+@dataclass
+class _Start:
+    """Everything the loop needs, checked on every rank before anything is written."""
+    recipe: dict
+    cfg: ModelConfig
+    tcfg: TrainConfig
+    params: dict
+    opt: AdamWState
+    start_step: int
+    prev_chain: str
+    stream: GlobalStream
+    last_step: int
+    kept_trajectory: list[dict] | None  # resume, rank 0: the records up to start_step, to rewrite
 
-    from .collectives import abort_on_exception, allreduce_dict, check_state_agreement
+
+def train(run_dir: str | Path, *, cfg: ModelConfig | None = None, tcfg: TrainConfig | None = None,
+          data: str | Path | None = None, seed: int = 42, steps: int | None = None, tokens: int | None = None,
+          backend_name: str = "spec", checkpoint_every: int = 50, resume: bool = False,
+          progress: bool = True, log=print, check_recipe=None, handle_signals: bool = True) -> RunSummary:
+    """Train (or resume) the run in ``run_dir``; see the module docstring.
+
+    A new run needs ``cfg``, ``tcfg``, ``seed``, ``steps`` or ``tokens``, and ``data``
+    (None or ``"default"``: the embedded corpus, built inside the run; else a data
+    folder). A resume (``resume=True``) takes all of that from the run; ``data`` is
+    then the user's ``--data DIR`` (default: the recipe's folder, which must be inside
+    the run), ``steps``/``tokens`` move the target (default: the recorded one), and
+    ``check_recipe(recipe)`` may refuse settings the run cannot honour.
+
+    Every argument is checked, on every rank, before anything is written; an error
+    found then is raised on all ranks together (``AgreedError`` under mpiexec). With
+    ``handle_signals`` the first SIGINT/SIGTERM stops the run after the current step
+    with a checkpoint (``RunSummary.stopped_by``), the second at once.
+    """
+    from .collectives import abort_on_exception, on_all_ranks
 
     comm, rank, world = mpi_world()
     run_dir = Path(run_dir)
-    be = get_backend(backend_name)
     is_root = rank == 0
     say = log if is_root else (lambda *a, **k: None)
 
     ctx = abort_on_exception(comm) if comm is not None else _null_ctx()
     with ctx:
+        be = on_all_ranks(comm, lambda: _checked_backend(backend_name, checkpoint_every))
         if resume:
-            recipe = load_recipe(run_dir)
-            if recipe.get("spec_version") != SPEC_VERSION:
-                raise RecipeMismatch(f"{run_dir}: run made with SPEC_VERSION {recipe.get('spec_version')}, "
-                                     f"this lockstep has {SPEC_VERSION}; replay it with a matching version")
-            r_cfg, r_tcfg = recipe_configs(recipe)
-            if cfg is not None and cfg != r_cfg or tcfg is not None and tcfg != r_tcfg:
-                raise RecipeMismatch(f"{run_dir}: the model/train settings given differ from recipe.json; "
-                                     "resume without changing them (or start a new run)")
-            if recipe["world_size"] != world:
-                raise RecipeMismatch(f"{run_dir}: recorded world size {recipe['world_size']}, launched with {world}; "
-                                     f"resume with mpiexec -n {recipe['world_size']}")
-            cfg, tcfg = r_cfg, r_tcfg
-            manifest = open_run_data(run_dir, recipe)
-            seed = recipe["seed"]
+            st = on_all_ranks(comm, lambda: _resume_start(run_dir, data, steps, tokens, world, is_root, check_recipe,
+                                                          cfg, tcfg))
         else:
-            if cfg is None or tcfg is None:
-                raise ValueError("train needs a model and a train config for a new run")
+            st = _new_run_start(comm, run_dir, cfg, tcfg, data, seed, steps, tokens, world, is_root, say)
+        # every argument is checked: now write (rank 0), and make sure it worked everywhere
+        on_all_ranks(comm, lambda: _write_start(run_dir, st, resume) if is_root else None)
+        if resume:
+            say(f"resuming {run_dir} from " + (f"step {st.start_step}" if st.start_step else
+                                                "its initial state (no checkpoint yet)"))
+        with StopRequest(install=handle_signals, announce=is_root) as stop:
+            return _run_loop(comm, rank, world, run_dir, st, be, checkpoint_every, progress, say, stop)
+
+
+def _checked_backend(backend_name: str, checkpoint_every: int):
+    from lockstep.backends import get_backend
+
+    if type(checkpoint_every) is not int or checkpoint_every < 1:
+        raise ValueError(f"checkpoint_every must be a positive integer, got {checkpoint_every!r}")
+    return get_backend(backend_name)
+
+
+def _new_run_start(comm, run_dir: Path, cfg, tcfg, data, seed, steps, tokens, world, is_root, say) -> _Start:
+    from .collectives import on_all_ranks
+
+    if cfg is None or tcfg is None:
+        raise ValueError("train needs a model and a train config for a new run")
+    default_data = data in (None, "default")
+
+    def check() -> tuple[int, Manifest | None]:
+        if type(seed) is not int or not 0 <= seed < 2**64:
+            raise ValueError(f"seed must be an integer in [0, 2**64), got {seed!r}")
+        if is_root and (run_dir / RECIPE_FILE).exists():
+            raise FileExistsError(f"{run_dir} already holds a run; use --resume to continue it or pick another --out")
+        last = _last_step(tcfg, cfg.seq_len, 0, steps, tokens, None)
+        manifest = None if default_data else Manifest.load(data)
+        if manifest is not None:
+            _check_vocab(manifest, cfg)
+        return last, manifest
+
+    last_step, manifest = on_all_ranks(comm, check)
+    if default_data:
+        from .corpus import default_corpus
+
+        def build() -> None:
             if is_root:
-                if (run_dir / RECIPE_FILE).exists():
-                    raise FileExistsError(f"{run_dir} already holds a run; use --resume to continue it or pick another --out")
                 run_dir.mkdir(parents=True, exist_ok=True)
-            if comm is not None:
-                comm.Barrier()
-            if data == "default":
-                from .corpus import default_corpus
+                default_corpus(run_dir / DATA_DIR, progress=lambda m: say(m))
 
-                folder = run_dir / DATA_DIR
-                if is_root:
-                    default_corpus(folder, progress=lambda m: say(m))
-                if comm is not None:
-                    comm.Barrier()
-                manifest = Manifest.load(folder)
-                data_folder = DATA_DIR
-            else:
-                manifest = Manifest.load(data)
-                data_folder = str(manifest.folder.resolve())
-            if manifest.vocab_size > cfg.vocab_size:
-                raise ValueError(f"the data's tokenizer has {manifest.vocab_size} ids but the model only "
-                                 f"{cfg.vocab_size}; raise vocab_size")
-            recipe = make_recipe(cfg, tcfg, manifest, data_folder, seed, world)
-            if is_root:
-                atomic_write_bytes(run_dir / RECIPE_FILE, json.dumps(recipe, indent=2, sort_keys=True).encode() + b"\n")
-        h0 = genesis(recipe)
+        on_all_ranks(comm, build)
+    folder = DATA_DIR if default_data else str(manifest.folder.resolve())
 
-        # ---- starting state
-        if resume:
-            found = ckpt.latest_checkpoint(run_dir)
-            if found is None:
-                raise FileNotFoundError(f"{run_dir}: no complete checkpoint to resume from")
-            c = ckpt.load_checkpoint(found[1])
-            if c.sidecar.get("recipe_sha256") != recipe_digest(recipe):
-                raise RecipeMismatch(f"{run_dir / RECIPE_FILE} does not match the recipe checkpoint {c.step} was made "
-                                     "with (it was edited); restore it or start a new run")
-            params, opt = split_state(c.tensors)
-            start_step = c.step
-            prev_chain = c.sidecar["chain_hash"]
-            if is_root:
-                traj = [r for r in read_trajectory(run_dir, tolerate_torn_tail=True) if r["step"] <= start_step]
-                if len(traj) != start_step or (traj and traj[-1]["chain_hash"] != prev_chain):
-                    raise ValueError(f"{run_dir}: trajectory.jsonl does not agree with checkpoint {start_step}")
-                atomic_write_bytes(run_dir / TRAJECTORY_FILE,
-                                   b"".join(json.dumps(r, sort_keys=True).encode() + b"\n" for r in traj))
-                ckpt.remove_temporary_checkpoints(run_dir)
-            stream = GlobalStream.from_state(manifest, seed, cfg.seq_len, c.sidecar["stream_state"])
-            say(f"resuming {run_dir} from step {start_step}")
-        else:
-            params = init_params(cfg, seed)
-            opt = AdamWState.zeros(params)
-            start_step = 0
-            prev_chain = h0
-            stream = GlobalStream(manifest, seed, cfg.seq_len)
-            if is_root:
-                (run_dir / TRAJECTORY_FILE).write_bytes(b"")
+    def start() -> _Start:
+        m = manifest
+        if m is None:
+            m = Manifest.load(run_dir / DATA_DIR)
+            _check_vocab(m, cfg)
+        recipe = make_recipe(cfg, tcfg, m, folder, seed, world)
+        params = init_params(cfg, seed)
+        return _Start(recipe, cfg, tcfg, params, AdamWState.zeros(params), 0, genesis(recipe),
+                      GlobalStream(m, seed, cfg.seq_len), last_step, None)
 
-        # ---- how far
-        last_step = _last_step(tcfg, cfg.seq_len, start_step, steps, tokens)
-        say(f"run {run_dir}: preset {cfg.name}, backend {be.name}, {world} rank(s), steps {start_step + 1}..{last_step}")
-        bar = Progress(last_step, progress and is_root)
-        summary_loss = float("nan")
-        for t in range(start_step + 1, last_step + 1):
-            t0 = time.perf_counter()
+    return on_all_ranks(comm, start)
+
+
+def _check_vocab(manifest: Manifest, cfg: ModelConfig) -> None:
+    if manifest.vocab_size > cfg.vocab_size:
+        raise ValueError(f"the data's tokenizer has {manifest.vocab_size} ids but the model only "
+                         f"{cfg.vocab_size}; raise vocab_size")
+
+
+def _resume_start(run_dir: Path, data, steps, tokens, world, is_root, check_recipe, given_cfg, given_tcfg) -> _Start:
+    recipe = load_recipe(run_dir)
+    if recipe.get("spec_version") != SPEC_VERSION:
+        raise RecipeMismatch(f"{run_dir}: run made with SPEC_VERSION {recipe.get('spec_version')}, "
+                             f"this lockstep has {SPEC_VERSION}; replay it with a matching version")
+    if check_recipe is not None:
+        check_recipe(recipe)
+    if recipe["world_size"] != world:
+        raise RecipeMismatch(f"{run_dir}: recorded world size {recipe['world_size']}, launched with {world}; "
+                             f"resume with mpiexec -n {recipe['world_size']}")
+    cfg, tcfg = recipe_configs(recipe)
+    if given_cfg is not None and given_cfg != cfg or given_tcfg is not None and given_tcfg != tcfg:
+        raise RecipeMismatch(f"{run_dir}: the model/train settings given differ from recipe.json; "
+                             "resume without changing them (or start a new run)")
+    manifest = open_run_data(run_dir, recipe, data)
+    seed = recipe["seed"]
+    found = ckpt.latest_checkpoint(run_dir)
+    if found is None:  # stopped before its first checkpoint: the recipe and seed define the state
+        params = init_params(cfg, seed)
+        opt, start_step, prev_chain = AdamWState.zeros(params), 0, genesis(recipe)
+        stream = GlobalStream(manifest, seed, cfg.seq_len)
+    else:
+        c = ckpt.load_checkpoint(found[1])
+        if c.sidecar.get("recipe_sha256") != recipe_digest(recipe):
+            raise RecipeMismatch(f"{run_dir / RECIPE_FILE} does not match the recipe checkpoint {c.step} was made "
+                                 "with (it was edited); restore it or start a new run")
+        params, opt = split_state(c.tensors)
+        start_step, prev_chain = c.step, c.sidecar["chain_hash"]
+        stream = GlobalStream.from_state(manifest, seed, cfg.seq_len, c.sidecar["stream_state"])
+    kept = None
+    if is_root:
+        kept = [r for r in read_trajectory(run_dir, tolerate_torn_tail=True) if r["step"] <= start_step]
+        if len(kept) != start_step or (kept and kept[-1]["chain_hash"] != prev_chain):
+            raise ValueError(f"{run_dir}: trajectory.jsonl does not agree with checkpoint {start_step}")
+    last_step = _last_step(tcfg, cfg.seq_len, start_step, steps, tokens, read_target(run_dir))
+    return _Start(recipe, cfg, tcfg, params, opt, start_step, prev_chain, stream, last_step, kept)
+
+
+def _write_start(run_dir: Path, st: _Start, resume: bool) -> None:
+    """Rank 0: the files a (re)started run begins with; the target first, the recipe last on a new run."""
+    if resume:
+        write_target(run_dir, st.last_step)
+        atomic_write_bytes(run_dir / TRAJECTORY_FILE,
+                           b"".join(json.dumps(r, sort_keys=True).encode() + b"\n" for r in st.kept_trajectory))
+        ckpt.remove_temporary_checkpoints(run_dir)
+    else:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        write_target(run_dir, st.last_step)
+        atomic_write_bytes(run_dir / RECIPE_FILE, json.dumps(st.recipe, indent=2, sort_keys=True).encode() + b"\n")
+        (run_dir / TRAJECTORY_FILE).write_bytes(b"")
+
+
+def _run_loop(comm, rank, world, run_dir: Path, st: _Start, be, checkpoint_every: int, progress: bool, say,
+              stop) -> RunSummary:
+    """Steps ``start_step + 1 .. last_step``; stops early, with a checkpoint, when a signal came."""
+    from .collectives import allreduce_dict, check_state_agreement, max_over_ranks
+
+    is_root = rank == 0
+    recipe, cfg, tcfg, params, opt, stream = st.recipe, st.cfg, st.tcfg, st.params, st.opt, st.stream
+    prev_chain, last_step = st.prev_chain, st.last_step
+    say(f"run {run_dir}: preset {cfg.name}, backend {be.name}, {world} rank(s), steps {st.start_step + 1}..{last_step}"
+        if last_step > st.start_step else f"run {run_dir} is already at its target step {last_step}; "
+                                          "give --steps N (or --tokens) to extend it")
+    bar = Progress(last_step, progress and is_root)
+    summary_loss = float("nan")
+    stopped_by = 0
+    done = st.start_step
+    for t in range(st.start_step + 1, last_step + 1):
+        stop.step = t
+        t0 = time.perf_counter()
+        with _compile_notice(be, say, first=t == st.start_step + 1):
             plan = plan_step(tcfg, cfg.seq_len, t)
             windows = stream.windows(plan.first_window, plan.n_windows)
             bdigest = batch_digest(windows)
@@ -311,52 +413,102 @@ def train(run_dir: str | Path, *, cfg: ModelConfig | None = None, tcfg: TrainCon
             contrib = rank_contribution(params, mine, cfg, tcfg, plan.n_global, be, step=t)
             summed = allreduce_dict(comm, contrib, add=be.add) if comm is not None and world > 1 else contrib
             res = apply_update(params, opt, summed, plan, cfg, tcfg, be)
-            if comm is not None and world > 1:
-                check_state_agreement(comm, res.state_root, t)
-            params, opt = res.params, res.opt
-            prev_chain = hashing.chain_hash(t, prev_chain, res.state_root, bdigest)
-            dt = time.perf_counter() - t0
-            summary_loss = float(res.loss)
-            if is_root:
-                rec = {
-                    "step": t, "tokens": plan.tokens_after, "lr": float(res.lr), "loss": float(res.loss),
-                    "grad_norm": float(res.grad_norm), "state_root": res.state_root, "batch_digest": bdigest,
-                    "chain_hash": prev_chain, "lr_bits": float_record(res.lr)["bits"],
-                    "loss_bits": float_record(res.loss)["bits"], "grad_norm_bits": float_record(res.grad_norm)["bits"],
-                }
-                _append_line(run_dir / TRAJECTORY_FILE, rec)
-                _append_line(run_dir / METRICS_FILE, {"step": t, "seconds": dt, "tokens_per_s": plan.n_global / dt,
-                                                      "backend": be.name, "world_size": world, "loss": float(res.loss)})
-                bar.update(t, float(res.loss), plan.n_global / dt)
-                if t % checkpoint_every == 0 or t == last_step:
-                    side = {"chain_hash": prev_chain, "stream_state": stream.state_at(plan.first_window + plan.n_windows),
-                            "recipe_sha256": recipe_digest(recipe), "tokens": plan.tokens_after}
-                    ckpt.save_checkpoint(run_dir, t, state_tensors(params, opt), side)
-        bar.close()
+        if comm is not None and world > 1:
+            check_state_agreement(comm, res.state_root, t)
+        params, opt = res.params, res.opt
+        prev_chain = hashing.chain_hash(t, prev_chain, res.state_root, bdigest)
+        dt = time.perf_counter() - t0
+        summary_loss = float(res.loss)
+        done = t
+        stopped_by = max_over_ranks(comm, stop.signum) if comm is not None and world > 1 else stop.signum
         if is_root:
-            atomic_write_json(run_dir / COMMITMENT_FILE, {
-                "format": "lockstep.commitment", "version": 1, "last_step": last_step, "chain_hash": prev_chain,
-                "genesis": h0, "recipe_sha256": recipe_digest(recipe), "spec_version": SPEC_VERSION,
-            })
-            png = _plot_loss(run_dir, read_trajectory(run_dir))
-            say(f"done: {run_dir} step {last_step}, loss {summary_loss:.4f}, chain {prev_chain}"
-                + (f", loss curve {png}" if png else ""))
-    return RunSummary(run_dir, last_step, prev_chain, summary_loss, rank)
+            rec = {
+                "step": t, "tokens": plan.tokens_after, "lr": float(res.lr), "loss": float(res.loss),
+                "grad_norm": float(res.grad_norm), "state_root": res.state_root, "batch_digest": bdigest,
+                "chain_hash": prev_chain, "lr_bits": float_record(res.lr)["bits"],
+                "loss_bits": float_record(res.loss)["bits"], "grad_norm_bits": float_record(res.grad_norm)["bits"],
+            }
+            _append_line(run_dir / TRAJECTORY_FILE, rec)
+            _append_line(run_dir / METRICS_FILE, {"step": t, "seconds": dt, "tokens_per_s": plan.n_global / dt,
+                                                  "backend": be.name, "world_size": world, "loss": float(res.loss)})
+            bar.update(t, float(res.loss), plan.n_global / dt)
+            if t % checkpoint_every == 0 or t == last_step or stopped_by:
+                side = {"chain_hash": prev_chain, "stream_state": stream.state_at(plan.first_window + plan.n_windows),
+                        "recipe_sha256": recipe_digest(recipe), "tokens": plan.tokens_after}
+                ckpt.save_checkpoint(run_dir, t, state_tensors(params, opt), side)
+        if stopped_by:
+            break
+    bar.close()
+    summary = RunSummary(run_dir, done, prev_chain, summary_loss, rank, last_step, 0, world)
+    if stopped_by and done < last_step:
+        summary.stopped_by = stopped_by
+        return summary
+    if is_root:
+        atomic_write_json(run_dir / COMMITMENT_FILE, {
+            "format": "lockstep.commitment", "version": 1, "last_step": last_step, "chain_hash": prev_chain,
+            "genesis": genesis(recipe), "recipe_sha256": recipe_digest(recipe), "spec_version": SPEC_VERSION,
+        })
+        png = _plot_loss(run_dir, read_trajectory(run_dir))
+        say(f"done: {run_dir} step {last_step}, loss {summary_loss:.4f}, chain {prev_chain}"
+            + (f", loss curve {png}" if png else ""))
+    return summary
 
 
-def _last_step(tcfg: TrainConfig, seq_len: int, start_step: int, steps: int | None, tokens: int | None) -> int:
+@contextlib.contextmanager
+def _compile_notice(be, say, first: bool):
+    """Around the first step of a process: say when kernel compilation starts, and what it cost."""
+    watch = be.extras.get("watch_compilation") if first else None
+    if watch is None:
+        yield
+        return
+
+    def announce() -> None:
+        say(f"compiling the {be.name} kernels for this machine (first use; cached for later runs) ...")
+        sys.stdout.flush()
+
+    with watch(announce) as compiled:
+        yield
+    if compiled.kernels:
+        plural = "s" if compiled.kernels != 1 else ""
+        say(f"compiled {compiled.kernels} kernel{plural} in {compiled.seconds:.1f} s (cached: later runs skip this)")
+
+
+def _last_step(tcfg: TrainConfig, seq_len: int, start_step: int, steps: int | None, tokens: int | None,
+               recorded: int | None) -> int:
+    """The run's target step: ``steps``, or the step that reaches ``tokens``, or the recorded target."""
+    if steps is not None and tokens is not None:
+        raise ValueError("give --steps or --tokens, not both")
     if steps is not None:
-        if steps < start_step:
-            raise ValueError(f"--steps {steps} is behind the checkpoint at step {start_step}")
-        return int(steps)
-    if tokens is not None:
-        t = max(start_step, 0)
-        while True:
-            plan = plan_step(tcfg, seq_len, t + 1)
-            if plan.tokens_before >= tokens:
-                return t
-            t += 1
-    raise ValueError("give --steps or --tokens")
+        if type(steps) is not int or steps < 1:
+            raise ValueError(f"--steps must be a positive integer, got {steps!r}")
+        last = steps
+    elif tokens is not None:
+        if type(tokens) is not int or tokens < 1:
+            raise ValueError(f"--tokens must be a positive integer, got {tokens!r}")
+        last = _step_reaching(tcfg, seq_len, tokens)
+    elif recorded is not None:
+        return max(recorded, start_step)
+    else:
+        raise ValueError(f"this run has no recorded target ({TARGET_FILE}); give --steps N or --tokens T")
+    if last < start_step:
+        raise ValueError(f"the run already has a checkpoint at step {start_step}, beyond the target "
+                         f"{'--steps' if steps is not None else '--tokens'} gives (step {last}); give a larger one")
+    return last
+
+
+def _step_reaching(tcfg: TrainConfig, seq_len: int, tokens: int) -> int:
+    """The first step after which at least ``tokens`` tokens are consumed (tokens grow with the step)."""
+    hi = 1
+    while plan_step(tcfg, seq_len, hi).tokens_after < tokens:
+        hi *= 2
+    lo = hi // 2 + 1 if hi > 1 else 1
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if plan_step(tcfg, seq_len, mid).tokens_after < tokens:
+            lo = mid + 1
+        else:
+            hi = mid
+    return lo
 
 
 class _null_ctx:

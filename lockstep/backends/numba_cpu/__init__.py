@@ -31,6 +31,11 @@ Kernels are compiled on first use and cached on disk (``cache=True``, in
 
 from __future__ import annotations
 
+import contextlib
+import threading
+import time
+from collections.abc import Callable, Iterator
+
 import numpy as np
 
 from lockstep.backends import Backend, BackendUnavailable
@@ -39,6 +44,8 @@ try:
     import numba  # noqa: F401
 except ImportError as e:  # pragma: no cover - exercised only without numba
     raise BackendUnavailable("backend 'numba' needs the Python package 'numba': pip install 'lockstep[numba]'") from e
+
+from numba.core import event as numba_event  # noqa: E402 - after the BackendUnavailable guard above
 
 from lockstep import spec
 from lockstep.backends.interface import OP_NAMES
@@ -78,6 +85,53 @@ def to_numpy(x) -> np.ndarray:
     return np.asarray(x)
 
 
+class CompileWatch(numba_event.Listener):
+    """Counts the kernels Numba compiles (cache misses only) and the seconds spent on them."""
+
+    def __init__(self, on_first: Callable[[], None]):
+        self.kernels = 0
+        self.seconds = 0.0
+        self._on_first = on_first
+        self._lock = threading.Lock()
+        self._local = threading.local()  # nested compiles (a kernel's callees) count once
+
+    def on_start(self, event) -> None:
+        depth = getattr(self._local, "depth", 0)
+        self._local.depth = depth + 1
+        if depth == 0:
+            self._local.t0 = time.perf_counter()
+            with self._lock:
+                self.kernels += 1
+                first = self.kernels == 1
+            if first:
+                self._on_first()
+
+    def on_end(self, event) -> None:
+        self._local.depth -= 1
+        if self._local.depth == 0:
+            with self._lock:
+                self.seconds += time.perf_counter() - self._local.t0
+
+
+@contextlib.contextmanager
+def watch_compilation(on_first: Callable[[], None]) -> Iterator[CompileWatch]:
+    """Within the block, call ``on_first()`` when Numba starts compiling a kernel (not on a
+    cache hit), and count the kernels and seconds; Numba compiles lazily, on first use.
+    A kernel that fails to compile raises ``BackendUnavailable`` saying what to do."""
+    from numba.core.errors import NumbaError
+
+    watch = CompileWatch(on_first)
+    with numba_event.install_listener("numba:compile", watch):
+        try:
+            yield watch
+        except NumbaError as exc:
+            first_line = (str(exc).strip().splitlines() or [""])[0]
+            raise BackendUnavailable(
+                f"the numba backend could not compile its kernels on this machine ({type(exc).__name__}: "
+                f"{first_line}); see `lockstep conformance --backend numba`, or pass --backend spec "
+                "(the same bits, about 60x slower)") from exc
+
+
 def make_backend() -> Backend:
     """The numba backend: NumPy arrays in and out, every spec op."""
     return Backend(
@@ -86,5 +140,5 @@ def make_backend() -> Backend:
         asarray=asarray,
         to_numpy=to_numpy,
         description=f"Numba {numba.__version__} CPU kernels, {numba.config.NUMBA_NUM_THREADS} threads",
-        extras={"threads": numba.config.NUMBA_NUM_THREADS},
+        extras={"threads": numba.config.NUMBA_NUM_THREADS, "watch_compilation": watch_compilation},
     )

@@ -14,7 +14,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-KNOWN_BACKENDS = ("spec", "numba", "cuda", "metal")
+KNOWN_BACKENDS = ("spec", "numba", "opencl", "cuda", "metal")
 _ALIASES = {"numba_cpu": "numba", "cupy": "cuda", "cupy_cuda": "cuda"}
 
 
@@ -65,7 +65,7 @@ def get_backend(name: str) -> Backend:
         return spec_backend()
     if key not in KNOWN_BACKENDS:
         raise ValueError(f"unknown backend {name!r}; choose one of {', '.join(KNOWN_BACKENDS)}")
-    module = {"numba": "lockstep.backends.numba_cpu", "cuda": "lockstep.backends.cupy_cuda", "metal": "lockstep.backends.metal"}[key]
+    module = {"numba": "lockstep.backends.numba_cpu", "opencl": "lockstep.backends.opencl", "cuda": "lockstep.backends.cupy_cuda", "metal": "lockstep.backends.metal"}[key]
     try:
         mod = importlib.import_module(module)
     except ModuleNotFoundError as e:

@@ -555,7 +555,7 @@ class KernelOps:
         w = int(window) if window is not None and window > 0 else 0
         scale = attention_scale(dh)
         s = self._scores(q, k, b, h, g, t, dh, w, scale)
-        p = self.empty((b * h, t, t), F32)
+        p = s  # in place: each entry is read, then written, by the same work-item
         m, l = self.empty((b, h, t), F32), self.empty((b, h, t), F32)
         rows = b * h * t
         self._rows("ls_attn_softmax_kernel", rows, p, m, l, s, np.int32(rows), np.int32(t), np.int32(w))
@@ -586,7 +586,7 @@ class KernelOps:
                       a_view=(0, h * t * dh, t * dh, 1, 0, dh, 1),
                       b_view=(0, g * t * dh, t * dh, r, 0, 1, dh),
                       o_view=(0, h * t * t, t * t, t, 1))
-        p, ds = self.empty((b * h, t, t), F32), self.empty((b * h, t, t), F32)
+        p, ds = s, dp  # in place, as in the forward
         rows = b * h * t
         self._rows("ls_attn_backward_rows_kernel", rows, p, ds, s, dp, do, o, m, l, np.int32(rows), np.int32(t),
                    np.int32(dh), np.int32(w), np.float32(scale))

@@ -834,6 +834,36 @@ class KernelOps:
         return p_out, m_out, v_out
 
 
+def self_test(ops: KernelOps) -> str | None:
+    """Run the flush-rule vectors and the boundary pairs through the device's ``+ - * / sqrt`` and exp;
+    None when every bit equals the spec, else one line saying what differs.
+
+    Cheap insurance against a toolchain or driver that contracts, flushes or approximates
+    (run once per process by each backend's ``make_backend``)."""
+    from lockstep import spec
+    from lockstep.conformance import inputs as gen
+
+    a, b = gen.boundary_pairs()
+    for name in ("add", "sub", "mul", "div"):
+        want = getattr(spec, name)(a, b)
+        got = ops.to_numpy(getattr(ops, name)(a, b))
+        bad = np.nonzero(want.view(np.uint32) != got.view(np.uint32))[0]
+        if bad.size:
+            i = bad[0]
+            return (f"{name}(0x{int(a.view(np.uint32)[i]):08X}, 0x{int(b.view(np.uint32)[i]):08X}) gave "
+                    f"0x{int(got.view(np.uint32)[i]):08X}, the spec 0x{int(want.view(np.uint32)[i]):08X} "
+                    f"({bad.size} of {a.size} boundary pairs differ)")
+    x = np.concatenate([gen.boundary_values(), np.linspace(-104, 90, 4001, dtype=np.float32)])
+    for name in ("sqrt", "exp"):
+        want, got = getattr(spec, name)(x), ops.to_numpy(getattr(ops, name)(x))
+        bad = np.nonzero(want.view(np.uint32) != got.view(np.uint32))[0]
+        if bad.size:
+            i = bad[0]
+            return (f"{name}(0x{int(x.view(np.uint32)[i]):08X}) gave 0x{int(got.view(np.uint32)[i]):08X}, "
+                    f"the spec 0x{int(want.view(np.uint32)[i]):08X}")
+    return None
+
+
 def _coalesce(shape, s_st, d_st):
     """Drop size-1 dimensions and merge neighbours that are contiguous in both views."""
     dims = [(n, s, d) for n, s, d in zip(shape, s_st, d_st) if n != 1]

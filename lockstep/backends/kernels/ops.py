@@ -20,6 +20,7 @@ import weakref
 import numpy as np
 
 from lockstep.spec import fp as spec_fp
+from lockstep.spec.optim import CLIP_EPS, SUM_OF_SQUARES_BLOCK
 
 from .runtime import DEVICE_DTYPES, MAX_DIMS, MAX_ELEMENTS, DeviceArray, ParamBlock, c_strides
 
@@ -30,8 +31,6 @@ TILE = 64             # ls_contract_f32_kernel / ls_int8_gemm_kernel output tile
 TILE_THREADS = 16     # ... work-group TILE_THREADS x TILE_THREADS
 PARTIAL_LOCAL = 64    # ls_abs_max_partial_kernel
 HADAMARD_LOCAL = 128  # ls_hadamard_kernel
-CLIP_EPS = np.float32(1e-6)  # spec optim.CLIP_EPS
-SUM_OF_SQUARES_BLOCK = 4096  # spec optim.SUM_OF_SQUARES_BLOCK (SPEC_VERSION 2)
 QMAX_INT8_K = 2**31 // 2**14  # spec reduce.check_int8_operands: K beyond this could overflow int32
 
 _OPS_BY_RUNTIME: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()

@@ -251,3 +251,18 @@ def test_missing_pyopencl_or_device_is_one_clear_line(tmp_path):
             open_runtime()
         finally:
             builtins.__import__ = real_import
+
+
+def test_device_choice_by_index_or_name(monkeypatch):
+    from lockstep.backends.opencl.runtime import DEVICE_ENV, open_runtime
+
+    default = open_runtime()
+    monkeypatch.setenv(DEVICE_ENV, "0:0")
+    by_index = open_runtime()
+    monkeypatch.setenv(DEVICE_ENV, default.device_name[:6].upper())
+    by_name = open_runtime()
+    assert by_name.device_name == default.device_name
+    assert by_index.device_name  # platform 0, device 0 exists
+    monkeypatch.setenv(DEVICE_ENV, "9:9")
+    with pytest.raises(BackendUnavailable, match=r"no OpenCL device matches .*available: 0:0 "):
+        open_runtime()

@@ -89,15 +89,13 @@ class Int8Gemm:
     """``int8_gemm(a, b)`` on CuPy arrays, through the current device's cuBLAS handle."""
 
     def __init__(self, cp):
-        from cupy_backends.cuda.libs import cublas
-
         self.cp = cp
-        self.cublas = cublas
         self._one = np.ones(1, dtype=np.int32)   # alpha, beta: int32 host scalars (32I path)
         self._zero = np.zeros(1, dtype=np.int32)
 
     def _gemm_ex(self, args: GemmArguments, first, second, c) -> None:
-        cublas = self.cublas
+        from cupy_backends.cuda.libs import cublas
+
         handle = self.cp.cuda.device.get_cublas_handle()
         mode = cublas.getPointerMode(handle)
         cublas.setPointerMode(handle, CUBLAS_POINTER_MODE_HOST)

@@ -5,12 +5,13 @@
 
 Each section writes ``DIR/<section>.json`` and prints what it found; ``summary`` merges
 them (with the shell's exit codes and times) into one JSON and prints the table. A
-section never depends on another's success, except ``replay``, which needs the run that
-the shell trains with numba in the background.
+section never depends on another's success, except ``roots`` and ``replay``, which also use
+the runs that the shell trains with numba in the background (``numba-reference``).
 
 Sections: ``versions``, ``conformance`` (cupy, level 2), ``probe`` (flush probe), ``gemm_int8`` (cuBLAS gemmEx at Open-1B
 layer shapes), ``roots`` (cupy training steps against the spec's state roots),
-``replay`` (audit replay on cupy of a numba-trained run), ``gemm_float`` (the fixed-order
+``replay`` (audit replay on cupy of a numba-trained run), ``numba-reference`` (the
+background job: the reference runs trained with numba on the GPU machine's CPU), ``gemm_float`` (the fixed-order
 float GEMM), ``torch`` (stock PyTorch float32/bf16 step), ``throughput`` (lockstep cupy
 step: tokens/s and MFU), ``summary``.
 """
@@ -201,18 +202,47 @@ def _golden_digest() -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest() if path.exists() else "absent"
 
 
+def _wait_for(path: Path, seconds: float) -> bool:
+    deadline = time.time() + seconds
+    while not path.exists() and time.time() < deadline:
+        time.sleep(1)  # the shell runs ``numba-reference`` in the background
+    return path.exists()
+
+
 def section_roots(work: Path) -> dict:
+    """cupy training steps against two references: the committed spec roots, and numba runs made on this machine."""
     ref = _reference()
+    numba_ref = {}
+    if _wait_for(work / "numba_reference.json", float(os.environ.get("REFERENCE_WAIT_S", 90))):
+        numba_ref = json.loads((work / "numba_reference.json").read_text())["runs"]
     out = {"reference_stale": ref["stale"], "runs": {}}
     for label, args in REFERENCE_RUNS:
         run_dir = work / f"cupy-{label}"
         res = _run_lockstep(["train", *args, "--backend", "cupy", "--out", str(run_dir), "--quiet",
                              "--checkpoint-every", "1000"])
         got = _trajectory_roots(run_dir) if res.returncode == 0 else []
-        want = ref["runs"][label]["state_roots"]
-        out["runs"][label] = {"returncode": res.returncode, "cupy": got, "spec": want,
-                              "match": bool(got) and got == want, "error": res.stderr.strip().splitlines()[-1:] }
+        committed = None if ref["stale"] else ref["runs"][label]["state_roots"]
+        here = numba_ref.get(label, {}).get("state_roots")
+        wanted = [r for r in (committed, here) if r]
+        out["runs"][label] = {"returncode": res.returncode, "cupy": got, "committed_spec": committed,
+                              "numba_here": here, "match": bool(got) and bool(wanted) and all(got == w for w in wanted),
+                              "references": len(wanted), "numba_here_equals_committed": (here == committed) if here and committed else None,
+                              "error": res.stderr.strip().splitlines()[-1:]}
     out["all_match"] = all(r["match"] for r in out["runs"].values())
+    return out
+
+
+def numba_reference(work: Path) -> dict:
+    """The reference runs trained with numba on this machine (background job of device_check.sh)."""
+    runs = {}
+    for label, args in REFERENCE_RUNS:
+        run_dir = work / f"numba-{label}"
+        res = _run_lockstep(["train", *args, "--backend", "numba", "--out", str(run_dir), "--quiet",
+                             "--checkpoint-every", "1"])  # every step: the audit replay needs step 1's checkpoint
+        runs[label] = {"returncode": res.returncode,
+                       "state_roots": _trajectory_roots(run_dir) if res.returncode == 0 else None}
+    out = {"runs": runs}
+    (work / "numba_reference.json").write_text(json.dumps(out, indent=2) + "\n")
     return out
 
 
@@ -248,12 +278,9 @@ def make_reference() -> dict:
 # ---------------------------------------------------------------- audit replay of a numba-trained run
 
 def section_replay(work: Path) -> dict:
-    run_dir = work / "numba-tiny"
-    deadline = time.time() + float(os.environ.get("REPLAY_WAIT_S", 120))
-    while not (run_dir / "commitment.json").exists() and time.time() < deadline:
-        time.sleep(1)  # the shell trains this run with numba in the background
-    if not (run_dir / "commitment.json").exists():
-        return {"match": False, "error": "the numba-trained tiny run did not finish (see numba_train.log)"}
+    run_dir = work / "numba-tiny-int8"
+    if not _wait_for(run_dir / "commitment.json", float(os.environ.get("REPLAY_WAIT_S", 90))):
+        return {"match": False, "error": "the numba-trained tiny run did not finish (see the numba-reference lines of the log)"}
     cert = work / "replay_certificate.json"
     res = _run_lockstep(["audit", "replay", str(run_dir), "--step", "2", "--backend", "cupy", "--out", str(cert), "--quiet"])
     out = {"returncode": res.returncode, "match": res.returncode == 0,
@@ -462,7 +489,7 @@ SECTIONS = {"versions": section_versions, "conformance": section_conformance, "p
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("section", choices=[*SECTIONS, "summary", "make-reference"])
+    ap.add_argument("section", choices=[*SECTIONS, "summary", "make-reference", "numba-reference"])
     ap.add_argument("--work", default="", help="folder for the sections' JSON and run directories")
     ap.add_argument("--out", default="", help="summary: where device_check.json goes")
     args = ap.parse_args(argv)
@@ -471,6 +498,9 @@ def main(argv=None) -> int:
         return 0
     work = Path(args.work)
     work.mkdir(parents=True, exist_ok=True)
+    if args.section == "numba-reference":
+        numba_reference(work)
+        return 0
     if args.section == "summary":
         summary(work, Path(args.out or args.work))
         return 0

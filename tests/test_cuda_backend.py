@@ -197,3 +197,18 @@ def test_gpu_tiny_training_steps_give_the_spec_state_roots(cuda_backend, tmp_pat
     assert res.returncode == 0, res.stderr
     roots = [json.loads(x)["state_root"] for x in (out / "trajectory.jsonl").read_text().splitlines()]
     assert roots == run["state_roots"]
+
+
+# ---------------------------------------------------------------- the committed reference roots
+
+def test_committed_reference_roots_are_the_specs(tmp_path):
+    """benchmarks/data/device_check_reference.json (what a GPU's training steps are checked against)
+    holds the spec's state roots: retrain tiny (int8) with the spec itself and compare."""
+    ref = json.loads((ROOT / "benchmarks" / "data" / "device_check_reference.json").read_text())
+    run = ref["runs"]["tiny-int8"]
+    out = tmp_path / "run"
+    res = subprocess.run([sys.executable, "-m", "lockstep.cli", "train", *run["args"], "--backend", "spec",
+                          "--out", str(out), "--quiet"], cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, res.stderr
+    roots = [json.loads(x)["state_root"] for x in (out / "trajectory.jsonl").read_text().splitlines()]
+    assert roots == run["state_roots"], "stale reference: regenerate with python3 benchmarks/device_check.py make-reference"

@@ -10,7 +10,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from lockstep.backends.cupy_cuda import nvrtc, ptx_lint, sources
+from lockstep.backends import kernels
+from lockstep.backends.cupy_cuda import nvrtc, ptx_lint
 from lockstep.backends.cupy_cuda.build import build_module, cache_key
 from lockstep.backends.cupy_cuda.cublas_int8 import cublas_arguments, emulate_gemm_ex, int8_matmul_2d, padded
 
@@ -114,24 +115,21 @@ def test_check_ptx_names_module_and_line():
 
 # ---------------------------------------------------------------- every shared kernel
 
-def _shared_source() -> str:
-    try:
-        return sources.cuda_source()
-    except FileNotFoundError as e:
-        pytest.skip(str(e))
-
-
 @pytest.mark.parametrize("arch", ARCHS)
 def test_every_shared_kernel_compiles_and_lints_clean(arch):
-    """All of lockstep/backends/kernels (prelude_cuda.h + ls_fp.h + every *.kc), exact run-time options."""
-    source = _shared_source()
-    assert sources.kernel_files(), "no *.kc kernel files found"
-    out = _compiler().compile(source, sources.MODULE_NAME, nvrtc.compile_options(arch))
-    findings = ptx_lint.lint_ptx(out.ptx, sources.MODULE_NAME)
+    """kernels.source("cuda") (prelude_cuda.h, ls_fp.h, every *.kc), exact run-time options, clean PTX."""
+    out = _compiler().compile(kernels.source("cuda"), "lockstep_kernels.cu", nvrtc.compile_options(arch))
+    findings = ptx_lint.lint_ptx(out.ptx, "lockstep_kernels.cu")
     assert findings == [], "\n".join(str(f) for f in findings[:20])
-    # every kernel the files declare is in the module (extern "C": unmangled entry names)
-    declared = {line.split("(")[1].split(")")[0] for line in source.splitlines() if line.startswith("LS_KERNEL(")}
-    assert declared and all(f".entry {name}(" in out.ptx for name in declared)
+    names = kernels.kernel_names()
+    assert len(names) >= len(kernels.KERNEL_FILES)
+    missing = [n for n in names if f".entry {n}(" not in out.ptx]  # extern "C": unmangled entry names
+    assert not missing, missing
+
+
+def test_every_kernel_file_is_in_the_cuda_source():
+    on_disk = {p.name for p in kernels.KERNEL_DIR.glob("*.kc")}
+    assert on_disk == set(kernels.KERNEL_FILES), on_disk ^ set(kernels.KERNEL_FILES)
 
 
 # ---------------------------------------------------------------- the cache

@@ -1,8 +1,7 @@
 """Compile a CUDA source once per (source, options, NVRTC version, architecture), lint it, cache it.
 
 ``build_module`` returns the path of a cubin that ``cupy.RawModule(path=...)`` loads.
-The cache lives in ``$LOCKSTEP_CUDA_CACHE``, else ``$XDG_CACHE_HOME/lockstep/cuda``,
-else ``~/.cache/lockstep/cuda``; one entry is ``<key>.cubin``, ``<key>.ptx`` and
+The cache lives in ``cache_dir()`` (``~/.cache/lockstep/cuda`` by default); one entry is ``<key>.cubin``, ``<key>.ptx`` and
 ``<key>.json`` (the inputs of the key and the SHA-256 of both outputs). An entry
 whose outputs do not match their recorded digests is rebuilt, never loaded. Every
 PTX, fresh or cached, passes ``ptx_lint.check_ptx`` before its cubin is returned.
@@ -25,11 +24,16 @@ CACHE_FORMAT = 1
 
 
 def cache_dir() -> Path:
+    """``$LOCKSTEP_CUDA_CACHE``, else ``cuda/`` under the kernels' cache root (``$LOCKSTEP_CACHE_DIR``,
+    ``$XDG_CACHE_HOME/lockstep`` or ``~/.cache/lockstep``)."""
     env = os.environ.get("LOCKSTEP_CUDA_CACHE")
     if env:
         return Path(env)
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "lockstep" / "cuda"
+    root = os.environ.get("LOCKSTEP_CACHE_DIR")
+    if not root:
+        xdg = os.environ.get("XDG_CACHE_HOME")
+        root = os.path.join(xdg, "lockstep") if xdg else os.path.join(os.path.expanduser("~"), ".cache", "lockstep")
+    return Path(root) / "cuda"
 
 
 def _sha256(data: bytes | str) -> str:

@@ -140,7 +140,8 @@ def models(op: str, a: np.ndarray, b: np.ndarray) -> dict[str, np.ndarray]:
             "tininess after rounding": fp.bits(fp.canon(after))}
 
 
-def _compile_probe(cp, source: str, name: str) -> "cp.RawModule":
+def _compile_probe(cp, source: str, name: str):
+    """``source`` compiled by lockstep's NVRTC path for this GPU, loaded as a ``cupy.RawModule``."""
     arch = int(cp.cuda.Device().compute_capability)
     major = cp.cuda.runtime.runtimeGetVersion() // 1000
     out = load_nvrtc(prefer_major=major).compile(source, name, compile_options(arch))

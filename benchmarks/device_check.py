@@ -123,6 +123,17 @@ def section_versions(work: Path) -> dict:
         out["nvrtc"] = {"version": list(c.version), "driver": c.driver, "path": c.path}
     except Exception as e:  # noqa: BLE001
         out["nvrtc"] = f"unavailable: {type(e).__name__}: {e}"
+    t0 = time.perf_counter()
+    try:  # compile (or load from the cache), lint, load and self-test the kernels
+        from lockstep.backends import get_backend
+
+        be = get_backend("cuda")
+        out["backend"] = be.description
+        out["kernel_cache"] = be.extras.get("kernel_cache")
+    except Exception as e:  # noqa: BLE001
+        out["backend"] = f"unavailable: {type(e).__name__}: {e}"
+    out["backend_seconds"] = round(time.perf_counter() - t0, 2)
+    print(f"backend: {out['backend']} ({out['backend_seconds']} s)", flush=True)
     return out
 
 
@@ -151,6 +162,39 @@ def section_conformance(work: Path) -> dict:
 
 # ---------------------------------------------------------------- int8 GEMM
 
+def _torch_timer():
+    """Like ``_cuda_timer`` but with PyTorch's events on PyTorch's current stream."""
+    import torch
+
+    def timed(fn, reps: int = 10, warm: int = 2) -> float:
+        for _ in range(warm):
+            fn()
+        torch.cuda.synchronize()
+        times = []
+        for _ in range(reps):
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            fn()
+            end.record()
+            end.synchronize()
+            times.append(start.elapsed_time(end))
+        return statistics.median(times)
+    return timed
+
+
+def _torch_bf16_ms(m: int, k: int, n: int) -> dict:
+    """The same GEMM shape in PyTorch bf16 (tensor cores): context for the int8 numbers."""
+    try:
+        import torch
+
+        ta = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+        tb = torch.randn(k, n, device="cuda", dtype=torch.bfloat16)
+        ms = _torch_timer()(lambda: ta @ tb)
+        return {"torch_bf16_ms": ms, "torch_bf16_tflops": 2.0 * m * k * n / ms / 1e9}
+    except Exception as e:  # noqa: BLE001 - context only
+        return {"torch_bf16": f"unavailable: {type(e).__name__}: {e}"}
+
+
 def section_gemm_int8(work: Path) -> dict:
     import cupy as cp
 
@@ -158,30 +202,20 @@ def section_gemm_int8(work: Path) -> dict:
 
     gemm = Int8Gemm(cp)
     timed = _cuda_timer(cp)
-    rng = cp.random.default_rng(0)  # benchmark inputs only; nothing published
+    cp.random.seed(0)  # benchmark inputs only; nothing published
     rows = []
     for name, m, k, n in OPEN1B_GEMMS:
-        a = rng.integers(-127, 128, (m, k), dtype=cp.int8)
-        b = rng.integers(-127, 128, (k, n), dtype=cp.int8)
+        a = cp.random.randint(-127, 128, size=(m, k), dtype=cp.int32).astype(cp.int8)
+        b = cp.random.randint(-127, 128, size=(k, n), dtype=cp.int32).astype(cp.int8)
         c = gemm(a, b)
-        a8, b8 = cp.asnumpy(a[:8]).astype(np.int64), cp.asnumpy(b).astype(np.int64)
-        exact = bool(np.array_equal(cp.asnumpy(c[:8]), a8 @ b8))  # exact: integer GEMM
-        ms = timed(lambda: gemm(a, b))
+        # exact on the host: float64 holds every partial sum (|sum| <= K * 127**2 < 2**53)
+        want = cp.asnumpy(a[:8]).astype(np.float64) @ cp.asnumpy(b).astype(np.float64)
+        exact = bool(np.array_equal(cp.asnumpy(c[:8]).astype(np.float64), want))
+        ms = timed(lambda a=a, b=b: gemm(a, b))
         row = {"gemm": name, "M": m, "K": k, "N": n, "exact_first_rows": exact, "ms": ms,
-               "int8_tops": 2.0 * m * k * n / ms / 1e9}
-        try:
-            import torch
-
-            ta = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
-            tb = torch.randn(k, n, device="cuda", dtype=torch.bfloat16)
-            row["torch_bf16_ms"] = timed(lambda: ta @ tb)
-            row["torch_bf16_tflops"] = 2.0 * m * k * n / row["torch_bf16_ms"] / 1e9
-            del ta, tb
-        except Exception as e:  # noqa: BLE001 - the bf16 column is context only
-            row["torch_bf16"] = f"unavailable: {e}"
+               "int8_tops": 2.0 * m * k * n / ms / 1e9, **_torch_bf16_ms(m, k, n)}
         rows.append(row)
         print(row, flush=True)
-        del a, b, c
     return {"rows": rows, "all_exact": all(r["exact_first_rows"] for r in rows)}
 
 
@@ -333,7 +367,7 @@ def section_torch(work: Path) -> dict:
 
     import torch_baseline
 
-    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cuda.matmul.allow_tf32 = False  # stock float32 (PyTorch's default): no TF32
     rows = []
     for model, batch in (("small", 16), ("100m", 8)):
         for dtype in ("float32", "bf16"):
@@ -431,7 +465,10 @@ def _headline(work: Path, name: str) -> str:
     if "error" in d:
         return f"error: {d['error']}"
     if name == "versions":
-        return f"{d.get('gpu', '?')} cc{d.get('compute_capability', '?')}, cupy {d.get('cupy')}, torch {d.get('torch')}"
+        backend = str(d.get("backend", "?"))
+        backend = backend if backend.startswith("unavailable") else "backend ok"
+        return (f"{d.get('gpu', '?')} cc{d.get('compute_capability', '?')}, cupy {d.get('cupy')}, "
+                f"torch {d.get('torch')}, nvrtc {d.get('nvrtc', {}).get('version') if isinstance(d.get('nvrtc'), dict) else d.get('nvrtc')}; {backend}")
     if name == "probe":
         return d.get("verdict", "-")
     if name == "conformance":

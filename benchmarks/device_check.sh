@@ -55,7 +55,7 @@ section() {
   echo "numba-reference: rc=$?" >> "$WORK/numba_train.log" ) &
 NUMBA_PID=$!
 
-section versions 30
+section versions 45
 section probe 60
 section gemm_int8 45
 section conformance 150

@@ -114,3 +114,37 @@ def write_atomic(path: Path, data: bytes) -> None:
         except OSError:
             pass
         raise
+
+
+_STRUCT_RE = re.compile(r"typedef\s+struct\s*\{(.*?)\}\s*(\w+)\s*;", re.DOTALL)
+_DEFINE_RE = re.compile(r"^#define\s+(\w+)\s+(\d+)\b", re.MULTILINE)
+_FIELD_TYPES = {"ls_i32": "i", "ls_u32": "u", "float": "f"}
+
+
+@lru_cache(maxsize=None)
+def param_structs() -> dict[str, tuple[tuple[str, str, int], ...]]:
+    """The by-value parameter structs of the kernel files: name -> ((field, kind, count), ...).
+
+    kind is "i" (int32), "u" (uint32) or "f" (float32); count > 1 for arrays. The host packs
+    a ``ParamBlock`` against this layout, so it always matches the source."""
+    text = "\n".join(_read(f) for f in (HEADER, *KERNEL_FILES))
+    consts = {k: int(v) for k, v in _DEFINE_RE.findall(text)}
+    out = {}
+    for body, name in _STRUCT_RE.findall(text):
+        fields = []
+        for decl in body.split(";"):
+            decl = re.sub(r"/\*.*?\*/", "", decl, flags=re.DOTALL).strip()
+            if not decl:
+                continue
+            ctype, _, names = decl.partition(" ")
+            if ctype not in _FIELD_TYPES:
+                continue  # not a 4-byte parameter struct (e.g. ls_u32x4 is fine too, but unused by the host)
+            for item in names.split(","):
+                item = item.strip()
+                m = re.fullmatch(r"(\w+)(?:\[(\w+)\])?", item)
+                if not m:
+                    raise ValueError(f"cannot parse struct {name} field {item!r}")
+                count = m.group(2)
+                fields.append((m.group(1), _FIELD_TYPES[ctype], int(consts.get(count, count)) if count else 1))
+        out[name] = tuple(fields)
+    return out

@@ -138,7 +138,7 @@ class KernelOps:
         if len(shape) > MAX_DIMS:
             raise ValueError(f"a copy of a {len(shape)}-d view: at most {MAX_DIMS} dimensions that do not merge")
         pad = MAX_DIMS - len(shape)
-        params = ParamBlock(n=n, ndim=len(shape), src_off=s_off, dst_off=d_off, shape=shape + [1] * pad,
+        params = ParamBlock("ls_copy_params", n=n, ndim=len(shape), src_off=s_off, dst_off=d_off, shape=shape + [1] * pad,
                             src_stride=s_st + [0] * pad, dst_stride=d_st + [0] * pad)
         kernel = "ls_copy8_kernel" if src.itemsize == 1 else "ls_copy32_kernel"
         self._ew(kernel, n, dst, src, params)
@@ -306,7 +306,8 @@ class KernelOps:
         fields.update(range_mode=range_mode, window=window, out_mask=out_mask, has_scale=int(scale is not None),
                       scale=np.float32(0.0) if scale is None else np.float32(scale))
         groups = (_ceil_div(N, TILE), _ceil_div(M, TILE), nz)
-        self.rt.launch("ls_contract_f32_kernel", groups, (TILE_THREADS, TILE_THREADS, 1), (out, a, b, ParamBlock(**fields)))
+        params = ParamBlock("ls_contract_params", **fields)
+        self.rt.launch("ls_contract_f32_kernel", groups, (TILE_THREADS, TILE_THREADS, 1), (out, a, b, params))
 
     def _batch_operand(self, x: DeviceArray, batch: tuple) -> tuple[DeviceArray, int]:
         """x (..., R, C) as a view whose matrices are z * stride apart (0 for a shared 2-d operand)."""
@@ -337,7 +338,7 @@ class KernelOps:
         m, k, n = a.shape[0], a.shape[1], b.shape[1]
         out = self.empty((m, n), np.int32)
         if m and n:
-            params = ParamBlock(M=m, N=n, K=k, a_off=a.offset, a_z=0, a_rs=a.strides[0], a_ks=a.strides[1],
+            params = ParamBlock("ls_int8_gemm_params", M=m, N=n, K=k, a_off=a.offset, a_z=0, a_rs=a.strides[0], a_ks=a.strides[1],
                                 b_off=b.offset, b_z=0, b_ks=b.strides[0], b_cs=b.strides[1])
             self.rt.launch("ls_int8_gemm_kernel", (_ceil_div(n, TILE), _ceil_div(m, TILE), 1),
                            (TILE_THREADS, TILE_THREADS, 1), (out, a, b, params))
@@ -649,7 +650,7 @@ class KernelOps:
     def _quantize(self, kernel: str, x: DeviceArray, scale: DeviceArray, s_row: int, s_col: int, dtype) -> DeviceArray:
         rows, cols = x.shape
         out = self.empty((rows, cols), dtype)
-        params = ParamBlock(rows=rows, cols=cols, x_off=x.offset, x_rs=x.strides[0], x_cs=x.strides[1],
+        params = ParamBlock("ls_quantize_params", rows=rows, cols=cols, x_off=x.offset, x_rs=x.strides[0], x_cs=x.strides[1],
                             s_row=s_row, s_col=s_col)
         self._ew(kernel, rows * cols, out, x, scale, params)
         return out
@@ -818,7 +819,7 @@ class KernelOps:
         if not (p.shape == g.shape == m.shape == v.shape):
             raise ValueError(f"adamw_update: p {p.shape}, g {g.shape}, m {m.shape}, v {v.shape} differ")
         sc = self._scalar_f32
-        params = ParamBlock(n=p.size, has_decay=int(float(self._host(weight_decay).reshape(-1)[0]) != 0.0),
+        params = ParamBlock("ls_adamw_params", n=p.size, has_decay=int(float(self._host(weight_decay).reshape(-1)[0]) != 0.0),
                             lr=sc(lr), beta1=sc(beta1), beta2=sc(beta2), one_minus_beta1=sc(one_minus_beta1),
                             one_minus_beta2=sc(one_minus_beta2), eps=sc(eps), weight_decay=sc(weight_decay),
                             bc1=sc(bc1), bc2=sc(bc2))

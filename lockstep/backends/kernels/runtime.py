@@ -28,38 +28,49 @@ MAX_DIMS = 6  # ls_copy_params in layout.kc
 
 
 class ParamBlock:
-    """A kernel argument passed by value as a struct of 4-byte fields (int32, uint32 or float32).
+    """A kernel argument passed by value: one of the parameter structs of the kernel files.
 
-    ``ParamBlock(M=3, N=4, scale=np.float32(0.5))`` packs the fields in the order given, which
-    must be the order of the struct in the kernel source. Python ints become int32; arrays of
-    ints (``shape=[...]``) become consecutive int32 fields.
+    ``ParamBlock("ls_quantize_params", rows=3, cols=4, ...)`` packs the named fields in the
+    struct's order, as parsed from the source (``kernels.param_structs``); every field must be
+    given, int fields as Python ints (checked to fit int32), float fields as ``np.float32``,
+    array fields as sequences of the declared length. All fields are 4 bytes, so the layout
+    is the same in every dialect.
     """
 
-    def __init__(self, **fields):
+    def __init__(self, struct: str, **fields):
+        from . import param_structs
+
+        layout = param_structs().get(struct)
+        if layout is None:
+            raise KeyError(f"no parameter struct {struct!r} in the kernel sources")
+        names = [f for f, _, _ in layout]
+        if set(fields) != set(names):
+            missing, extra = sorted(set(names) - set(fields)), sorted(set(fields) - set(names))
+            raise TypeError(f"{struct}: missing fields {missing}, unknown fields {extra}")
         words = []
-        for name, v in fields.items():
-            if isinstance(v, (list, tuple, np.ndarray)):
-                vals = [int(x) for x in v]
-                for x in vals:
-                    _check_int32(name, x)
-                words += [np.int32(x).view(np.uint32) for x in vals]
-            elif isinstance(v, (np.float32,)):
-                words.append(np.float32(v).view(np.uint32))
-            elif isinstance(v, np.uint32):
-                words.append(v)
-            elif isinstance(v, (bool, int, np.integer)):
-                _check_int32(name, int(v))
-                words.append(np.int32(int(v)).view(np.uint32))
-            else:
-                raise TypeError(f"ParamBlock field {name!r}: int, np.float32, np.uint32 or int list, got {type(v).__name__}")
-        self.fields = tuple(fields)
+        for name, kind, count in layout:
+            v = fields[name]
+            vals = list(v) if count > 1 else [v]
+            if len(vals) != count:
+                raise ValueError(f"{struct}.{name} needs {count} values, got {len(vals)}")
+            for x in vals:
+                if kind == "f":
+                    if not isinstance(x, np.float32):
+                        raise TypeError(f"{struct}.{name} is a float32 field: pass np.float32, got {type(x).__name__}")
+                    words.append(x.view(np.uint32))
+                elif kind == "u":
+                    words.append(np.uint32(x))
+                else:
+                    _check_int32(f"{struct}.{name}", int(x))
+                    words.append(np.int32(int(x)).view(np.uint32))
+        self.struct = struct
         self.words = np.array(words, dtype=np.uint32)
 
     def tobytes(self) -> bytes:
         return self.words.tobytes()
 
     def __repr__(self) -> str:
-        return f"ParamBlock({', '.join(self.fields)})"
+        return f"ParamBlock({self.struct})"
 
 
 def _check_int32(name: str, v: int) -> None:

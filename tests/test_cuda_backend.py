@@ -149,12 +149,14 @@ def test_runtime_launch_passes_buffers_scalars_and_param_blocks_by_value(fake_ru
     rt, launches = fake_runtime
     buf = rt.upload(np.zeros(8, np.float32))
     arr = DeviceArray(rt, buf, (2, 4), np.dtype(np.float32), c_strides((2, 4)), 0)
-    params = ParamBlock(n=8, shape=[2, 4], scale=np.float32(0.5))
-    rt.launch("ls_canon_kernel", (3,), (256,), (arr, params, np.int32(8)))
+    params = ParamBlock("ls_copy_params", n=8, ndim=2, src_off=0, dst_off=0, shape=[2, 4, 1, 1, 1, 1],
+                        src_stride=[4, 1, 0, 0, 0, 0], dst_stride=[4, 1, 0, 0, 0, 0])
+    rt.launch("ls_copy32_kernel", (3,), (256,), (arr, params, np.int32(8)))
     name, grid, block, args = launches[-1]
-    assert (name, grid, block) == ("ls_canon_kernel", (3, 1, 1), (256, 1, 1))
+    assert (name, grid, block) == ("ls_copy32_kernel", (3, 1, 1), (256, 1, 1))
     assert args[0] is buf and args[2] == np.int32(8) and type(args[2]) is np.int32
     assert isinstance(args[1], np.ndarray) and args[1].size == 1 and args[1].tobytes() == params.tobytes()
+    assert args[1].nbytes == 4 * (4 + 3 * 6)  # the struct's size: 22 four-byte fields, passed by value
     with pytest.raises(TypeError):
         rt.launch("ls_canon_kernel", (1,), (1,), (3.5,))  # a bare Python float has no fixed width
 

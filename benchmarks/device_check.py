@@ -183,14 +183,20 @@ def _torch_timer():
 
 
 def _torch_bf16_ms(m: int, k: int, n: int) -> dict:
-    """The same GEMM shape in PyTorch bf16 (tensor cores): context for the int8 numbers."""
+    """The same GEMM shape in PyTorch bf16 (tensor cores) and ``torch._int_mm``: context for the int8 numbers."""
     try:
         import torch
 
         ta = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
         tb = torch.randn(k, n, device="cuda", dtype=torch.bfloat16)
         ms = _torch_timer()(lambda: ta @ tb)
-        return {"torch_bf16_ms": ms, "torch_bf16_tflops": 2.0 * m * k * n / ms / 1e9}
+        out = {"torch_bf16_ms": ms, "torch_bf16_tflops": 2.0 * m * k * n / ms / 1e9}
+        del ta, tb
+        ia = torch.randint(-127, 128, (m, k), device="cuda", dtype=torch.int8)
+        ib = torch.randint(-127, 128, (k, n), device="cuda", dtype=torch.int8)
+        ms = _torch_timer()(lambda: torch._int_mm(ia, ib))  # PyTorch's own int8 GEMM (cuBLASLt)
+        out.update(torch_int_mm_ms=ms, torch_int_mm_tops=2.0 * m * k * n / ms / 1e9)
+        return out
     except Exception as e:  # noqa: BLE001 - context only
         return {"torch_bf16": f"unavailable: {type(e).__name__}: {e}"}
 
@@ -474,7 +480,9 @@ def _headline(work: Path, name: str) -> str:
     if name == "conformance":
         return d.get("summary", "-")
     if name == "gemm_int8":
-        return f"exact {d.get('all_exact')}; " + ", ".join(f"{r['gemm']} {r['int8_tops']:.0f} TOPS" for r in d.get("rows", []))
+        return f"exact {d.get('all_exact')}; " + ", ".join(
+            f"{r['gemm']} {r['int8_tops']:.0f} TOPS (torch int_mm {r.get('torch_int_mm_tops', 0):.0f}, "
+            f"bf16 {r.get('torch_bf16_tflops', 0):.0f})" for r in d.get("rows", []))
     if name == "roots":
         return f"all match {d.get('all_match')} (reference stale: {d.get('reference_stale')}); " + ", ".join(
             f"{k} {'ok' if v['match'] else 'DIFFER'}" for k, v in d.get("runs", {}).items())

@@ -189,7 +189,7 @@ def _torch_bf16_ms(m: int, k: int, n: int) -> dict:
 
         ta = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
         tb = torch.randn(k, n, device="cuda", dtype=torch.bfloat16)
-        ms = _torch_timer()(lambda: ta @ tb)
+        ms = _torch_timer()(lambda ta=ta, tb=tb: ta @ tb)
         out = {"torch_bf16_ms": ms, "torch_bf16_tflops": 2.0 * m * k * n / ms / 1e9}
         del ta, tb
         ia = torch.randint(-127, 128, (m, k), device="cuda", dtype=torch.int8)

@@ -31,6 +31,7 @@ TILE_THREADS = 16     # ... work-group TILE_THREADS x TILE_THREADS
 PARTIAL_LOCAL = 64    # ls_abs_max_partial_kernel
 HADAMARD_LOCAL = 128  # ls_hadamard_kernel
 CLIP_EPS = np.float32(1e-6)  # spec optim.CLIP_EPS
+SUM_OF_SQUARES_BLOCK = 4096  # spec optim.SUM_OF_SQUARES_BLOCK (SPEC_VERSION 2)
 QMAX_INT8_K = 2**31 // 2**14  # spec reduce.check_int8_operands: K beyond this could overflow int32
 
 _OPS_BY_RUNTIME: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
@@ -781,10 +782,15 @@ class KernelOps:
     # ------------------------------------------------------------------ optim (optim.kc)
 
     def sum_of_squares(self, g):
-        """spec optim.sum_of_squares: ``ls_sum_of_squares_kernel``."""
+        """spec optim.sum_of_squares (blocked): ``ls_sum_of_squares_blocks_kernel``, one work-group per
+        block, then ``ls_lane_tree_rows_kernel`` over the block sums."""
         g = self.contiguous(self._f32(g))
+        n = g.size
+        nblocks = _ceil_div(n, SUM_OF_SQUARES_BLOCK)
+        sums = self.empty((max(nblocks, 1),), F32)
+        self._rows("ls_sum_of_squares_blocks_kernel", nblocks, sums, g, np.int32(n), np.int32(SUM_OF_SQUARES_BLOCK))
         out = self.empty((), F32)
-        self.rt.launch("ls_sum_of_squares_kernel", (1,), (LANES,), (out, g, np.int32(g.size)))
+        self._rows("ls_lane_tree_rows_kernel", 1, out, sums, np.int32(1), np.int32(nblocks), np.int32(nblocks), np.int32(1))
         return out
 
     def global_norm(self, sums_of_squares):

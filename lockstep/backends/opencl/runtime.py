@@ -42,7 +42,8 @@ def _all_devices(cl) -> list:
     try:
         platforms = cl.get_platforms()
     except Exception as e:  # noqa: BLE001 - any ICD-loader failure means: no OpenCL here
-        raise BackendUnavailable(f"no OpenCL device (no OpenCL platform: {e}); {INSTALL_HINT}") from None
+        reason = (str(e).strip().splitlines() or [type(e).__name__])[0]
+        raise BackendUnavailable(f"no OpenCL device (no OpenCL platform: {reason}); {INSTALL_HINT}") from None
     devices = []
     for p in platforms:
         try:

@@ -161,6 +161,19 @@ def test_runtime_launch_passes_buffers_scalars_and_param_blocks_by_value(fake_ru
         rt.launch("ls_canon_kernel", (1,), (1,), (3.5,))  # a bare Python float has no fixed width
 
 
+def test_self_test_refuses_a_device_that_does_not_compute_the_specs_bits(fake_runtime, monkeypatch):
+    """The stand-in's kernels do nothing (outputs stay zero): the first case, V1, must refuse the backend."""
+    from lockstep.backends import cupy_cuda
+
+    rt, _ = fake_runtime
+    monkeypatch.setitem(sys.modules, "cupy", rt.cp)
+    monkeypatch.setattr(cupy_cuda, "_RUNTIMES", {})
+    with pytest.raises(BackendUnavailable) as e:
+        get_backend("cuda")
+    msg = str(e.value)
+    assert "\n" not in msg and "self-test failed on V1" in msg and "spec 0x00800000, GPU 0x00000000" in msg
+
+
 def test_elementwise_groups_cover_small_and_cap_large(fake_runtime):
     rt, _ = fake_runtime
     assert rt.elementwise_groups(1, 256) == 1

@@ -67,10 +67,12 @@ def _runtime(cp, device_id: int):
         raise BackendUnavailable(f"the CUDA kernels did not build: {first} (run pytest tests/test_cuda_compile.py)") from e
     except SelfTestFailure as e:
         raise BackendUnavailable(str(e)) from e
-    except cp.cuda.driver.CUDADriverError as e:
-        first = str(e).strip().splitlines()[0]
-        raise BackendUnavailable(f"CUDA could not load or run the lockstep kernels: {first} "
-                                 "(is the NVRTC wheel newer than the driver? install the nvidia-cuda-nvrtc matching it)") from e
+    except Exception as e:
+        if type(e).__name__ not in ("CUDADriverError", "CUDARuntimeError", "CUBLASError"):
+            raise
+        first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+        raise BackendUnavailable(f"CUDA could not load or run the lockstep kernels: {first} (an NVRTC newer "
+                                 "than the driver? install the nvidia-cuda-nvrtc wheel matching the driver)") from e
     _RUNTIMES[device_id] = rt
     return rt
 

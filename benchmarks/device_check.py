@@ -449,10 +449,14 @@ def section_throughput(work: Path) -> dict:
 # ---------------------------------------------------------------- summary
 
 def _load(work: Path, name: str) -> dict:
-    try:
-        return json.loads((work / f"{name}.json").read_text())
-    except (OSError, ValueError):
-        return {}
+    """A section's JSON; for a section stopped by its time limit, what it saved so far (``partial``)."""
+    for path, partial in ((work / f"{name}.json", False), (work / f"{name}.partial.json", True)):
+        try:
+            data = json.loads(path.read_text())
+        except (OSError, ValueError):
+            continue
+        return dict(data, partial=True) if partial else data
+    return {}
 
 
 def _status_table(work: Path) -> list[dict]:

@@ -54,6 +54,11 @@ OPEN1B_GEMMS = (
 )
 
 
+def _partial(work: Path, section: str, data: dict) -> None:
+    """Save what a section has measured so far (read if the section runs out of time)."""
+    (work / f"{section}.partial.json").write_text(json.dumps(data, indent=2, default=str) + "\n")
+
+
 def _write(work: Path, section: str, data: dict) -> None:
     (work / f"{section}.json").write_text(json.dumps(data, indent=2, default=str) + "\n")
     print(json.dumps(data, default=str)[:4000])
@@ -222,6 +227,7 @@ def section_gemm_int8(work: Path) -> dict:
                "int8_tops": 2.0 * m * k * n / ms / 1e9, **_torch_bf16_ms(m, k, n)}
         rows.append(row)
         print(row, flush=True)
+        _partial(work, "gemm_int8", {"rows": rows, "all_exact": all(r["exact_first_rows"] for r in rows)})
     return {"rows": rows, "all_exact": all(r["exact_first_rows"] for r in rows)}
 
 
@@ -363,6 +369,7 @@ def section_gemm_float(work: Path) -> dict:
                "tflops": 2.0 * m * k * n / ms / 1e9}
         out["rows"].append(row)
         print(row, flush=True)
+        _partial(work, "gemm_float", out)
     return out
 
 
@@ -381,6 +388,7 @@ def section_torch(work: Path) -> dict:
             r = torch_baseline.bench_step(cfg, batch, steps=5, device="cuda", dtype=dtype)
             rows.append(r)
             print(r, flush=True)
+            _partial(work, "torch", {"rows": rows})
     return {"rows": rows}
 
 
@@ -442,7 +450,7 @@ def section_throughput(work: Path) -> dict:
         except Exception as e:  # noqa: BLE001 - report and go on to the next model
             rows.append({"model": model, "error": f"{type(e).__name__}: {e}"})
         print(rows[-1], flush=True)
-        (work / "throughput.partial.json").write_text(json.dumps({"rows": rows}, indent=2))
+        _partial(work, "throughput", {"rows": rows})
     return {"rows": rows}
 
 

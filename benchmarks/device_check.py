@@ -497,7 +497,8 @@ def _headline(work: Path, name: str) -> str:
             f"bf16 {r.get('torch_bf16_tflops', 0):.0f})" for r in d.get("rows", []))
     if name == "roots":
         return f"all match {d.get('all_match')} (reference stale: {d.get('reference_stale')}); " + ", ".join(
-            f"{k} {'ok' if v['match'] else 'DIFFER'}" for k, v in d.get("runs", {}).items())
+            f"{k} {'ok' if v['match'] else ('DIFFER' if v['returncode'] == 0 else 'ERROR')}"
+            for k, v in d.get("runs", {}).items())
     if name == "replay":
         return f"match {d.get('match')}"
     if name == "gemm_float":

@@ -119,8 +119,14 @@ def _fake_cupy(launches: list):
     return cp
 
 
+@pytest.fixture(scope="module")
+def cuda_cache(tmp_path_factory):
+    """One kernel cache for this module's stand-in runtimes: NVRTC compiles the kernels once."""
+    return tmp_path_factory.mktemp("cuda-cache")
+
+
 @pytest.fixture
-def fake_runtime(tmp_path, monkeypatch):
+def fake_runtime(cuda_cache, monkeypatch):
     pytest.importorskip("lockstep.backends.kernels.ops", reason="the shared kernels are not in this build")
     from lockstep.backends.cupy_cuda import nvrtc
     from lockstep.backends.cupy_cuda.runtime import CupyRuntime
@@ -129,7 +135,7 @@ def fake_runtime(tmp_path, monkeypatch):
         nvrtc.load_nvrtc()
     except nvrtc.NVRTCUnavailable as e:
         pytest.skip(str(e))
-    monkeypatch.setenv("LOCKSTEP_CUDA_CACHE", str(tmp_path))
+    monkeypatch.setenv("LOCKSTEP_CUDA_CACHE", str(cuda_cache))
     launches: list = []
     return CupyRuntime(_fake_cupy(launches), 0), launches
 

@@ -200,3 +200,24 @@ def test_flush_models_read_subnormal_inputs_as_zero():
         tiny = fp.from_bits(np.array([0x00000001, 0x807FFFFF], np.uint32))
         assert (bits(m.add_raw(tiny, tiny)) & 0x7FFFFFFF == 0).all()
         assert (bits(m.mul_raw(tiny, np.float32(2.0**100))) & 0x7FFFFFFF == 0).all()
+
+
+def test_the_backend_self_test_catches_hardware_that_flushes_before_rounding():
+    """``kernels.ops.self_test`` (run by every GPU backend on first use) on two op tables built from
+    the host build: the IEEE one passes, the flush-before-rounding model fails on a flush vector."""
+    from lockstep.backends.kernels.ops import self_test
+
+    class HostOps:
+        def __init__(self, fpl):
+            self.fpl = fpl
+
+        def __getattr__(self, name):
+            f = getattr(self.fpl, name)
+            return lambda *args: f(*(canon(a) for a in args))
+
+        def to_numpy(self, x):
+            return np.asarray(x)
+
+    assert self_test(HostOps(host.load())) is None
+    problem = self_test(HostOps(host.load("ftz_before")))
+    assert problem is not None and problem.startswith("mul(") and "the spec 0x00800000" in problem, problem

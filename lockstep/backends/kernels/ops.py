@@ -555,7 +555,7 @@ class KernelOps:
         w = int(window) if window is not None and window > 0 else 0
         scale = attention_scale(dh)
         s = self._scores(q, k, b, h, g, t, dh, w, scale)
-        p = self.empty((b * h, t, t), F32)
+        p = s  # in place: each entry is read, then written, by the same work-item
         m, l = self.empty((b, h, t), F32), self.empty((b, h, t), F32)
         rows = b * h * t
         self._rows("ls_attn_softmax_kernel", rows, p, m, l, s, np.int32(rows), np.int32(t), np.int32(w))
@@ -586,7 +586,7 @@ class KernelOps:
                       a_view=(0, h * t * dh, t * dh, 1, 0, dh, 1),
                       b_view=(0, g * t * dh, t * dh, r, 0, 1, dh),
                       o_view=(0, h * t * t, t * t, t, 1))
-        p, ds = self.empty((b * h, t, t), F32), self.empty((b * h, t, t), F32)
+        p, ds = s, dp  # in place, as in the forward
         rows = b * h * t
         self._rows("ls_attn_backward_rows_kernel", rows, p, ds, s, dp, do, o, m, l, np.int32(rows), np.int32(t),
                    np.int32(dh), np.int32(w), np.float32(scale))
@@ -832,6 +832,36 @@ class KernelOps:
         p_out, m_out, v_out = (self.empty(p.shape, F32) for _ in range(3))
         self._ew("ls_adamw_kernel", p.size, p_out, m_out, v_out, p, g, m, v, params)
         return p_out, m_out, v_out
+
+
+def self_test(ops: KernelOps) -> str | None:
+    """Run the flush-rule vectors and the boundary pairs through the device's ``+ - * / sqrt`` and exp;
+    None when every bit equals the spec, else one line saying what differs.
+
+    Cheap insurance against a toolchain or driver that contracts, flushes or approximates
+    (run once per process by each backend's ``make_backend``)."""
+    from lockstep import spec
+    from lockstep.conformance import inputs as gen
+
+    a, b = gen.boundary_pairs()
+    for name in ("add", "sub", "mul", "div"):
+        want = getattr(spec, name)(a, b)
+        got = ops.to_numpy(getattr(ops, name)(a, b))
+        bad = np.nonzero(want.view(np.uint32) != got.view(np.uint32))[0]
+        if bad.size:
+            i = bad[0]
+            return (f"{name}(0x{int(a.view(np.uint32)[i]):08X}, 0x{int(b.view(np.uint32)[i]):08X}) gave "
+                    f"0x{int(got.view(np.uint32)[i]):08X}, the spec 0x{int(want.view(np.uint32)[i]):08X} "
+                    f"({bad.size} of {a.size} boundary pairs differ)")
+    x = np.concatenate([gen.boundary_values(), np.linspace(-104, 90, 4001, dtype=np.float32)])
+    for name in ("sqrt", "exp"):
+        want, got = getattr(spec, name)(x), ops.to_numpy(getattr(ops, name)(x))
+        bad = np.nonzero(want.view(np.uint32) != got.view(np.uint32))[0]
+        if bad.size:
+            i = bad[0]
+            return (f"{name}(0x{int(x.view(np.uint32)[i]):08X}) gave 0x{int(got.view(np.uint32)[i]):08X}, "
+                    f"the spec 0x{int(want.view(np.uint32)[i]):08X}")
+    return None
 
 
 def _coalesce(shape, s_st, d_st):

@@ -99,14 +99,16 @@ class Runtime(Protocol):
         """Run kernel ``kernel`` (see the module docstring for the convention); in order with other launches."""
 
     def int8_gemm(self, a: "DeviceArray", b: "DeviceArray") -> "DeviceArray":
-        """Exact ``(M, K) int8 x (K, N) int8 -> (M, N) int32`` (contiguous result). Any order or library
-        may compute it (integer sums are exact); ``default_int8_gemm`` is the shared kernel."""
+        """Exact ``(M, K) int8 x (K, N) int8 -> (M, N) int32`` as a new contiguous array. ``a`` and ``b``
+        may be strided views (offset, strides); a library that needs a layout materializes them with
+        ``ops_for(runtime).contiguous``. Any order or library may compute it (integer sums are
+        exact, K <= 2**17 fits int32); ``default_int8_gemm`` is the shared tiled kernel."""
 
     def elementwise_groups(self, n: int, local: int) -> int:
         """How many work-groups of ``local`` items a grid-stride kernel over n elements should use."""
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)  # identity, not elementwise, equality
 class DeviceArray:
     """A view of a device buffer: shape, dtype, strides and offset in elements (C order when contiguous).
 

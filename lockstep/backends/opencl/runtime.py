@@ -34,8 +34,29 @@ def open_runtime() -> "OpenCLRuntime":
     device = _choose_device(cl)
     key = (device.platform.name, device.name, device.int_ptr)
     if key not in _RUNTIMES:
-        _RUNTIMES[key] = OpenCLRuntime(cl, device)
+        _check_float_support(cl, device)
+        rt = OpenCLRuntime(cl, device)
+        from lockstep.backends.kernels.ops import ops_for, self_test
+
+        problem = self_test(ops_for(rt))
+        if problem:
+            raise BackendUnavailable(f"OpenCL device {rt.device_name!r} does not compute the spec's float32 bits: "
+                                     f"{problem}; choose another device with {DEVICE_ENV}")
+        _RUNTIMES[key] = rt
     return _RUNTIMES[key]
+
+
+def _check_float_support(cl, device) -> None:
+    """The kernels need IEEE float32 with gradual underflow and correctly rounded / and sqrt."""
+    cfg = device.single_fp_config
+    need = {"DENORM": "keeps float32 subnormal results (the spec flushes after rounding)",
+            "CORRECTLY_ROUNDED_DIVIDE_SQRT": "rounds / and sqrt correctly",
+            "ROUND_TO_NEAREST": "rounds to nearest even", "INF_NAN": "has inf and NaN"}
+    for flag, what in need.items():
+        if not cfg & getattr(cl.device_fp_config, flag):
+            raise BackendUnavailable(f"OpenCL device {device.name.strip()!r} cannot run lockstep's kernels: it reports no "
+                                     f"CL_FP_{flag} (the kernels need a device that {what}); choose another device "
+                                     f"with {DEVICE_ENV}")
 
 
 def _all_devices(cl) -> list:

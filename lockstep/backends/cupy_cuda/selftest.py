@@ -52,8 +52,12 @@ def _hex(a: np.ndarray) -> str:
 
 
 def run_self_test(runtime) -> None:
-    """Raise ``SelfTestFailure`` at the first case whose bytes differ from the spec's."""
-    from lockstep.backends.kernels.ops import ops_for
+    """Raise ``SelfTestFailure`` at the first case whose bytes differ from the spec's.
+
+    The cases above (V1-V4 by name, a contraction, a lane tree, the cuBLAS int8 GEMM), then
+    the shared GPU self-test (``kernels.ops.self_test``: every boundary pair through
+    ``+ - * /``, and sqrt/exp over boundary values and a sweep)."""
+    from lockstep.backends.kernels.ops import ops_for, self_test
 
     ops = ops_for(runtime)
     for label, op, args in self_test_cases():
@@ -62,3 +66,6 @@ def run_self_test(runtime) -> None:
         if want.dtype != got.dtype or want.shape != got.shape or want.tobytes() != got.tobytes():
             raise SelfTestFailure(f"cuda self-test failed on {label} ({op}): spec {_hex(want)}, GPU {_hex(got)}; "
                                   "the toolchain does not compute the spec's bits here, so the backend is refused")
+    problem = self_test(ops)
+    if problem:
+        raise SelfTestFailure(f"cuda self-test failed: {problem}; the backend is refused")

@@ -46,6 +46,18 @@ def test_both_nvrtc_drivers_compile_with_headers(driver):
     assert out.cubin[:4] == b"\x7fELF"  # a cubin is an ELF image
 
 
+@pytest.mark.parametrize("driver", ["ctypes", "bindings"])
+def test_an_empty_log_does_not_corrupt_python_constants(driver):
+    """NVRTC writes into the buffer it is given; an empty log is one byte. Writing it into
+    ``b" " * 1`` (CPython's cached one-byte object) once turned every b" " in the process into NUL."""
+    if driver == "bindings":
+        pytest.importorskip("cuda.bindings.nvrtc", reason="cuda-bindings is not installed")
+    out = _compiler(driver).compile('extern "C" __global__ void k(float* a) { a[0] = 1.0f; }', "k.cu",
+                                    nvrtc.compile_options(90))
+    assert out.log == ""
+    assert bytes([32]) == b" " and (b" " * 3) == bytes([32, 32, 32])
+
+
 def test_compile_errors_carry_nvrtc_log():
     c = _compiler()
     with pytest.raises(nvrtc.NVRTCCompileError, match="bad.cu"):

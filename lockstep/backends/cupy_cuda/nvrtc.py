@@ -167,9 +167,12 @@ class BindingsNVRTC:
 
     def _bytes(self, prog, size_fn, get_fn) -> bytes:
         n = self._ok(size_fn(prog), size_fn.__name__)
-        buf = b" " * n
+        # A writable buffer. Never ``b" " * n``: NVRTC writes into the object it is given, and for
+        # n == 1 (an empty log) that object is CPython's cached one-byte b" ", which would then read
+        # b"\x00" everywhere in the process (seen: NUL padding in safetensors headers).
+        buf = bytearray(n)
         self._ok(get_fn(prog, buf), get_fn.__name__)
-        return buf
+        return bytes(buf)
 
     def compile(self, source: str, name: str, options: tuple[str, ...],
                 headers: dict[str, str] | None = None) -> CompileOutput:

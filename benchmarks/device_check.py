@@ -405,7 +405,7 @@ def _bench_params(cfg, seed: int) -> dict:
 
 
 def _lockstep_step_time(model: str, batch: int, steps: int, quantize: bool) -> dict:
-    import torch_baseline
+    import model_flops
 
     from lockstep.backends import get_backend
     from lockstep.spec import hashing
@@ -413,7 +413,7 @@ def _lockstep_step_time(model: str, batch: int, steps: int, quantize: bool) -> d
     from lockstep.train.optim import AdamWState
     from lockstep.train.step import StepPlan, apply_update, rank_contribution, state_tensors
 
-    cfg = torch_baseline.model_config(model, quantize=quantize)
+    cfg = model_flops.model_config(model, quantize=quantize)
     tcfg = dataclasses.replace(train_preset("small"), micro_batch=8)
     be = get_backend("cupy")
     params = _bench_params(cfg, 0)
@@ -436,10 +436,10 @@ def _lockstep_step_time(model: str, batch: int, steps: int, quantize: bool) -> d
             hash_s.append(h1 - h0)
         print(f"{model} step {t}: {t1 - t0:.3f} s (state root {h1 - h0:.3f} s)", flush=True)
     s = statistics.median(step_s)
-    flops = torch_baseline.step_flops(cfg, batch)
+    flops = model_flops.step_flops(cfg, batch)
     return {"model": model, "quantize": quantize, "batch": batch, "seq_len": cfg.seq_len, "steps_timed": len(step_s),
             "step_s": s, "state_root_s": statistics.median(hash_s), "tokens_per_s": batch * cfg.seq_len / s,
-            "mfu_vs_bf16_peak": flops / s / torch_baseline.H200_BF16_PEAK}
+            "mfu_vs_bf16_peak": flops / s / model_flops.H200_BF16_PEAK}
 
 
 def section_throughput(work: Path) -> dict:

@@ -142,7 +142,7 @@ def check_against_lockstep(preset_name: str = "tiny", seed: int = 7, batch: int 
     grads_t = model.grads_numpy()
     ref_loss = float(np.asarray(loss_ls))
     out = {"loss_lockstep": ref_loss, "loss_torch": float(loss_t.detach()),
-           "loss_rel": abs(float(loss_t) - ref_loss) / abs(ref_loss), "grad_rel": {}}
+           "loss_rel": abs(float(loss_t.detach()) - ref_loss) / abs(ref_loss), "grad_rel": {}}
     for n in model.names:
         ref = np.asarray(grads_ls[n], dtype=np.float64)
         diff = np.linalg.norm(grads_t[n].astype(np.float64) - ref)

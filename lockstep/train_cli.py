@@ -14,11 +14,14 @@ import sys
 import time
 from pathlib import Path
 
+from lockstep.backends import BACKEND_ALIASES, KNOWN_BACKENDS
+
 DEFAULT_STEPS = {"tiny": 100, "small": 100, "open-1b": 10}
 DEFAULT_PRESET = "small"
 DEFAULT_SEED = 42
 PRESETS = ("tiny", "small", "open-1b")
-BACKENDS = ("spec", "numba", "cuda", "metal")
+# every backend name get_backend knows, aliases included (cupy = cuda)
+BACKENDS = (*KNOWN_BACKENDS, *sorted(BACKEND_ALIASES))
 
 
 def positive_int(text: str) -> int:
@@ -60,7 +63,7 @@ def add_train_parser(subparsers) -> argparse.ArgumentParser:
                                                       "with --resume: the run's recorded target)")
     g.add_argument("--tokens", type=positive_int, help="train until this many tokens are consumed")
     p.add_argument("--out", help="run directory (default: runs/<preset>-<time>)")
-    p.add_argument("--backend", choices=BACKENDS, help="spec or numba (default: numba; without it, say "
+    p.add_argument("--backend", choices=BACKENDS, help="spec, numba, opencl, cuda (alias cupy) or metal (default: numba; without it, say "
                                                        "--backend spec, about 60x slower)")
     p.add_argument("--seed", type=seed_int, help="seed of the initial weights and of the data order, an integer "
                                                  f"in [0, 2**64) (default: {DEFAULT_SEED})")

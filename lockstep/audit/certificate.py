@@ -260,10 +260,8 @@ def generate_keypair(prefix: str | os.PathLike) -> tuple[Path, Path]:
     priv = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
                              serialization.NoEncryption())
     pub = key.public_key().public_bytes(serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo)
-    fd = os.open(priv_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    with os.fdopen(fd, "wb") as f:
-        f.write(priv)
-    atomic_write_bytes(pub_path, pub)
+    atomic_write_bytes(priv_path, priv, mode=0o600, overwrite=False)
+    atomic_write_bytes(pub_path, pub, overwrite=False)
     return priv_path, pub_path
 
 

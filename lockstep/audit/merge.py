@@ -24,9 +24,12 @@ Then, per step of the run:
 
 from __future__ import annotations
 
+import io
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from lockstep.fsio import atomic_write_bytes
 
 from .certificate import (CertificateError, auditor_id, consistency_problems, load_certificate,
                           signature_problem)
@@ -231,9 +234,9 @@ def plot_coverage(report: MergeReport, path: str | os.PathLike) -> Path:
                  f"/{report.last_step} steps covered")
     ax.set_xlim(0.5, max(xs, default=1) + 0.5)
     fig.tight_layout()
-    path = Path(path)
-    tmp = path.with_name(f".{path.name}.tmp")
-    fig.savefig(tmp, format="png")
+    buf = io.BytesIO()  # rendered in memory, then written by the atomic writer (no fixed temporary name)
+    fig.savefig(buf, format="png")
     plt.close(fig)
-    os.replace(tmp, path)
+    path = Path(path)
+    atomic_write_bytes(path, buf.getvalue())
     return path

@@ -34,7 +34,7 @@ from pathlib import Path
 
 import numpy as np
 
-from lockstep.fsio import UnsafePath, read_json, safe_join
+from lockstep.fsio import UnsafePath, read_json_regular
 from lockstep.spec import SPEC_VERSION, hashing
 from lockstep.train import checkpoint as ckpt
 from lockstep.train.data import DataError, GlobalStream, batch_digest
@@ -223,7 +223,7 @@ def _diagnose(run_dir: Path, step: int, replayed: dict[str, np.ndarray], replaye
         c = ckpt.load_checkpoint(folder)
     except ckpt.CheckpointError as exc:
         try:
-            side = read_json(safe_join(folder, ckpt.SIDECAR_FILE), "checkpoint sidecar")
+            side = read_json_regular(folder, ckpt.SIDECAR_FILE, "checkpoint sidecar", ckpt.MAX_SIDECAR_BYTES)
             want = side.get("tensor_digests") if isinstance(side, dict) else None
         except (OSError, ValueError):
             want = None

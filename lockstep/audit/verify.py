@@ -36,25 +36,31 @@ from __future__ import annotations
 
 import os
 import re
+import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from lockstep.fsio import FileFormatError, UnsafePath, parse_json, read_json, read_safetensors, safe_join
+from lockstep.fsio import (FileFormatError, UnsafePath, iter_lines, open_regular, parse_json, read_json_regular,
+                           read_safetensors, safe_join)
+from lockstep.fsio import file_kind as fsio_kind
 from lockstep.spec import SPEC_VERSION, hashing
 from lockstep.train import checkpoint as ckpt
 from lockstep.train.config import ModelConfig, TrainConfig
 from lockstep.train.data import DataError, GlobalStream, Manifest, batch_digest
-from lockstep.train.trainer import (COMMITMENT_FILE, DATA_DIR, METRICS_FILE, RECIPE_FILE, RECIPE_FORMAT,
-                                    TRAJECTORY_FILE, genesis, recipe_configs, recipe_digest)
+from lockstep.train.trainer import (COMMITMENT_FILE, DATA_DIR, MAX_RECIPE_BYTES, METRICS_FILE, RECIPE_FILE,
+                                    RECIPE_FORMAT, TRAJECTORY_FILE, genesis, recipe_configs, recipe_digest)
 
 HEX64 = re.compile(r"[0-9a-f]{64}")
 BITS_RE = re.compile(r"0x[0-9A-F]{8}")
-MAX_TRAJECTORY_BYTES = 1 << 30  # a billion bytes is ~3M steps; refuse anything larger
-KNOWN_TOP_LEVEL = {RECIPE_FILE, TRAJECTORY_FILE, METRICS_FILE, COMMITMENT_FILE, DATA_DIR, ckpt.CHECKPOINTS_DIR,
-                   "loss.png"}
+MAX_TRAJECTORY_BYTES = 1 << 30  # a billion bytes is ~1.5M steps; refuse anything larger
+MAX_RECORD_BYTES = 4096  # one trajectory record is about 700 bytes
+MAX_COMMITMENT_BYTES = 64 << 10
+KNOWN_FILES = {RECIPE_FILE, TRAJECTORY_FILE, METRICS_FILE, COMMITMENT_FILE, "loss.png"}
+KNOWN_DIRS = {DATA_DIR, ckpt.CHECKPOINTS_DIR}
+KNOWN_TOP_LEVEL = KNOWN_FILES | KNOWN_DIRS
 RECORD_HEX_KEYS = ("state_root", "batch_digest", "chain_hash")
 RECORD_FLOAT_KEYS = ("lr", "loss", "grad_norm")
 
@@ -145,12 +151,13 @@ def run_path(run_dir: Path, rel: str) -> Path:
 
 def load_run_recipe(run_dir: Path) -> dict:
     """``recipe.json``, strictly parsed and structurally checked (``RunFileError`` otherwise)."""
-    path = run_path(run_dir, RECIPE_FILE)
-    if not path.is_file():
-        raise RunFileError(f"{path}: missing; this is not a lockstep run directory (or it was not copied whole)")
+    path = run_dir / RECIPE_FILE
     try:
-        recipe = read_json(path, "recipe")
-    except (FileFormatError, OSError) as exc:
+        recipe = read_json_regular(run_dir, RECIPE_FILE, "recipe", MAX_RECIPE_BYTES)
+    except FileNotFoundError:
+        raise RunFileError(f"{path}: missing; this is not a lockstep run directory (or it was not copied whole)") \
+            from None
+    except (FileFormatError, UnsafePath, OSError) as exc:
         raise RunFileError(f"{exc}; restore recipe.json from the run's publisher") from None
     if not isinstance(recipe, dict) or recipe.get("format") != RECIPE_FORMAT:
         raise RunFileError(f"{path}: not a lockstep recipe (format must be {RECIPE_FORMAT!r})")
@@ -255,47 +262,55 @@ def _check_record(rec: Any, lineno: int, path: Path) -> None:
             raise RunFileError(f"{where} (step {step}): '{key}_bits' must look like 0x3F800000, got {bits!r}")
 
 
-def read_trajectory_strict(run_dir: Path) -> list[dict]:
+def read_trajectory_strict(run_dir: Path, tolerate_torn_tail: bool = False, allow_missing: bool = False) -> list[dict]:
     """Every record of ``trajectory.jsonl``: strict JSON, steps 1..N in order, digests as hex.
 
-    Unlike the trainer's reader nothing is tolerated: a torn last line, a duplicate
-    key, a gap or a repeated step raises ``RunFileError`` naming the line.
+    The file must be a regular file inside the run (no symlink, FIFO or device) of at
+    most ``MAX_TRAJECTORY_BYTES``; it is streamed one line at a time with a cap of
+    ``MAX_RECORD_BYTES`` per line, so a blank, sparse or single-line file costs no
+    memory. Nothing is tolerated (a torn last line, a blank line, a duplicate key,
+    a gap or a repeated step raise ``RunFileError`` naming the line) except, with
+    ``tolerate_torn_tail`` (what ``train --resume`` repairs), a last line without its
+    newline. ``allow_missing`` returns [] for a run with no trajectory yet.
     """
-    path = run_path(run_dir, TRAJECTORY_FILE)
-    if not path.is_file():
-        raise RunFileError(f"{path}: missing; the run has no published trajectory")
-    if path.stat().st_size > MAX_TRAJECTORY_BYTES:
-        raise RunFileError(f"{path}: larger than {MAX_TRAJECTORY_BYTES} bytes; refusing it")
-    data = path.read_bytes()
-    lines = data.split(b"\n")
+    path = run_dir / TRAJECTORY_FILE
     records: list[dict] = []
-    for i, line in enumerate(lines):
-        if not line.strip():
-            continue
-        try:
-            rec = parse_json(line, "trajectory record", f"{path}:{i + 1}")
-        except FileFormatError as exc:
-            torn = i == len(lines) - 1 and not data.endswith(b"\n")
-            hint = (" (a torn last line: the run crashed mid-append; `lockstep train --resume` repairs it)"
-                    if torn else "")
-            raise RunFileError(f"{exc}{hint}") from None
-        _check_record(rec, i + 1, path)
-        want = len(records) + 1
-        if rec["step"] != want:
-            raise RunFileError(f"{path}:{i + 1}: step {rec['step']} where step {want} was expected "
-                               "(records must run 1, 2, 3 ... with no gap or repeat)")
-        records.append(rec)
+    try:
+        with open_regular(run_dir, TRAJECTORY_FILE, "trajectory", MAX_TRAJECTORY_BYTES) as f:
+            for lineno, line, ended in iter_lines(f, str(path), MAX_RECORD_BYTES):
+                try:
+                    rec = parse_json(line, "trajectory record", f"{path}:{lineno}")
+                except FileFormatError as exc:
+                    if not ended and tolerate_torn_tail:
+                        break
+                    hint = (" (a torn last line: the run crashed mid-append; `lockstep train --resume` repairs it)"
+                            if not ended else "")
+                    raise RunFileError(f"{exc}{hint}") from None
+                _check_record(rec, lineno, path)
+                want = len(records) + 1
+                if rec["step"] != want:
+                    raise RunFileError(f"{path}:{lineno}: step {rec['step']} where step {want} was expected "
+                                       "(records must run 1, 2, 3 ... with no gap or repeat)")
+                records.append(rec)
+    except FileNotFoundError:
+        if allow_missing:
+            return []
+        raise RunFileError(f"{path}: missing; the run has no published trajectory") from None
+    except (UnsafePath, FileFormatError) as exc:
+        raise RunFileError(f"{exc}") from None
+    except OSError as exc:
+        raise RunFileError(f"{path}: cannot be read ({exc})") from None
     return records
 
 
 def read_commitment(run_dir: Path) -> dict:
     """``commitment.json`` (strict JSON, checked shape)."""
-    path = run_path(run_dir, COMMITMENT_FILE)
-    if not path.is_file():
-        raise RunFileError(f"{path}: missing; the run did not finish, or its commitment was not published")
+    path = run_dir / COMMITMENT_FILE
     try:
-        c = read_json(path, "commitment")
-    except (FileFormatError, OSError) as exc:
+        c = read_json_regular(run_dir, COMMITMENT_FILE, "commitment", MAX_COMMITMENT_BYTES)
+    except FileNotFoundError:
+        raise RunFileError(f"{path}: missing; the run did not finish, or its commitment was not published") from None
+    except (FileFormatError, UnsafePath, OSError) as exc:
         raise RunFileError(str(exc)) from None
     if not isinstance(c, dict) or c.get("format") != "lockstep.commitment":
         raise RunFileError(f"{path}: not a lockstep commitment (format 'lockstep.commitment')")
@@ -311,16 +326,16 @@ def float_bits(x) -> str:
     return f"0x{int(np.asarray(np.float32(x)).view(np.uint32)):08X}"
 
 
-def checkpoint_tensor_diffs(folder: Path) -> list[str]:
+def checkpoint_tensor_diffs(folder: Path, max_bytes: int | None = None) -> list[str]:
     """Names of the tensors of a checkpoint whose digests differ from its sidecar (diagnosis only).
 
     Reads the safetensors file with the validating reader (never pickle); returns []
     when the file cannot even be parsed or the sidecar has no digests.
     """
     try:
-        side = read_json(safe_join(folder, ckpt.SIDECAR_FILE), "checkpoint sidecar")
+        side = read_json_regular(folder, ckpt.SIDECAR_FILE, "checkpoint sidecar", ckpt.MAX_SIDECAR_BYTES)
         want = side.get("tensor_digests") if isinstance(side, dict) else None
-        tensors, _ = read_safetensors(safe_join(folder, ckpt.STATE_FILE))
+        tensors, _ = read_safetensors(folder / ckpt.STATE_FILE, max_bytes)
     except (OSError, ValueError):
         return []
     if not isinstance(want, dict):
@@ -338,13 +353,20 @@ def checkpoint_tensor_diffs(folder: Path) -> list[str]:
 def _check_layout(run_dir: Path, rep: Report) -> None:
     for entry in sorted(run_dir.iterdir()):
         name = entry.name
-        if entry.is_symlink():
+        mode = entry.lstat().st_mode
+        if stat.S_ISLNK(mode):
             try:
                 safe_join(run_dir, name)
-            except UnsafePath as exc:
-                rep.add("path", entry, f"{exc}; a run directory must hold its own files: replace the link "
-                                       "with the file it names, or refuse the run")
-                continue
+                where = "inside the run"
+            except UnsafePath:
+                where = f"out of the run, to {os.path.realpath(entry)}"
+            rep.add("path", entry, f"a symlink ({where}); a run directory must hold its own files, and lockstep "
+                                   "follows no symlink in it: replace the link with what it names, or refuse the run")
+            continue
+        if name in KNOWN_DIRS and not stat.S_ISDIR(mode) or name in KNOWN_FILES and not stat.S_ISREG(mode):
+            rep.add("path", entry, f"{fsio_kind(mode)}, where the run keeps a "
+                                   f"{'folder' if name in KNOWN_DIRS else 'regular file'}; it is not read")
+            continue
         if name not in KNOWN_TOP_LEVEL:
             rep.add("layout", entry, "unexpected entry (ignored by the audit)", severity="warning")
     for name in (RECIPE_FILE, TRAJECTORY_FILE, COMMITMENT_FILE):
@@ -353,13 +375,8 @@ def _check_layout(run_dir: Path, rep: Report) -> None:
             rep.add("layout", p, "missing" + ("; the run did not finish or was published without it"
                                              if name == COMMITMENT_FILE else ""))
     ckdir = run_dir / ckpt.CHECKPOINTS_DIR
-    if not ckdir.exists():
-        return
-    try:
-        safe_join(run_dir, ckpt.CHECKPOINTS_DIR)
-    except UnsafePath as exc:
-        rep.add("path", ckdir, f"{exc}; the checkpoints folder must be inside the run")
-        return
+    if not ckdir.is_dir() or ckdir.is_symlink():
+        return  # absent, or reported above
     for p, why in ckpt.incomplete_checkpoints(run_dir):
         if p.is_symlink():
             try:

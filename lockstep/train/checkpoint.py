@@ -26,6 +26,7 @@ import os
 import re
 import secrets
 import shutil
+import stat
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -40,8 +41,10 @@ from lockstep.fsio import (
     atomic_writer,
     fsync_dir,
     json_bytes,
+    open_regular,
     parse_json,
-    read_safetensors,
+    parse_safetensors,
+    read_regular,
     safe_join,
     safetensors_header,
     write_safetensors_to,
@@ -56,7 +59,9 @@ COMPLETE_FILE = "COMPLETE"
 TEMP_PREFIX = ".tmp-"
 STEP_DIR_RE = re.compile(r"step-(\d{8,20})")
 RESERVED_KEYS = ("step", "state_root", "tensor_digests", "file_sha256", "format")
-MAX_SIDECAR_BYTES = 16 << 20
+MAX_SIDECAR_BYTES = 4 << 20  # a sidecar is a few kB per hundred tensors
+MAX_MARKER_BYTES = 256  # 64 hex digits and a newline
+DEFAULT_MAX_STATE_BYTES = 1 << 40  # a stated maximum; callers that know the model pass a tight bound
 _HEX64 = re.compile(r"[0-9a-f]{64}")
 
 
@@ -88,14 +93,6 @@ class _HashingFile:
         return self.f.write(b)
 
 
-def _sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(8 << 20):
-            h.update(chunk)
-    return h.hexdigest()
-
-
 # ---------------------------------------------------------------------------
 # Save
 # ---------------------------------------------------------------------------
@@ -121,7 +118,8 @@ def save_checkpoint(run_dir: str | os.PathLike, step: int, tensors: Mapping[str,
     run_dir = Path(run_dir)
     ckdir = run_dir / CHECKPOINTS_DIR
     ckdir.mkdir(parents=True, exist_ok=True)
-    safe_join(run_dir, CHECKPOINTS_DIR)  # refuse a checkpoints/ symlinked out of the run
+    if _folder_problem(ckdir) is not None:  # refuse a checkpoints/ symlinked elsewhere
+        raise UnsafePath(f"{ckdir} is {_folder_problem(ckdir)}; a run's checkpoints folder must be a real folder")
     final = ckdir / step_dirname(step)
 
     tmp = ckdir / f"{TEMP_PREFIX}{step_dirname(step)}-{os.getpid()}-{secrets.token_hex(4)}"
@@ -179,34 +177,62 @@ def _remove_tree(path: Path, ckdir: Path, why: str) -> None:
 # ---------------------------------------------------------------------------
 
 
+def _folder_problem(folder: Path) -> str | None:
+    """None when ``folder`` is a real folder (not a symlink to one); else what it is."""
+    try:
+        mode = os.lstat(folder).st_mode
+    except FileNotFoundError:
+        return "missing"
+    if stat.S_ISLNK(mode):
+        return "a symlink, not a checkpoint folder"
+    if not stat.S_ISDIR(mode):
+        return "not a folder"
+    return None
+
+
+def _marked_sidecar(folder: Path) -> tuple[bytes | None, str | None]:
+    """``(sidecar bytes, None)`` when ``folder``'s COMPLETE marker matches its sidecar, else ``(None, why)``.
+
+    Both files are read as regular files inside the folder (no symlink, FIFO or
+    device), with size caps, by ``fsio.read_regular``.
+    """
+    why = _folder_problem(folder)
+    if why is not None:
+        return None, why
+    try:
+        want = read_regular(folder, COMPLETE_FILE, "checkpoint marker", MAX_MARKER_BYTES)
+    except FileNotFoundError:
+        return None, f"no {COMPLETE_FILE} marker (the save did not finish)"
+    except (UnsafePath, FileFormatError, OSError) as exc:
+        return None, str(exc)
+    try:
+        side = read_regular(folder, SIDECAR_FILE, "checkpoint sidecar", MAX_SIDECAR_BYTES)
+    except FileNotFoundError:
+        return None, f"{COMPLETE_FILE} present but {SIDECAR_FILE} missing"
+    except (UnsafePath, FileFormatError, OSError) as exc:
+        return None, str(exc)
+    want_hex = want.decode("ascii", "replace").strip()
+    got = hashlib.sha256(side).hexdigest()
+    if want_hex != got:
+        return None, f"{COMPLETE_FILE} holds {want_hex[:16]}... but {SIDECAR_FILE} hashes to {got[:16]}..."
+    return side, None
+
+
 def _marker_problem(folder: Path) -> str | None:
     """None when ``folder`` is a real folder whose COMPLETE matches its sidecar; else why not."""
-    if folder.is_symlink():
-        return "a symlink, not a checkpoint folder"
-    if not folder.is_dir():
-        return "not a folder"
-    marker, side = folder / COMPLETE_FILE, folder / SIDECAR_FILE
-    if marker.is_symlink() or side.is_symlink():
-        return f"{COMPLETE_FILE} or {SIDECAR_FILE} is a symlink"
-    if not marker.is_file():
-        return f"no {COMPLETE_FILE} marker (the save did not finish)"
-    if not side.is_file():
-        return f"{COMPLETE_FILE} present but {SIDECAR_FILE} missing"
-    try:
-        want = marker.read_bytes()[:200].decode("ascii", "replace").strip()
-        got = hashlib.sha256(side.read_bytes()).hexdigest()
-    except OSError as exc:
-        return f"unreadable: {exc}"
-    if want != got:
-        return f"{COMPLETE_FILE} holds {want[:16]}... but {SIDECAR_FILE} hashes to {got[:16]}..."
-    return None
+    return _marked_sidecar(folder)[1]
 
 
 def _entries(run_dir: str | os.PathLike) -> list[Path]:
     ckdir = Path(run_dir) / CHECKPOINTS_DIR
-    if not ckdir.is_dir():
+    try:
+        mode = os.lstat(ckdir).st_mode
+    except FileNotFoundError:
         return []
-    safe_join(run_dir, CHECKPOINTS_DIR)
+    if stat.S_ISLNK(mode):
+        raise UnsafePath(f"{ckdir} is a symlink; a run's checkpoints folder must be a real folder inside it")
+    if not stat.S_ISDIR(mode):
+        return []
     return sorted(ckdir.iterdir())
 
 
@@ -260,11 +286,7 @@ def latest_checkpoint(run_dir: str | os.PathLike, before_step: int | None = None
 # ---------------------------------------------------------------------------
 
 
-def _read_sidecar(folder: Path) -> dict[str, Any]:
-    path = safe_join(folder, SIDECAR_FILE)
-    data = path.read_bytes()
-    if len(data) > MAX_SIDECAR_BYTES:
-        raise CheckpointError(f"{path} is larger than {MAX_SIDECAR_BYTES} bytes; refusing it")
+def _parse_sidecar(data: bytes, path: Path) -> dict[str, Any]:
     try:
         record = parse_json(data, "checkpoint sidecar", str(path))
     except FileFormatError as exc:
@@ -272,6 +294,32 @@ def _read_sidecar(folder: Path) -> dict[str, Any]:
     if not isinstance(record, dict):
         raise CheckpointError(f"{path} must hold a JSON object")
     return record
+
+
+def _read_sidecar(folder: Path) -> dict[str, Any]:
+    path = folder / SIDECAR_FILE
+    try:
+        data = read_regular(folder, SIDECAR_FILE, "checkpoint sidecar", MAX_SIDECAR_BYTES)
+    except (UnsafePath, FileFormatError, OSError) as exc:
+        raise CheckpointError(str(exc)) from None
+    return _parse_sidecar(data, path)
+
+
+def _read_state(folder: Path, max_bytes: int, earlier: str) -> bytearray:
+    """The bytes of ``state.safetensors``: a regular file in ``folder`` of at most ``max_bytes``, read once."""
+    try:
+        with open_regular(folder, STATE_FILE, "checkpoint state", max_bytes) as f:
+            size = os.fstat(f.fileno()).st_size
+            buf = bytearray(size)
+            got = f.readinto(buf)
+            extra = f.read(1)
+    except FileNotFoundError:
+        raise CheckpointError(f"checkpoint {folder} has no {STATE_FILE}; {earlier}") from None
+    except (UnsafePath, FileFormatError, OSError) as exc:
+        raise CheckpointError(f"{exc}; {earlier}") from None
+    if got != size or extra:
+        raise CheckpointError(f"{folder / STATE_FILE} changed size while being read; {earlier}")
+    return buf
 
 
 def _resolve(path_or_run_dir: str | os.PathLike, step: int | None) -> Path:
@@ -301,23 +349,26 @@ def _resolve(path_or_run_dir: str | os.PathLike, step: int | None) -> Path:
     return folder
 
 
-def load_checkpoint(path_or_run_dir: str | os.PathLike, step: int | None = None) -> Checkpoint:
+def load_checkpoint(path_or_run_dir: str | os.PathLike, step: int | None = None,
+                    max_bytes: int = DEFAULT_MAX_STATE_BYTES) -> Checkpoint:
     """Load and fully verify a checkpoint.
 
     ``path_or_run_dir`` is a ``step-NNNNNNNN`` folder, or a run directory (then
-    ``step`` picks the checkpoint, default the latest complete one). Raises
-    ``CheckpointError`` unless the marker, the file digest, every tensor digest and
-    the state root all match.
+    ``step`` picks the checkpoint, default the latest complete one). Every file is
+    read as a regular file inside the folder (no symlink, FIFO or device), the state
+    file once and only if it is at most ``max_bytes`` (``state_bytes_bound`` of the
+    run's model is a tight bound). Raises ``CheckpointError`` unless the marker, the
+    file digest, every tensor digest and the state root all match.
     """
     folder = _resolve(path_or_run_dir, step)
     step_of_folder = int(STEP_DIR_RE.fullmatch(folder.name).group(1))
-    earlier = (f"load an earlier one (latest_checkpoint(run_dir, before_step={step_of_folder})) "
-               f"or re-run from it")
-    why = _marker_problem(folder)
+    earlier = (f"this checkpoint cannot be used: get an intact copy of {folder.name} from the run's publisher, or go "
+               f"on from an earlier checkpoint (for `lockstep train --resume`: move {folder.name} out of checkpoints/)")
+    side_bytes, why = _marked_sidecar(folder)
     if why is not None:
         raise CheckpointError(f"checkpoint {folder} is not complete: {why}; {earlier}")
-    record = _read_sidecar(folder)
     side = folder / SIDECAR_FILE
+    record = _parse_sidecar(side_bytes, side)
     if record.get("format") != FORMAT:
         raise CheckpointError(f"{side}: format {record.get('format')!r} is not {FORMAT}; "
                               f"this lockstep cannot read it (upgrade lockstep?)")
@@ -330,15 +381,11 @@ def load_checkpoint(path_or_run_dir: str | os.PathLike, step: int | None = None)
             and all(isinstance(v, str) and _HEX64.fullmatch(v) for v in want_digests.values())):
         raise CheckpointError(f"{side}: state_root, file_sha256 and tensor_digests must be 64-digit hex digests")
 
+    state_path = folder / STATE_FILE
+    buf = _read_state(folder, max_bytes, earlier)
+    file_sha = hashlib.sha256(buf).hexdigest()
     try:
-        state_path = safe_join(folder, STATE_FILE)
-    except UnsafePath as exc:
-        raise CheckpointError(str(exc)) from None
-    if not state_path.is_file():
-        raise CheckpointError(f"checkpoint {folder} has no {STATE_FILE}; {earlier}")
-    file_sha = _sha256_file(state_path)
-    try:
-        tensors, metadata = read_safetensors(state_path)
+        tensors, metadata = parse_safetensors(buf, str(state_path))
     except FileFormatError as exc:
         raise CheckpointError(f"{exc}; the checkpoint is corrupt: {earlier}") from None
 

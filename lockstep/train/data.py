@@ -96,7 +96,7 @@ from typing import Callable, Iterable, Iterator
 
 import numpy as np
 
-from lockstep.fsio import fsync_dir
+from lockstep.fsio import atomic_write_bytes, fsync_dir
 from lockstep.spec.philox import PhiloxStream, philox4x32
 
 from .tokenizer import (
@@ -141,23 +141,8 @@ class DataError(ValueError):
 
 
 def write_bytes_atomic(path: str | Path, data: bytes) -> None:
-    """Write ``data`` to ``path`` via a temporary file, fsync and rename: all or nothing."""
-    path = Path(path)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.chmod(tmp, FILE_MODE)  # mkstemp makes 0600; data folders are meant to be shared
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
-    fsync_dir(path.parent)
+    """Write ``data`` to ``path`` with lockstep's one atomic writer (``fsio.atomic_write_bytes``)."""
+    atomic_write_bytes(path, data, mode=FILE_MODE)
 
 
 def npy_bytes(a: np.ndarray) -> bytes:

@@ -20,6 +20,7 @@ state roots across ranks, extend the chain, record, checkpoint every K steps.
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 import os
 import sys
@@ -30,7 +31,8 @@ from pathlib import Path
 import numpy as np
 
 import lockstep
-from lockstep.fsio import atomic_write_bytes, atomic_write_json, json_bytes, read_json, safe_join
+from lockstep.fsio import (append_line, atomic_write_bytes, atomic_write_json, check_regular_or_absent, json_bytes,
+                           read_json_regular, safe_join)
 from lockstep.spec import SPEC_VERSION, hashing
 
 from . import checkpoint as ckpt
@@ -46,6 +48,7 @@ METRICS_FILE = "metrics.jsonl"
 COMMITMENT_FILE = "commitment.json"
 DATA_DIR = "data"
 RECIPE_FORMAT = "lockstep.recipe"
+MAX_RECIPE_BYTES = 1 << 20  # a recipe is about 2 kB
 
 
 class RecipeMismatch(RuntimeError):
@@ -80,7 +83,7 @@ def genesis(recipe: dict) -> str:
 
 
 def load_recipe(run_dir: Path) -> dict:
-    recipe = read_json(safe_join(run_dir, RECIPE_FILE), "recipe")
+    recipe = read_json_regular(run_dir, RECIPE_FILE, "recipe", MAX_RECIPE_BYTES)
     if not isinstance(recipe, dict) or recipe.get("format") != RECIPE_FORMAT:
         raise ValueError(f"{run_dir / RECIPE_FILE}: not a lockstep recipe")
     return recipe
@@ -104,30 +107,15 @@ def open_run_data(run_dir: Path, recipe: dict, override: str | Path | None = Non
 # ---------------------------------------------------------------- trajectory
 
 def read_trajectory(run_dir: Path, tolerate_torn_tail: bool = False) -> list[dict]:
-    """Parse trajectory.jsonl. A torn last line (a crash mid-append) is dropped if tolerated."""
-    path = safe_join(run_dir, TRAJECTORY_FILE)
-    if not path.exists():
-        return []
-    lines = path.read_bytes().split(b"\n")
-    records = []
-    for i, line in enumerate(lines):
-        if not line.strip():
-            continue
-        try:
-            rec = json.loads(line)
-        except json.JSONDecodeError:
-            if tolerate_torn_tail and i >= len(lines) - 2:
-                break
-            raise ValueError(f"{path}:{i + 1}: malformed JSON line") from None
-        records.append(rec)
-    return records
+    """Every record of trajectory.jsonl, checked as ``audit verify`` checks them (a regular file inside
+    the run, streamed with a cap per line). A torn last line (a crash mid-append) is dropped if tolerated."""
+    from lockstep.audit.verify import read_trajectory_strict
+
+    return read_trajectory_strict(run_dir, tolerate_torn_tail=tolerate_torn_tail, allow_missing=True)
 
 
 def _append_line(path: Path, obj: dict) -> None:
-    with open(path, "ab") as f:
-        f.write(json.dumps(obj, sort_keys=True).encode() + b"\n")
-        f.flush()
-        os.fsync(f.fileno())
+    append_line(path, json.dumps(obj, sort_keys=True).encode() + b"\n")
 
 
 # ---------------------------------------------------------------- MPI
@@ -197,11 +185,11 @@ def _plot_loss(run_dir: Path, trajectory: list[dict]) -> Path | None:
     ax.set_title(f"{run_dir.name}: training loss")
     ax.grid(alpha=0.3)
     fig.tight_layout()
-    path = run_dir / "loss.png"
-    tmp = run_dir / ".loss.png.tmp"
-    fig.savefig(tmp, format="png")
+    buf = io.BytesIO()  # rendered in memory, then written by the atomic writer (no fixed temporary name)
+    fig.savefig(buf, format="png")
     plt.close(fig)
-    os.replace(tmp, path)
+    path = run_dir / "loss.png"
+    atomic_write_bytes(path, buf.getvalue())
     return path
 
 
@@ -224,6 +212,7 @@ def train(run_dir: str | Path, *, cfg: ModelConfig | None = None, tcfg: TrainCon
     with ctx:
         if resume:
             recipe = load_recipe(run_dir)
+            check_regular_or_absent(run_dir, METRICS_FILE, "metrics log")  # appended to: refuse a link now
             if recipe.get("spec_version") != SPEC_VERSION:
                 raise RecipeMismatch(f"{run_dir}: run made with SPEC_VERSION {recipe.get('spec_version')}, "
                                      f"this lockstep has {SPEC_VERSION}; replay it with a matching version")
@@ -295,7 +284,7 @@ def train(run_dir: str | Path, *, cfg: ModelConfig | None = None, tcfg: TrainCon
             prev_chain = h0
             stream = GlobalStream(manifest, seed, cfg.seq_len)
             if is_root:
-                (run_dir / TRAJECTORY_FILE).write_bytes(b"")
+                atomic_write_bytes(run_dir / TRAJECTORY_FILE, b"")
 
         # ---- how far
         last_step = _last_step(tcfg, cfg.seq_len, start_step, steps, tokens)

@@ -13,6 +13,7 @@ A certificate is a JSON object::
      "backend": "spec", "backend_description": ..., "spec_version": ..., "lockstep_version": ...,
      "machine": {"cpu": ..., "cores": ..., "gpu": ..., "os": ..., "python": ..., "numpy": ...},
      "milliseconds": 1234, "created_utc": "2026-01-01T00:00:00Z", "auditor": "name" (optional),
+     "notes": [...] (optional), "problems": [...] (optional: what makes the run invalid; outcome "mismatch"),
      "signature": {"algorithm": "ed25519", "public_key": HEX32, "value": HEX64} (optional)}
 
 Numbers are integers only (times in milliseconds), so the canonical bytes are the
@@ -138,6 +139,8 @@ def make_certificate(result, auditor: str | None = None) -> dict:
     }
     if result.notes:
         cert["notes"] = list(result.notes)
+    if getattr(result, "problems", None):
+        cert["problems"] = list(result.problems)
     if auditor:
         cert["auditor"] = str(auditor)
     return cert
@@ -210,10 +213,12 @@ def consistency_problems(cert: dict) -> list[str]:
         all_match &= bool(s["match"])
     covered = {s["step"] for s in cert["steps"]}
     missing = [t for t in cert["targets"] if t not in covered]
+    if cert["outcome"] == "match" and cert.get("problems"):
+        problems.append("outcome 'match' but the certificate lists problems that make the run invalid")
     if cert["outcome"] == "match" and (not all_match or missing):
         problems.append("outcome 'match' but " + ("a step mismatched" if not all_match else f"targets {missing} "
                                                                                               "were not replayed"))
-    if cert["outcome"] == "mismatch" and all_match and not missing:
+    if cert["outcome"] == "mismatch" and all_match and not missing and not cert.get("problems"):
         problems.append("outcome 'mismatch' but every step matched")
     last = {s["step"]: s for s in cert["steps"]}.get(cert["run"]["last_step"])
     if last is not None and last["published"].get("chain_hash") != cert["run"]["commitment"]:

@@ -8,7 +8,10 @@ For a target step t:
    recipe digest is the recipe's). A checkpoint that fails is skipped, and said; with
    none left the replay starts from step 0, ``init_params(cfg, seed)`` and ``H_0``.
 2. **Data.** The run's data folder (or ``--data DIR``), every shard verified by
-   ``Manifest.load``; the stream positioned by the checkpoint's resume record.
+   ``Manifest.load``. The stream is built from its start and each step's windows
+   come from the step plan (the recipe's batch schedule), never from a record a
+   checkpoint carries: a checkpoint's ``stream_state`` is only compared with the
+   derived position, and a difference makes the run invalid (``problems``).
 3. **Each step s = start+1 .. t** (TreeFold, ``step.emulate_step``): the global batch
    of step s, every virtual rank of the recorded world size R in turn (one rank's
    micro-batch activations alive at a time), their sums pushed into the fixed tree
@@ -37,7 +40,7 @@ import numpy as np
 from lockstep.fsio import UnsafePath, read_json_regular
 from lockstep.spec import SPEC_VERSION, hashing
 from lockstep.train import checkpoint as ckpt
-from lockstep.train.data import DataError, GlobalStream, batch_digest
+from lockstep.train.data import GlobalStream, batch_digest
 from lockstep.train.trainer import genesis, recipe_digest
 
 from .verify import (RunFileError, configs, float_bits, load_run_recipe, open_data, read_commitment,
@@ -121,6 +124,7 @@ class ReplayResult:
     recipe_sha256: str
     seconds: float
     notes: list[str] = field(default_factory=list)
+    problems: list[str] = field(default_factory=list)  # the run is invalid: never a MATCH
 
     @property
     def replayed_targets(self) -> list[int]:
@@ -128,7 +132,8 @@ class ReplayResult:
 
     @property
     def ok(self) -> bool:
-        return all(c.match for c in self.checks) and sorted(self.replayed_targets) == sorted(self.targets)
+        return (not self.problems and all(c.match for c in self.checks)
+                and sorted(self.replayed_targets) == sorted(self.targets))
 
     @property
     def outcome(self) -> str:
@@ -143,6 +148,7 @@ class ReplayResult:
     def format(self) -> str:
         lines = [f"run {self.run_dir}: {self.preset}, world size {self.world_size}, {self.last_step} steps, "
                  f"commitment {self.commitment[:16]}...; backend {self.backend}"]
+        lines += [f"  RUN INVALID: {p}" for p in self.problems]
         lines += [f"  note: {n}" for n in self.notes]
         for c in self.checks:
             tag = "target" if c.step in self.targets else "on the way"
@@ -162,7 +168,11 @@ class ReplayResult:
         missing = [t for t in self.targets if t not in self.replayed_targets]
         if missing:
             lines.append(f"  not replayed (an earlier step of their replay mismatched): steps {missing}")
-        lines.append(f"{self.outcome.upper()} ({self.seconds:.1f}s)")
+        if self.problems:
+            lines.append(f"MISMATCH: the run is invalid ({len(self.problems)} problem(s) listed at the top), "
+                         f"whatever the replayed steps gave ({self.seconds:.1f}s)")
+        else:
+            lines.append(f"{self.outcome.upper()} ({self.seconds:.1f}s)")
         return "\n".join(lines)
 
 
@@ -286,7 +296,11 @@ class _Replayer:
             raise ReplayError(f"backend {backend_name!r} could not be loaded ({type(exc).__name__}: {exc}); "
                               "check it with `lockstep conformance --backend NAME`, or replay with --backend spec")
 
-        self.stream: GlobalStream | None = None
+        # The data a step sees is a pure function of the recipe, the manifest and the step: the stream
+        # is built from its start and positioned by the step plan; a checkpoint's stream_state is only
+        # compared with it (``checkpoint.stream_state_problem``).
+        self.stream = GlobalStream(self.manifest, self.recipe["seed"], self.cfg.seq_len)
+        self.problems: list[str] = []  # what makes the run invalid, whatever the replayed steps give
         self.rejected: dict[int, str] = {}
         try:
             self.commitment = read_commitment(run_dir)["chain_hash"]
@@ -309,7 +323,7 @@ class _Replayer:
             return f"its chain hash {c.sidecar.get('chain_hash')} is not the trajectory's {rec['chain_hash']}"
         if c.sidecar.get("recipe_sha256") != self.digest:
             return f"its recipe digest {c.sidecar.get('recipe_sha256')} is not recipe.json's {self.digest}"
-        return None
+        return ckpt.stream_state_problem(c.sidecar, self.stream, self.tcfg, step)
 
     def _published_chain_ok(self, upto: int) -> None:
         h = self.h0
@@ -337,26 +351,25 @@ class _Replayer:
                 continue
             try:
                 c = ckpt.load_checkpoint(folder)
-                why = self._checkpoint_problem(step, c)
-                if why is None:
+            except (ckpt.CheckpointError, ValueError, OSError) as exc:
+                self.rejected[step] = str(exc)
+                self.notes.append(f"checkpoint {folder.name} skipped: {exc}")
+                continue
+            why = self._checkpoint_problem(step, c)
+            if why is None:
+                try:
                     params, opt = split_state(c.tensors)
                     if opt.step != step:
                         why = f"its 'step' tensor holds {opt.step}"
-            except (ckpt.CheckpointError, ValueError, OSError) as exc:
-                why = str(exc)
-            if why is not None:
+                except ValueError as exc:
+                    why = str(exc)
+            if why is not None:  # it verifies, but contradicts the run: the run is invalid
                 self.rejected[step] = why
-                self.notes.append(f"checkpoint {folder.name} skipped: {why}")
+                self.problems.append(f"checkpoint {folder.name} contradicts the run: {why}")
+                self.notes.append(f"checkpoint {folder.name} not used as a start")
                 continue
             self._published_chain_ok(step)
-            if self.stream is None:
-                try:
-                    self.stream = GlobalStream.from_state(self.manifest, self.recipe["seed"], self.cfg.seq_len,
-                                                          c.sidecar.get("stream_state"))
-                except (DataError, TypeError, KeyError, ValueError) as exc:
-                    self.notes.append(f"{folder / ckpt.SIDECAR_FILE}: stream_state not used ({exc}); "
-                                      "the data stream is rebuilt from its start")
-            self.log(f"starting from checkpoint {folder.name} (verified)")
+            self.log(f"starting from checkpoint {folder.name} (verified; its stream_state is the recipe's)")
             return _State(step, params, opt, c.sidecar["chain_hash"], step)
         self.log("starting from the initial state (step 0, H_0)")
         params = init_params(self.cfg, self.recipe["seed"])
@@ -370,8 +383,6 @@ class _Replayer:
 
         s = st.step + 1
         t0 = time.perf_counter()
-        if self.stream is None:
-            self.stream = GlobalStream(self.manifest, self.recipe["seed"], self.cfg.seq_len)
         plan = plan_step(self.tcfg, self.cfg.seq_len, s)
         windows = self.stream.windows(plan.first_window, plan.n_windows)
         bd = batch_digest(windows)
@@ -441,7 +452,7 @@ def replay_steps(run_dir: str | os.PathLike, steps, backend_name: str = "spec", 
     return ReplayResult(run_dir=run_dir, targets=targets, checks=checks, backend=rp.be.name,
                         backend_description=rp.be.description, world_size=rp.world, preset=rp.cfg.name,
                         commitment=rp.commitment, last_step=n, genesis=rp.h0, recipe_sha256=rp.digest,
-                        seconds=time.perf_counter() - t0, notes=rp.notes)
+                        seconds=time.perf_counter() - t0, notes=rp.notes, problems=rp.problems)
 
 
 def _newer_checkpoint(rp: _Replayer, have: int, target: int) -> bool:

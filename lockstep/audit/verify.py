@@ -475,9 +475,6 @@ def _check_checkpoints(run_dir: Path, recipe: dict, traj: list[dict], rep: Repor
         found = ckpt.list_checkpoints(run_dir)
     except UnsafePath:
         return  # reported by the layout check
-    plans = {}
-    if cfg is not None and found:
-        plans = {p.step: p for p in step_plans(tcfg, cfg.seq_len, max(s for s, _ in found))}
     digest = rep.recipe_sha256
     for step, folder in found:
         n_before = len(rep.errors)
@@ -524,11 +521,9 @@ def _check_checkpoints(run_dir: Path, recipe: dict, traj: list[dict], rep: Repor
             rep.add("checkpoint", folder / ckpt.STATE_FILE, f"the 'step' tensor holds {opt.step}", step=step,
                     tensor="step")
         if stream is not None and cfg is not None:
-            plan = plans[step]
-            want = stream.state_at(plan.first_window + plan.n_windows)
-            if c.sidecar.get("stream_state") != want:
-                rep.add("checkpoint", side, "stream_state is not the data stream's position after this step; "
-                                            "a resume from it would read other data", step=step)
+            why = ckpt.stream_state_problem(c.sidecar, stream, tcfg, step)
+            if why is not None:
+                rep.add("checkpoint", side, why, step=step)
         if len(rep.errors) == n_before:
             rep.checkpoints_verified.append(step)
     if found and len(rep.checkpoints_verified) == len(found):

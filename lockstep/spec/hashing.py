@@ -175,6 +175,11 @@ def chain_hash(step: int, prev: str | bytes, state_root_hex: str | bytes, batch_
     return hashlib.sha256(CHAIN_DOMAIN + struct.pack("<Q", int(step)) + body).hexdigest()
 
 
+def record_chain_hash(prev: str | bytes, record: dict) -> str:
+    """``H_t`` of a trajectory record (its ``step``, ``state_root`` and ``batch_digest``), given ``H_{t-1}``."""
+    return chain_hash(record["step"], prev, record["state_root"], record["batch_digest"])
+
+
 def array_digest(x: np.ndarray) -> str:
     """SHA-256 hex of an array's canonical bytes under the empty name (batch digests)."""
     return hashlib.sha256(canonical_bytes("", np.asarray(x))).hexdigest()

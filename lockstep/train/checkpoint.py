@@ -161,6 +161,33 @@ def save_checkpoint(run_dir: str | os.PathLike, step: int, tensors: Mapping[str,
     return final
 
 
+def stream_state_problem(sidecar: Mapping[str, Any], stream, tcfg, step: int) -> str | None:
+    """None when a checkpoint's ``stream_state`` is the data stream's position after ``step``; else why not.
+
+    The position is derived, never read: ``plan_step`` gives the windows steps 1..step
+    consumed under the recipe's batch schedule, and ``stream`` (a ``GlobalStream`` of
+    the recipe's manifest, seed and sequence length, built from its start) gives the
+    record for the next window. A checkpoint's record is only compared with it.
+    """
+    from .step import plan_step
+
+    if step == 0:
+        return None
+    plan = plan_step(tcfg, stream.seq_len, step)
+    want = stream.state_at(plan.first_window + plan.n_windows)
+    got = sidecar.get("stream_state")
+    if got == want:
+        return None
+    if not isinstance(got, dict):
+        differ = "it is missing" if got is None else f"it is a {type(got).__name__}, not a record"
+    else:
+        keys = sorted(k for k in set(want) | set(got) if want.get(k) != got.get(k))
+        differ = f"it differs in {', '.join(map(repr, keys[:8]))}"
+    return (f"its stream_state is not the recipe's data position after step {step} (window {want['window']}, "
+            f"derived from the batch schedule and the data): {differ}; a resume or replay from it would "
+            "train on other data")
+
+
 def _remove_tree(path: Path, ckdir: Path, why: str) -> None:
     """Rename ``path`` to a temporary name (atomic), then delete it."""
     if path.is_symlink():

@@ -73,6 +73,19 @@ def make_recipe(cfg: ModelConfig, tcfg: TrainConfig, manifest: Manifest, data_fo
     }
 
 
+def step_record(t: int, plan, res, bdigest: str, prev_chain: str) -> dict:
+    """The trajectory record of step ``t`` (``plan``: its ``StepPlan``, ``res``: its ``StepResult``),
+    with its chain hash ``H_t`` computed from ``prev_chain`` = ``H_{t-1}``."""
+    rec = {
+        "step": t, "tokens": plan.tokens_after, "lr": float(res.lr), "loss": float(res.loss),
+        "grad_norm": float(res.grad_norm), "state_root": res.state_root, "batch_digest": bdigest,
+        "lr_bits": float_record(res.lr)["bits"], "loss_bits": float_record(res.loss)["bits"],
+        "grad_norm_bits": float_record(res.grad_norm)["bits"],
+    }
+    rec["chain_hash"] = hashing.record_chain_hash(prev_chain, rec)
+    return rec
+
+
 def recipe_digest(recipe: dict) -> str:
     """SHA-256 of the recipe's canonical JSON (sorted keys, no spaces, ASCII)."""
     return hashlib.sha256(json_bytes(recipe)).hexdigest()
@@ -275,7 +288,13 @@ def train(run_dir: str | Path, *, cfg: ModelConfig | None = None, tcfg: TrainCon
                 atomic_write_bytes(run_dir / TRAJECTORY_FILE,
                                    b"".join(json.dumps(r, sort_keys=True).encode() + b"\n" for r in traj))
                 ckpt.remove_temporary_checkpoints(run_dir)
-            stream = GlobalStream.from_state(manifest, seed, cfg.seq_len, c.sidecar["stream_state"])
+            # the data a step sees is a function of the recipe, the manifest and the step: derive the
+            # stream's position, and only check the checkpoint's record of it against that
+            stream = GlobalStream(manifest, seed, cfg.seq_len)
+            why = ckpt.stream_state_problem(c.sidecar, stream, tcfg, start_step)
+            if why is not None:
+                raise ckpt.CheckpointError(f"{c.path / ckpt.SIDECAR_FILE}: {why}; the run is invalid "
+                                           "(`lockstep audit verify` reports it): it cannot be resumed")
             say(f"resuming {run_dir} from step {start_step}")
         else:
             params = init_params(cfg, seed)
@@ -303,16 +322,11 @@ def train(run_dir: str | Path, *, cfg: ModelConfig | None = None, tcfg: TrainCon
             if comm is not None and world > 1:
                 check_state_agreement(comm, res.state_root, t)
             params, opt = res.params, res.opt
-            prev_chain = hashing.chain_hash(t, prev_chain, res.state_root, bdigest)
+            rec = step_record(t, plan, res, bdigest, prev_chain)
+            prev_chain = rec["chain_hash"]
             dt = time.perf_counter() - t0
             summary_loss = float(res.loss)
             if is_root:
-                rec = {
-                    "step": t, "tokens": plan.tokens_after, "lr": float(res.lr), "loss": float(res.loss),
-                    "grad_norm": float(res.grad_norm), "state_root": res.state_root, "batch_digest": bdigest,
-                    "chain_hash": prev_chain, "lr_bits": float_record(res.lr)["bits"],
-                    "loss_bits": float_record(res.loss)["bits"], "grad_norm_bits": float_record(res.grad_norm)["bits"],
-                }
                 _append_line(run_dir / TRAJECTORY_FILE, rec)
                 _append_line(run_dir / METRICS_FILE, {"step": t, "seconds": dt, "tokens_per_s": plan.n_global / dt,
                                                       "backend": be.name, "world_size": world, "loss": float(res.loss)})

@@ -1,7 +1,9 @@
 """``lockstep audit merge CERT...``: what a set of certificates says about a run, together.
 
 For each certificate: its structure, its internal consistency (a "match" must list
-equal hashes) and its signature (if signed; with ``--pub`` only certificates signed
+equal hashes, and its steps must be what one replay of its targets produces:
+``certificate.replay_shape_problems``, so a step no replay of the targets reached is
+never counted) and its signature (if signed; with ``--pub`` only certificates signed
 by the given keys count). Rejected certificates are listed and count for nothing.
 Certificates for another commitment than the first (or the plan's) are rejected too.
 

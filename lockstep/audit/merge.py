@@ -11,6 +11,11 @@ Then, per step of the run:
 
 * **coverage**: the distinct auditors (signing key, else ``auditor`` name, else the
   file) whose certificates replayed the step, and their outcomes;
+* **authentication**: only with ``--pub`` (``trusted_keys``) is every counted
+  certificate signed by a key someone vouched for. Without it the names and keys are
+  self-declared (anyone can make three keys), so the merge reports coverage as
+  claimed and its verdict says UNAUTHENTICATED: never a complete audit by distinct
+  auditors;
 * **disagreements**: two certificates for the same step with different replayed state
   roots or chain hashes, or different outcomes (one of them is wrong, or the run's
   state is not a function of its recipe);
@@ -69,6 +74,7 @@ class MergeReport:
     rejected: list[tuple[str, str]] = field(default_factory=list)  # (certificate, why)
     redundancy: int | None = None
     undelivered: list[tuple[str, int]] = field(default_factory=list)  # (planned auditor, step)
+    authenticated: bool = False  # every counted certificate is signed by a key given with --pub
 
     @property
     def missing(self) -> list[int]:
@@ -88,9 +94,15 @@ class MergeReport:
         return [s for s, c in self.steps.items() if not c.disagreement and c.status == "MISMATCH"]
 
     @property
-    def ok(self) -> bool:
+    def consistent(self) -> bool:
+        """Every step covered k times, no disagreement, mismatch, rejection or undelivered assignment."""
         return not (self.missing or self.under_covered or self.disagreements or self.mismatches or self.rejected
                     or self.undelivered)
+
+    @property
+    def ok(self) -> bool:
+        """A complete audit by distinct auditors: consistent, and every auditor's identity verified."""
+        return self.consistent and self.authenticated
 
     def format(self, max_rows: int = 60) -> str:
         k = self.redundancy
@@ -125,7 +137,13 @@ class MergeReport:
         covered = self.last_step - len(self.missing)
         lines.append(f"coverage {covered}/{self.last_step} step(s); missing {_ranges(self.missing)}; "
                      f"disagreements {_ranges(self.disagreements)}; mismatches {_ranges(self.mismatches)}")
-        lines.append("COMPLETE AND CONSISTENT" if self.ok else "INCOMPLETE OR INCONSISTENT")
+        if not self.authenticated:
+            lines.append(("coverage as claimed, " if self.consistent else "INCOMPLETE OR INCONSISTENT, and ")
+                         + "UNAUTHENTICATED: no --pub, so who made each certificate is not verified and "
+                           "self-named or self-signed certificates cannot count as distinct auditors; pass the "
+                           "auditors' public keys with --pub")
+        else:
+            lines.append("COMPLETE AND CONSISTENT" if self.ok else "INCOMPLETE OR INCONSISTENT")
         return "\n".join(lines)
 
 
@@ -189,7 +207,7 @@ def merge_certificates(paths: list[str | os.PathLike], plan: dict | None = None,
             cov.roots[who] = (s["replayed"].get("state_root"), s["replayed"].get("chain_hash"))
 
     report = MergeReport(commitment, last_step, steps, [n for n, _ in kept], rejected,
-                         plan["redundancy"] if plan else None)
+                         plan["redundancy"] if plan else None, authenticated=bool(trusted_keys))
     if plan:
         names_seen: dict[str, set[int]] = {}
         for name, cert in kept:

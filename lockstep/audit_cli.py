@@ -21,6 +21,7 @@ import sys
 from pathlib import Path
 
 EXIT_OK, EXIT_ERROR, EXIT_BAD = 0, 1, 2
+MAX_REPLAY_STEPS = 10_000_000  # the steps one --step list may name (a run has at most a few million)
 
 
 def _steps_arg(text: str) -> list[int]:
@@ -35,8 +36,8 @@ def _steps_arg(text: str) -> list[int]:
             lo, hi = int(a), int(b) if dash else int(a)
         except ValueError:
             raise argparse.ArgumentTypeError(f"bad step list {text!r}: use 3, 3,7 or 2-5") from None
-        if lo < 1 or hi < lo or hi - lo > 1_000_000:
-            raise argparse.ArgumentTypeError(f"bad step range {part!r}")
+        if lo < 1 or hi < lo or hi - lo > 1_000_000 or len(out) + hi - lo + 1 > MAX_REPLAY_STEPS:
+            raise argparse.ArgumentTypeError(f"bad step range {part!r} (at most {MAX_REPLAY_STEPS} steps in all)")
         out.extend(range(lo, hi + 1))
     if not out:
         raise argparse.ArgumentTypeError("no step given")

@@ -104,3 +104,27 @@ def train_on_other_windows(run: Path, at_step: int, window: int) -> int:
     write_traj(run, recs)
     write_commitment(run, recs)
     return last
+
+
+def _limit_memory(limit: int):
+    def apply():
+        import resource
+
+        resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+    return apply
+
+
+def lockstep_limited(*args, memory: int = 3 << 30, timeout: float = 600):
+    """``python -m lockstep.cli ARGS`` in a child limited to ``memory`` bytes of address space.
+
+    The limit and the timeout protect the machine and the suite from an attack that
+    works (an allocation until killed, a hang); they are not what a test checks: a
+    test checks the exit code and the words of the refusal.
+    """
+    import os
+    import subprocess
+    import sys
+
+    env = dict(os.environ, OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1", NUMBA_NUM_THREADS="1")
+    return subprocess.run([sys.executable, "-m", "lockstep.cli", *map(str, args)], capture_output=True, text=True,
+                          timeout=timeout, env=env, preexec_fn=_limit_memory(memory))

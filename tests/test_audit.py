@@ -433,7 +433,7 @@ def test_merge_reports_planted_disagreement(run1, tmp_path, capsys):
     report = merge_certificates([tmp_path / "good.json", tmp_path / "bad.json"])
     assert report.disagreements == [4]
     assert report.steps[3].status == "match" and report.steps[3].count == 2
-    assert report.missing == [1, 2] and not report.ok
+    assert report.missing_ranges == [(1, 2)] and not report.ok
     png = plot_coverage(report, tmp_path / "coverage.png")
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert _cli("merge", tmp_path / "good.json", tmp_path / "bad.json", "--png", tmp_path / "c2.png") == 2

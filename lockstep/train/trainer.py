@@ -285,9 +285,6 @@ def train(run_dir: str | Path, *, cfg: ModelConfig | None = None, tcfg: TrainCon
                 traj = [r for r in read_trajectory(run_dir, tolerate_torn_tail=True) if r["step"] <= start_step]
                 if len(traj) != start_step or (traj and traj[-1]["chain_hash"] != prev_chain):
                     raise ValueError(f"{run_dir}: trajectory.jsonl does not agree with checkpoint {start_step}")
-                atomic_write_bytes(run_dir / TRAJECTORY_FILE,
-                                   b"".join(json.dumps(r, sort_keys=True).encode() + b"\n" for r in traj))
-                ckpt.remove_temporary_checkpoints(run_dir)
             # the data a step sees is a function of the recipe, the manifest and the step: derive the
             # stream's position, and only check the checkpoint's record of it against that
             stream = GlobalStream(manifest, seed, cfg.seq_len)
@@ -295,6 +292,10 @@ def train(run_dir: str | Path, *, cfg: ModelConfig | None = None, tcfg: TrainCon
             if why is not None:
                 raise ckpt.CheckpointError(f"{c.path / ckpt.SIDECAR_FILE}: {why}; the run is invalid "
                                            "(`lockstep audit verify` reports it): it cannot be resumed")
+            if is_root:  # only now, with everything checked, drop the records after the checkpoint
+                atomic_write_bytes(run_dir / TRAJECTORY_FILE,
+                                   b"".join(json.dumps(r, sort_keys=True).encode() + b"\n" for r in traj))
+                ckpt.remove_temporary_checkpoints(run_dir)
             say(f"resuming {run_dir} from step {start_step}")
         else:
             params = init_params(cfg, seed)

@@ -497,14 +497,17 @@ def write_safetensors(path: str | os.PathLike, tensors: Mapping[str, np.ndarray]
         write_safetensors_to(f, tensors, metadata)
 
 
-def parse_safetensors(data: bytes | bytearray | memoryview, where: str = "<bytes>") -> tuple[dict[str, np.ndarray], dict[str, str]]:
+def parse_safetensors(data: bytes | bytearray | memoryview, where: str = "<bytes>",
+                      max_header: int = SAFETENSORS_MAX_HEADER) -> tuple[dict[str, np.ndarray], dict[str, str]]:
     """Validate and decode safetensors bytes; the arrays are views into ``data``.
 
     Checks: the length prefix and header bound, strict UTF-8 JSON object, every
     entry's keys, dtype (whitelist), shape (non-negative ints), offsets (integers,
     begin <= end, contiguous from 0 in offset order, so never overlapping),
     ``end - begin == prod(shape) * itemsize``, and that the data ends exactly at
-    the file's end (no trailing bytes). ``where`` names the file in errors.
+    the file's end (no trailing bytes). ``where`` names the file in errors. A header
+    longer than ``max_header`` bytes is refused before it is parsed (checkpoints pass
+    a bound their real headers are far below).
     """
     mv = memoryview(data).cast("B")
 
@@ -515,8 +518,9 @@ def parse_safetensors(data: bytes | bytearray | memoryview, where: str = "<bytes
     if len(mv) < 8:
         fail(f"{len(mv)} bytes is too short for the 8-byte header length")
     (n,) = struct.unpack("<Q", mv[:8])
-    if n > SAFETENSORS_MAX_HEADER:
-        fail(f"header length {n} exceeds the {SAFETENSORS_MAX_HEADER}-byte bound")
+    if n > max_header:
+        fail(f"header length {n} exceeds the {max_header}-byte bound (a real file of this kind has a far "
+             "smaller one); refusing to parse it")
     if 8 + n > len(mv):
         fail(f"header length {n} runs past the end of the {len(mv)}-byte file (truncated?)")
     try:
@@ -567,7 +571,8 @@ def parse_safetensors(data: bytes | bytearray | memoryview, where: str = "<bytes
     return {k: tensors[k] for k in sorted(tensors, key=lambda n: n.encode("utf-8"))}, dict(metadata)
 
 
-def read_safetensors(path: str | os.PathLike, max_bytes: int | None = None) -> tuple[dict[str, np.ndarray], dict[str, str]]:
+def read_safetensors(path: str | os.PathLike, max_bytes: int | None = None,
+                     max_header: int = SAFETENSORS_MAX_HEADER) -> tuple[dict[str, np.ndarray], dict[str, str]]:
     """Read and validate a safetensors file: ``(tensors, metadata)``; never unpickles.
 
     The file must be a regular file (not a symlink, FIFO or device) of at most
@@ -585,4 +590,4 @@ def read_safetensors(path: str | os.PathLike, max_bytes: int | None = None) -> t
         raise SafetensorsError(str(exc)) from None
     if got != size or extra:
         raise SafetensorsError(f"safetensors file {path} changed size while being read")
-    return parse_safetensors(buf, str(path))
+    return parse_safetensors(buf, str(path), max_header)

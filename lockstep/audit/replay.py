@@ -44,7 +44,7 @@ from lockstep.train.data import GlobalStream, batch_digest
 from lockstep.train.trainer import genesis, recipe_digest
 
 from .verify import (RunFileError, configs, float_bits, load_run_recipe, open_data, read_commitment,
-                     read_trajectory_strict)
+                     read_trajectory_strict, require_memory)
 
 COMPARED = ("state_root", "chain_hash", "batch_digest", "loss_bits", "grad_norm_bits", "lr_bits")
 
@@ -219,7 +219,8 @@ def diff_tensors(replayed: dict[str, np.ndarray], published: dict[str, np.ndarra
     return out
 
 
-def _diagnose(run_dir: Path, step: int, replayed: dict[str, np.ndarray], replayed_root: str) -> tuple[list[TensorDiff], str]:
+def _diagnose(run_dir: Path, step: int, replayed: dict[str, np.ndarray], replayed_root: str,
+              max_bytes: int) -> tuple[list[TensorDiff], str]:
     """Compare a mismatching replayed state with the checkpoint of the same step, if there is one."""
     try:
         found = dict(ckpt.list_checkpoints(run_dir))
@@ -230,7 +231,7 @@ def _diagnose(run_dir: Path, step: int, replayed: dict[str, np.ndarray], replaye
                     "tensors differ cannot be told (replay a step that has a checkpoint to localise it)")
     folder = found[step]
     try:
-        c = ckpt.load_checkpoint(folder)
+        c = ckpt.load_checkpoint(folder, max_bytes=max_bytes)
     except ckpt.CheckpointError as exc:
         try:
             side = read_json_regular(folder, ckpt.SIDECAR_FILE, "checkpoint sidecar", ckpt.MAX_SIDECAR_BYTES)
@@ -282,6 +283,11 @@ class _Replayer:
                               "install the lockstep release of that SPEC_VERSION to replay it")
         self.cfg, self.tcfg = configs(self.recipe)
         self.world = self.recipe["world_size"]
+        try:
+            require_memory(self.cfg, self.tcfg, self.world, "replay a step")  # before anything is allocated
+        except RunFileError as exc:
+            raise ReplayError(str(exc)) from None
+        self.state_bound = ckpt.state_bytes_bound(self.cfg)  # a larger state file is refused unread
         self.h0 = genesis(self.recipe)
         self.digest = recipe_digest(self.recipe)
         try:
@@ -350,7 +356,7 @@ class _Replayer:
             if step >= target or step in self.rejected:
                 continue
             try:
-                c = ckpt.load_checkpoint(folder)
+                c = ckpt.load_checkpoint(folder, max_bytes=self.state_bound)
             except (ckpt.CheckpointError, ValueError, OSError) as exc:
                 self.rejected[step] = str(exc)
                 self.notes.append(f"checkpoint {folder.name} skipped: {exc}")
@@ -408,7 +414,8 @@ class _Replayer:
             check.note = (f"the data gives windows {plan.first_window}..{plan.first_window + plan.n_windows - 1} "
                           "another digest than the trajectory's: the published step did not train on the recipe's data")
         if "state_root" in differs:
-            check.tensor_diffs, why = _diagnose(self.run_dir, s, state_tensors(res.params, res.opt), res.state_root)
+            check.tensor_diffs, why = _diagnose(self.run_dir, s, state_tensors(res.params, res.opt), res.state_root,
+                                                self.state_bound)
             check.note = why if check.note is None else f"{check.note}; {why}"
         elif "chain_hash" in differs and "batch_digest" not in differs:
             check.note = ("the state root matches but the chain hash does not: the published chain hash (or the "

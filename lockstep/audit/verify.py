@@ -34,6 +34,8 @@ shared with ``replay``: they read only through ``safe_join`` and strict JSON.
 
 from __future__ import annotations
 
+import dataclasses
+import math
 import os
 import re
 import stat
@@ -49,7 +51,7 @@ from lockstep.fsio import file_kind as fsio_kind
 from lockstep.spec import SPEC_VERSION, hashing
 from lockstep.train import checkpoint as ckpt
 from lockstep.train.config import ModelConfig, TrainConfig
-from lockstep.train.data import DataError, GlobalStream, Manifest, batch_digest
+from lockstep.train.data import DataError, GlobalStream, Manifest, ManifestMismatch, batch_digest
 from lockstep.train.trainer import (COMMITMENT_FILE, DATA_DIR, MAX_RECIPE_BYTES, METRICS_FILE, RECIPE_FILE,
                                     RECIPE_FORMAT, TRAJECTORY_FILE, genesis, recipe_configs, recipe_digest)
 
@@ -149,6 +151,132 @@ def run_path(run_dir: Path, rel: str) -> Path:
                            "remove the link or copy the file into the run") from None
 
 
+# Stated maxima for the numbers in a recipe, checked before anything is sized by them. Open-1B is
+# far inside every one (vocab 128,256, d_model 2048, 24 layers, seq_len 4096, 2304 sequences per step).
+RECIPE_INT_LIMITS = {
+    "vocab_size": 1 << 24, "d_model": 1 << 16, "n_layers": 1 << 10, "n_heads": 1 << 10, "n_kv_heads": 1 << 10,
+    "head_dim": 1 << 12, "ffn_dim": 1 << 20, "seq_len": 1 << 20, "sliding_window": 1 << 20,
+    "full_attention_every": 1 << 10, "warmup_tokens": 1 << 62, "total_tokens": 1 << 62, "micro_batch": 1 << 20,
+}
+MAX_BATCH_SEQUENCES = 1 << 20
+MAX_BATCH_BYTES = 1 << 32  # one step's windows as int32 (Open-1B: 38 MB)
+MAX_FLOAT_MAGNITUDE = 1e30
+
+
+def _field_problem(name: str, value: Any, default: Any) -> str | None:
+    """Why ``value`` cannot stand for the config field ``name`` whose default is ``default`` (or None)."""
+    if isinstance(default, bool):
+        return None if type(value) is bool else f"{name} must be true or false, got {value!r}"
+    if isinstance(default, int):
+        hi = RECIPE_INT_LIMITS.get(name, 1 << 62)
+        if type(value) is not int or not 1 <= value <= hi:
+            return f"{name} must be an integer from 1 to {hi}, got {value!r}"
+        return None
+    if isinstance(default, float):
+        if type(value) not in (int, float) or not math.isfinite(value) or abs(value) > MAX_FLOAT_MAGNITUDE:
+            return f"{name} must be a finite number, got {value!r}"
+        return None
+    if isinstance(default, str):
+        return None if isinstance(value, str) and len(value) <= 200 else f"{name} must be a short string"
+    return None
+
+
+def _ramp_problem(ramp: Any) -> str | None:
+    if not isinstance(ramp, list) or not 1 <= len(ramp) <= 1000:
+        return "batch_ramp must be a list of 1 to 1000 [from_tokens, sequences] pairs"
+    for pair in ramp:
+        if not (isinstance(pair, list) and len(pair) == 2 and all(type(v) is int for v in pair)
+                and 0 <= pair[0] < 1 << 62 and 1 <= pair[1] <= MAX_BATCH_SEQUENCES):
+            return (f"batch_ramp entry {pair!r} must be [from_tokens >= 0, sequences from 1 to "
+                    f"{MAX_BATCH_SEQUENCES}]")
+    if ramp[0][0] != 0:
+        return "batch_ramp must start at 0 tokens"
+    return None
+
+
+def recipe_value_problems(recipe: dict) -> list[str]:
+    """Every model/train value of a recipe with the wrong type, a non-finite number, or beyond a stated maximum.
+
+    Checked before a config is built or anything is sized by it: integers are JSON
+    integers within ``RECIPE_INT_LIMITS``, floats finite, flags true/false, and one
+    step's batch at most ``MAX_BATCH_BYTES`` of windows.
+    """
+    problems = []
+    for section, cls in (("model", ModelConfig), ("train", TrainConfig)):
+        values = recipe.get(section)
+        if not isinstance(values, dict):
+            problems.append(f"'{section}' must be a JSON object")
+            continue
+        defaults = {f.name: f.default for f in dataclasses.fields(cls)}
+        unknown = sorted(set(values) - set(defaults))
+        if unknown:
+            problems.append(f"unknown {section} key(s) {', '.join(map(repr, unknown[:5]))}")
+        for name, value in values.items():
+            if name == "batch_ramp":
+                why = _ramp_problem(value)
+            elif name in defaults:
+                why = _field_problem(name, value, defaults[name])
+            else:
+                continue
+            if why:
+                problems.append(f"{section}.{why}")
+    if problems:
+        return problems
+    seq_len = recipe["model"].get("seq_len", ModelConfig.seq_len)
+    biggest = max(n for _, n in recipe["train"].get("batch_ramp", [[0, 16]]))
+    if biggest * (seq_len + 1) * 4 > MAX_BATCH_BYTES:
+        problems.append(f"a step of {biggest} sequences of {seq_len + 1} tokens is "
+                        f"{biggest * (seq_len + 1) * 4 / 2**30:.1f} GiB of windows; at most "
+                        f"{MAX_BATCH_BYTES / 2**30:.0f} GiB is supported")
+    return problems
+
+
+def memory_estimate(cfg: ModelConfig, tcfg: TrainConfig, world_size: int) -> int:
+    """Bytes a replay (or a resume) of one step of this recipe needs, roughly (an order of magnitude).
+
+    The state (parameters and two AdamW moments), a gradient sum per level of the
+    fixed tree (log2(R) + 2) and the new state, all float32; plus one micro-batch's
+    activations: per layer about 16 d_model + 4 ffn_dim values per token and the
+    attention scores (heads x seq_len^2, forward and backward), and the logits
+    (3 x vocab per token).
+    """
+    from lockstep.train.model import param_specs
+
+    params = sum(math.prod(s.shape) for s in param_specs(cfg))
+    levels = max(world_size, 1).bit_length() + 2
+    state = 4 * params * (3 + levels + 3)
+    tokens = tcfg.micro_batch * cfg.seq_len
+    per_layer = tokens * (16 * cfg.d_model + 4 * cfg.ffn_dim) + 2 * tcfg.micro_batch * cfg.n_heads * cfg.seq_len ** 2
+    acts = 4 * (cfg.n_layers * per_layer + 3 * tokens * cfg.vocab_size)
+    return state + acts
+
+
+def available_memory() -> int | None:
+    """Physical memory of this machine (and the address-space limit, if lower), or None if unknown."""
+    try:
+        phys = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return None
+    try:
+        import resource
+
+        soft, _ = resource.getrlimit(resource.RLIMIT_AS)
+        if soft != resource.RLIM_INFINITY:
+            phys = min(phys, soft)
+    except (ImportError, ValueError, OSError):
+        pass
+    return phys
+
+
+def require_memory(cfg: ModelConfig, tcfg: TrainConfig, world_size: int, what: str) -> None:
+    """``RunFileError`` when ``memory_estimate`` is beyond this machine's memory: refuse before allocating."""
+    need, have = memory_estimate(cfg, tcfg, world_size), available_memory()
+    if have is not None and need > have:
+        raise RunFileError(f"the recipe's model ({cfg.name}: d_model {cfg.d_model}, {cfg.n_layers} layers, seq_len "
+                           f"{cfg.seq_len}, vocab {cfg.vocab_size}) needs about {need / 2**30:,.1f} GiB to {what}; "
+                           f"this machine has {have / 2**30:,.1f} GiB: use a machine with more memory")
+
+
 def load_run_recipe(run_dir: Path) -> dict:
     """``recipe.json``, strictly parsed and structurally checked (``RunFileError`` otherwise)."""
     path = run_dir / RECIPE_FILE
@@ -175,9 +303,12 @@ def load_run_recipe(run_dir: Path) -> dict:
         raise RunFileError(f"{path}: seed must be an integer in [0, 2**64), got {recipe['seed']!r}")
     if not isinstance(recipe["spec_version"], str):
         raise RunFileError(f"{path}: spec_version must be a string")
+    bad = recipe_value_problems(recipe)
+    if bad:
+        raise RunFileError(f"{path}: " + "; ".join(bad[:5]) + (f" (and {len(bad) - 5} more)" if len(bad) > 5 else ""))
     try:
         cfg, tcfg = recipe_configs(recipe)
-    except (TypeError, ValueError) as exc:
+    except (TypeError, ValueError, ZeroDivisionError) as exc:
         raise RunFileError(f"{path}: bad model/train settings: {exc}") from None
     if recipe["micro_batch"] != tcfg.micro_batch:
         raise RunFileError(f"{path}: micro_batch {recipe['micro_batch']!r} differs from train.micro_batch "
@@ -229,14 +360,14 @@ def step_plans(tcfg: TrainConfig, seq_len: int, last_step: int):
 def open_data(run_dir: Path, recipe: dict, override: str | os.PathLike | None = None) -> Manifest:
     """The run's data, every shard verified, and the manifest digest checked against the recipe."""
     path, _ = data_location(run_dir, recipe, override)
+    want = recipe["data"]["manifest_sha256"]
     try:
-        manifest = Manifest.load(path)
+        manifest = Manifest.load(path, expected_sha256=want)  # the digest first: nothing parsed or hashed before
+    except ManifestMismatch as exc:
+        raise RunFileError(f"{exc.path}: manifest SHA-256 {exc.got} is not the recipe's {want}; this is not the "
+                           "data the run was trained on: pass --data with the run's data folder") from None
     except DataError as exc:
         raise RunFileError(str(exc)) from None
-    want = recipe["data"]["manifest_sha256"]
-    if manifest.sha256 != want:
-        raise RunFileError(f"{manifest.path}: manifest SHA-256 {manifest.sha256} is not the recipe's {want}; "
-                           "this is not the data the run was trained on: pass --data with the run's data folder")
     return manifest
 
 
@@ -335,7 +466,7 @@ def checkpoint_tensor_diffs(folder: Path, max_bytes: int | None = None) -> list[
     try:
         side = read_json_regular(folder, ckpt.SIDECAR_FILE, "checkpoint sidecar", ckpt.MAX_SIDECAR_BYTES)
         want = side.get("tensor_digests") if isinstance(side, dict) else None
-        tensors, _ = read_safetensors(folder / ckpt.STATE_FILE, max_bytes)
+        tensors, _ = read_safetensors(folder / ckpt.STATE_FILE, max_bytes, ckpt.MAX_HEADER_BYTES)
     except (OSError, ValueError):
         return []
     if not isinstance(want, dict):
@@ -476,12 +607,13 @@ def _check_checkpoints(run_dir: Path, recipe: dict, traj: list[dict], rep: Repor
     except UnsafePath:
         return  # reported by the layout check
     digest = rep.recipe_sha256
+    bound = ckpt.state_bytes_bound(cfg) if cfg is not None else ckpt.DEFAULT_MAX_STATE_BYTES
     for step, folder in found:
         n_before = len(rep.errors)
         try:
-            c = ckpt.load_checkpoint(folder)
+            c = ckpt.load_checkpoint(folder, max_bytes=bound)
         except (ckpt.CheckpointError, UnsafePath, OSError) as exc:
-            names = checkpoint_tensor_diffs(folder)
+            names = checkpoint_tensor_diffs(folder, bound)
             tensor = names[0] if names else None
             more = f" (tensors whose digests differ from the sidecar: {names[:10]})" if len(names) > 1 else ""
             rep.add("checkpoint", folder / ckpt.STATE_FILE,

@@ -22,6 +22,7 @@ the folder, the file, the tensor and what to do.
 from __future__ import annotations
 
 import hashlib
+import math
 import os
 import re
 import secrets
@@ -61,7 +62,8 @@ STEP_DIR_RE = re.compile(r"step-(\d{8,20})")
 RESERVED_KEYS = ("step", "state_root", "tensor_digests", "file_sha256", "format")
 MAX_SIDECAR_BYTES = 4 << 20  # a sidecar is a few kB per hundred tensors
 MAX_MARKER_BYTES = 256  # 64 hex digits and a newline
-DEFAULT_MAX_STATE_BYTES = 1 << 40  # a stated maximum; callers that know the model pass a tight bound
+DEFAULT_MAX_STATE_BYTES = 1 << 40  # a stated maximum; callers that know the model pass state_bytes_bound(cfg)
+MAX_HEADER_BYTES = 1 << 20  # a checkpoint's safetensors header: about 110 bytes per tensor (Open-1B: ~75 kB)
 _HEX64 = re.compile(r"[0-9a-f]{64}")
 
 
@@ -159,6 +161,15 @@ def save_checkpoint(run_dir: str | os.PathLike, step: int, tensors: Mapping[str,
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return final
+
+
+def state_bytes_bound(cfg) -> int:
+    """The largest ``state.safetensors`` a run of model ``cfg`` can write: its header bound, the parameters
+    and the two AdamW moments (float32) and the step counter. A larger file is refused unread."""
+    from .model import param_specs
+
+    params = sum(math.prod(s.shape) for s in param_specs(cfg))
+    return 8 + MAX_HEADER_BYTES + 3 * 4 * params + 8
 
 
 def stream_state_problem(sidecar: Mapping[str, Any], stream, tcfg, step: int) -> str | None:
@@ -412,7 +423,7 @@ def load_checkpoint(path_or_run_dir: str | os.PathLike, step: int | None = None,
     buf = _read_state(folder, max_bytes, earlier)
     file_sha = hashlib.sha256(buf).hexdigest()
     try:
-        tensors, metadata = parse_safetensors(buf, str(state_path))
+        tensors, metadata = parse_safetensors(buf, str(state_path), MAX_HEADER_BYTES)
     except FileFormatError as exc:
         raise CheckpointError(f"{exc}; the checkpoint is corrupt: {earlier}") from None
 

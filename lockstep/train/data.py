@@ -96,7 +96,7 @@ from typing import Callable, Iterable, Iterator
 
 import numpy as np
 
-from lockstep.fsio import atomic_write_bytes, fsync_dir
+from lockstep.fsio import FileFormatError, UnsafePath, atomic_write_bytes, fsync_dir, read_regular
 from lockstep.spec.philox import PhiloxStream, philox4x32
 
 from .tokenizer import (
@@ -109,6 +109,7 @@ from .tokenizer import (
 )
 
 MANIFEST_NAME = "manifest.json"
+MAX_MANIFEST_BYTES = 64 << 20  # about 200,000 shard entries
 MANIFEST_FORMAT = "lockstep.data-manifest"
 MANIFEST_VERSION = 1
 STATE_FORMAT = "lockstep.data-stream-state"
@@ -133,6 +134,15 @@ _U32 = np.uint64(32)
 
 class DataError(ValueError):
     """Bad data input; the message names the file and says what to do."""
+
+
+class ManifestMismatch(DataError):
+    """A manifest is not the one expected (by digest); checked before it is parsed or any shard is read."""
+
+    def __init__(self, path: Path, got: str, want: str):
+        self.path, self.got, self.want = path, got, want
+        super().__init__(f"{path}: manifest SHA-256 {got} is not the expected {want}; this is not the data the run "
+                         "was trained on: use the run's data folder")
 
 
 # ---------------------------------------------------------------------------------
@@ -387,17 +397,28 @@ class Manifest:
     # -- loading ---------------------------------------------------------------------
 
     @classmethod
-    def load(cls, path: str | Path) -> "Manifest":
-        """Load and verify ``path`` (a manifest.json, or the folder holding one)."""
+    def load(cls, path: str | Path, expected_sha256: str | None = None) -> "Manifest":
+        """Load and verify ``path`` (a manifest.json, or the folder holding one).
+
+        The manifest must be a regular file of at most ``MAX_MANIFEST_BYTES``. With
+        ``expected_sha256`` (a run's recipe names it), its digest is compared before
+        anything is parsed or any shard is read (``ManifestMismatch``).
+        """
         path = Path(path)
         if path.is_dir():
             path = path / MANIFEST_NAME
-        if not path.is_file():
+        try:
+            raw = read_regular(path.parent, path.name, "data manifest", MAX_MANIFEST_BYTES)
+        except FileNotFoundError:
             raise DataError(
                 f"{path}: no manifest here; build a data folder with `lockstep data ingest --out DIR ...` "
                 "or `lockstep data default --out DIR`"
-            )
-        raw = path.read_bytes()
+            ) from None
+        except (UnsafePath, FileFormatError, OSError) as exc:
+            raise DataError(f"{exc}") from None
+        got = hashlib.sha256(raw).hexdigest()
+        if expected_sha256 is not None and got != expected_sha256:
+            raise ManifestMismatch(path, got, expected_sha256)
         data = _strict_json(path, raw)
         m = cls(path, raw, data, cls._check_structure(path, data))
         m._verify_files()
@@ -433,6 +454,7 @@ class Manifest:
             raise DataError(f"{path}: 'sources' must be a non-empty list; add at least one source")
         names: list[str] = []
         units: list[int] = []
+        files: set[str] = set()  # every shard file once: a repeated entry would be read (and hashed) again
         for i, s in enumerate(sources):
             where = f"{path}: sources[{i}]"
             _expect(s, ("name", "weight", "documents", "tokens", "shards"), (), where)
@@ -452,6 +474,13 @@ class Manifest:
             for k, sh in enumerate(s["shards"]):
                 w = f"{where} shard {k}"
                 _expect(sh, ("tokens_file", "tokens_sha256", "offsets_file", "offsets_sha256", "documents", "tokens"), (), w)
+                for key in ("tokens_file", "offsets_file"):
+                    if not isinstance(sh[key], str):
+                        continue  # refused with its path check
+                    norm = str(PurePosixPath(sh[key]))
+                    if norm in files:
+                        raise DataError(f"{w}: file {sh[key]!r} is listed twice; each shard file may appear once")
+                    files.add(norm)
                 _expect_hex(sh["tokens_sha256"], f"{w}.tokens_sha256")
                 _expect_hex(sh["offsets_sha256"], f"{w}.offsets_sha256")
                 sd += _expect_int(sh["documents"], f"{w}.documents")

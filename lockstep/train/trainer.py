@@ -32,7 +32,7 @@ import numpy as np
 
 import lockstep
 from lockstep.fsio import (append_line, atomic_write_bytes, atomic_write_json, check_regular_or_absent, json_bytes,
-                           read_json_regular, safe_join)
+                           safe_join)
 from lockstep.spec import SPEC_VERSION, hashing
 
 from . import checkpoint as ckpt
@@ -96,10 +96,11 @@ def genesis(recipe: dict) -> str:
 
 
 def load_recipe(run_dir: Path) -> dict:
-    recipe = read_json_regular(run_dir, RECIPE_FILE, "recipe", MAX_RECIPE_BYTES)
-    if not isinstance(recipe, dict) or recipe.get("format") != RECIPE_FORMAT:
-        raise ValueError(f"{run_dir / RECIPE_FILE}: not a lockstep recipe")
-    return recipe
+    """recipe.json, checked as ``audit verify`` checks it: a regular file inside the run, strict JSON, every
+    value of the right type and within the stated maxima (``audit.verify.load_run_recipe``)."""
+    from lockstep.audit.verify import load_run_recipe
+
+    return load_run_recipe(Path(run_dir))
 
 
 def recipe_configs(recipe: dict) -> tuple[ModelConfig, TrainConfig]:
@@ -110,7 +111,7 @@ def open_run_data(run_dir: Path, recipe: dict, override: str | Path | None = Non
     """The run's data, verified, and checked against the recipe's manifest digest."""
     folder = recipe["data"]["folder"]
     path = Path(override) if override else (safe_join(run_dir, folder) if not Path(folder).is_absolute() else Path(folder))
-    manifest = Manifest.load(path)
+    manifest = Manifest.load(path, expected_sha256=recipe["data"]["manifest_sha256"])  # compared before parsing
     if manifest.sha256 != recipe["data"]["manifest_sha256"]:
         raise ValueError(f"{manifest.path}: manifest digest {manifest.sha256} is not the run's "
                          f"{recipe['data']['manifest_sha256']}; use the data the run was trained on")
@@ -237,6 +238,9 @@ def train(run_dir: str | Path, *, cfg: ModelConfig | None = None, tcfg: TrainCon
                 raise RecipeMismatch(f"{run_dir}: recorded world size {recipe['world_size']}, launched with {world}; "
                                      f"resume with mpiexec -n {recipe['world_size']}")
             cfg, tcfg = r_cfg, r_tcfg
+            from lockstep.audit.verify import require_memory
+
+            require_memory(cfg, tcfg, world, "resume it")  # before anything is allocated
             manifest = open_run_data(run_dir, recipe)
             seed = recipe["seed"]
         else:
@@ -274,7 +278,7 @@ def train(run_dir: str | Path, *, cfg: ModelConfig | None = None, tcfg: TrainCon
             found = ckpt.latest_checkpoint(run_dir)
             if found is None:
                 raise FileNotFoundError(f"{run_dir}: no complete checkpoint to resume from")
-            c = ckpt.load_checkpoint(found[1])
+            c = ckpt.load_checkpoint(found[1], max_bytes=ckpt.state_bytes_bound(cfg))
             if c.sidecar.get("recipe_sha256") != recipe_digest(recipe):
                 raise RecipeMismatch(f"{run_dir / RECIPE_FILE} does not match the recipe checkpoint {c.step} was made "
                                      "with (it was edited); restore it or start a new run")

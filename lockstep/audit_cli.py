@@ -8,6 +8,10 @@
     lockstep audit merge CERT... [--plan PLAN] [--pub PEM ...] [--png OUT]
     lockstep audit keygen --out PREFIX                      (PREFIX.key and PREFIX.pub, Ed25519)
 
+Every string that comes from a file (names, messages quoting them) is printed through
+``fsio.printable``: control characters are escaped, so nothing a file says can add a
+line, move the cursor or colour the output.
+
 Exit codes: 0 valid / match / consistent; 2 invalid / mismatch / inconsistent (every
 finding listed); 1 the command could not run (a missing file, a bad argument, a
 backend that is not installed).
@@ -19,6 +23,8 @@ import argparse
 import json
 import sys
 from pathlib import Path
+
+from lockstep.fsio import printable
 
 EXIT_OK, EXIT_ERROR, EXIT_BAD = 0, 1, 2
 MAX_REPLAY_STEPS = 10_000_000  # the steps one --step list may name (a run has at most a few million)
@@ -99,7 +105,7 @@ def add_audit_parser(subparsers) -> argparse.ArgumentParser:
 
 
 def _err(msg: str) -> int:
-    print(f"lockstep audit: {msg}", file=sys.stderr)
+    print(f"lockstep audit: {printable(msg)}", file=sys.stderr)
     return EXIT_ERROR
 
 
@@ -146,7 +152,7 @@ def _replay(args) -> int:
             return _err(f"{args.plan}: no auditor named {args.auditor!r}")
         steps = mine[0]["steps"]
         if not steps:
-            print(f"the plan gives {args.auditor} no step")
+            print(printable(f"the plan gives {args.auditor} no step"))
             return EXIT_OK
     elif args.step is None:
         return _err("give --step t (or --plan PLAN --auditor NAME)")
@@ -156,7 +162,7 @@ def _replay(args) -> int:
         from .audit.certificate import load_private_key
 
         load_private_key(args.key)  # fail before hours of replay, not after
-    log = None if args.quiet else (lambda msg: print(msg, file=sys.stderr, flush=True))
+    log = None if args.quiet else (lambda msg: print(printable(msg), file=sys.stderr, flush=True))
     result = replay_steps(args.run, steps, args.backend, data=args.data, log=log)
     print(result.format())
     if args.out is not None or args.key is not None:
@@ -165,7 +171,7 @@ def _replay(args) -> int:
             cert = sign_certificate(cert, args.key)
         out = args.out or Path(f"certificate-{result.commitment[:12]}-steps-{steps[0]}-{steps[-1]}.json")
         write_certificate(out, cert)
-        print(f"certificate: {out}" + (" (signed)" if "signature" in cert else ""))
+        print(printable(f"certificate: {out}" + (" (signed)" if "signature" in cert else "")))
     return EXIT_OK if result.ok else EXIT_BAD
 
 
@@ -185,7 +191,7 @@ def _check(args) -> int:
         try:
             cert = load_certificate(path)
         except Exception as exc:  # noqa: BLE001 - report and go on with the next file
-            print(f"{path}: REJECTED: {exc}")
+            print(printable(f"{path}: REJECTED: {exc}"))
             bad += 1
             continue
         problems = []
@@ -202,11 +208,11 @@ def _check(args) -> int:
             f", signed by {signer[:16]}..." if signer else ", unsigned")
         if problems:
             bad += 1
-            print(f"{head}: REJECTED")
+            print(printable(f"{head}: REJECTED"))
             for pr in problems:
-                print(f"  {pr}")
+                print(printable(f"  {pr}"))
         else:
-            print(f"{head}: ok" + (" (recomputed)" if args.recompute and args.run else ""))
+            print(printable(f"{head}: ok" + (" (recomputed)" if args.recompute and args.run else "")))
     return EXIT_BAD if bad else EXIT_OK
 
 
@@ -220,7 +226,7 @@ def _plan(args) -> int:
     print(format_plan(plan))
     if args.out is not None:
         atomic_write_json(args.out, plan)
-        print(f"plan: {args.out}")
+        print(printable(f"plan: {args.out}"))
     return EXIT_OK
 
 
@@ -233,13 +239,13 @@ def _merge(args) -> int:
         plan = load_plan(args.plan)
         problems = check_plan(plan)
         if problems:
-            print(f"{args.plan}: not a valid plan: " + "; ".join(problems[:5]))
+            print(printable(f"{args.plan}: not a valid plan: " + "; ".join(problems[:5])))
             return EXIT_BAD
     report = merge_certificates(args.certs, plan, _trusted(args.pub))
     print(report.format())
     if args.png is not None:
         try:
-            print(f"coverage plot: {plot_coverage(report, args.png)}")
+            print(printable(f"coverage plot: {plot_coverage(report, args.png)}"))
         except RuntimeError as exc:
             return _err(str(exc))
     return EXIT_OK if report.ok else EXIT_BAD
@@ -249,5 +255,6 @@ def _keygen(args) -> int:
     from .audit.certificate import generate_keypair, public_key_hex
 
     priv, pub = generate_keypair(args.out)
-    print(f"private key: {priv} (keep it secret)\npublic key:  {pub} ({public_key_hex(pub)})")
+    print(printable(f"private key: {priv} (keep it secret)"))
+    print(printable(f"public key:  {pub} ({public_key_hex(pub)})"))
     return EXIT_OK

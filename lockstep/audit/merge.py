@@ -36,7 +36,7 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from lockstep.fsio import atomic_write_bytes
+from lockstep.fsio import atomic_write_bytes, printable
 
 from .certificate import (CertificateError, auditor_id, consistency_problems, load_certificate,
                           signature_problem)
@@ -165,7 +165,7 @@ class MergeReport:
                            "auditors' public keys with --pub")
         else:
             lines.append("COMPLETE AND CONSISTENT" if self.ok else "INCOMPLETE OR INCONSISTENT")
-        return "\n".join(lines)
+        return "\n".join(printable(line) for line in lines)  # untrusted names cannot add lines
 
 
 def _format_ranges(ranges: list[tuple[int, int]]) -> str:

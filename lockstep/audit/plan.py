@@ -24,7 +24,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from lockstep.fsio import FileFormatError, read_json
+from lockstep.fsio import FileFormatError, printable, read_json
 from lockstep.spec.philox import PhiloxStream
 from lockstep.train.data import keyed_permutation
 
@@ -172,4 +172,4 @@ def format_plan(plan: dict, max_steps: int = 20) -> str:
     for a in plan["auditors"]:
         shown = ", ".join(map(str, a["steps"][:max_steps])) + (" ..." if len(a["steps"]) > max_steps else "")
         lines.append(f"  {a['index']:>4}  {a.get('name', '')}: {len(a['steps'])} step(s): {shown}")
-    return "\n".join(lines)
+    return "\n".join(printable(line) for line in lines)  # untrusted names cannot add lines

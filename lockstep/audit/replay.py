@@ -37,7 +37,7 @@ from pathlib import Path
 
 import numpy as np
 
-from lockstep.fsio import UnsafePath, read_json_regular
+from lockstep.fsio import UnsafePath, printable, read_json_regular
 from lockstep.spec import SPEC_VERSION, hashing
 from lockstep.train import checkpoint as ckpt
 from lockstep.train.data import GlobalStream, batch_digest
@@ -173,7 +173,7 @@ class ReplayResult:
                          f"whatever the replayed steps gave ({self.seconds:.1f}s)")
         else:
             lines.append(f"{self.outcome.upper()} ({self.seconds:.1f}s)")
-        return "\n".join(lines)
+        return "\n".join(printable(line) for line in lines)  # untrusted names cannot add lines
 
 
 def _short(h: str | None) -> str:

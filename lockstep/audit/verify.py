@@ -45,8 +45,8 @@ from typing import Any
 
 import numpy as np
 
-from lockstep.fsio import (FileFormatError, UnsafePath, iter_lines, open_regular, parse_json, read_json_regular,
-                           read_safetensors, safe_join)
+from lockstep.fsio import (FileFormatError, UnsafePath, iter_lines, open_regular, parse_json, printable,
+                           read_json_regular, read_safetensors, safe_join)
 from lockstep.fsio import file_kind as fsio_kind
 from lockstep.spec import SPEC_VERSION, hashing
 from lockstep.train import checkpoint as ckpt
@@ -134,7 +134,7 @@ class Report:
             lines.append(f"  {f}")
         n_err = len(self.errors)
         lines.append("VALID" if self.ok else f"INVALID: {n_err} error(s)")
-        return "\n".join(lines)
+        return "\n".join(printable(line) for line in lines)  # untrusted names cannot add lines
 
 
 # ---------------------------------------------------------------------------

@@ -44,6 +44,7 @@ import numpy as np
 
 MAX_JSON_BYTES = 64 << 20  # a run's JSON files are small; refuse to parse anything huge
 SAFETENSORS_MAX_HEADER = 100_000_000  # the same bound as the reference implementation
+SAFETENSORS_MAX_NDIM = 64  # NumPy's limit
 SAFETENSORS_ALIGN = 8  # the header is space-padded so the data starts 8-byte aligned
 
 # safetensors dtype code -> little-endian NumPy dtype (the whitelist)
@@ -543,6 +544,10 @@ def parse_safetensors(data: bytes | bytearray | memoryview, where: str = "<bytes
         shape, offs = info["shape"], info["data_offsets"]
         if not isinstance(shape, list) or not all(type(s) is int and s >= 0 for s in shape):
             fail(f"shape {shape!r} must be a list of non-negative integers", name)
+        if len(shape) > SAFETENSORS_MAX_NDIM:
+            fail(f"{len(shape)} dimensions; at most {SAFETENSORS_MAX_NDIM} are allowed", name)
+        if math.prod(max(s, 1) for s in shape) * dtype.itemsize >= 1 << 62:
+            fail(f"shape {shape!r} is too large for any array (even with a zero dimension)", name)
         if not (isinstance(offs, list) and len(offs) == 2 and all(type(o) is int for o in offs)):
             fail(f"data_offsets {offs!r} must be two integers", name)
         begin, end = offs

@@ -96,7 +96,7 @@ from typing import Callable, Iterable, Iterator
 
 import numpy as np
 
-from lockstep.fsio import FileFormatError, UnsafePath, atomic_write_bytes, fsync_dir, read_regular
+from lockstep.fsio import FileFormatError, UnsafePath, atomic_write_bytes, fsync_dir, open_regular, read_regular
 from lockstep.spec.philox import PhiloxStream, philox4x32
 
 from .tokenizer import (
@@ -284,6 +284,8 @@ def _strict_json(path: Path, text: str | bytes):
         ) from None
     except UnicodeDecodeError:
         raise DataError(f"{path}: not UTF-8 text; a manifest is a UTF-8 JSON file") from None
+    except RecursionError:
+        raise DataError(f"{path}: JSON nested too deeply; a manifest is a few levels deep: rebuild it") from None
 
 
 def _expect(obj, keys_required: tuple, keys_optional: tuple, where: str) -> None:
@@ -346,7 +348,39 @@ def _check_digest(path: Path, expected: str, manifest_path: Path) -> None:
         )
 
 
+def _npy_header_problem(path: Path) -> str | None:
+    """Why the ``.npy`` header of ``path`` cannot describe this file (None if it can).
+
+    Read before ``np.load``: the declared shape and dtype must account for exactly
+    the bytes after the header, so a header declaring a huge shape is refused
+    without anything being allocated.
+    """
+    try:
+        with open_regular(path.parent, path.name, "shard file") as f:
+            version = np.lib.format.read_magic(f)
+            if version == (1, 0):
+                shape, _, dtype = np.lib.format.read_array_header_1_0(f)
+            elif version == (2, 0):
+                shape, _, dtype = np.lib.format.read_array_header_2_0(f)
+            else:
+                return f"unsupported .npy version {version}"
+            data_bytes = os.fstat(f.fileno()).st_size - f.tell()
+    except (ValueError, OSError, EOFError, UnsafePath, FileFormatError) as e:
+        return f"not a readable .npy file ({e})"
+    if dtype.hasobject:
+        return "an object array (lockstep never unpickles)"
+    if len(shape) > 64:
+        return f"{len(shape)} dimensions"
+    need = math.prod(shape) * dtype.itemsize
+    if need != data_bytes:
+        return f"its header declares shape {shape} of {dtype} ({need} bytes) but the file holds {data_bytes}"
+    return None
+
+
 def _load_npy(path: Path, mmap: bool) -> np.ndarray:
+    why = _npy_header_problem(path)
+    if why is not None:
+        raise DataError(f"{path}: {why}; rebuild the data folder")
     try:
         return np.load(path, mmap_mode="r" if mmap else None, allow_pickle=False)
     except (ValueError, OSError, EOFError) as e:

@@ -217,7 +217,13 @@ def _open_parent(root, parts: list[str], what: str) -> int:
             if not stat.S_ISDIR(st.st_mode):
                 raise NotRegularFile(f"{here} (on the way to {what}) is {file_kind(st.st_mode)}, not a folder; "
                                      "lockstep follows no symlink inside a run: replace it with the folder itself")
-            nfd = os.open(part, os.O_RDONLY | _DIRECTORY | _NOFOLLOW | _CLOEXEC, dir_fd=fd)
+            try:
+                nfd = os.open(part, os.O_RDONLY | _DIRECTORY | _NOFOLLOW | _CLOEXEC, dir_fd=fd)
+            except OSError as exc:  # swapped after the check: O_NOFOLLOW / O_DIRECTORY refuse it
+                if exc.errno not in (errno.ELOOP, errno.ENOTDIR):
+                    raise
+                raise NotRegularFile(f"{here} (on the way to {what}) became a symlink or a file while being "
+                                     "opened; lockstep follows no symlink inside a run") from None
             os.close(fd)
             fd = nfd
     except BaseException:
@@ -256,7 +262,13 @@ def open_regular(root: str | os.PathLike, relpath: str | os.PathLike, what: str 
                 raise FileNotFoundError(f"{what} not found: {shown}") from None
             if not stat.S_ISREG(st.st_mode):
                 raise _not_regular(what, shown, st.st_mode)  # refused before open: a device is never opened
-            fd = os.open(parts[-1], os.O_RDONLY | _NOFOLLOW | _NONBLOCK | _CLOEXEC, dir_fd=dfd)
+            try:
+                fd = os.open(parts[-1], os.O_RDONLY | _NOFOLLOW | _NONBLOCK | _CLOEXEC, dir_fd=dfd)
+            except OSError as exc:  # swapped for a symlink after the check: O_NOFOLLOW refuses it
+                if exc.errno != errno.ELOOP:
+                    raise
+                raise NotRegularFile(f"{what} {shown} became a symlink while being opened; lockstep reads only "
+                                     "regular files inside the run") from None
         finally:
             os.close(dfd)
     f = os.fdopen(fd, "rb")
@@ -307,6 +319,24 @@ def iter_lines(f: IO[bytes], where: str, max_line: int) -> Iterator[tuple[int, b
             raise FileFormatError(f"{where}:{n}: a line longer than {max_line} bytes; lockstep never writes one: "
                                   "the file is damaged or not what it claims to be")
         yield n, body, ended
+
+
+def read_named_file(path: str | os.PathLike, what: str = "file", max_bytes: int = MAX_JSON_BYTES) -> bytes:
+    """The bytes of a file the user named (a certificate, a plan, a key): symlinks the user gave are followed,
+    but it must be a regular file (never a FIFO or a device: opened without blocking, checked with fstat)
+    of at most ``max_bytes``."""
+    path = Path(path)
+    fd = os.open(path, os.O_RDONLY | _NONBLOCK | _CLOEXEC)
+    with os.fdopen(fd, "rb") as f:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise _not_regular(what, path, st.st_mode)
+        if st.st_size > max_bytes:
+            raise FileFormatError(f"{what} {path} is larger than {max_bytes} bytes ({st.st_size}); refusing to read it")
+        data = f.read(max_bytes + 1)
+    if len(data) > max_bytes:
+        raise FileFormatError(f"{what} {path} grew past {max_bytes} bytes while being read")
+    return data
 
 
 def check_regular_or_absent(root: str | os.PathLike, relpath: str, what: str = "file") -> None:
@@ -430,12 +460,11 @@ def read_json(path: str | os.PathLike, what: str = "JSON file", max_bytes: int =
     """Read strict JSON from ``path``; errors name the file and what it was meant to be."""
     path = Path(path)
     try:
-        with open(path, "rb") as f:
-            data = f.read(max_bytes + 1)
+        data = read_named_file(path, what, max_bytes)
     except FileNotFoundError:
         raise FileNotFoundError(f"{what} not found: {path}") from None
-    except IsADirectoryError:
-        raise FileFormatError(f"{what} {path} is a directory, expected a JSON file") from None
+    except NotRegularFile as exc:
+        raise FileFormatError(str(exc)) from None
     if len(data) > max_bytes:
         raise FileFormatError(f"{what} {path} is larger than {max_bytes} bytes; refusing to parse it")
     return parse_json(data, what, str(path))

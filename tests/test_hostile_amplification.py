@@ -87,12 +87,12 @@ def test_manifest_digest_is_compared_before_any_shard_is_hashed(copy_run, monkey
     man = json.loads((run / "data" / "manifest.json").read_text())
     man["description"] = "not the manifest the run was trained on"
     (run / "data" / "manifest.json").write_text(json.dumps(man))
-    hashed = []
-    real = data_mod.file_sha256
-    monkeypatch.setattr(data_mod, "file_sha256", lambda p: hashed.append(p) or real(p))
+    shards_read = []
+    real = data_mod.Manifest._verify_files  # hashes and reads every shard
+    monkeypatch.setattr(data_mod.Manifest, "_verify_files", lambda self: shards_read.append(self) or real(self))
     rep = verify_run(run)
     assert any(f.check == "data" and "not the recipe's" in f.message for f in rep.errors), rep.format()
-    assert hashed == []
+    assert shards_read == []
 
 
 def test_repeated_shard_entries_are_refused(copy_run):

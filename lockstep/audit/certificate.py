@@ -47,7 +47,7 @@ from pathlib import Path
 import numpy as np
 
 import lockstep
-from lockstep.fsio import FileFormatError, atomic_write_bytes, json_bytes, read_json
+from lockstep.fsio import FileFormatError, atomic_write_bytes, json_bytes, read_json, read_named_file
 from lockstep.spec import SPEC_VERSION
 
 CERT_FORMAT = "lockstep.audit-certificate"
@@ -298,12 +298,10 @@ def _crypto():
 def _read_key_file(path: str | os.PathLike) -> bytes:
     path = Path(path)
     try:
-        if path.stat().st_size > MAX_KEY_BYTES:
-            raise CertificateError(f"{path}: larger than {MAX_KEY_BYTES} bytes; not a key file")
-        return path.read_bytes()
+        return read_named_file(path, "key file", MAX_KEY_BYTES)
     except FileNotFoundError:
         raise CertificateError(f"key file not found: {path}") from None
-    except OSError as exc:
+    except (OSError, ValueError) as exc:
         raise CertificateError(f"{path}: cannot read the key ({exc})") from None
 
 

@@ -311,11 +311,12 @@ class _Replayer:
         try:
             self.commitment = read_commitment(run_dir)["chain_hash"]
             if self.traj and self.commitment != self.traj[-1]["chain_hash"]:
-                self.notes.append(f"commitment.json ({self.commitment}) is not the trajectory's last chain hash "
-                                  f"({self.traj[-1]['chain_hash']}); `lockstep audit verify` reports it")
+                self.problems.append(f"commitment.json ({self.commitment}) is not the trajectory's last chain hash "
+                                     f"({self.traj[-1]['chain_hash']})")
         except RunFileError as exc:
             self.commitment = self.traj[-1]["chain_hash"] if self.traj else self.h0
             self.notes.append(f"{exc}; the trajectory's last chain hash stands in for the commitment")
+        self._check_published_chain()
 
     # -- the starting state -------------------------------------------------------------
 
@@ -331,14 +332,20 @@ class _Replayer:
             return f"its recipe digest {c.sidecar.get('recipe_sha256')} is not recipe.json's {self.digest}"
         return ckpt.stream_state_problem(c.sidecar, self.stream, self.tcfg, step)
 
-    def _published_chain_ok(self, upto: int) -> None:
+    def _check_published_chain(self) -> None:
+        """Every published link ``H_t`` recomputed from ``H_0`` (cheap: one SHA-256 per step).
+
+        A replay starts from a checkpoint whose chain hash is the published ``H_c``; that
+        is only evidence when the links before it hold, so a broken link anywhere makes
+        the run invalid (never a note under a MATCH).
+        """
         h = self.h0
-        for rec in self.traj[:upto]:
-            if hashing.chain_hash(rec["step"], h, rec["state_root"], rec["batch_digest"]) != rec["chain_hash"]:
-                note = (f"the published chain is broken at step {rec['step']} (before the replay's start); "
-                        "`lockstep audit verify` reports it")
-                if note not in self.notes:
-                    self.notes.append(note)
+        for rec in self.traj:
+            want = hashing.record_chain_hash(h, rec)
+            if want != rec["chain_hash"]:
+                self.problems.append(f"the published chain is broken at step {rec['step']}: its chain_hash is not "
+                                     f"H_{rec['step']} recomputed from the record and H_{rec['step'] - 1} "
+                                     "(`lockstep audit verify` lists every broken link)")
                 return
             h = rec["chain_hash"]
 
@@ -374,7 +381,6 @@ class _Replayer:
                 self.problems.append(f"checkpoint {folder.name} contradicts the run: {why}")
                 self.notes.append(f"checkpoint {folder.name} not used as a start")
                 continue
-            self._published_chain_ok(step)
             self.log(f"starting from checkpoint {folder.name} (verified; its stream_state is the recipe's)")
             return _State(step, params, opt, c.sidecar["chain_hash"], step)
         self.log("starting from the initial state (step 0, H_0)")

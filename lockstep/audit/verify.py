@@ -519,10 +519,12 @@ def _check_layout(run_dir: Path, rep: Report) -> None:
             rep.add("path", p, msg)
         elif p.name.startswith(ckpt.TEMP_PREFIX):
             rep.add("layout", p, f"{why}; ignored", severity="warning")
-        elif ckpt.STEP_DIR_RE.fullmatch(p.name):
+        elif ckpt.step_of_dirname(p.name) is not None:
             rep.add("checkpoint", p, f"incomplete or altered checkpoint: {why}; a save never leaves one "
                                      "(it renames a finished folder into place): treat it as tampered",
-                    step=int(ckpt.STEP_DIR_RE.fullmatch(p.name).group(1)))
+                    step=ckpt.step_of_dirname(p.name))
+        elif ckpt.STEP_DIR_RE.fullmatch(p.name):
+            rep.add("checkpoint", p, f"{why}; a save never makes one: treat it as tampered (it is not read)")
         else:
             rep.add("layout", p, f"{why}; ignored", severity="warning")
 

@@ -58,7 +58,7 @@ STATE_FILE = "state.safetensors"
 SIDECAR_FILE = "sidecar.json"
 COMPLETE_FILE = "COMPLETE"
 TEMP_PREFIX = ".tmp-"
-STEP_DIR_RE = re.compile(r"step-(\d{8,20})")
+STEP_DIR_RE = re.compile(r"step-(\d{8,20})")  # looks like a step folder; step_of_dirname says if it is one
 RESERVED_KEYS = ("step", "state_root", "tensor_digests", "file_sha256", "format")
 MAX_SIDECAR_BYTES = 4 << 20  # a sidecar is a few kB per hundred tensors
 MAX_MARKER_BYTES = 256  # 64 hex digits and a newline
@@ -82,6 +82,35 @@ class Checkpoint:
 def step_dirname(step: int) -> str:
     """``step-00000120``: the folder name of a checkpoint (zero-padded to 8 digits)."""
     return f"step-{int(step):08d}"
+
+
+MAX_STEP = 2**63 - 1
+
+
+def step_of_dirname(name: str) -> int | None:
+    """The step of a checkpoint folder name, or None unless ``name`` is exactly ``step_dirname(step)``.
+
+    ``step-000000002`` or ``step-00000000000000000002`` look like step 2 but are not
+    its folder: one step has one name, so two folders can never both claim it.
+    """
+    m = STEP_DIR_RE.fullmatch(name)
+    if m is None:
+        return None
+    step = int(m.group(1))
+    return step if step <= MAX_STEP and step_dirname(step) == name else None
+
+
+def _anchor(folder: Path) -> tuple[Path, str]:
+    """Where reads of ``folder``'s files start, and the path from there to ``folder``.
+
+    The run directory when ``folder`` is in its ``checkpoints/``, else the folder's
+    parent: every read walks down from there without following a link, so neither
+    ``checkpoints/`` nor the step folder can be swapped for a symlink between the
+    check and the read.
+    """
+    if folder.parent.name == CHECKPOINTS_DIR:
+        return folder.parent.parent, f"{CHECKPOINTS_DIR}/{folder.name}"
+    return folder.parent, folder.name
 
 
 class _HashingFile:
@@ -237,14 +266,15 @@ def _marked_sidecar(folder: Path) -> tuple[bytes | None, str | None]:
     why = _folder_problem(folder)
     if why is not None:
         return None, why
+    root, prefix = _anchor(folder)
     try:
-        want = read_regular(folder, COMPLETE_FILE, "checkpoint marker", MAX_MARKER_BYTES)
+        want = read_regular(root, f"{prefix}/{COMPLETE_FILE}", "checkpoint marker", MAX_MARKER_BYTES)
     except FileNotFoundError:
         return None, f"no {COMPLETE_FILE} marker (the save did not finish)"
     except (UnsafePath, FileFormatError, OSError) as exc:
         return None, str(exc)
     try:
-        side = read_regular(folder, SIDECAR_FILE, "checkpoint sidecar", MAX_SIDECAR_BYTES)
+        side = read_regular(root, f"{prefix}/{SIDECAR_FILE}", "checkpoint sidecar", MAX_SIDECAR_BYTES)
     except FileNotFoundError:
         return None, f"{COMPLETE_FILE} present but {SIDECAR_FILE} missing"
     except (UnsafePath, FileFormatError, OSError) as exc:
@@ -282,9 +312,9 @@ def list_checkpoints(run_dir: str | os.PathLike) -> list[tuple[int, Path]]:
     """
     out = []
     for p in _entries(run_dir):
-        m = STEP_DIR_RE.fullmatch(p.name)
-        if m and _marker_problem(p) is None:
-            out.append((int(m.group(1)), p))
+        step = step_of_dirname(p.name)
+        if step is not None and _marker_problem(p) is None:
+            out.append((step, p))
     return sorted(out)
 
 
@@ -294,10 +324,13 @@ def incomplete_checkpoints(run_dir: str | os.PathLike) -> list[tuple[Path, str]]
     for p in _entries(run_dir):
         if p.name.startswith(TEMP_PREFIX):
             out.append((p, "temporary folder of a save that did not finish (or is running now)"))
-        elif STEP_DIR_RE.fullmatch(p.name):
+        elif step_of_dirname(p.name) is not None:
             why = _marker_problem(p)
             if why is not None:
                 out.append((p, why))
+        elif STEP_DIR_RE.fullmatch(p.name):
+            out.append((p, f"an alias of {step_dirname(int(p.name[5:]))}: not a checkpoint folder name (a step's "
+                           "folder is step-NNNNNNNN exactly, zero-padded to 8 digits)"))
         else:
             out.append((p, "not a checkpoint folder name (expected step-NNNNNNNN)"))
     return out
@@ -336,8 +369,9 @@ def _parse_sidecar(data: bytes, path: Path) -> dict[str, Any]:
 
 def _read_sidecar(folder: Path) -> dict[str, Any]:
     path = folder / SIDECAR_FILE
+    root, prefix = _anchor(folder)
     try:
-        data = read_regular(folder, SIDECAR_FILE, "checkpoint sidecar", MAX_SIDECAR_BYTES)
+        data = read_regular(root, f"{prefix}/{SIDECAR_FILE}", "checkpoint sidecar", MAX_SIDECAR_BYTES)
     except (UnsafePath, FileFormatError, OSError) as exc:
         raise CheckpointError(str(exc)) from None
     return _parse_sidecar(data, path)
@@ -345,8 +379,9 @@ def _read_sidecar(folder: Path) -> dict[str, Any]:
 
 def _read_state(folder: Path, max_bytes: int, earlier: str) -> bytearray:
     """The bytes of ``state.safetensors``: a regular file in ``folder`` of at most ``max_bytes``, read once."""
+    root, prefix = _anchor(folder)
     try:
-        with open_regular(folder, STATE_FILE, "checkpoint state", max_bytes) as f:
+        with open_regular(root, f"{prefix}/{STATE_FILE}", "checkpoint state", max_bytes) as f:
             size = os.fstat(f.fileno()).st_size
             buf = bytearray(size)
             got = f.readinto(buf)
@@ -363,9 +398,12 @@ def _read_state(folder: Path, max_bytes: int, earlier: str) -> bytearray:
 def _resolve(path_or_run_dir: str | os.PathLike, step: int | None) -> Path:
     p = Path(path_or_run_dir)
     if STEP_DIR_RE.fullmatch(p.name) and not (p / CHECKPOINTS_DIR).is_dir():
-        m = STEP_DIR_RE.fullmatch(p.name)
-        if step is not None and int(m.group(1)) != int(step):
-            raise CheckpointError(f"{p} is the checkpoint of step {int(m.group(1))}, not of step {step}")
+        folder_step = step_of_dirname(p.name)
+        if folder_step is None:
+            raise CheckpointError(f"{p}: not a checkpoint folder name (a step's folder is step-NNNNNNNN exactly, "
+                                  "zero-padded to 8 digits)")
+        if step is not None and folder_step != int(step):
+            raise CheckpointError(f"{p} is the checkpoint of step {folder_step}, not of step {step}")
         if not p.is_dir():
             raise CheckpointError(f"checkpoint folder {p} does not exist")
         return p
@@ -399,7 +437,7 @@ def load_checkpoint(path_or_run_dir: str | os.PathLike, step: int | None = None,
     file digest, every tensor digest and the state root all match.
     """
     folder = _resolve(path_or_run_dir, step)
-    step_of_folder = int(STEP_DIR_RE.fullmatch(folder.name).group(1))
+    step_of_folder = step_of_dirname(folder.name)
     earlier = (f"this checkpoint cannot be used: get an intact copy of {folder.name} from the run's publisher, or go "
                f"on from an earlier checkpoint (for `lockstep train --resume`: move {folder.name} out of checkpoints/)")
     side_bytes, why = _marked_sidecar(folder)

@@ -348,43 +348,68 @@ def _check_digest(path: Path, expected: str, manifest_path: Path) -> None:
         )
 
 
-def _npy_header_problem(path: Path) -> str | None:
-    """Why the ``.npy`` header of ``path`` cannot describe this file (None if it can).
+def _npy_layout(f, path: Path) -> tuple[tuple[int, ...], np.dtype, int]:
+    """``(shape, dtype, data offset)`` from the ``.npy`` header of the open file ``f``.
 
-    Read before ``np.load``: the declared shape and dtype must account for exactly
-    the bytes after the header, so a header declaring a huge shape is refused
-    without anything being allocated.
+    Read before any array is made: the declared shape and dtype must account for
+    exactly the bytes after the header, so a header declaring a huge shape is refused
+    without anything being allocated. Object arrays (pickles) are refused.
     """
     try:
-        with open_regular(path.parent, path.name, "shard file") as f:
-            version = np.lib.format.read_magic(f)
-            if version == (1, 0):
-                shape, _, dtype = np.lib.format.read_array_header_1_0(f)
-            elif version == (2, 0):
-                shape, _, dtype = np.lib.format.read_array_header_2_0(f)
-            else:
-                return f"unsupported .npy version {version}"
-            data_bytes = os.fstat(f.fileno()).st_size - f.tell()
-    except (ValueError, OSError, EOFError, UnsafePath, FileFormatError) as e:
-        return f"not a readable .npy file ({e})"
-    if dtype.hasobject:
-        return "an object array (lockstep never unpickles)"
-    if len(shape) > 64:
-        return f"{len(shape)} dimensions"
-    need = math.prod(shape) * dtype.itemsize
-    if need != data_bytes:
-        return f"its header declares shape {shape} of {dtype} ({need} bytes) but the file holds {data_bytes}"
-    return None
-
-
-def _load_npy(path: Path, mmap: bool) -> np.ndarray:
-    why = _npy_header_problem(path)
-    if why is not None:
-        raise DataError(f"{path}: {why}; rebuild the data folder")
-    try:
-        return np.load(path, mmap_mode="r" if mmap else None, allow_pickle=False)
+        version = np.lib.format.read_magic(f)
+        if version == (1, 0):
+            shape, fortran, dtype = np.lib.format.read_array_header_1_0(f)
+        elif version == (2, 0):
+            shape, fortran, dtype = np.lib.format.read_array_header_2_0(f)
+        else:
+            raise DataError(f"{path}: unsupported .npy version {version}; rebuild the data folder")
     except (ValueError, OSError, EOFError) as e:
-        raise DataError(f"{path}: not a readable .npy array ({e}); rebuild the data folder") from None
+        raise DataError(f"{path}: not a readable .npy file ({e}); rebuild the data folder") from None
+    if dtype.hasobject:
+        raise DataError(f"{path}: an object array (lockstep never unpickles); rebuild the data folder")
+    if len(shape) != 1 or fortran and len(shape) > 1:
+        raise DataError(f"{path}: a shard array is 1-D, this one has shape {shape}; rebuild the data folder")
+    offset = f.tell()
+    need = math.prod(shape) * dtype.itemsize
+    have = os.fstat(f.fileno()).st_size - offset
+    if need != have:
+        raise DataError(f"{path}: its .npy header declares shape {shape} of {dtype} ({need} bytes) but the file holds "
+                        f"{have}; rebuild the data folder")
+    return shape, dtype, offset
+
+
+def _load_shard_file(folder: Path, rel: str, expected_sha256: str, manifest_path: Path, mmap: bool) -> np.ndarray:
+    """A shard's ``.npy`` array, from the very bytes whose SHA-256 was checked.
+
+    The file is opened once, walking down from ``folder`` without following a link
+    (``fsio.open_regular``: a regular file, never a FIFO or device); it is hashed, and
+    only if the digest is the manifest's is its header read and its array made (mapped
+    from the same open file when ``mmap``), so nothing can be swapped in between.
+    """
+    path = safe_child(folder, rel, manifest_path)
+    try:
+        with open_regular(folder, rel, "shard file") as f:
+            h = hashlib.sha256()
+            for block in iter(lambda: f.read(1 << 20), b""):
+                h.update(block)
+            if h.hexdigest() != expected_sha256:
+                raise DataError(
+                    f"{path}: SHA-256 {h.hexdigest()} does not match {expected_sha256} in {manifest_path}; the file was "
+                    "altered or truncated: restore it or rebuild the data folder"
+                )
+            f.seek(0)
+            shape, dtype, offset = _npy_layout(f, path)
+            if mmap and shape[0]:
+                return np.memmap(f, dtype=dtype, mode="r", offset=offset, shape=shape)
+            f.seek(offset)
+            return np.frombuffer(f.read(shape[0] * dtype.itemsize), dtype=dtype).reshape(shape)
+    except FileNotFoundError:
+        raise DataError(
+            f"{path}: file missing (named by {manifest_path}); restore it, or rebuild the data folder "
+            "with `lockstep data ingest` / `lockstep data default`"
+        ) from None
+    except (UnsafePath, FileFormatError) as e:
+        raise DataError(f"{e}; keep every shard a regular file inside the data folder") from None
 
 
 @dataclass(frozen=True)
@@ -545,15 +570,13 @@ class Manifest:
             for k, sh in enumerate(src.shards):
                 opath = safe_child(self.folder, sh.offsets_file, self.path)
                 tpath = safe_child(self.folder, sh.tokens_file, self.path)
-                _check_digest(opath, sh.offsets_sha256, self.path)
-                _check_digest(tpath, sh.tokens_sha256, self.path)
-                off = _load_npy(opath, mmap=False)
+                off = _load_shard_file(self.folder, sh.offsets_file, sh.offsets_sha256, self.path, mmap=False)
                 if off.ndim != 1 or off.dtype.kind != "i" or off.dtype.itemsize != 8 or off.shape[0] != sh.documents + 1:
                     raise DataError(f"{opath}: offsets must be int64 of {sh.documents + 1} entries; rebuild the shard")
                 off = off.astype(np.int64)
                 if off[0] != 0 or off[-1] != sh.tokens or np.any(np.diff(off) < 0):
                     raise DataError(f"{opath}: offsets must rise from 0 to {sh.tokens}; rebuild the shard")
-                tok = _load_npy(tpath, mmap=sh.tokens > 0)
+                tok = _load_shard_file(self.folder, sh.tokens_file, sh.tokens_sha256, self.path, mmap=sh.tokens > 0)
                 if tok.ndim != 1 or tok.dtype.kind != "u" or tok.dtype.itemsize not in (1, 2, 4) or tok.shape[0] != sh.tokens:
                     raise DataError(f"{tpath}: tokens must be 1-D uint8/16/32 of length {sh.tokens}; rebuild the shard")
                 for a in range(0, sh.tokens, 1 << 24):

@@ -1,6 +1,6 @@
 """``lockstep audit``: verify a run, replay its steps, sign certificates, plan and merge a collective audit.
 
-    lockstep audit verify RUN [--data DIR] [--no-batches]
+    lockstep audit verify RUN [--data DIR] [--no-batches] [--plot PNG]
     lockstep audit replay RUN --step t[,t2,a-b] [--backend B] [--out CERT] [--key PEM] [--auditor NAME] [--data DIR]
     lockstep audit replay RUN --plan PLAN --auditor NAME   (replay the steps the plan gives NAME)
     lockstep audit check CERT... [--pub PEM] [--run RUN [--recompute] [--backend B] [--data DIR]]
@@ -63,6 +63,8 @@ def add_audit_parser(subparsers) -> argparse.ArgumentParser:
     v.add_argument("--data", type=Path, help="use this data folder instead of the recipe's")
     v.add_argument("--no-batches", action="store_true", help="do not rebuild the batch digests from the data")
     v.add_argument("--json", action="store_true", help="print the findings as JSON")
+    v.add_argument("--plot", type=Path, metavar="PNG", help="redraw the loss curve from the verified trajectory "
+                                                            "(loss.png and metrics.jsonl are not evidence)")
 
     r = sub.add_parser("replay", help="replay steps on this machine and compare with the published hashes")
     r.add_argument("run", type=Path, help="the run directory")
@@ -135,6 +137,19 @@ def _verify(args) -> int:
                           "findings": [f.to_dict() for f in rep.findings]}, indent=2, sort_keys=True))
     else:
         print(rep.format())
+    if args.plot is not None:
+        if rep.chain_hash is None:
+            return _err(f"no loss curve drawn: the trajectory of {args.run} is not an intact chain (see above)")
+        from lockstep.fsio import atomic_write_bytes
+        from lockstep.train.trainer import loss_curve_png
+
+        from .audit.verify import read_trajectory_strict
+
+        png = loss_curve_png(read_trajectory_strict(args.run), f"{args.run.name}: training loss (verified chain)")
+        if png is None:
+            return _err("--plot needs matplotlib: pip install 'lockstep[io]'")
+        atomic_write_bytes(args.plot, png)
+        print(printable(f"loss curve from the verified trajectory: {args.plot}"))
     return EXIT_OK if rep.ok else EXIT_BAD
 
 

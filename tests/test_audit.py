@@ -119,7 +119,7 @@ def _forge_chain(run: Path, recs: list[dict], from_step: int) -> list[dict]:
 
     h = genesis(load_recipe(run)) if from_step == 1 else recs[from_step - 2]["chain_hash"]
     for r in recs[from_step - 1:]:
-        h = r["chain_hash"] = hashing.chain_hash(r["step"], h, r["state_root"], r["batch_digest"])
+        h = r["chain_hash"] = hashing.record_chain_hash(h, r)
     _write_traj(run, recs)
     com = json.loads((run / "commitment.json").read_text())
     com["chain_hash"] = h

@@ -16,9 +16,10 @@ For a target step t:
    of step s, every virtual rank of the recorded world size R in turn (one rank's
    micro-batch activations alive at a time), their sums pushed into the fixed tree
    (``collectives.TreeFolder``: at most log2(R) + 1 partial sums alive), clipping,
-   AdamW, the state root; then ``H_s = chain_hash(s, H_{s-1}, root_s, batch_digest_s)``.
-   The state root, chain hash, batch digest and the float bits of loss, gradient
-   norm and learning rate are compared with the trajectory's record of step s.
+   AdamW, the state root; then ``H_s = chain_hash(s, H_{s-1}, root_s, batch_digest_s,
+   tokens_s, loss_bits_s, grad_norm_bits_s, lr_bits_s)``. The state root, chain hash,
+   batch digest, token count and the float bits of loss, gradient norm and learning
+   rate are compared with the trajectory's record of step s.
 4. **On a mismatch** the replay of that target stops. When a checkpoint of step s
    exists, the replayed tensors are compared with its tensors: every tensor whose
    digest differs is named with its first differing Merkle chunk (1 MiB) and first
@@ -46,7 +47,7 @@ from lockstep.train.trainer import genesis, recipe_digest
 from .verify import (RunFileError, configs, float_bits, load_run_recipe, open_data, read_commitment,
                      read_trajectory_strict, require_memory)
 
-COMPARED = ("state_root", "chain_hash", "batch_digest", "loss_bits", "grad_norm_bits", "lr_bits")
+COMPARED = ("state_root", "chain_hash", "batch_digest", "tokens", "loss_bits", "grad_norm_bits", "lr_bits")
 
 
 class ReplayError(RuntimeError):
@@ -407,10 +408,10 @@ class _Replayer:
                               note=f"the replay stopped: {exc} (the run published finite values)",
                               seconds=time.perf_counter() - t0)
             return check, None
-        chain = hashing.chain_hash(s, st.chain, res.state_root, bd)
-        replayed = {"state_root": res.state_root, "chain_hash": chain, "batch_digest": bd,
+        replayed = {"state_root": res.state_root, "batch_digest": bd, "tokens": plan.tokens_after,
                     "loss_bits": float_bits(res.loss), "grad_norm_bits": float_bits(res.grad_norm),
                     "lr_bits": float_bits(res.lr)}
+        chain = replayed["chain_hash"] = hashing.record_chain_hash(st.chain, {"step": s, **replayed})
         replayed = {k: v for k, v in replayed.items() if k in published or k in ("state_root", "chain_hash")}
         differs = [k for k in COMPARED if k in replayed and replayed[k] != published.get(k)]
         check = StepCheck(s, st.start, replayed, published, differs, seconds=time.perf_counter() - t0)
@@ -423,11 +424,13 @@ class _Replayer:
             check.tensor_diffs, why = _diagnose(self.run_dir, s, state_tensors(res.params, res.opt), res.state_root,
                                                 self.state_bound)
             check.note = why if check.note is None else f"{check.note}; {why}"
-        elif "chain_hash" in differs and "batch_digest" not in differs:
-            check.note = ("the state root matches but the chain hash does not: the published chain hash (or the "
-                          "previous one) was altered")
-        elif set(differs) <= {"loss_bits", "grad_norm_bits", "lr_bits"}:
-            check.note = "the state matches; the trajectory's published loss / gradient norm / learning rate do not"
+        elif differs == ["chain_hash"]:
+            check.note = ("the state root and every published value match but the chain hash does not: the "
+                          "published chain hash (or the previous one) was altered")
+        elif "batch_digest" not in differs:
+            fields = [k for k in differs if k != "chain_hash"]
+            check.note = (f"the state matches; the trajectory's published {', '.join(fields)} do not (the chain "
+                          "hash covers them, so it differs too)")
         return check, None
 
 

@@ -14,7 +14,8 @@ The checks, in order (each failure is one ``Finding``; all are collected):
    manifest's digest must be the recipe's.
 4. **Trajectory and chain.** Strict JSON lines, steps 1..N in order, hex digests;
    the chain is recomputed from ``H_0``: ``H_t = chain_hash(t, H_{t-1}, state_root_t,
-   batch_digest_t)`` must equal each record's ``chain_hash`` (a broken link is
+   batch_digest_t, tokens_t, loss_bits_t, grad_norm_bits_t, lr_bits_t)`` must equal
+   each record's ``chain_hash`` (so the loss curve people read is covered) (a broken link is
    reported and the next link is checked from the published value, so each broken
    link is reported once). Each record's ``tokens`` and ``lr`` bits are recomputed
    from the schedule, and its float bits must agree with its decimal values.
@@ -27,6 +28,10 @@ The checks, in order (each failure is one ``Finding``; all are collected):
    failure the tensors whose digests differ from the sidecar are named.
 7. **Commitment.** ``commitment.json`` holds the last chain hash (recomputed), the
    last step, ``H_0`` and the recipe digest.
+8. **Derived files.** ``metrics.jsonl`` and ``loss.png`` are not evidence (the chain
+   does not cover them): the metrics' losses are compared with the trajectory's and
+   a difference is a warning; ``lockstep audit verify RUN --plot PNG`` redraws the
+   loss curve from the verified trajectory.
 
 The helpers here (``load_run_recipe``, ``read_trajectory_strict``, ``open_data``) are
 shared with ``replay``: they read only through ``safe_join`` and strict JSON.
@@ -75,7 +80,7 @@ class RunFileError(ValueError):
 class Finding:
     """One problem: which check, which file, which step and tensor, what is wrong and what to do."""
 
-    check: str  # layout, recipe, data, trajectory, chain, batch, checkpoint, commitment, path
+    check: str  # layout, recipe, data, trajectory, chain, batch, checkpoint, commitment, metrics, path
     path: str
     message: str
     step: int | None = None
@@ -388,8 +393,8 @@ def _check_record(rec: Any, lineno: int, path: Path) -> None:
         v = rec.get(key)
         if isinstance(v, bool) or not isinstance(v, (int, float)):
             raise RunFileError(f"{where} (step {step}): {key!r} must be a number")
-        bits = rec.get(f"{key}_bits")
-        if bits is not None and not (isinstance(bits, str) and BITS_RE.fullmatch(bits)):
+        bits = rec.get(f"{key}_bits")  # the chain binds these bits (SPEC_VERSION 2): required
+        if not (isinstance(bits, str) and BITS_RE.fullmatch(bits)):
             raise RunFileError(f"{where} (step {step}): '{key}_bits' must look like 0x3F800000, got {bits!r}")
 
 
@@ -560,23 +565,24 @@ def _check_chain(run_dir: Path, recipe: dict, traj: list[dict], rep: Report, tcf
     intact = True
     for rec, plan in zip(traj, step_plans(tcfg, cfg.seq_len, len(traj))):
         t = rec["step"]
-        want = hashing.chain_hash(t, h, rec["state_root"], rec["batch_digest"])
+        want = hashing.record_chain_hash(h, rec)
         if want != rec["chain_hash"]:
             intact = False
             rep.add("chain", path, f"chain_hash {rec['chain_hash']} is not H_{t} = chain_hash({t}, H_{t - 1}, "
-                                   f"state_root, batch_digest) = {want}; the record or an earlier one was "
-                                   "edited", step=t)
+                                   f"state_root, batch_digest, tokens, loss_bits, grad_norm_bits, lr_bits) = {want}; "
+                                   "this record (its loss, gradient norm, learning rate, tokens or hashes) or an "
+                                   "earlier one was edited", step=t)
         h = rec["chain_hash"]
         if rec["tokens"] != plan.tokens_after:
             rep.add("trajectory", path, f"tokens {rec['tokens']} but the recipe's batch schedule gives "
                                         f"{plan.tokens_after} after step {t}", step=t)
         lr_bits = float_bits(learning_rate(tcfg, plan.tokens_after))
-        if rec.get("lr_bits", lr_bits) != lr_bits or float_bits(rec["lr"]) != lr_bits:
-            rep.add("trajectory", path, f"learning rate {rec['lr']!r} ({rec.get('lr_bits')}) is not the "
+        if rec["lr_bits"] != lr_bits or float_bits(rec["lr"]) != lr_bits:
+            rep.add("trajectory", path, f"learning rate {rec['lr']!r} ({rec['lr_bits']}) is not the "
                                         f"schedule's {lr_bits} at {plan.tokens_after} tokens", step=t)
         for key in ("loss", "grad_norm"):
-            bits = rec.get(f"{key}_bits")
-            if bits is not None and float_bits(rec[key]) != bits:
+            bits = rec[f"{key}_bits"]
+            if float_bits(rec[key]) != bits:
                 rep.add("trajectory", path, f"{key} {rec[key]!r} does not round to its recorded bits {bits}",
                         step=t)
     rep.chain_hash = h if intact else None
@@ -665,6 +671,47 @@ def _check_checkpoints(run_dir: Path, recipe: dict, traj: list[dict], rep: Repor
                           ": tensors, state roots" + (", chain hashes against the trajectory" if traj else ""))
 
 
+def _check_metrics(run_dir: Path, traj: list[dict], rep: Report) -> None:
+    """``metrics.jsonl`` is not evidence (not chained); say so, and warn where its losses are not the trajectory's.
+
+    The trainer writes each step's loss there too (a resumed run repeats the steps
+    after its checkpoint, with the same bits); a different value means the file was
+    edited, and only ``trajectory.jsonl`` counts.
+    """
+    path = run_dir / METRICS_FILE
+    differ: list[int] = []
+    try:
+        with open_regular(run_dir, METRICS_FILE, "metrics log", MAX_TRAJECTORY_BYTES) as f:
+            for lineno, line, _ in iter_lines(f, str(path), MAX_RECORD_BYTES):
+                try:
+                    m = parse_json(line, "metrics record", f"{path}:{lineno}")
+                except FileFormatError:
+                    m = None
+                step = m.get("step") if isinstance(m, dict) else None
+                loss = m.get("loss") if isinstance(m, dict) else None
+                if type(step) is not int or not 1 <= step <= len(traj) or isinstance(loss, bool) \
+                        or not isinstance(loss, (int, float)):
+                    rep.add("metrics", path, f"line {lineno} is not a metrics record of a published step",
+                            severity="warning")
+                    continue
+                if float_bits(loss) != traj[step - 1]["loss_bits"]:
+                    differ.append(step)
+    except FileNotFoundError:
+        return
+    except (UnsafePath, FileFormatError, OSError) as exc:
+        rep.add("metrics", path, f"{exc}; it is not read", severity="warning")
+        return
+    for step in differ[:10]:
+        rep.add("metrics", path, f"the loss here is not the trajectory's {traj[step - 1]['loss_bits']}: the file "
+                                 "was edited (metrics.jsonl is not evidence; only trajectory.jsonl is chained)",
+                step=step, severity="warning")
+    if len(differ) > 10:
+        rep.add("metrics", path, f"... and {len(differ) - 10} more steps whose loss differs", severity="warning")
+    if not differ:
+        rep.passed.append("metrics     losses agree with the trajectory (metrics.jsonl and loss.png are not "
+                          "evidence: `--plot PNG` redraws the curve from the verified trajectory)")
+
+
 def _check_commitment(run_dir: Path, recipe: dict, traj: list[dict], rep: Report) -> None:
     path = run_dir / COMMITMENT_FILE
     if not path.exists() and not path.is_symlink():
@@ -740,4 +787,5 @@ def verify_run(run_dir: str | os.PathLike, data: str | os.PathLike | None = None
     _check_checkpoints(run_dir, recipe, traj, rep, tcfg, cfg, stream)
     if traj is not None:
         _check_commitment(run_dir, recipe, traj, rep)
+        _check_metrics(run_dir, traj, rep)
     return rep

@@ -5,11 +5,15 @@ Run directory::
     recipe.json          everything that defines the run; its digest is bound into H_0
     data/                the embedded default corpus (manifest + shards), when used
     trajectory.jsonl     one record per step: step, tokens, lr, loss, grad_norm,
-                         state_root, batch_digest, chain_hash (+ exact float bits)
-    metrics.jsonl        wall-clock facts (tokens/s, backend): not part of the chain
+                         state_root, batch_digest, chain_hash (+ exact float bits); H_t binds
+                         the tokens and the bits of loss, grad norm and lr (``hashing``)
+    metrics.jsonl        wall-clock facts (tokens/s, backend) and the loss again: not part of
+                         the chain, not evidence (``audit verify`` compares its losses with the
+                         trajectory's and warns)
     checkpoints/         step-NNNNNNNN/ folders (lockstep.train.checkpoint)
     commitment.json      the last chain hash, written when the run ends
-    loss.png             the loss curve (if matplotlib is installed)
+    loss.png             the loss curve (if matplotlib is installed), drawn from trajectory.jsonl:
+                         not evidence (``audit verify --plot PNG`` redraws it from a verified run)
 
 The loop, per step t: plan the global batch (``step.plan_step``), compute this
 rank's contribution (``step.rank_contribution``), combine with the fixed butterfly
@@ -182,7 +186,13 @@ class RunSummary:
     rank: int = 0
 
 
-def _plot_loss(run_dir: Path, trajectory: list[dict]) -> Path | None:
+def loss_curve_png(trajectory: list[dict], title: str) -> bytes | None:
+    """The loss curve of trajectory records as PNG bytes (None without matplotlib).
+
+    Drawn from the records' ``loss`` values; ``loss.png`` is derived from
+    ``trajectory.jsonl`` and is not evidence (``audit verify --plot`` redraws it from a
+    verified trajectory).
+    """
     try:
         import matplotlib
 
@@ -196,14 +206,21 @@ def _plot_loss(run_dir: Path, trajectory: list[dict]) -> Path | None:
     ax.plot(steps, losses)
     ax.set_xlabel("step")
     ax.set_ylabel("loss")
-    ax.set_title(f"{run_dir.name}: training loss")
+    ax.set_title(title)
     ax.grid(alpha=0.3)
     fig.tight_layout()
     buf = io.BytesIO()  # rendered in memory, then written by the atomic writer (no fixed temporary name)
     fig.savefig(buf, format="png")
     plt.close(fig)
+    return buf.getvalue()
+
+
+def _plot_loss(run_dir: Path, trajectory: list[dict]) -> Path | None:
+    png = loss_curve_png(trajectory, f"{run_dir.name}: training loss")
+    if png is None:
+        return None
     path = run_dir / "loss.png"
-    atomic_write_bytes(path, buf.getvalue())
+    atomic_write_bytes(path, png)
     return path
 
 

@@ -1,9 +1,10 @@
 """``lockstep audit``: verify a run, replay its steps, sign certificates, plan and merge a collective audit.
 
     lockstep audit verify RUN [--data DIR] [--no-batches] [--plot PNG]
-    lockstep audit replay RUN --step t[,t2,a-b] [--backend B] [--out CERT] [--key PEM] [--auditor NAME] [--data DIR]
+    lockstep audit replay RUN --step t[,t2,a-b] [--backend B] [--from-earlier] [--out CERT] [--key PEM]
+                          [--auditor NAME] [--data DIR]
     lockstep audit replay RUN --plan PLAN --auditor NAME   (replay the steps the plan gives NAME)
-    lockstep audit check CERT... [--pub PEM] [--run RUN [--recompute] [--backend B] [--data DIR]]
+    lockstep audit check CERT... [--pub PEM] [--run RUN [--recompute] [--backend B] [--from-earlier] [--data DIR]]
     lockstep audit plan RUN --auditors N [--redundancy k] [--names a,b,...] [--out PLAN]
     lockstep audit merge CERT... [--plan PLAN] [--pub PEM ...] [--png OUT]
     lockstep audit keygen --out PREFIX                      (PREFIX.key and PREFIX.pub, Ed25519)
@@ -70,7 +71,11 @@ def add_audit_parser(subparsers) -> argparse.ArgumentParser:
     r.add_argument("run", type=Path, help="the run directory")
     r.add_argument("--step", type=_steps_arg, help="the step(s): 3, 3,7 or 2-5")
     r.add_argument("--plan", type=Path, help="replay the steps a plan gives --auditor")
-    r.add_argument("--backend", default="spec", help="spec, numba, cuda or metal (default: spec)")
+    r.add_argument("--backend", default="auto", help="auto, spec, numba, cuda or metal (default auto: the fastest "
+                                                     "installed backend that passes conformance here)")
+    r.add_argument("--from-earlier", action="store_true",
+                   help="when a checkpoint a replay starts from is damaged, replay from an earlier one (or the "
+                        "initial state) instead of stopping; the damage is still reported")
     r.add_argument("--data", type=Path, help="use this data folder instead of the recipe's")
     r.add_argument("--out", type=Path, help="write the certificate (JSON) here")
     r.add_argument("--key", type=Path, help="sign the certificate with this Ed25519 private key (PEM)")
@@ -83,7 +88,9 @@ def add_audit_parser(subparsers) -> argparse.ArgumentParser:
                                                               "repeatable; then unsigned certificates fail")
     c.add_argument("--run", type=Path, help="the run directory: check the quoted published hashes")
     c.add_argument("--recompute", action="store_true", help="with --run: replay the targets and compare")
-    c.add_argument("--backend", default="spec", help="backend for --recompute (default: spec)")
+    c.add_argument("--backend", default="auto", help="backend for --recompute (default auto: the fastest installed "
+                                                     "backend that passes conformance here)")
+    c.add_argument("--from-earlier", action="store_true", help="with --recompute: as `audit replay --from-earlier`")
     c.add_argument("--data", type=Path, help="data folder for --recompute")
 
     pl = sub.add_parser("plan", help="assign steps to auditors, drawn from the run's final commitment")
@@ -178,7 +185,7 @@ def _replay(args) -> int:
 
         load_private_key(args.key)  # fail before hours of replay, not after
     log = None if args.quiet else (lambda msg: print(printable(msg), file=sys.stderr, flush=True))
-    result = replay_steps(args.run, steps, args.backend, data=args.data, log=log)
+    result = replay_steps(args.run, steps, args.backend, data=args.data, log=log, from_earlier=args.from_earlier)
     print(result.format())
     if args.out is not None or args.key is not None:
         cert = make_certificate(result, auditor=args.auditor)
@@ -217,7 +224,9 @@ def _check(args) -> int:
         if args.run is not None:
             problems += run_problems(cert, args.run)
             if args.recompute:
-                problems += recheck_certificate(cert, args.run, args.backend, args.data)
+                problems += recheck_certificate(cert, args.run, args.backend, args.data,
+                                                log=lambda msg: print(printable(msg), file=sys.stderr, flush=True),
+                                                from_earlier=args.from_earlier)
         signer = cert.get("signature", {}).get("public_key", "")
         head = f"{path}: outcome {cert['outcome']}, steps {[s['step'] for s in cert['steps']]}" + (
             f", signed by {signer[:16]}..." if signer else ", unsigned")

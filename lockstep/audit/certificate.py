@@ -143,10 +143,12 @@ def make_certificate(result, auditor: str | None = None) -> dict:
         "milliseconds": int(round(result.seconds * 1000)),
         "created_utc": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
     }
-    if result.notes:
-        cert["notes"] = list(result.notes)
-    if getattr(result, "problems", None):
-        cert["problems"] = list(result.problems)
+    notes = list(result.notes) + [f"damaged, replayed from an earlier state: {d}" for d in result.skipped_damaged]
+    if notes:
+        cert["notes"] = notes
+    problems = list(result.problems) + [f"damaged: {d}" for d in result.damaged]
+    if problems:
+        cert["problems"] = problems
     if auditor:
         cert["auditor"] = str(auditor)
     return cert
@@ -435,7 +437,7 @@ def run_problems(cert: dict, run_dir: str | os.PathLike) -> list[str]:
 
 
 def recheck_certificate(cert: dict, run_dir: str | os.PathLike, backend_name: str = "spec",
-                        data: str | os.PathLike | None = None, log=None) -> list[str]:
+                        data: str | os.PathLike | None = None, log=None, from_earlier: bool = False) -> list[str]:
     """Replay here every step the certificate claims (and its targets), and compare claim by claim.
 
     Every claimed step is recomputed: its replayed hashes and its match/mismatch
@@ -449,7 +451,7 @@ def recheck_certificate(cert: dict, run_dir: str | os.PathLike, backend_name: st
     if not claimed:
         return ["the certificate claims no step"]
     try:
-        result = replay_steps(run_dir, claimed, backend_name, data, log=log)
+        result = replay_steps(run_dir, claimed, backend_name, data, log=log, from_earlier=from_earlier)
     except ReplayError as exc:
         return [f"cannot recompute the claimed steps {claimed[:10]}{' ...' if len(claimed) > 10 else ''}: {exc}"]
     problems = []
@@ -468,9 +470,10 @@ def recheck_certificate(cert: dict, run_dir: str | os.PathLike, backend_name: st
         if s["match"] != c.match:
             problems.append(f"step {s['step']}: the certificate says {'match' if s['match'] else 'mismatch'}, the "
                             f"recomputation here says {'match' if c.match else 'mismatch'}")
-    if result.problems and not cert.get("problems"):
-        problems.append(f"the recomputation finds the run invalid and the certificate does not say so: "
-                        f"{result.problems[0]}")
+    found = result.problems + result.damaged
+    if found and not cert.get("problems"):
+        problems.append(f"the recomputation finds the run invalid or damaged and the certificate does not say so: "
+                        f"{found[0]}")
     if cert["outcome"] != result.outcome:
         problems.append(f"the certificate's outcome is {cert['outcome']!r}, the recomputation's {result.outcome!r}")
     return problems

@@ -21,6 +21,9 @@ Then, per step of the run:
   state is not a function of its recipe);
 * **mismatches**: steps whose replay did not reproduce the published hashes (the run
   fails its audit there);
+* **run problems**: what certificates report as making the run invalid or damaged
+  (a broken chain, a checkpoint that contradicts the run or is damaged); any one
+  makes the merge inconsistent;
 * **missing**: steps no certificate covers; with ``--plan``, steps covered by fewer
   distinct auditors than the plan's redundancy, and planned (auditor, step) pairs
   that no certificate of that auditor delivered (auditors are matched by name).
@@ -75,6 +78,7 @@ class MergeReport:
     redundancy: int | None = None
     undelivered: list[tuple[str, int]] = field(default_factory=list)  # (planned auditor, step)
     authenticated: bool = False  # every counted certificate is signed by a key given with --pub
+    run_problems: list[tuple[str, str]] = field(default_factory=list)  # (certificate, what makes the run invalid)
 
     @property
     def missing_ranges(self) -> list[tuple[int, int]]:
@@ -113,7 +117,7 @@ class MergeReport:
     def consistent(self) -> bool:
         """Every step covered k times, no disagreement, mismatch, rejection or undelivered assignment."""
         return not (self.missing_ranges or self.under_covered or self.disagreements or self.mismatches
-                    or self.rejected or self.undelivered)
+                    or self.rejected or self.undelivered or self.run_problems)
 
     @property
     def ok(self) -> bool:
@@ -127,6 +131,8 @@ class MergeReport:
                  + (f", planned redundancy {k}" if k else "")]
         for name, why in self.rejected:
             lines.append(f"  rejected {name}: {why}")
+        for name, why in self.run_problems[:20]:
+            lines.append(f"  RUN INVALID OR DAMAGED according to {name}: {why}")
         lines.append(f"  {'step':>8}  {'auditors':>8}  status    detail")
         rows = []
         for s, c in self.steps.items():
@@ -232,7 +238,8 @@ def merge_certificates(paths: list[str | os.PathLike], plan: dict | None = None,
             cov.roots[who] = (s["replayed"].get("state_root"), s["replayed"].get("chain_hash"))
 
     report = MergeReport(commitment, last_step, dict(sorted(steps.items())), [n for n, _ in kept], rejected,
-                         plan["redundancy"] if plan else None, authenticated=bool(trusted_keys))
+                         plan["redundancy"] if plan else None, authenticated=bool(trusted_keys),
+                         run_problems=[(name, p) for name, cert in kept for p in cert.get("problems", [])])
     if plan:
         names_seen: dict[str, set[int]] = {}
         for name, cert in kept:

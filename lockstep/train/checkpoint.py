@@ -439,7 +439,8 @@ def load_checkpoint(path_or_run_dir: str | os.PathLike, step: int | None = None,
     folder = _resolve(path_or_run_dir, step)
     step_of_folder = step_of_dirname(folder.name)
     earlier = (f"this checkpoint cannot be used: get an intact copy of {folder.name} from the run's publisher, or go "
-               f"on from an earlier checkpoint (for `lockstep train --resume`: move {folder.name} out of checkpoints/)")
+               f"on from an earlier checkpoint (`lockstep audit replay RUN --step N --from-earlier`; for `lockstep "
+               f"train --resume`, move {folder.name} out of checkpoints/)")
     side_bytes, why = _marked_sidecar(folder)
     if why is not None:
         raise CheckpointError(f"checkpoint {folder} is not complete: {why}; {earlier}")

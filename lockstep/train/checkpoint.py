@@ -153,7 +153,7 @@ def save_checkpoint(run_dir: str | os.PathLike, step: int, tensors: Mapping[str,
         raise UnsafePath(f"{ckdir} is {_folder_problem(ckdir)}; a run's checkpoints folder must be a real folder")
     final = ckdir / step_dirname(step)
 
-    tmp = ckdir / f"{TEMP_PREFIX}{step_dirname(step)}-{os.getpid()}-{secrets.token_hex(4)}"
+    tmp = ckdir / f"{TEMP_PREFIX}{step_dirname(step)}-{os.getpid()}-{secrets.token_hex(8)}"
     tmp.mkdir()
     try:
         digests = tensor_digests(tensors)
@@ -233,7 +233,7 @@ def _remove_tree(path: Path, ckdir: Path, why: str) -> None:
     if path.is_symlink():
         path.unlink()
         return
-    aside = ckdir / f"{TEMP_PREFIX}{why}-{path.name}-{os.getpid()}-{secrets.token_hex(4)}"
+    aside = ckdir / f"{TEMP_PREFIX}{why}-{path.name}-{os.getpid()}-{secrets.token_hex(8)}"
     os.rename(path, aside)
     fsync_dir(ckdir)
     shutil.rmtree(aside, ignore_errors=True)

@@ -43,6 +43,15 @@ def test_broken_chain_before_the_start_checkpoint_is_not_a_match(copy_run, capsy
     assert "RUN INVALID" in out[1] and "step 1" in out[1] and out[-1].startswith("MISMATCH")
 
 
+def test_no_audit_plan_is_drawn_for_a_broken_chain(copy_run, capsys):
+    run = copy_run()
+    recs = read_traj(run)
+    recs[0]["state_root"] = hashlib.sha256(b"edited").hexdigest()
+    write_traj(run, recs)
+    assert main(["audit", "plan", str(run), "--auditors", "2"]) == 1
+    assert "chain is broken at step 1" in capsys.readouterr().err
+
+
 def test_aliases_of_a_checkpoint_folder_name_are_not_checkpoints(copy_run):
     run = copy_run()
     shutil.copytree(run / "checkpoints" / "step-00000002", run / "checkpoints" / "step-000000002")

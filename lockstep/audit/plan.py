@@ -45,21 +45,14 @@ class PlanError(ValueError):
 
 def _commitment_of(source, where: str | None = None) -> tuple[str, int]:
     """``(H_N, N)`` from a run directory, a commitment.json, or a dict ``{chain_hash, last_step}``."""
-    from .verify import HEX64, RunFileError, read_commitment, read_trajectory_strict
+    from .verify import HEX64
 
     if isinstance(source, dict):
         c = source
     else:
         p = Path(source)
         if p.is_dir():
-            try:
-                c = read_commitment(p)
-                traj = read_trajectory_strict(p)
-            except RunFileError as exc:
-                raise PlanError(str(exc)) from None
-            if not traj or traj[-1]["chain_hash"] != c["chain_hash"] or len(traj) != c["last_step"]:
-                raise PlanError(f"{p}: commitment.json does not match the trajectory's last record; "
-                                "run `lockstep audit verify` first")
+            c = _intact_commitment(p)
         else:
             try:
                 c = read_json(p, "commitment", max_bytes=64 << 10)
@@ -73,6 +66,31 @@ def _commitment_of(source, where: str | None = None) -> tuple[str, int]:
         raise PlanError(f"{where or source}: last_step {c['last_step']} is beyond what an audit plan handles (at most "
                         f"{MAX_PLAN_STEPS} steps); a real run's commitment names its own step count")
     return c["chain_hash"], c["last_step"]
+
+
+def _intact_commitment(run_dir: Path) -> dict:
+    """A run's commitment, checked here (not left to a separate ``audit verify``): it must be ``H_N`` of
+    the published chain, recomputed from ``H_0`` link by link, so no plan is drawn for a broken chain."""
+    from lockstep.spec import hashing
+    from lockstep.train.trainer import genesis
+
+    from .verify import RunFileError, load_run_recipe, read_commitment, read_trajectory_strict
+
+    try:
+        c = read_commitment(run_dir)
+        traj = read_trajectory_strict(run_dir)
+        h = genesis(load_run_recipe(run_dir))
+    except RunFileError as exc:
+        raise PlanError(str(exc)) from None
+    for rec in traj:
+        if hashing.record_chain_hash(h, rec) != rec["chain_hash"]:
+            raise PlanError(f"{run_dir}: the published chain is broken at step {rec['step']}; the run is invalid, "
+                            "so no audit plan is drawn for it (`lockstep audit verify` lists why)")
+        h = rec["chain_hash"]
+    if not traj or h != c["chain_hash"] or len(traj) != c["last_step"]:
+        raise PlanError(f"{run_dir}: commitment.json is not H_{len(traj)} of the trajectory; the run is invalid, "
+                        "so no audit plan is drawn for it")
+    return c
 
 
 def draw_assignment(commitment: str, last_step: int, auditors: int, redundancy: int) -> list[list[int]]:

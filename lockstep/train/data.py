@@ -96,7 +96,7 @@ from typing import Callable, Iterable, Iterator
 
 import numpy as np
 
-from lockstep.fsio import fsync_dir
+from lockstep.fsio import FileFormatError, UnsafePath, atomic_write_bytes, fsync_dir, open_regular, read_regular
 from lockstep.spec.philox import PhiloxStream, philox4x32
 
 from .tokenizer import (
@@ -109,6 +109,7 @@ from .tokenizer import (
 )
 
 MANIFEST_NAME = "manifest.json"
+MAX_MANIFEST_BYTES = 64 << 20  # about 200,000 shard entries
 MANIFEST_FORMAT = "lockstep.data-manifest"
 MANIFEST_VERSION = 1
 STATE_FORMAT = "lockstep.data-stream-state"
@@ -135,29 +136,23 @@ class DataError(ValueError):
     """Bad data input; the message names the file and says what to do."""
 
 
+class ManifestMismatch(DataError):
+    """A manifest is not the one expected (by digest); checked before it is parsed or any shard is read."""
+
+    def __init__(self, path: Path, got: str, want: str):
+        self.path, self.got, self.want = path, got, want
+        super().__init__(f"{path}: manifest SHA-256 {got} is not the expected {want}; this is not the data the run "
+                         "was trained on: use the run's data folder")
+
+
 # ---------------------------------------------------------------------------------
 # Files: atomic writes and a byte-exact .npy writer
 # ---------------------------------------------------------------------------------
 
 
 def write_bytes_atomic(path: str | Path, data: bytes) -> None:
-    """Write ``data`` to ``path`` via a temporary file, fsync and rename: all or nothing."""
-    path = Path(path)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.chmod(tmp, FILE_MODE)  # mkstemp makes 0600; data folders are meant to be shared
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
-    fsync_dir(path.parent)
+    """Write ``data`` to ``path`` with lockstep's one atomic writer (``fsio.atomic_write_bytes``)."""
+    atomic_write_bytes(path, data, mode=FILE_MODE)
 
 
 def npy_bytes(a: np.ndarray) -> bytes:
@@ -289,6 +284,8 @@ def _strict_json(path: Path, text: str | bytes):
         ) from None
     except UnicodeDecodeError:
         raise DataError(f"{path}: not UTF-8 text; a manifest is a UTF-8 JSON file") from None
+    except RecursionError:
+        raise DataError(f"{path}: JSON nested too deeply; a manifest is a few levels deep: rebuild it") from None
 
 
 def _expect(obj, keys_required: tuple, keys_optional: tuple, where: str) -> None:
@@ -351,11 +348,68 @@ def _check_digest(path: Path, expected: str, manifest_path: Path) -> None:
         )
 
 
-def _load_npy(path: Path, mmap: bool) -> np.ndarray:
+def _npy_layout(f, path: Path) -> tuple[tuple[int, ...], np.dtype, int]:
+    """``(shape, dtype, data offset)`` from the ``.npy`` header of the open file ``f``.
+
+    Read before any array is made: the declared shape and dtype must account for
+    exactly the bytes after the header, so a header declaring a huge shape is refused
+    without anything being allocated. Object arrays (pickles) are refused.
+    """
     try:
-        return np.load(path, mmap_mode="r" if mmap else None, allow_pickle=False)
+        version = np.lib.format.read_magic(f)
+        if version == (1, 0):
+            shape, fortran, dtype = np.lib.format.read_array_header_1_0(f)
+        elif version == (2, 0):
+            shape, fortran, dtype = np.lib.format.read_array_header_2_0(f)
+        else:
+            raise DataError(f"{path}: unsupported .npy version {version}; rebuild the data folder")
     except (ValueError, OSError, EOFError) as e:
-        raise DataError(f"{path}: not a readable .npy array ({e}); rebuild the data folder") from None
+        raise DataError(f"{path}: not a readable .npy file ({e}); rebuild the data folder") from None
+    if dtype.hasobject:
+        raise DataError(f"{path}: an object array (lockstep never unpickles); rebuild the data folder")
+    if len(shape) != 1 or fortran and len(shape) > 1:
+        raise DataError(f"{path}: a shard array is 1-D, this one has shape {shape}; rebuild the data folder")
+    offset = f.tell()
+    need = math.prod(shape) * dtype.itemsize
+    have = os.fstat(f.fileno()).st_size - offset
+    if need != have:
+        raise DataError(f"{path}: its .npy header declares shape {shape} of {dtype} ({need} bytes) but the file holds "
+                        f"{have}; rebuild the data folder")
+    return shape, dtype, offset
+
+
+def _load_shard_file(folder: Path, rel: str, expected_sha256: str, manifest_path: Path, mmap: bool) -> np.ndarray:
+    """A shard's ``.npy`` array, from the very bytes whose SHA-256 was checked.
+
+    The file is opened once, walking down from ``folder`` without following a link
+    (``fsio.open_regular``: a regular file, never a FIFO or device); it is hashed, and
+    only if the digest is the manifest's is its header read and its array made (mapped
+    from the same open file when ``mmap``), so nothing can be swapped in between.
+    """
+    path = safe_child(folder, rel, manifest_path)
+    try:
+        with open_regular(folder, rel, "shard file") as f:
+            h = hashlib.sha256()
+            for block in iter(lambda: f.read(1 << 20), b""):
+                h.update(block)
+            if h.hexdigest() != expected_sha256:
+                raise DataError(
+                    f"{path}: SHA-256 {h.hexdigest()} does not match {expected_sha256} in {manifest_path}; the file was "
+                    "altered or truncated: restore it or rebuild the data folder"
+                )
+            f.seek(0)
+            shape, dtype, offset = _npy_layout(f, path)
+            if mmap and shape[0]:
+                return np.memmap(f, dtype=dtype, mode="r", offset=offset, shape=shape)
+            f.seek(offset)
+            return np.frombuffer(f.read(shape[0] * dtype.itemsize), dtype=dtype).reshape(shape)
+    except FileNotFoundError:
+        raise DataError(
+            f"{path}: file missing (named by {manifest_path}); restore it, or rebuild the data folder "
+            "with `lockstep data ingest` / `lockstep data default`"
+        ) from None
+    except (UnsafePath, FileFormatError) as e:
+        raise DataError(f"{e}; keep every shard a regular file inside the data folder") from None
 
 
 @dataclass(frozen=True)
@@ -402,17 +456,28 @@ class Manifest:
     # -- loading ---------------------------------------------------------------------
 
     @classmethod
-    def load(cls, path: str | Path) -> "Manifest":
-        """Load and verify ``path`` (a manifest.json, or the folder holding one)."""
+    def load(cls, path: str | Path, expected_sha256: str | None = None) -> "Manifest":
+        """Load and verify ``path`` (a manifest.json, or the folder holding one).
+
+        The manifest must be a regular file of at most ``MAX_MANIFEST_BYTES``. With
+        ``expected_sha256`` (a run's recipe names it), its digest is compared before
+        anything is parsed or any shard is read (``ManifestMismatch``).
+        """
         path = Path(path)
         if path.is_dir():
             path = path / MANIFEST_NAME
-        if not path.is_file():
+        try:
+            raw = read_regular(path.parent, path.name, "data manifest", MAX_MANIFEST_BYTES)
+        except FileNotFoundError:
             raise DataError(
                 f"{path}: no manifest here; build a data folder with `lockstep data ingest --out DIR ...` "
                 "or `lockstep data default --out DIR`"
-            )
-        raw = path.read_bytes()
+            ) from None
+        except (UnsafePath, FileFormatError, OSError) as exc:
+            raise DataError(f"{exc}") from None
+        got = hashlib.sha256(raw).hexdigest()
+        if expected_sha256 is not None and got != expected_sha256:
+            raise ManifestMismatch(path, got, expected_sha256)
         data = _strict_json(path, raw)
         m = cls(path, raw, data, cls._check_structure(path, data))
         m._verify_files()
@@ -448,6 +513,7 @@ class Manifest:
             raise DataError(f"{path}: 'sources' must be a non-empty list; add at least one source")
         names: list[str] = []
         units: list[int] = []
+        files: set[str] = set()  # every shard file once: a repeated entry would be read (and hashed) again
         for i, s in enumerate(sources):
             where = f"{path}: sources[{i}]"
             _expect(s, ("name", "weight", "documents", "tokens", "shards"), (), where)
@@ -467,6 +533,13 @@ class Manifest:
             for k, sh in enumerate(s["shards"]):
                 w = f"{where} shard {k}"
                 _expect(sh, ("tokens_file", "tokens_sha256", "offsets_file", "offsets_sha256", "documents", "tokens"), (), w)
+                for key in ("tokens_file", "offsets_file"):
+                    if not isinstance(sh[key], str):
+                        continue  # refused with its path check
+                    norm = str(PurePosixPath(sh[key]))
+                    if norm in files:
+                        raise DataError(f"{w}: file {sh[key]!r} is listed twice; each shard file may appear once")
+                    files.add(norm)
                 _expect_hex(sh["tokens_sha256"], f"{w}.tokens_sha256")
                 _expect_hex(sh["offsets_sha256"], f"{w}.offsets_sha256")
                 sd += _expect_int(sh["documents"], f"{w}.documents")
@@ -497,15 +570,13 @@ class Manifest:
             for k, sh in enumerate(src.shards):
                 opath = safe_child(self.folder, sh.offsets_file, self.path)
                 tpath = safe_child(self.folder, sh.tokens_file, self.path)
-                _check_digest(opath, sh.offsets_sha256, self.path)
-                _check_digest(tpath, sh.tokens_sha256, self.path)
-                off = _load_npy(opath, mmap=False)
+                off = _load_shard_file(self.folder, sh.offsets_file, sh.offsets_sha256, self.path, mmap=False)
                 if off.ndim != 1 or off.dtype.kind != "i" or off.dtype.itemsize != 8 or off.shape[0] != sh.documents + 1:
                     raise DataError(f"{opath}: offsets must be int64 of {sh.documents + 1} entries; rebuild the shard")
                 off = off.astype(np.int64)
                 if off[0] != 0 or off[-1] != sh.tokens or np.any(np.diff(off) < 0):
                     raise DataError(f"{opath}: offsets must rise from 0 to {sh.tokens}; rebuild the shard")
-                tok = _load_npy(tpath, mmap=sh.tokens > 0)
+                tok = _load_shard_file(self.folder, sh.tokens_file, sh.tokens_sha256, self.path, mmap=sh.tokens > 0)
                 if tok.ndim != 1 or tok.dtype.kind != "u" or tok.dtype.itemsize not in (1, 2, 4) or tok.shape[0] != sh.tokens:
                     raise DataError(f"{tpath}: tokens must be 1-D uint8/16/32 of length {sh.tokens}; rebuild the shard")
                 for a in range(0, sh.tokens, 1 << 24):

@@ -19,13 +19,12 @@ recipe always has a target) and is not part of the chain.
 
 from __future__ import annotations
 
-import hashlib
 import os
 from pathlib import Path
 
 from lockstep.fsio import FileFormatError, UnsafePath, atomic_write_json, read_json, safe_join
 
-from .data import MANIFEST_NAME, DataError, Manifest
+from .data import MANIFEST_NAME, DataError, Manifest, ManifestMismatch
 
 TARGET_FILE = "target.json"
 TARGET_FORMAT = "lockstep.target"
@@ -82,15 +81,13 @@ def open_run_data(run_dir: str | os.PathLike, recipe: dict, override: str | os.P
     size = manifest_path.stat().st_size
     if size > MAX_MANIFEST_BYTES:
         raise DataLocationError(f"{manifest_path}: {size} bytes, more than a manifest can be; {hint}")
-    got = hashlib.sha256(manifest_path.read_bytes()).hexdigest()
-    if got != want:  # compared before any shard is read
-        raise DataLocationError(f"{manifest_path}: SHA-256 {got} is not the recipe's; this is not the run's data: {hint}")
-    try:
-        manifest = Manifest.load(manifest_path)
+    try:  # Manifest.load compares the digest of the bytes it read before parsing or hashing any shard
+        manifest = Manifest.load(manifest_path, expected_sha256=want)
+    except ManifestMismatch as exc:
+        raise DataLocationError(f"{manifest_path}: SHA-256 {exc.got} is not the recipe's; this is not the run's "
+                                f"data: {hint}") from None
     except DataError as exc:
         raise DataLocationError(str(exc)) from None
-    if manifest.sha256 != want:  # the file changed between the two reads
-        raise DataLocationError(f"{manifest_path}: changed while being read; {hint}")
     return manifest
 
 

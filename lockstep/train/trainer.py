@@ -6,11 +6,15 @@ Run directory::
     target.json          the step the run is to reach (``rundir``); not part of the chain
     data/                the embedded default corpus (manifest + shards), when used
     trajectory.jsonl     one record per step: step, tokens, lr, loss, grad_norm,
-                         state_root, batch_digest, chain_hash (+ exact float bits)
-    metrics.jsonl        wall-clock facts (tokens/s, backend): not part of the chain
+                         state_root, batch_digest, chain_hash (+ exact float bits); H_t binds
+                         the tokens and the bits of loss, grad norm and lr (``hashing``)
+    metrics.jsonl        wall-clock facts (tokens/s, backend) and the loss again: not part of
+                         the chain, not evidence (``audit verify`` compares its losses with the
+                         trajectory's and warns)
     checkpoints/         step-NNNNNNNN/ folders (lockstep.train.checkpoint)
     commitment.json      the last chain hash, written when the run ends
-    loss.png             the loss curve (if matplotlib is installed)
+    loss.png             the loss curve (if matplotlib is installed), drawn from trajectory.jsonl:
+                         not evidence (``audit verify --plot PNG`` redraws it from a verified run)
 
 The loop, per step t: plan the global batch (``step.plan_step``), compute this
 rank's contribution (``step.rank_contribution``), combine with the fixed butterfly
@@ -29,6 +33,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import io
 import json
 import os
 import sys
@@ -36,10 +41,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
-
 import lockstep
-from lockstep.fsio import atomic_write_bytes, atomic_write_json, json_bytes, read_json, safe_join
+from lockstep.fsio import append_line, atomic_write_bytes, atomic_write_json, check_regular_or_absent, json_bytes
 from lockstep.spec import SPEC_VERSION, hashing
 
 from . import checkpoint as ckpt
@@ -57,6 +60,7 @@ METRICS_FILE = "metrics.jsonl"
 COMMITMENT_FILE = "commitment.json"
 DATA_DIR = "data"
 RECIPE_FORMAT = "lockstep.recipe"
+MAX_RECIPE_BYTES = 1 << 20  # a recipe is about 2 kB
 
 
 class RecipeMismatch(RuntimeError):
@@ -81,6 +85,19 @@ def make_recipe(cfg: ModelConfig, tcfg: TrainConfig, manifest: Manifest, data_fo
     }
 
 
+def step_record(t: int, plan, res, bdigest: str, prev_chain: str) -> dict:
+    """The trajectory record of step ``t`` (``plan``: its ``StepPlan``, ``res``: its ``StepResult``),
+    with its chain hash ``H_t`` computed from ``prev_chain`` = ``H_{t-1}``."""
+    rec = {
+        "step": t, "tokens": plan.tokens_after, "lr": float(res.lr), "loss": float(res.loss),
+        "grad_norm": float(res.grad_norm), "state_root": res.state_root, "batch_digest": bdigest,
+        "lr_bits": float_record(res.lr)["bits"], "loss_bits": float_record(res.loss)["bits"],
+        "grad_norm_bits": float_record(res.grad_norm)["bits"],
+    }
+    rec["chain_hash"] = hashing.record_chain_hash(prev_chain, rec)
+    return rec
+
+
 def recipe_digest(recipe: dict) -> str:
     """SHA-256 of the recipe's canonical JSON (sorted keys, no spaces, ASCII)."""
     return hashlib.sha256(json_bytes(recipe)).hexdigest()
@@ -91,10 +108,11 @@ def genesis(recipe: dict) -> str:
 
 
 def load_recipe(run_dir: Path) -> dict:
-    recipe = read_json(safe_join(run_dir, RECIPE_FILE), "recipe")
-    if not isinstance(recipe, dict) or recipe.get("format") != RECIPE_FORMAT:
-        raise ValueError(f"{run_dir / RECIPE_FILE}: not a lockstep recipe")
-    return recipe
+    """recipe.json, checked as ``audit verify`` checks it: a regular file inside the run, strict JSON, every
+    value of the right type and within the stated maxima (``audit.verify.load_run_recipe``)."""
+    from lockstep.audit.verify import load_run_recipe
+
+    return load_run_recipe(Path(run_dir))
 
 
 def recipe_configs(recipe: dict) -> tuple[ModelConfig, TrainConfig]:
@@ -104,30 +122,15 @@ def recipe_configs(recipe: dict) -> tuple[ModelConfig, TrainConfig]:
 # ---------------------------------------------------------------- trajectory
 
 def read_trajectory(run_dir: Path, tolerate_torn_tail: bool = False) -> list[dict]:
-    """Parse trajectory.jsonl. A torn last line (a crash mid-append) is dropped if tolerated."""
-    path = safe_join(run_dir, TRAJECTORY_FILE)
-    if not path.exists():
-        return []
-    lines = path.read_bytes().split(b"\n")
-    records = []
-    for i, line in enumerate(lines):
-        if not line.strip():
-            continue
-        try:
-            rec = json.loads(line)
-        except json.JSONDecodeError:
-            if tolerate_torn_tail and i >= len(lines) - 2:
-                break
-            raise ValueError(f"{path}:{i + 1}: malformed JSON line") from None
-        records.append(rec)
-    return records
+    """Every record of trajectory.jsonl, checked as ``audit verify`` checks them (a regular file inside
+    the run, streamed with a cap per line). A torn last line (a crash mid-append) is dropped if tolerated."""
+    from lockstep.audit.verify import read_trajectory_strict
+
+    return read_trajectory_strict(run_dir, tolerate_torn_tail=tolerate_torn_tail, allow_missing=True)
 
 
 def _append_line(path: Path, obj: dict) -> None:
-    with open(path, "ab") as f:
-        f.write(json.dumps(obj, sort_keys=True).encode() + b"\n")
-        f.flush()
-        os.fsync(f.fileno())
+    append_line(path, json.dumps(obj, sort_keys=True).encode() + b"\n")
 
 
 # ---------------------------------------------------------------- MPI
@@ -196,7 +199,13 @@ class RunSummary:
     world_size: int = 1
 
 
-def _plot_loss(run_dir: Path, trajectory: list[dict]) -> Path | None:
+def loss_curve_png(trajectory: list[dict], title: str) -> bytes | None:
+    """The loss curve of trajectory records as PNG bytes (None without matplotlib).
+
+    Drawn from the records' ``loss`` values; ``loss.png`` is derived from
+    ``trajectory.jsonl`` and is not evidence (``audit verify --plot`` redraws it from a
+    verified trajectory).
+    """
     try:
         import matplotlib
 
@@ -210,14 +219,21 @@ def _plot_loss(run_dir: Path, trajectory: list[dict]) -> Path | None:
     ax.plot(steps, losses)
     ax.set_xlabel("step")
     ax.set_ylabel("loss")
-    ax.set_title(f"{run_dir.name}: training loss")
+    ax.set_title(title)
     ax.grid(alpha=0.3)
     fig.tight_layout()
-    path = run_dir / "loss.png"
-    tmp = run_dir / ".loss.png.tmp"
-    fig.savefig(tmp, format="png")
+    buf = io.BytesIO()  # rendered in memory, then written by the atomic writer (no fixed temporary name)
+    fig.savefig(buf, format="png")
     plt.close(fig)
-    os.replace(tmp, path)
+    return buf.getvalue()
+
+
+def _plot_loss(run_dir: Path, trajectory: list[dict]) -> Path | None:
+    png = loss_curve_png(trajectory, f"{run_dir.name}: training loss")
+    if png is None:
+        return None
+    path = run_dir / "loss.png"
+    atomic_write_bytes(path, png)
     return path
 
 
@@ -336,7 +352,10 @@ def _check_vocab(manifest: Manifest, cfg: ModelConfig) -> None:
 
 
 def _resume_start(run_dir: Path, data, steps, tokens, world, is_root, check_recipe, given_cfg, given_tcfg) -> _Start:
+    from lockstep.audit.verify import require_memory
+
     recipe = load_recipe(run_dir)
+    check_regular_or_absent(run_dir, METRICS_FILE, "metrics log")  # appended to: refuse a link now
     if recipe.get("spec_version") != SPEC_VERSION:
         raise RecipeMismatch(f"{run_dir}: run made with SPEC_VERSION {recipe.get('spec_version')}, "
                              f"this lockstep has {SPEC_VERSION}; replay it with a matching version")
@@ -349,21 +368,27 @@ def _resume_start(run_dir: Path, data, steps, tokens, world, is_root, check_reci
     if given_cfg is not None and given_cfg != cfg or given_tcfg is not None and given_tcfg != tcfg:
         raise RecipeMismatch(f"{run_dir}: the model/train settings given differ from recipe.json; "
                              "resume without changing them (or start a new run)")
+    require_memory(cfg, tcfg, world, "resume it")  # before anything is allocated
     manifest = open_run_data(run_dir, recipe, data)
     seed = recipe["seed"]
+    # the data a step sees is a function of the recipe, the manifest and the step: the stream is
+    # positioned from the step plan, and a checkpoint's record of it is only checked against that
+    stream = GlobalStream(manifest, seed, cfg.seq_len)
     found = ckpt.latest_checkpoint(run_dir)
     if found is None:  # stopped before its first checkpoint: the recipe and seed define the state
         params = init_params(cfg, seed)
         opt, start_step, prev_chain = AdamWState.zeros(params), 0, genesis(recipe)
-        stream = GlobalStream(manifest, seed, cfg.seq_len)
     else:
-        c = ckpt.load_checkpoint(found[1])
+        c = ckpt.load_checkpoint(found[1], max_bytes=ckpt.state_bytes_bound(cfg))
         if c.sidecar.get("recipe_sha256") != recipe_digest(recipe):
             raise RecipeMismatch(f"{run_dir / RECIPE_FILE} does not match the recipe checkpoint {c.step} was made "
                                  "with (it was edited); restore it or start a new run")
         params, opt = split_state(c.tensors)
         start_step, prev_chain = c.step, c.sidecar["chain_hash"]
-        stream = GlobalStream.from_state(manifest, seed, cfg.seq_len, c.sidecar["stream_state"])
+        why = ckpt.stream_state_problem(c.sidecar, stream, tcfg, start_step)
+        if why is not None:
+            raise ckpt.CheckpointError(f"{c.path / ckpt.SIDECAR_FILE}: {why}; the run is invalid "
+                                       "(lockstep audit verify reports it): it cannot be resumed")
     kept = None
     if is_root:
         kept = [r for r in read_trajectory(run_dir, tolerate_torn_tail=True) if r["step"] <= start_step]
@@ -384,7 +409,7 @@ def _write_start(run_dir: Path, st: _Start, resume: bool) -> None:
         run_dir.mkdir(parents=True, exist_ok=True)
         write_target(run_dir, st.last_step)
         atomic_write_bytes(run_dir / RECIPE_FILE, json.dumps(st.recipe, indent=2, sort_keys=True).encode() + b"\n")
-        (run_dir / TRAJECTORY_FILE).write_bytes(b"")
+        atomic_write_bytes(run_dir / TRAJECTORY_FILE, b"")
 
 
 def _run_loop(comm, rank, world, run_dir: Path, st: _Start, be, checkpoint_every: int, progress: bool, say,
@@ -416,18 +441,13 @@ def _run_loop(comm, rank, world, run_dir: Path, st: _Start, be, checkpoint_every
         if comm is not None and world > 1:
             check_state_agreement(comm, res.state_root, t)
         params, opt = res.params, res.opt
-        prev_chain = hashing.chain_hash(t, prev_chain, res.state_root, bdigest)
+        rec = step_record(t, plan, res, bdigest, prev_chain)
+        prev_chain = rec["chain_hash"]
         dt = time.perf_counter() - t0
         summary_loss = float(res.loss)
         done = t
         stopped_by = max_over_ranks(comm, stop.signum) if comm is not None and world > 1 else stop.signum
         if is_root:
-            rec = {
-                "step": t, "tokens": plan.tokens_after, "lr": float(res.lr), "loss": float(res.loss),
-                "grad_norm": float(res.grad_norm), "state_root": res.state_root, "batch_digest": bdigest,
-                "chain_hash": prev_chain, "lr_bits": float_record(res.lr)["bits"],
-                "loss_bits": float_record(res.loss)["bits"], "grad_norm_bits": float_record(res.grad_norm)["bits"],
-            }
             _append_line(run_dir / TRAJECTORY_FILE, rec)
             _append_line(run_dir / METRICS_FILE, {"step": t, "seconds": dt, "tokens_per_s": plan.n_global / dt,
                                                   "backend": be.name, "world_size": world, "loss": float(res.loss)})

@@ -23,6 +23,8 @@ from pathlib import Path
 
 import numpy as np
 
+from lockstep.fsio import atomic_write_bytes
+
 from . import KERNEL_DIR, cache_dir
 
 BASE_FLAGS = ("-std=c11", "-O2", "-ffp-contract=off", "-fno-fast-math", "-fPIC", "-shared", "-Wall")
@@ -67,14 +69,14 @@ def build(model: str | None = None, opt: str = "default") -> Path:
     out = cache_dir("host") / f"ls_fp_{h.hexdigest()[:24]}.so"
     if out.exists():
         return out
-    fd, tmp = tempfile.mkstemp(dir=out.parent, prefix=out.stem + ".", suffix=".so.tmp")
-    os.close(fd)
-    cmd = [cc, *fl, "-I", str(KERNEL_DIR), "-o", tmp, str(KERNEL_DIR / "host_build.c"), "-lm"]
-    r = subprocess.run(cmd, capture_output=True, text=True)
-    if r.returncode != 0:
-        os.unlink(tmp)
-        raise RuntimeError(f"the host build of ls_fp.h failed ({' '.join(cmd)}):\n{r.stderr}")
-    os.replace(tmp, out)
+    with tempfile.TemporaryDirectory(prefix="lockstep-host-") as work:
+        tmp = os.path.join(work, out.name)
+        cmd = [cc, *fl, "-I", str(KERNEL_DIR), "-o", tmp, str(KERNEL_DIR / "host_build.c"), "-lm"]
+        r = subprocess.run(cmd, capture_output=True, text=True)
+        if r.returncode != 0:
+            raise RuntimeError(f"the host build of ls_fp.h failed ({' '.join(cmd)}):\n{r.stderr}")
+        with open(tmp, "rb") as f:
+            atomic_write_bytes(out, f.read(), mode=0o755)
     return out
 
 

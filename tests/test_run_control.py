@@ -483,7 +483,7 @@ def test_every_test_dependency_is_in_the_test_extra_and_all_includes_it():
                   and node.args and isinstance(node.args[0], ast.Constant)):
                 modules.add(node.args[0].value.split(".")[0])
     distributions = importlib.metadata.packages_distributions()
-    local = {"lockstep", "killpoint", "reference_f64"} | {p.stem for p in (root / "benchmarks").glob("*.py")}
+    local = {"lockstep"} | {p.stem for folder in ("tests", "benchmarks") for p in (root / folder).glob("*.py")}
     allowed = names(extras["all"]) | names(project["dependencies"])
     # hardware and benchmark extras: their tests skip with a reason where the package is absent
     optional = names(extras["cuda"]) | names(extras["cuda12"]) | names(extras["bench"])

@@ -18,8 +18,9 @@ while fast:
   (``fp.safe_products``: same bits). ``exp`` keeps only the flush tests whose
   removal would change a result, checked on all 2**32 inputs
   (``transcendental.check_exp_fast``).
-* int8 GEMMs are exact and run as float32 BLAS on int8-valued operands, K in
-  chunks of 1024.
+* int8 GEMMs are exact, so they run on what this CPU does fastest
+  (``int8gemm``: AVX-512 VNNI ``vpdpbusd`` where present, four int8 multiply-adds
+  per int32 lane; else float32 BLAS on int8 values, K in exact chunks of 1024).
 * Attention visits only allowed (query, key) pairs: masked pairs are absent from
   every sum in the spec (SPEC_VERSION 2), see ``attention``.
 * Inputs are read canonically (``asarray`` canonicalizes; kernels also flush what

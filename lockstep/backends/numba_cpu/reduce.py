@@ -8,9 +8,8 @@
   which keeps every element's ascending order while SIMD runs across outputs.
   A row whose products provably never flush (``fp.safe_products``) runs the same
   loop without the flush tests (same bits, faster).
-* ``int8_matmul``: exact, so it may use any order: float32 BLAS on int8-valued
-  operands, K cut into chunks of ``INT8_CHUNK_K`` (every partial sum an integer
-  below 2**24, so exact), chunk results summed in int32.
+* ``int8_matmul``: exact, so it may use any order: ``int8gemm.matmul`` (AVX-512
+  VNNI where the CPU has it, else float32 BLAS on int8 values in exact K chunks).
 * ``max``/``argmax``: exact in the total order; rows in parallel.
 """
 
@@ -20,15 +19,11 @@ import numpy as np
 
 from lockstep.spec.reduce import check_int8_operands
 
+from . import int8gemm
 from .fp import (CANONICAL_NAN_BITS, ONE, ZERO, as_f32, cn, entered, fl, from_bits, kernel, min_nonzero_abs,
                  parallel_kernel, safe_products, total_key)
 
 LANES = 32
-# int8 x int8 products are at most 128*128 = 2**14 in magnitude, so a sum of up to
-# 1024 of them is an integer of magnitude <= 2**24: exact in float32 in any order.
-# (The spec's FLOAT32_EXACT_INT8_K = 1040 holds for symmetric [-127, 127] operands;
-# int8_matmul also takes -128.)
-INT8_CHUNK_K = 1024
 
 
 # ---------------------------------------------------------------- lane tree
@@ -247,25 +242,17 @@ def matmul(a, b) -> np.ndarray:
 
 # ---------------------------------------------------------------- int8 contraction
 
-def int8_valued_matmul(a, b) -> np.ndarray:
-    """Exact integer product of two float32 arrays holding int8 values: (..., M, K) x (..., K, N) -> int32.
-
-    BLAS sgemm per K-chunk of ``INT8_CHUNK_K`` (exact, order-free), chunks summed in int32.
-    """
-    k = a.shape[-1]
-    if k <= INT8_CHUNK_K:
-        return np.matmul(a, b).astype(np.int32)
-    acc = None
-    for s in range(0, k, INT8_CHUNK_K):
-        part = np.matmul(a[..., s:s + INT8_CHUNK_K], b[..., s:s + INT8_CHUNK_K, :]).astype(np.int32)
-        acc = part if acc is None else acc + part
-    return acc
-
-
 def int8_matmul(a, b) -> np.ndarray:
-    """``spec.reduce.int8_matmul``: exact (..., M, K) int8 x (..., K, N) int8 -> int32."""
+    """``spec.reduce.int8_matmul``: exact (..., M, K) int8 x (..., K, N) int8 -> int32 (leading dims broadcast)."""
     a, b = check_int8_operands(a, b)
-    return int8_valued_matmul(a.astype(np.float32), b.astype(np.float32))
+    batch = np.broadcast_shapes(a.shape[:-2], b.shape[:-2])
+    m, k, n = a.shape[-2], a.shape[-1], b.shape[-1]
+    a3 = np.broadcast_to(a, batch + (m, k)).reshape(-1, m, k)
+    b3 = np.broadcast_to(b, batch + (k, n)).reshape(-1, k, n)
+    out = np.empty((a3.shape[0], m, n), dtype=np.int32)
+    for i in range(out.shape[0]):
+        out[i] = int8gemm.matmul(a3[i], b3[i])
+    return out.reshape(batch + (m, n))
 
 
 # ---------------------------------------------------------------- max / argmax
@@ -341,5 +328,5 @@ def argmax(x, axis: int = -1) -> np.ndarray:
 
 
 # names the other modules share
-__all__ = ["lane_tree", "lane_tree_sum", "contract_row", "matmul", "int8_matmul", "int8_valued_matmul",
+__all__ = ["lane_tree", "lane_tree_sum", "contract_row", "matmul", "int8_matmul",
            "max", "argmax", "canonical_copy", "ONE", "ZERO"]

@@ -83,3 +83,24 @@ def test_int8_linear_layers_give_the_spec_bits_with_either_gemm(monkeypatch):
         assert quant.int8_linear_forward(x, w).tobytes() == want_y.tobytes()
         dx, dw = quant.int8_linear_backward(dy, x, w)
         assert dx.tobytes() == want_dx.tobytes() and dw.tobytes() == want_dw.tobytes()
+
+
+@pytest.mark.parametrize("use_vnni", IMPLEMENTATIONS)
+@pytest.mark.parametrize("m,k,n", [(8, 64, 32), (13, 20, 45), (64, 256, 96)])
+def test_rescaled_gemm_is_the_spec_rescale(monkeypatch, use_vnni, m, k, n):
+    """``matmul_rescaled`` = the spec's ``((float32(acc) * sa) * sb) * factor``, with per-row and scalar
+    ``sa``, on the fast path (scales that cannot flush) and the tested one (scales near 2**-126)."""
+    from lockstep.spec import fp
+
+    monkeypatch.setattr(int8gemm, "HAVE_VNNI", use_vnni)
+    a, b = _int8(m + 7, (m, k)), _int8(n + 9, (k, n))
+    acc = (a.astype(np.int64) @ b.astype(np.int64)).astype(np.float32)
+    rng = np.random.default_rng(m * n)
+    factor = np.float32(1 / 64)
+    for sa, sb, fast in ((rng.uniform(1e-3, 1, m).astype(np.float32), rng.uniform(1e-3, 1, n).astype(np.float32), True),
+                         (np.array([0.25], np.float32), rng.uniform(1e-3, 1, n).astype(np.float32), True),
+                         (rng.uniform(1e-3, 1, m).astype(np.float32) * np.float32(2.0**-60),
+                          rng.uniform(1e-3, 1, n).astype(np.float32) * np.float32(2.0**-60), False)):
+        want = fp.mul(fp.mul(fp.mul(acc, sa[:, None] if sa.size > 1 else sa[0]), sb[None, :]), factor)
+        got = int8gemm.matmul_rescaled(a, b, sa, sb, factor, fast)
+        assert got.tobytes() == want.tobytes()

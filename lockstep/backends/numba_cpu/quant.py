@@ -3,12 +3,12 @@
 Every float step (scales, quantization, Hadamard butterflies, dequantization,
 rescaling) is a Numba kernel that follows the spec's order. The quantized operands
 are int8 arrays, as in the spec, and the int8 GEMMs are exact, so they run on
-whatever this CPU does fastest (``int8gemm.matmul``: AVX-512 VNNI, else float32 BLAS
-on int8 values).
+whatever this CPU does fastest (``int8gemm.matmul_rescaled``: AVX-512 VNNI, else
+float32 BLAS on int8 values), with the spec's rescale applied as the result is stored.
 
 Where the spec transposes (``dequantized_weight(w).T``, ``xdq.T``), the kernels
-work on the untransposed array along the other axis and BLAS reads the transpose
-for free.
+work on the untransposed array along the other axis and the GEMM takes the
+transposed view (it packs B in any layout, and copies a transposed A once).
 """
 
 from __future__ import annotations
@@ -176,34 +176,6 @@ def _quantize_cols(w, sw, out):
             out[r, j] = quantize_i8(fl(w[r, j]), sw[j])
 
 
-@parallel_kernel
-def _rescale_kernel(t0, t1, acc, sa, sb, factor, fast, out):
-    """out[m, n] = ((float32(acc[m, n]) * sa[m or 0]) * sb[n]) * factor, each product rounded and flushed.
-
-    ``acc`` is the int8 GEMM's exact int32 result; ``float32()`` rounds to nearest
-    even, as the spec's ``astype``. ``factor`` is 1/block after a Hadamard rotation
-    (an exact power of two), else 1 (a product by 1 changes nothing, so the spec's
-    "no rescale" is the same bits). ``fast``: the caller proved that no product can
-    be subnormal or NaN (``_rescale_is_exact``), so the tests are left out.
-    """
-    m, n = acc.shape
-    per_row = sa.size > 1
-    ntasks = m
-    if t0 < 0:
-        return ntasks
-    for r in range(t0, min(t1, ntasks)):
-        a = sa[r] if per_row else sa[0]
-        row = acc[r]
-        dst = out[r]
-        if fast:
-            for j in range(n):
-                dst[j] = ((np.float32(row[j]) * a) * sb[j]) * factor
-        else:
-            for j in range(n):
-                dst[j] = cn(fl(fl(fl(np.float32(row[j]) * a) * sb[j]) * factor))
-    return ntasks
-
-
 def _rescale_is_exact(sa, sb, factor) -> bool:
     """True when ``((acc * sa) * sb) * factor`` can be neither subnormal nor NaN for any integer acc.
 
@@ -221,12 +193,11 @@ def _rescale_is_exact(sa, sb, factor) -> bool:
 
 
 def _int8_gemm_rescaled(a, b, sa, sb, factor) -> np.ndarray:
-    """``rescale(float32(int8_matmul(a, b)))`` for int8 operands (M, K) x (K, N), any strides."""
-    acc = int8gemm.matmul(a, b)
-    out = np.empty(acc.shape, dtype=np.float32)
-    if out.size:
-        _rescale_kernel(acc, sa, sb, factor, _rescale_is_exact(sa, sb, factor), out)
-    return out
+    """``((float32(int8_matmul(a, b)) * sa[m]) * sb[n]) * factor`` for int8 operands (M, K) x (K, N),
+    any strides, each product rounded and flushed (``int8gemm.rescale1``): the spec's rescale.
+    ``factor`` is 1/block after a Hadamard rotation (an exact power of two), else 1 (a product
+    by 1 changes nothing, so the spec's "no rescale" is the same bits)."""
+    return int8gemm.matmul_rescaled(a, b, sa, sb, factor, _rescale_is_exact(sa, sb, factor))
 
 
 def int8_linear_forward(x, w) -> np.ndarray:

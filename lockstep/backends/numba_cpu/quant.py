@@ -18,6 +18,7 @@ import numpy as np
 from lockstep.spec.quant import HADAMARD_MAX_BLOCK
 
 from . import int8gemm
+from .butterflies import radix16_columns, transform16, transform32, transform64, transform128, transform256
 from .fp import (ABS_MASK, CANONICAL_NAN_BITS, ONE, ZERO, as_f32, bits, cn, fl, from_bits, inlined, kernel,
                  min_nonzero_abs, parallel_kernel)
 from .reduce import LANES
@@ -298,13 +299,34 @@ def _radix8_exact(v):
 
 
 @kernel
+def _vector_blocks(v, blk):
+    """Every block of ``blk`` (16..256) contiguous elements of v transformed in registers (no flush tests)."""
+    for b0 in range(0, v.size, blk):
+        addr = v[b0:].ctypes.data
+        if blk == 16:
+            transform16(addr)
+        elif blk == 32:
+            transform32(addr)
+        elif blk == 64:
+            transform64(addr)
+        elif blk == 128:
+            transform128(addr)
+        else:
+            transform256(addr)
+
+
+@kernel
 def hadamard_row(v, blk):
     """``spec.quant.hadamard_transform`` of one contiguous row (already entered), in place.
 
     Blocks are independent and the stages of a block run in the spec's order, so
     running each stage over all blocks before the next stage gives the same bits.
+    Where no flush can happen, blocks of 16 to 256 run whole in registers (``butterflies``).
     """
     fast = min_nonzero_abs(v) >= ADDITIVE_SAFE
+    if fast and 16 <= blk <= 256:
+        _vector_blocks(v, blk)
+        return
     h = 1
     if blk >= 8:
         if fast:
@@ -407,13 +429,30 @@ def _dequantize_activation(t0, t1, x, sx, out):
 COL_CHUNK = 256  # columns per task of the column transform: a 256 x 256 tile stays in L2
 
 
+@kernel
+def _column_stages(dst, r0, blk, lo, hi, h, fast):
+    """Stages h, 2h, ... < blk of the transform down rows [r0, r0 + blk) on columns [lo, hi):
+    pairs of stages as four-row butterflies, vectorized across the columns."""
+    while 4 * h <= blk:
+        for g in range(r0, r0 + blk, 4 * h):
+            for i in range(g, g + h):
+                _butterfly4_run(dst[i, lo:hi], dst[i + h, lo:hi], dst[i + 2 * h, lo:hi], dst[i + 3 * h, lo:hi], fast)
+        h *= 4
+    while h < blk:
+        for g in range(r0, r0 + blk, 2 * h):
+            for i in range(g, g + h):
+                _butterfly_run(dst[i, lo:hi], dst[i + h, lo:hi], fast)
+        h *= 2
+
+
 @parallel_kernel(weight=4)
 def _cols_transform_max(t0, t1, src, dst, blk, rotate, partial):
     """dst = ``spec.quant.hadamard_transform(f32(src), axis=0)`` (or just f32(src)), and
     ``partial[row_block, c]`` = max over the block's rows of |dst[:, c]| (bit patterns).
 
-    Tasks are (block of ``blk`` rows) x (chunk of columns); a stage pair (h, 2h) is one
-    pass of four-row butterflies vectorized across the chunk's columns.
+    Tasks are (block of ``blk`` rows) x (chunk of columns). Where no flush can happen,
+    groups of 16 columns take four stages per pass in registers (``radix16_columns``);
+    the other stages and columns go through ``_column_stages``.
     """
     m, c = src.shape
     nrb = m // blk
@@ -434,19 +473,18 @@ def _cols_transform_max(t0, t1, src, dst, blk, rotate, partial):
                 drow[j] = fl(srow[j])
             mn = min(mn, min_nonzero_abs(drow))
         fast = mn >= ADDITIVE_SAFE
-        h = 1
         if rotate:
-            while 4 * h <= blk:
-                for g in range(r0, r0 + blk, 4 * h):
-                    for i in range(g, g + h):
-                        _butterfly4_run(dst[i, lo:hi], dst[i + h, lo:hi], dst[i + 2 * h, lo:hi], dst[i + 3 * h, lo:hi],
-                                        fast)
-                h *= 4
-            while h < blk:
-                for g in range(r0, r0 + blk, 2 * h):
-                    for i in range(g, g + h):
-                        _butterfly_run(dst[i, lo:hi], dst[i + h, lo:hi], fast)
-                h *= 2
+            c16 = lo + ((hi - lo) // 16) * 16 if (fast and blk >= 16) else lo
+            h = 1
+            if c16 > lo:
+                while 16 * h <= blk:
+                    for g in range(r0, r0 + blk, 16 * h):
+                        for i in range(g, g + h):
+                            for col in range(lo, c16, 16):
+                                radix16_columns(dst[i, col:].ctypes.data, c, h)
+                    h *= 16
+                _column_stages(dst, r0, blk, lo, c16, h, fast)
+            _column_stages(dst, r0, blk, c16, hi, 1, fast)
         pm = partial[rb, lo:hi]
         for j in range(pm.size):
             pm[j] = np.uint32(0)

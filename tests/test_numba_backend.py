@@ -201,6 +201,28 @@ def test_attention_register_tiles_and_their_fallbacks_give_the_spec_bits(be, dh)
                     f"fallback bwd W={window}")
 
 
+@pytest.mark.parametrize("n", [16, 32, 48, 64, 128, 256, 512, 1376])
+def test_hadamard_in_registers_along_rows_and_down_columns(n):
+    """The register butterflies (``numba_cpu.butterflies``) give ``spec.quant.hadamard_transform``'s bits,
+    along rows (blocks of 16..256) and down columns (radix 16, columns not a multiple of 16 included),
+    with values that take the register path and values near the flush range that must not."""
+    from lockstep.backends.numba_cpu import quant as nq
+    from lockstep.spec.quant import hadamard_block, hadamard_transform
+
+    for lo_exp, hi_exp in ((-20, 5), (-125, -110)):
+        x = _tiny_values(n + 200 + lo_exp, (4, n), lo_exp, hi_exp)
+        rows = x.copy()  # finite, no subnormals: already entered
+        for r in range(rows.shape[0]):
+            nq.hadamard_row(rows[r], hadamard_block(n))
+        assert rows.tobytes() == hadamard_transform(x, axis=1).tobytes()
+        m, c = (256, 40) if n <= 256 else (512, n // 16)
+        col_in = _tiny_values(n + 201 + lo_exp, (m, c), lo_exp, hi_exp)
+        dst = np.empty_like(col_in)
+        partial = np.empty((m // hadamard_block(m), c), dtype=np.uint32)
+        nq._cols_transform_max(col_in, dst, hadamard_block(m), True, partial)
+        assert dst.tobytes() == hadamard_transform(col_in, axis=0).tobytes()
+
+
 def test_matmul_rows_with_and_without_the_flush_tests(be):
     """Rows whose products reach the flush range take the flushed loop; the others skip it."""
     a = _tiny_values(1, (6, 40), -3, 3)

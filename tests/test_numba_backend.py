@@ -279,6 +279,8 @@ def test_no_fused_multiply_add_in_the_compiled_code():
     row, mat = np.ones(16, f32), np.ones((16, 16), f32)
     cases = [
         (reduce.contract_row.py_func, (row, mat, row.copy(), True)),
+        (reduce._tiled_rows.py_func, (np.ones((8, 16), f32), np.ones((16, 40), f32), np.zeros((16, 32), f32), 32,
+                                      np.ones((8, 40), f32), np.ones((8, 32), f32))),
         (attention._scores_row.py_func, (row, mat, 0, 16, True, f32(1), row.copy())),
         (attention._block_scores.py_func, (np.ones((8, 16), f32), np.ones((16, 64), f32), 0, 8, np.ones((8, 64), f32))),
         (attention._block_keys_accumulate.py_func, (np.ones((8, 40), f32), 0, 8, np.ones((8, 64), f32),

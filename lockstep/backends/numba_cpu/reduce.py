@@ -6,8 +6,9 @@
   product and sum each rounded and flushed. The loop order is: for each output row
   (in parallel), for k ascending, for n vectorized: ``acc[n] += a[m, k] * b[k, n]``,
   which keeps every element's ascending order while SIMD runs across outputs.
-  A row whose products provably never flush (``fp.safe_products``) runs the same
-  loop without the flush tests (same bits, faster).
+  A block of rows whose products provably never flush (``fp.safe_products``) runs
+  without the flush tests (same bits, faster), as register tiles of 8 rows x 32
+  columns (``tiles``) when the block is full.
 * ``int8_matmul``: exact, so it may use any order: ``int8gemm.matmul`` (AVX-512
   VNNI where the CPU has it, else float32 BLAS on int8 values in exact K chunks).
 * ``max``/``argmax``: exact in the total order; rows in parallel.
@@ -20,6 +21,7 @@ import numpy as np
 from lockstep.spec.reduce import check_int8_operands
 
 from . import int8gemm
+from .tiles import tile_8x32
 from .fp import (CANONICAL_NAN_BITS, ONE, ZERO, as_f32, cn, entered, fl, from_bits, kernel, min_nonzero_abs,
                  parallel_kernel, safe_products, total_key)
 
@@ -167,10 +169,32 @@ def contract_rows(a_rows, b, acc_rows):
             acc[j] = cn(acc[j])
 
 
+@kernel
+def _tiled_rows(a_rows, b, b_tail, tail_col, out_rows, tile):
+    """``contract_rows`` for a full block of ROW_BLOCK rows with register tiles (``tiles.tile_8x32``):
+    32 columns per tile, read from b, or for a last partial chunk from b_tail (its columns
+    zero-padded to 32); no flush tests (the caller proved none can fire), canonical output."""
+    kk = a_rows.shape[1]
+    n = out_rows.shape[1]
+    for c0 in range(0, tail_col, 32):
+        tile_8x32(out_rows[0, c0:].ctypes.data, n, a_rows.ctypes.data, kk, 1, b[0, c0:].ctypes.data, n, kk, False)
+    if tail_col < n:
+        tile_8x32(tile.ctypes.data, 32, a_rows.ctypes.data, kk, 1, b_tail.ctypes.data, 32, kk, False)
+        out_rows[:, tail_col:] = tile[:, :n - tail_col]
+    for i in range(out_rows.shape[0]):
+        acc = out_rows[i]
+        for j in range(n):
+            acc[j] = cn(acc[j])
+
+
 @parallel_kernel(weight=16)
 def _matmul_kernel(t0, t1, a, b, out):
-    """a (Bt, M, K), b (Bt, K, N), both canonical; out (Bt, M, N). Tasks: blocks of output rows."""
-    nb, m, _ = a.shape
+    """a (Bt, M, K), b (Bt, K, N), both canonical; out (Bt, M, N). Tasks: blocks of output rows.
+
+    A block whose products provably never flush runs as register tiles (full blocks of
+    ROW_BLOCK rows) or ``contract_rows``; else row by row with the flush tests."""
+    nb, m, kk = a.shape
+    n = b.shape[2]
     blocks = (m + ROW_BLOCK - 1) // ROW_BLOCK
     ntasks = nb * blocks
     if t0 < 0:
@@ -178,6 +202,10 @@ def _matmul_kernel(t0, t1, a, b, out):
     min_b = np.empty(nb)
     for i in range(nb):
         min_b[i] = min_nonzero_abs(b[i].reshape(-1))
+    tail_col = n - n % 32
+    b_tail = np.zeros((kk, 32), dtype=np.float32)
+    tail_of = -1  # which batch element's tail b_tail holds
+    tile = np.empty((ROW_BLOCK, 32), dtype=np.float32)
     for task in range(t0, min(t1, ntasks)):
         bi = task // blocks
         r0 = (task % blocks) * ROW_BLOCK
@@ -185,7 +213,12 @@ def _matmul_kernel(t0, t1, a, b, out):
         fast = True
         for r in range(r0, r1):
             fast = fast and safe_products(min_nonzero_abs(a[bi, r]), min_b[bi])
-        if fast:
+        if fast and r1 - r0 == ROW_BLOCK:
+            if tail_col < n and tail_of != bi:
+                b_tail[:, :n - tail_col] = b[bi, :, tail_col:]
+                tail_of = bi
+            _tiled_rows(a[bi, r0:r1], b[bi], b_tail, tail_col, out[bi, r0:r1], tile)
+        elif fast:
             contract_rows(a[bi, r0:r1], b[bi], out[bi, r0:r1])
         else:
             for r in range(r0, r1):

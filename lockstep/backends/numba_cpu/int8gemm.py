@@ -192,17 +192,20 @@ def vnni_tile_rescaled(typingctx, out_addr, ldo, a_addr, lda, b_addr, k4, corr_a
     return sig, codegen
 
 
-@kernel(nogil=True)
-def _pack_b(b, bp):
-    """bp[p, g, jj, t] = b[4g + t, 32p + jj] + 128 as uint8 (0 + 128 past the edges).
+@parallel_kernel
+def _pack_b(t0, t1, b, bp):
+    """bp[p, g, jj, t] = b[4g + t, 32p + jj] + 128 as uint8 (0 + 128 past the edges); tasks are panels.
 
     The padding's products meet zeros of A (K padding) or land in columns that are
     never stored (N padding).
     """
     k, n = b.shape
     npanel, k4 = bp.shape[0], bp.shape[1]
+    ntasks = npanel
+    if t0 < 0:
+        return ntasks
     bias = np.int32(128)
-    for p in range(npanel):
+    for p in range(t0, min(t1, ntasks)):
         j0 = p * NR
         jn = min(NR, n - j0)
         for g in range(k4):
@@ -217,6 +220,7 @@ def _pack_b(b, bp):
                     for jj in range(NR):
                         v = np.int32(b[kk, j0 + jj]) if (kk < k and jj < jn) else np.int32(0)
                         dst[jj, t] = np.uint8(v + bias)
+    return ntasks
 
 
 @kernel(nogil=True)

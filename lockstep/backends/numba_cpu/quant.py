@@ -168,13 +168,17 @@ def _quantize_rows_scalar(t0, t1, x, s, out):
     return ntasks
 
 
-@kernel
-def _quantize_cols(w, sw, out):
-    """out[k, n] = quantize(f32(w[k, n]), sw[n]) (int8)."""
+@parallel_kernel
+def _quantize_cols(t0, t1, w, sw, out):
+    """out[k, n] = quantize(f32(w[k, n]), sw[n]) (int8), rows in parallel."""
     k, n = w.shape
-    for r in range(k):
+    ntasks = k
+    if t0 < 0:
+        return ntasks
+    for r in range(t0, min(t1, ntasks)):
         for j in range(n):
             out[r, j] = quantize_i8(fl(w[r, j]), sw[j])
+    return ntasks
 
 
 def _rescale_is_exact(sa, sb, factor) -> bool:
@@ -392,15 +396,18 @@ def _rows_rotate_quantize(t0, t1, a, blk, rotate, q, sa):
     return ntasks
 
 
-@kernel
-def _weight_rows_rotate_quantize(w, sw, blk, rotate, q, sb):
+@parallel_kernel(weight=4)
+def _weight_rows_rotate_quantize(t0, t1, w, sw, blk, rotate, q, sb):
     """Rows k of wdq = dequantized_weight(w) (K, N), rotated along N, scaled and quantized (int8 q).
 
-    ``wdq[k, n] = quantize(w[k, n], sw[n]) * sw[n]`` (one rounded product).
+    ``wdq[k, n] = quantize(w[k, n], sw[n]) * sw[n]`` (one rounded product). Rows in parallel.
     """
     k, n = w.shape
+    ntasks = k
+    if t0 < 0:
+        return ntasks
     row = np.empty(n, dtype=np.float32)
-    for r in range(k):
+    for r in range(t0, min(t1, ntasks)):
         src = w[r]
         for j in range(n):
             row[j] = fl(quantize1(fl(src[j]), sw[j]) * sw[j])
@@ -409,6 +416,7 @@ def _weight_rows_rotate_quantize(w, sw, blk, rotate, q, sb):
         s = _row_abs_max_scale(row)
         sb[r] = cn(s)
         _quantize_row(row, s, q[r])
+    return ntasks
 
 
 @parallel_kernel

@@ -29,8 +29,8 @@ accuracy; a wrong block gives 1e-2 or more). The lockstep int8 worker also times
 of its step (``--breakdown-steps`` extra steps, op calls wrapped with timers) and reports
 the share of each op family.
 
-Needs torch (``pip install 'lockstep[bench]'``). ``--record`` appends a section to
-benchmarks/RESULTS.md.
+Needs torch (``pip install 'lockstep[bench]'``). ``--record`` puts the tables at the top of
+benchmarks/RESULTS.md (replacing the previous run's).
 """
 
 from __future__ import annotations
@@ -332,18 +332,27 @@ def measure(threads: int, variants: list[str], rounds: int, per_round: int, brea
 
 
 def format_tax(results: list[dict]) -> str:
+    """Rows per thread count and implementation; tax against PyTorch as configured by default, and
+    against PyTorch with OMP_WAIT_POLICY=PASSIVE where that ran (on a busy machine the default's
+    spinning OpenMP threads can make PyTorch much slower than its own work)."""
     tokens = BATCH * 256
+    passive = any("torch-passive" in r["steps"] for r in results)
     lines = ["| threads | implementation | wall s/step | CPU s/step | tokens/s (wall) | tax vs PyTorch (wall) "
-             "| tax vs PyTorch (CPU) | load (min-max) |", "|---:|---|---:|---:|---:|---:|---:|---|"]
+             "| tax vs PyTorch (CPU) |" + (" tax vs PyTorch PASSIVE (wall) | tax vs PyTorch PASSIVE (CPU) |"
+                                         if passive else "") + " load (min-max) |",
+             "|---:|---|---:|---:|---:|---:|---:|" + ("---:|---:|" if passive else "") + "---|"]
     for r in results:
         base = r["steps"]["torch"]
+        quiet = r["steps"].get("torch-passive")
         for v, s in r["steps"].items():
-            tax_w = s["wall"] / base["wall"]
-            tax_c = s["cpu"] / base["cpu"]
             bold = v.startswith("lockstep")
             fmt = (lambda x: f"**{x:.2f}x**") if bold else (lambda x: f"{x:.2f}x")
-            lines.append(f"| {r['threads']} | {VARIANTS[v]} | {s['wall']:.3f} | {s['cpu']:.3f} | {tokens / s['wall']:,.0f} "
-                         f"| {fmt(tax_w)} | {fmt(tax_c)} | {r['load_min']:.1f}-{r['load_max']:.1f} |")
+            cells = [str(r["threads"]), VARIANTS[v], f"{s['wall']:.3f}", f"{s['cpu']:.3f}", f"{tokens / s['wall']:,.0f}",
+                     fmt(s["wall"] / base["wall"]), fmt(s["cpu"] / base["cpu"])]
+            if passive:
+                cells += ([fmt(s["wall"] / quiet["wall"]), fmt(s["cpu"] / quiet["cpu"])] if quiet else ["-", "-"])
+            cells.append(f"{r['load_min']:.1f}-{r['load_max']:.1f}")
+            lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
@@ -384,7 +393,7 @@ def main(argv=None) -> int:
                     help="leave out PyTorch with OMP_WAIT_POLICY=PASSIVE")
     ap.add_argument("--json", help="also write the raw results here")
     ap.add_argument("--from-json", help="format (and --record) saved results instead of measuring")
-    ap.add_argument("--record", action="store_true", help="append the tables to benchmarks/RESULTS.md")
+    ap.add_argument("--record", action="store_true", help="put the tables at the top of benchmarks/RESULTS.md")
     ap.add_argument("--worker", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.worker:
@@ -433,23 +442,38 @@ def main(argv=None) -> int:
         cmd = (f"python benchmarks/bench_tax.py --threads {' '.join(map(str, a['threads']))} --rounds {a['rounds']} "
                f"--steps-per-round {a['per_round']} --breakdown-steps {a['breakdown_steps']}")
         section = (
-            "\n## Reproducibility tax on the CPU: lockstep vs stock PyTorch float32\n\n"
+            HEADING + "\n"
             f"Command: `{cmd} --record` (date {time.strftime('%Y-%m-%d')}). Host: {saved['host']}. "
             f"**The machine was shared** with other engineers' jobs: load average {saved['load_start']:.1f} at the "
             f"start and {saved['load_end']:.1f} at the end (per thread count: see the table), on 2 cores.\n\n"
             "One step = forward + backward + global-norm clipping + AdamW on one micro-batch of 8 x 256 tokens of "
             "`small`. Every implementation runs in its own warm worker process; rounds alternate between them "
             f"({a['rounds']} rounds x {a['per_round']} steps, the order rotating), and the table gives medians. "
-            "Tax = lockstep / PyTorch float32 (default threading) from the same rounds. CPU = the process's CPU "
-            f"time over all its threads. lockstep's int8 GEMMs ran on `{gemm}`.\n\n"
+            "Tax = lockstep / PyTorch float32 from the same rounds, against PyTorch's default threading and "
+            "against PyTorch with `OMP_WAIT_POLICY=PASSIVE` (its OpenMP threads sleep instead of spinning when "
+            "idle: on a busy machine the default's spinning can cost PyTorch far more than its own work). CPU = "
+            f"the process's CPU time over all its threads. lockstep's int8 GEMMs ran on `{gemm}`.\n\n"
             f"{tax_md}\n\n{check_md}\n\n"
             "Per-op breakdown of the lockstep int8 step (each backend op call timed; the int8 GEMMs timed "
             "inside the int8 linear ops and listed apart):\n\n"
             f"{bd_md}\n"
         )
-        with open(RESULTS, "a", encoding="utf-8") as f:
-            f.write(section)
+        record(section)
     return 0
+
+
+HEADING = "\n## Reproducibility tax on the CPU: lockstep vs stock PyTorch float32\n"
+
+
+def record(section: str) -> None:
+    """Put ``section`` at the top of RESULTS.md (the headline), replacing an earlier one of this benchmark."""
+    text = RESULTS.read_text(encoding="utf-8") if RESULTS.exists() else "# Benchmark results\n"
+    if HEADING in text:
+        start = text.index(HEADING)
+        end = text.find("\n## ", start + len(HEADING))
+        text = text[:start] + text[end if end >= 0 else len(text):]
+    title_end = text.index("\n") + 1 if text.startswith("# ") else 0
+    RESULTS.write_text(text[:title_end] + section + text[title_end:], encoding="utf-8")
 
 
 if __name__ == "__main__":

@@ -244,9 +244,12 @@ def worker(variant: str, threads: int) -> None:
     side.step(1)
     info["warmup_s"] = time.perf_counter() - t0
     if variant == "lockstep-int8":
-        from lockstep.backends.numba_cpu import int8gemm
-
-        info["gemm"] = int8gemm.implementation()
+        try:
+            from lockstep.backends.numba_cpu import int8gemm
+        except ImportError:  # a lockstep from before int8gemm (bench_before_after.py)
+            info["gemm"] = "blas"
+        else:
+            info["gemm"] = int8gemm.implementation()
     print("READY " + json.dumps(info), flush=True)
     for line in sys.stdin:
         cmd = line.split()
@@ -270,16 +273,18 @@ def worker(variant: str, threads: int) -> None:
 # ---------------------------------------------------------------- driver side
 
 class Worker:
-    def __init__(self, variant: str, threads: int):
+    """A warm worker process of one variant; ``root``: the lockstep tree it imports (default: this one)."""
+
+    def __init__(self, variant: str, threads: int, root: Path = ROOT):
         env = dict(os.environ)
         for var in ("NUMBA_NUM_THREADS", "OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
             env[var] = str(threads)
         if variant == "torch-passive":
             env["OMP_WAIT_POLICY"] = "PASSIVE"
-        env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
+        env["PYTHONPATH"] = str(root) + os.pathsep + env.get("PYTHONPATH", "")
         self.variant = variant
         self.proc = subprocess.Popen([sys.executable, str(Path(__file__).resolve()), "--worker", variant,
-                                      "--threads", str(threads)], env=env, cwd=ROOT, stdin=subprocess.PIPE,
+                                      "--threads", str(threads)], env=env, cwd=root, stdin=subprocess.PIPE,
                                      stdout=subprocess.PIPE, text=True)
         self.info = json.loads(self._expect("READY"))
 

@@ -114,7 +114,8 @@ class LockstepSide:
         from lockstep.train.optim import optimizer_step
 
         be = backend or self.be
-        _, grads = loss_and_grads(self.params, windows_for(self.cfg.vocab_size, self.cfg.seq_len, BATCH, i), self.cfg, be)
+        windows = windows_for(self.cfg.vocab_size, self.cfg.seq_len, BATCH, i)
+        _, grads = loss_and_grads(self.params, windows, self.cfg, be)
         self.params, self.opt, _ = optimizer_step(self.params, grads, self.opt, self.cfg, self.tcfg,
                                                    self.np.float32(1e-3), be)
 
@@ -229,7 +230,8 @@ def check_torch_against_lockstep() -> dict:
         g = np.asarray(grads_ls[n], dtype=np.float64)
         rel[n] = float(np.linalg.norm(grads_t[n].astype(np.float64) - g) / max(np.linalg.norm(g), 1e-30))
     worst = max(rel, key=rel.get)
-    return {"loss_lockstep": ref, "loss_torch": float(loss_t.detach()), "loss_rel": abs(float(loss_t.detach()) - ref) / abs(ref),
+    got = float(loss_t.detach())
+    return {"loss_lockstep": ref, "loss_torch": got, "loss_rel": abs(got - ref) / abs(ref),
             "worst_grad": worst, "worst_grad_rel": rel[worst], "tensors": len(rel)}
 
 
@@ -352,8 +354,8 @@ def format_tax(results: list[dict]) -> str:
         for v, s in r["steps"].items():
             bold = v.startswith("lockstep")
             fmt = (lambda x: f"**{x:.2f}x**") if bold else (lambda x: f"{x:.2f}x")
-            cells = [str(r["threads"]), VARIANTS[v], f"{s['wall']:.3f}", f"{s['cpu']:.3f}", f"{tokens / s['wall']:,.0f}",
-                     fmt(s["wall"] / base["wall"]), fmt(s["cpu"] / base["cpu"])]
+            cells = [str(r["threads"]), VARIANTS[v], f"{s['wall']:.3f}", f"{s['cpu']:.3f}",
+                     f"{tokens / s['wall']:,.0f}", fmt(s["wall"] / base["wall"]), fmt(s["cpu"] / base["cpu"])]
             if passive:
                 cells += ([fmt(s["wall"] / quiet["wall"]), fmt(s["cpu"] / quiet["cpu"])] if quiet else ["-", "-"])
             cells.append(f"{r['load_min']:.1f}-{r['load_max']:.1f}")
@@ -442,7 +444,8 @@ def main(argv=None) -> int:
                 f"difference {check['loss_rel']:.1e}; worst of {check['tensors']} gradients relative difference "
                 f"{check['worst_grad_rel']:.1e} (`{check['worst_grad']}`).")
     print(tax_md + "\n\n" + bd_md + "\n\n" + check_md)
-    print(f"host: {saved['host']}; load average {saved['load_start']:.1f} at the start, {saved['load_end']:.1f} at the end")
+    print(f"host: {saved['host']}; load average {saved['load_start']:.1f} at the start, "
+          f"{saved['load_end']:.1f} at the end")
     if args.record:
         cmd = (f"python benchmarks/bench_tax.py --threads {' '.join(map(str, a['threads']))} --rounds {a['rounds']} "
                f"--steps-per-round {a['per_round']} --breakdown-steps {a['breakdown_steps']}")

@@ -85,7 +85,7 @@ def throughput(preset_name: str, backend: str, steps: int, ranks: int, corpus: P
                 "step_s": statistics.median(r["seconds"] for r in recs[1:]), "first_step_s": recs[0]["seconds"],
                 "compiled_kernels": int(compiled.group(1)) if compiled else 0,
                 "compile_s": float(compiled.group(2)) if compiled else 0.0,
-                "load": (load0 + os.getloadavg()[0]) / 2, "tokens_per_step": recs[0]["tokens_per_s"] * recs[0]["seconds"]}
+                "load": (load0 + os.getloadavg()[0]) / 2}
 
 
 def main() -> None:

@@ -33,6 +33,9 @@ while fast:
 
 Kernels are compiled on first use and cached on disk (``cache=True``, in
 ``__pycache__`` next to these files; set ``NUMBA_CACHE_DIR`` to move it).
+Numba keys each cached kernel on its own source file only: after editing a helper
+module (``fp``, ``tiles``, ``butterflies``, the intrinsics in ``int8gemm``), delete the
+``*.nbi``/``*.nbc`` files there, or kernels in other modules keep the old helper.
 """
 
 from __future__ import annotations

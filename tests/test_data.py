@@ -328,8 +328,15 @@ def test_rank_window_indices():
 
 # Regression pins, computed once with this code: if a generator, the shard layout or
 # the stream changes, these change (bump CORPUS_VERSION / the formats with intent).
-DEFAULT_MANIFEST_SHA256 = "460c35cbe80250777e201697bc8ea2ab1a5b83230d80981b4e482fcb6e8ef325"
+# Recompute with:
+#   python3 -c "from lockstep.train.corpus import build_default_corpus as b; from lockstep.train.data import
+#   Manifest, GlobalStream, batch_digest as d; b('/tmp/c'); m = Manifest.load('/tmp/c'); s = GlobalStream(m, 0, 256);
+#   print(m.sha256, d(s.windows(0, 16)), d(s.windows(4000, 16)))"
+# Manifest version 2 (validation documents held out) changed the manifest, and the stream
+# from where it first enters a shard holding validation documents (after window 15).
+DEFAULT_MANIFEST_SHA256 = "1fac6397edb56a3fb2b8e4a0a48499159fa330bf01a73ea79aa59db994f37ced"
 DEFAULT_FIRST_WINDOWS_DIGEST = "55e722cecd521a9185e9cb276debe4103dc72fcd95052ef0b3e0263653c213be"  # seed 0, seq_len 256, windows 0..15
+DEFAULT_LATER_WINDOWS_DIGEST = "48d2a20d466de904d49988016f839b14045ada21f371a3ea00b13faf04488da6"  # windows 4000..4015
 
 
 def test_default_corpus_is_pinned(default_folder):
@@ -337,6 +344,7 @@ def test_default_corpus_is_pinned(default_folder):
     assert manifest.sha256 == DEFAULT_MANIFEST_SHA256
     windows = GlobalStream(manifest, 0, 256).windows(0, 16)
     assert batch_digest(windows) == DEFAULT_FIRST_WINDOWS_DIGEST
+    assert batch_digest(GlobalStream(manifest, 0, 256).windows(4000, 16)) == DEFAULT_LATER_WINDOWS_DIGEST
     assert [s.name for s in manifest.sources] == ["math", "code", "text"]
     total = sum(s.tokens for s in manifest.sources)
     assert 2_000_000 < total < 4_000_000

@@ -44,6 +44,9 @@ def add_train_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--checkpoint-every", type=int, default=50, help="checkpoint every K steps (and at the end)")
     p.add_argument("--resume", metavar="RUN", help="continue RUN from its last complete checkpoint")
     p.add_argument("--no-quantize", action="store_true", help="float32 linears instead of int8 W8A8")
+    p.add_argument("--eval-every", type=int, metavar="K",
+                   help="validation loss every K steps and at the end, into metrics.jsonl and loss.png "
+                        "(default: 50 for small, off for tiny; 0: off)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=run_train)
     return p
@@ -62,7 +65,8 @@ def run_train(args) -> int:
     try:
         if args.resume:
             summary = train(args.resume, resume=True, steps=args.steps, tokens=args.tokens, backend_name=backend,
-                            checkpoint_every=args.checkpoint_every, progress=not args.quiet)
+                            checkpoint_every=args.checkpoint_every, progress=not args.quiet,
+                            eval_every=args.eval_every)
         else:
             cfg = preset(args.preset, quantize=not args.no_quantize)
             tcfg = train_preset(args.preset)
@@ -73,7 +77,8 @@ def run_train(args) -> int:
             steps = args.steps if args.steps is not None or args.tokens is not None else DEFAULT_STEPS.get(args.preset, 50)
             out = args.out or str(Path("runs") / f"{args.preset}-{time.strftime('%Y%m%d-%H%M%S')}")
             summary = train(out, cfg=cfg, tcfg=tcfg, data=args.data, seed=args.seed, steps=steps, tokens=args.tokens,
-                            backend_name=backend, checkpoint_every=args.checkpoint_every, progress=not args.quiet)
+                            backend_name=backend, checkpoint_every=args.checkpoint_every, progress=not args.quiet,
+                            eval_every=args.eval_every)
     except (BackendUnavailable, RecipeMismatch, CheckpointError, DataError, NonFiniteError, FileExistsError,
             FileNotFoundError, ValueError) as e:
         print(f"lockstep train: {type(e).__name__}: {e}", file=sys.stderr)

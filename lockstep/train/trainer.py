@@ -6,10 +6,11 @@ Run directory::
     data/                the embedded default corpus (manifest + shards), when used
     trajectory.jsonl     one record per step: step, tokens, lr, loss, grad_norm,
                          state_root, batch_digest, chain_hash (+ exact float bits)
-    metrics.jsonl        wall-clock facts (tokens/s, backend): not part of the chain
+    metrics.jsonl        wall-clock facts (tokens/s, backend) and validation losses
+                         (``--eval-every``): not part of the chain
     checkpoints/         step-NNNNNNNN/ folders (lockstep.train.checkpoint)
     commitment.json      the last chain hash, written when the run ends
-    loss.png             the loss curve (if matplotlib is installed)
+    loss.png             training and validation loss over tokens (if matplotlib is installed)
 
 The loop, per step t: plan the global batch (``step.plan_step``), compute this
 rank's contribution (``step.rank_contribution``), combine with the fixed butterfly
@@ -181,35 +182,21 @@ class RunSummary:
 
 
 def _plot_loss(run_dir: Path, trajectory: list[dict]) -> Path | None:
-    try:
-        import matplotlib
+    """loss.png: training and validation loss over tokens (``lockstep.use.plots``)."""
+    from lockstep.use.plots import plot_run
 
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        return None
-    steps = [r["step"] for r in trajectory]
-    losses = [r["loss"] for r in trajectory]
-    fig, ax = plt.subplots(figsize=(6, 3.5))
-    ax.plot(steps, losses)
-    ax.set_xlabel("step")
-    ax.set_ylabel("loss")
-    ax.set_title(f"{run_dir.name}: training loss")
-    ax.grid(alpha=0.3)
-    fig.tight_layout()
-    path = run_dir / "loss.png"
-    tmp = run_dir / ".loss.png.tmp"
-    fig.savefig(tmp, format="png")
-    plt.close(fig)
-    os.replace(tmp, path)
-    return path
+    return plot_run(run_dir, trajectory)
 
 
 def train(run_dir: str | Path, *, cfg: ModelConfig | None = None, tcfg: TrainConfig | None = None,
           data: str = "default", seed: int = 42, steps: int | None = None, tokens: int | None = None,
           backend_name: str = "spec", checkpoint_every: int = 50, resume: bool = False,
-          progress: bool = True, log=print) -> RunSummary:
-    """Train (or resume) the run in ``run_dir``; see the module docstring."""
+          progress: bool = True, log=print, eval_every: int | None = 0) -> RunSummary:
+    """Train (or resume) the run in ``run_dir``; see the module docstring.
+
+    ``eval_every`` K > 0: every K steps and at the last, rank 0 saves a checkpoint and
+    records the validation loss in metrics.jsonl (``lockstep.use.evaluate``); None:
+    the preset's default (``evaluate.DEFAULT_EVAL_EVERY``); 0: never."""
     from lockstep.backends import get_backend
 
     from .collectives import abort_on_exception, allreduce_dict, check_state_agreement
@@ -299,6 +286,9 @@ def train(run_dir: str | Path, *, cfg: ModelConfig | None = None, tcfg: TrainCon
 
         # ---- how far
         last_step = _last_step(tcfg, cfg.seq_len, start_step, steps, tokens)
+        from lockstep.use.evaluate import eval_interval
+
+        eval_every = eval_interval(eval_every, cfg)
         say(f"run {run_dir}: preset {cfg.name}, backend {be.name}, {world} rank(s), steps {start_step + 1}..{last_step}")
         bar = Progress(last_step, progress and is_root)
         summary_loss = float("nan")
@@ -328,10 +318,16 @@ def train(run_dir: str | Path, *, cfg: ModelConfig | None = None, tcfg: TrainCon
                 _append_line(run_dir / METRICS_FILE, {"step": t, "seconds": dt, "tokens_per_s": plan.n_global / dt,
                                                       "backend": be.name, "world_size": world, "loss": float(res.loss)})
                 bar.update(t, float(res.loss), plan.n_global / dt)
-                if t % checkpoint_every == 0 or t == last_step:
+                evaluating = eval_every > 0 and (t % eval_every == 0 or t == last_step)
+                if t % checkpoint_every == 0 or t == last_step or evaluating:
                     side = {"chain_hash": prev_chain, "stream_state": stream.state_at(plan.first_window + plan.n_windows),
                             "recipe_sha256": recipe_digest(recipe), "tokens": plan.tokens_after}
                     ckpt.save_checkpoint(run_dir, t, state_tensors(params, opt), side)
+                if evaluating:  # after the checkpoint, so `lockstep eval --step t` can reproduce it
+                    from lockstep.use.evaluate import record_validation
+
+                    record_validation(run_dir, t, plan.tokens_after, params, cfg, stream.manifest, be,
+                                      tcfg.micro_batch, say)
         bar.close()
         if is_root:
             atomic_write_json(run_dir / COMMITMENT_FILE, {

@@ -109,8 +109,255 @@ def _compare(v, recorded: dict | None) -> tuple[str, int]:
             f"{recorded.get('backend')}, here on {v.backend})"), EXIT_OK
 
 
+# ---------------------------------------------------------------- sample
+
+def add_sample_parser(subparsers) -> argparse.ArgumentParser:
+    p = subparsers.add_parser(
+        "sample", help="generate text from a checkpoint (KV cache; the same text on every backend)",
+        description="Generate text from a verified checkpoint of RUN (default: the latest) with the model exactly "
+                    "as trained (int8 W8A8 when the recipe quantizes) and the run's tokenizer. The prompt starts a "
+                    "document (an end-of-document token goes before it, as in training); generation stops at the "
+                    "end of the document or after --max-new-tokens. Sampling draws from Philox keyed by --seed, "
+                    "so the same command prints the same text on every backend. The prompt and the text go to "
+                    "stdout; progress and a summary to stderr.")
+    p.add_argument("run", type=Path, help="the run directory")
+    src = p.add_mutually_exclusive_group()
+    src.add_argument("--prompt", default="", help="the start of the text (default: empty: a new document)")
+    src.add_argument("--prompt-file", type=Path, help="read the prompt from this file (bytes as they are)")
+    p.add_argument("--step", type=_positive_int, help="the checkpoint's step (default: the latest)")
+    p.add_argument("--max-new-tokens", type=_positive_int, default=200, help="at most this many tokens (default 200)")
+    p.add_argument("--temperature", type=float, default=0.8, help="0: greedy (argmax); default 0.8")
+    p.add_argument("--top-k", type=int, default=0, help="sample only from the k most likely tokens (0: all; default 0)")
+    p.add_argument("--seed", type=int, default=0, help="the sampling seed (default 0)")
+    p.add_argument("--no-stop", action="store_true", help="go on past the end of the document (into the next)")
+    p.add_argument("--backend", default=None, help="spec or numba (default: numba when installed, else spec)")
+    p.add_argument("--data", type=Path, help="the run's data folder (for its tokenizer), when it is not inside the run")
+    p.add_argument("--json", action="store_true", help="print one JSON record (ids and text) instead of streaming")
+    p.add_argument("--quiet", action="store_true", help="no progress or summary on stderr")
+    p.set_defaults(func=run_sample)
+    return p
+
+
+def _prompt_bytes(args) -> bytes:
+    import os
+
+    if args.prompt_file is not None:
+        try:
+            return args.prompt_file.read_bytes()
+        except OSError as exc:
+            raise ValueError(f"--prompt-file {args.prompt_file}: {exc.strerror or exc}") from None
+    return os.fsencode(args.prompt)  # the bytes as given, even if they are not valid UTF-8
+
+
+def encode_prompt(tokenizer, data: bytes, model_vocab: int) -> list[int]:
+    """Token ids of a prompt; a clear error for text the tokenizer cannot represent."""
+    from lockstep.train.tokenizer import ByteTokenizer
+
+    if isinstance(tokenizer, ByteTokenizer):
+        return tokenizer.encode(data).astype(int).tolist()
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ValueError(f"the prompt is not UTF-8 (byte 0x{data[exc.start]:02X} at offset {exc.start}); this run's "
+                         f"tokenizer ({tokenizer.kind}) reads UTF-8 text only") from None
+    ids = tokenizer.encode(text).astype(int).tolist()
+    back = tokenizer.decode(ids)
+    if back != text:
+        at = next((i for i, (a, b) in enumerate(zip(text, back)) if a != b), min(len(text), len(back)))
+        ch = text[at] if at < len(text) else ""
+        raise ValueError(f"the prompt has text the tokenizer cannot represent: {ch!r} (U+{ord(ch):04X}) at character "
+                         f"{at}; leave it out" if ch else "the tokenizer does not reproduce the prompt; shorten it")
+    bad = [t for t in ids if t >= model_vocab]
+    if bad:
+        raise ValueError(f"the tokenizer gives id {bad[0]}, beyond the model's vocabulary of {model_vocab}")
+    return ids
+
+
+class _TextStream:
+    """Writes decoded text as tokens arrive: bytes as they are, other tokenizers by decoded suffix."""
+
+    def __init__(self, tokenizer, out):
+        from lockstep.train.tokenizer import ByteTokenizer
+
+        self.tok, self.out = tokenizer, out
+        self.raw = isinstance(tokenizer, ByteTokenizer)
+        self.ids: list[int] = []
+        self.shown = ""
+
+    def write_ids(self, ids: list[int]) -> None:
+        if self.raw:  # byte tokens straight through (a character split over tokens joins up on the way);
+            self.out.flush()  # the separator is a newline
+            self.out.buffer.write(b"".join(b"\n" if t == self.tok.eod_id else bytes([t]) for t in ids if t <= 256))
+        else:
+            self.ids += ids
+            text = self.tok.decode(self.ids)
+            stable = text[: len(text) - 1] if text.endswith("\ufffd") else text
+            if stable.startswith(self.shown):
+                self.out.write(stable[len(self.shown):])
+                self.shown = stable
+        self.out.flush()
+
+
+def run_sample(args) -> int:
+    import time
+
+    from lockstep.backends import BackendUnavailable, get_backend
+
+    from .use.generate import CachedModel, Sampling, SamplingError, generate
+    from .use.run import UseError, open_data, open_model
+
+    try:
+        sampling = Sampling(args.temperature, args.top_k or None, args.seed).check()
+        be = get_backend(args.backend or _backend_default())
+        model = open_model(args.run, args.step)
+        manifest = open_data(args.run, model.recipe, args.data)
+        tokenizer = manifest.tokenizer()
+        prompt = encode_prompt(tokenizer, _prompt_bytes(args), model.cfg.vocab_size)
+    except (UseError, SamplingError, BackendUnavailable, ValueError) as exc:
+        return _err("sample", str(exc))
+    say = (lambda msg: print(msg, file=sys.stderr, flush=True)) if not args.quiet else (lambda msg: None)
+    limit = model.cfg.seq_len - 1  # the end-of-document token goes first
+    if len(prompt) > limit:
+        say(f"note: the prompt is {len(prompt)} tokens; the model reads at most {model.cfg.seq_len}, "
+            f"so it sees the last {limit} after the end-of-document token")
+        prompt = prompt[-limit:]
+    note = model.spec_note()
+    if note:
+        say(note)
+    context = [manifest.eod_id] + prompt
+    stream = None if args.json else _TextStream(tokenizer, sys.stdout)
+    if stream is not None:
+        stream.write_ids(prompt)
+    bar = _SampleProgress(args.max_new_tokens, enabled=not args.quiet and not sys.stdout.isatty() and not args.json)
+    out: list[int] = []
+    t0 = time.perf_counter()
+    try:
+        cached = CachedModel(model.params, model.cfg, be)
+        for tok in generate(cached, context, args.max_new_tokens, manifest.vocab_size, sampling,
+                            stop_id=None if args.no_stop else manifest.eod_id):
+            out.append(tok)
+            if stream is not None and (args.no_stop or tok != manifest.eod_id):
+                stream.write_ids([tok])
+            bar.update(len(out))
+    except (SamplingError, ValueError) as exc:
+        if stream is not None:
+            sys.stdout.write("\n")
+        return _err("sample", str(exc))
+    dt = time.perf_counter() - t0
+    bar.close()
+    ended = bool(out) and out[-1] == manifest.eod_id and not args.no_stop
+    if args.json:
+        print(json.dumps({"run": str(args.run), "step": model.step, "backend": be.name, "seed": args.seed,
+                          "temperature": args.temperature, "top_k": args.top_k, "prompt_ids": prompt,
+                          "ids": out, "end_of_document": ended,
+                          "text": tokenizer.decode([t for t in out if t != manifest.eod_id or args.no_stop])}))
+    else:
+        sys.stdout.write("\n")
+        sys.stdout.flush()
+    say(f"{len(out)} tokens in {dt:.1f} s ({len(out) / max(dt, 1e-9):.1f} tokens/s) from step {model.step} of "
+        f"{args.run} on {be.name}, seed {args.seed}, temperature {args.temperature}"
+        + (f", top-k {args.top_k}" if args.top_k else "") + ("; the document ended" if ended else ""))
+    return EXIT_OK
+
+
+class _SampleProgress:
+    """A progress line on stderr while the text goes to a file or pipe."""
+
+    def __init__(self, total: int, enabled: bool):
+        self.total, self.enabled = total, enabled
+        self.tty = sys.stderr.isatty()
+        self.last = 0
+
+    def update(self, done: int) -> None:
+        if not self.enabled:
+            return
+        width = 24
+        line = f"[{'#' * (width * done // self.total):-<{width}}] {done}/{self.total} tokens"
+        if self.tty:
+            print("\r" + line, end="", file=sys.stderr, flush=True)
+        elif done - self.last >= max(1, self.total // 10):
+            self.last = done
+            print(line, file=sys.stderr, flush=True)
+
+    def close(self) -> None:
+        if self.enabled and self.tty:
+            print(file=sys.stderr)
+
+
+# ---------------------------------------------------------------- export
+
+def add_export_parser(subparsers) -> argparse.ArgumentParser:
+    p = subparsers.add_parser(
+        "export", help="write a checkpoint's weights (float32 safetensors, int8 codes) with their proof",
+        description="Write the weights of a verified checkpoint of RUN (default: the latest) to a new folder: "
+                    "model.safetensors (float32 parameters under their lockstep names, plus the int8 codes and "
+                    "scales of the int8 layers), config.json, recipe.json, proof.json (state root, chain hash, "
+                    "every tensor digest) and a README model card. Check an export with "
+                    "`lockstep audit verify-export DIR RUN`.")
+    p.add_argument("run", type=Path, help="the run directory")
+    p.add_argument("--out", type=Path, required=True, help="the new export folder (must not exist, or be empty)")
+    p.add_argument("--step", type=_positive_int, help="the checkpoint's step (default: the latest)")
+    p.add_argument("--data", type=Path, help="the run's data folder (for its tokenizer), when it is not inside the run")
+    p.set_defaults(func=run_export)
+    return p
+
+
+def run_export(args) -> int:
+    from .use.evaluate import recorded_validations
+    from .use.export import make_export, verify_export
+    from .use.run import UseError, open_data, open_model
+
+    try:
+        model = open_model(args.run, args.step)
+        manifest = open_data(args.run, model.recipe, args.data)
+        out = make_export(model, manifest, args.out, recorded_validations(args.run).get(model.step))
+        rep = verify_export(out, args.run)
+    except (UseError, ValueError, OSError) as exc:
+        return _err("export", str(exc))
+    if not rep.ok:  # never expected: the export was just made from a verified checkpoint
+        print(rep.format())
+        return _err("export", f"{out} does not verify against {args.run}; do not publish it")
+    print(f"exported step {model.step} of {args.run} to {out} (state root {model.sidecar['state_root'][:16]}..., "
+          f"chain hash {model.sidecar['chain_hash'][:16]}...); verified against the run")
+    return EXIT_OK
+
+
+def add_verify_export_parser(subparsers) -> argparse.ArgumentParser:
+    """``verify-export`` (registered under ``lockstep audit``)."""
+    p = subparsers.add_parser(
+        "verify-export", help="check an export's weights against its proof and, given RUN, the run's chain",
+        description="Check an export folder made by `lockstep export`: its files' SHA-256, every tensor's lockstep "
+                    "digest against proof.json, the int8 codes and scales against the spec's quantizer, the state "
+                    "root from the digests and the chain link of its step; with RUN also the run's recipe, its "
+                    "chain recomputed from the genesis through the export's step to the commitment, and the "
+                    "run's checkpoint of that step. Exit 0 valid, 2 invalid, 1 unreadable.")
+    p.add_argument("export", type=Path, help="the export folder")
+    p.add_argument("run", type=Path, nargs="?", help="the run directory the export claims to come from")
+    p.add_argument("--json", action="store_true", help="print the checks as JSON")
+    p.set_defaults(func=run_verify_export)
+    return p
+
+
+def run_verify_export(args) -> int:
+    from .use.export import verify_export
+    from .use.run import UseError
+
+    try:
+        rep = verify_export(args.export, args.run)
+    except (UseError, ValueError, OSError) as exc:
+        return _err("audit verify-export", str(exc))
+    if args.json:
+        print(json.dumps({"export": str(args.export), "run": str(args.run) if args.run else None, "valid": rep.ok,
+                          "checks": [{"check": n, "ok": ok, "detail": d} for n, ok, d in rep.checks]}, indent=2))
+    else:
+        print(rep.format())
+    return EXIT_OK if rep.ok else EXIT_BAD
+
+
 # ---------------------------------------------------------------- registration
 
 def add_use_parsers(subparsers) -> None:
     """Add ``sample``, ``eval`` and ``export`` to the ``lockstep`` parser."""
+    add_sample_parser(subparsers)
     add_eval_parser(subparsers)
+    add_export_parser(subparsers)

@@ -199,19 +199,16 @@ class _TextStream:
 
 
 def run_sample(args) -> int:
-    import time
-
     from lockstep.backends import BackendUnavailable, get_backend
 
-    from .use.generate import CachedModel, Sampling, SamplingError, generate
-    from .use.run import UseError, open_data, open_model
+    from .use.generate import Sampling, SamplingError
+    from .use.run import UseError, open_model, open_tokenizer
 
     try:
         sampling = Sampling(args.temperature, args.top_k or None, args.seed).check()
         be = get_backend(args.backend or _backend_default())
         model = open_model(args.run, args.step)
-        manifest = open_data(args.run, model.recipe, args.data)
-        tokenizer = manifest.tokenizer()
+        tokenizer, identity = open_tokenizer(args.run, model.recipe, args.data)
         prompt = encode_prompt(tokenizer, _prompt_bytes(args), model.cfg.vocab_size)
     except (UseError, SamplingError, BackendUnavailable, ValueError) as exc:
         return _err("sample", str(exc))
@@ -221,10 +218,24 @@ def run_sample(args) -> int:
         say(f"note: the prompt is {len(prompt)} tokens; the model reads at most {model.cfg.seq_len}, "
             f"so it sees the last {limit} after the end-of-document token")
         prompt = prompt[-limit:]
+    try:
+        return _generate_into(args, be, model, tokenizer, prompt, sampling, say)
+    except BrokenPipeError:  # the reader went away (| head): stop quietly, as other Unix tools do
+        import os
+
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return EXIT_OK
+
+
+def _generate_into(args, be, model, tokenizer, prompt: list[int], sampling, say) -> int:
+    import time
+
+    from .use.generate import CachedModel, SamplingError, generate
+
     note = model.spec_note()
     if note:
         say(note)
-    context = [manifest.eod_id] + prompt
+    context = [tokenizer.eod_id] + prompt
     stream = None if args.json else _TextStream(tokenizer, sys.stdout)
     if stream is not None:
         stream.write_ids(prompt)
@@ -233,10 +244,10 @@ def run_sample(args) -> int:
     t0 = time.perf_counter()
     try:
         cached = CachedModel(model.params, model.cfg, be)
-        for tok in generate(cached, context, args.max_new_tokens, manifest.vocab_size, sampling,
-                            stop_id=None if args.no_stop else manifest.eod_id):
+        for tok in generate(cached, context, args.max_new_tokens, tokenizer.vocab_size, sampling,
+                            stop_id=None if args.no_stop else tokenizer.eod_id):
             out.append(tok)
-            if stream is not None and (args.no_stop or tok != manifest.eod_id):
+            if stream is not None and (args.no_stop or tok != tokenizer.eod_id):
                 stream.write_ids([tok])
             bar.update(len(out))
     except (SamplingError, ValueError) as exc:
@@ -245,12 +256,12 @@ def run_sample(args) -> int:
         return _err("sample", str(exc))
     dt = time.perf_counter() - t0
     bar.close()
-    ended = bool(out) and out[-1] == manifest.eod_id and not args.no_stop
+    ended = bool(out) and out[-1] == tokenizer.eod_id and not args.no_stop
     if args.json:
         print(json.dumps({"run": str(args.run), "step": model.step, "backend": be.name, "seed": args.seed,
                           "temperature": args.temperature, "top_k": args.top_k, "prompt_ids": prompt,
                           "ids": out, "end_of_document": ended,
-                          "text": tokenizer.decode([t for t in out if t != manifest.eod_id or args.no_stop])}))
+                          "text": tokenizer.decode([t for t in out if t != tokenizer.eod_id or args.no_stop])}))
     else:
         sys.stdout.write("\n")
         sys.stdout.flush()
@@ -305,12 +316,12 @@ def add_export_parser(subparsers) -> argparse.ArgumentParser:
 def run_export(args) -> int:
     from .use.evaluate import recorded_validations
     from .use.export import make_export, verify_export
-    from .use.run import UseError, open_data, open_model
+    from .use.run import UseError, open_model, open_tokenizer
 
     try:
         model = open_model(args.run, args.step)
-        manifest = open_data(args.run, model.recipe, args.data)
-        out = make_export(model, manifest, args.out, recorded_validations(args.run).get(model.step))
+        tokenizer, identity = open_tokenizer(args.run, model.recipe, args.data)
+        out = make_export(model, tokenizer, identity, args.out, recorded_validations(args.run).get(model.step))
         rep = verify_export(out, args.run)
     except (UseError, ValueError, OSError) as exc:
         return _err("export", str(exc))

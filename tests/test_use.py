@@ -46,8 +46,18 @@ def data_folder(tmp_path_factory):
                   validation_documents=3).parent
 
 
+_DATA: list[str] = []  # the run's data folder: trained with --data DIR, so the commands are given it too
+
+
+def cli(argv: list[str]) -> int:
+    """``lockstep ARGV``, with ``--data DIR`` for the commands that read the run's data."""
+    extra = ["--data", _DATA[0]] if argv[0] in ("sample", "eval", "export") and _DATA else []
+    return main([*argv, *extra])
+
+
 @pytest.fixture(scope="module")
 def run(tmp_path_factory, data_folder):
+    _DATA[:] = [str(data_folder)]
     out = tmp_path_factory.mktemp("use-run") / "run"
     rc = main(["train", "--preset", "tiny", "--data", str(data_folder), "--steps", "4", "--eval-every", "2",
                "--checkpoint-every", "2", "--backend", "spec", "--quiet", "--out", str(out)])
@@ -77,7 +87,7 @@ def test_eval_reproduces_the_recorded_bits(run, backend, capsys):
     if backend == "numba":
         _numba_or_skip()
     for step in (2, 4):
-        assert main(["eval", str(run), "--step", str(step), "--backend", backend, "--json", "--quiet"]) == 0
+        assert cli(["eval", str(run), "--step", str(step), "--backend", backend, "--json", "--quiet"]) == 0
         out = json.loads(capsys.readouterr().out)
         assert out["reproduced"] is True
         assert out["validation"]["loss_sum_bits"] == _validation_records(run)[step]["loss_sum_bits"]
@@ -94,7 +104,7 @@ def test_eval_reports_a_different_value(run, tmp_path, capsys):
             rec["validation"]["loss_sum_bits"] = "0x3F800000"
         forged.append(json.dumps(rec))
     (copy / "metrics.jsonl").write_text("\n".join(forged) + "\n")
-    assert main(["eval", str(copy), "--backend", "spec", "--quiet"]) == 2
+    assert cli(["eval", str(copy), "--backend", "spec", "--quiet"]) == 2
     assert "DIFFERS" in capsys.readouterr().out
 
 
@@ -210,7 +220,7 @@ def test_gumbel_noise_is_the_same_on_numba():
 
 
 def _sample(run, capsys, *args) -> dict:
-    assert main(["sample", str(run), "--json", "--quiet", *args]) == 0
+    assert cli(["sample", str(run), "--json", "--quiet", *args]) == 0
     return json.loads(capsys.readouterr().out)
 
 
@@ -229,9 +239,9 @@ def test_sample_gives_the_same_text_on_spec_and_numba(run, capsys, settings):
 
 def test_sample_streams_the_prompt_and_the_text(run, capsysbinary):
     args = ["sample", str(run), "--prompt", "Tom", "--max-new-tokens", "12", "--seed", "2", "--backend", "spec"]
-    assert main([*args, "--quiet"]) == 0
+    assert cli([*args, "--quiet"]) == 0
     streamed = capsysbinary.readouterr().out
-    assert main([*args, "--json", "--quiet"]) == 0
+    assert cli([*args, "--json", "--quiet"]) == 0
     record = json.loads(capsysbinary.readouterr().out)
     text = bytes(t for t in record["ids"] if t < 256)  # the byte tokens as they are (not always UTF-8)
     assert streamed == b"Tom" + text + b"\n"
@@ -245,12 +255,12 @@ def test_a_damaged_checkpoint_is_an_error_not_text(run, tmp_path, capsys):
     data[-7] ^= 0x01
     state.write_bytes(bytes(data))
     for cmd in (["sample", "--prompt", "x"], ["eval"], ["export", "--out", str(tmp_path / "e")]):
-        assert main([cmd[0], str(copy), *cmd[1:]]) == 1
+        assert cli([cmd[0], str(copy), *cmd[1:]]) == 1
         cap = capsys.readouterr()
         assert cap.out == "" and "refused" in cap.err and "step-00000004" in cap.err
     assert not (tmp_path / "e").exists()
     # the earlier checkpoint is still usable, by name
-    assert main(["sample", str(copy), "--step", "2", "--prompt", "x", "--max-new-tokens", "3", "--quiet", "--json"]) == 0
+    assert cli(["sample", str(copy), "--step", "2", "--prompt", "x", "--max-new-tokens", "3", "--quiet", "--json"]) == 0
 
 
 def test_a_checkpoint_of_another_recipe_or_trajectory_is_refused(run, tmp_path):
@@ -273,17 +283,17 @@ def test_a_checkpoint_of_another_recipe_or_trajectory_is_refused(run, tmp_path):
 
 def test_sample_argument_errors(run, tmp_path, capsys):
     cases = [
-        (["--step", "3"], "no checkpoint of step 3"),
+        (["--step", "3"], "no complete checkpoint of step 3 (complete ones: 2, 4)"),
         (["--prompt-file", str(tmp_path / "missing.txt")], "missing.txt"),
         (["--temperature", "-1"], "--temperature"),
         (["--top-k", "-2"], "--top-k"),
         (["--backend", "nonesuch"], "unknown backend"),
     ]
     for args, message in cases:
-        assert main(["sample", str(run), *args]) == 1
+        assert cli(["sample", str(run), *args]) == 1
         cap = capsys.readouterr()
         assert cap.out == "" and message in cap.err, (args, cap.err)
-    assert main(["sample", str(tmp_path / "nowhere")]) == 1
+    assert cli(["sample", str(tmp_path / "nowhere")]) == 1
     assert "not a run directory" in capsys.readouterr().err
 
 
@@ -311,7 +321,7 @@ def test_a_prompt_the_tokenizer_cannot_represent(tmp_path):
 
 def test_export_verifies_alone_and_against_its_run(run, tmp_path, capsys):
     out = tmp_path / "export"
-    assert main(["export", str(run), "--out", str(out)]) == 0
+    assert cli(["export", str(run), "--out", str(out)]) == 0
     capsys.readouterr()
     assert main(["audit", "verify-export", str(out), str(run), "--json"]) == 0
     report = json.loads(capsys.readouterr().out)
@@ -326,7 +336,7 @@ def test_export_verifies_alone_and_against_its_run(run, tmp_path, capsys):
     assert tensors["layers.00.attn.wqkv.int8"].dtype == np.int8
     assert "verify-export" in (out / "README.md").read_text()
     # an existing folder is not overwritten
-    assert main(["export", str(run), "--out", str(out)]) == 1
+    assert cli(["export", str(run), "--out", str(out)]) == 1
     assert "already exists" in capsys.readouterr().err
 
 
@@ -335,7 +345,7 @@ def test_verify_export_finds_forgeries(run, tmp_path, capsys):
     from lockstep.train.tokenizer import file_sha256
 
     good = tmp_path / "export"
-    assert main(["export", str(run), "--out", str(good), "--step", "2"]) == 0
+    assert cli(["export", str(run), "--out", str(good), "--step", "2"]) == 0
     capsys.readouterr()
 
     def forged(name, change):
@@ -372,3 +382,17 @@ def test_verify_export_finds_forgeries(run, tmp_path, capsys):
     # not an export at all: exit 1 with a one-line reason
     assert main(["audit", "verify-export", str(tmp_path)]) == 1
     assert "not a readable lockstep export" in capsys.readouterr().err
+
+
+def test_the_tokenizer_is_read_inside_the_run_or_from_data(run, tmp_path, capsys):
+    """A run on the default corpus keeps its data inside: no --data needed. A run that names a
+    folder outside itself is not followed: --data DIR is asked for."""
+    inside = tmp_path / "inside"
+    assert main(["train", "--preset", "tiny", "--steps", "2", "--backend", "spec", "--quiet", "--out", str(inside)]) == 0
+    capsys.readouterr()
+    assert main(["sample", str(inside), "--prompt", "1 + 1 =", "--max-new-tokens", "4", "--json", "--quiet"]) == 0
+    assert json.loads(capsys.readouterr().out)["prompt_ids"] == list(b"1 + 1 =")
+    assert main(["sample", str(run), "--prompt", "x"]) == 1
+    assert "pass --data DIR" in capsys.readouterr().err
+    assert main(["sample", str(run), "--prompt", "x", "--data", str(inside / "data")]) == 1
+    assert "not the manifest the run was trained on" in capsys.readouterr().err

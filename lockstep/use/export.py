@@ -108,7 +108,8 @@ def _commitment(model: RunModel) -> dict | None:
     return {"last_step": c["last_step"], "chain_hash": c["chain_hash"]}
 
 
-def make_export(model: RunModel, manifest, out: str | os.PathLike, validation: dict | None = None) -> Path:
+def make_export(model: RunModel, tokenizer, identity: dict, out: str | os.PathLike,
+                validation: dict | None = None) -> Path:
     """Write the export of ``model`` (a verified checkpoint) to the new folder ``out``, all or nothing."""
     from lockstep.train.trainer import genesis
 
@@ -122,13 +123,14 @@ def make_export(model: RunModel, manifest, out: str | os.PathLike, validation: d
         tensors = export_tensors(model.params, model.cfg)
         write_safetensors(staging / MODEL_FILE, tensors,
                           {"format": "lockstep.export", "step": str(model.step), "spec_version": model.spec_version})
-        tokenizer = manifest.tokenizer_identity
-        atomic_write_bytes(staging / CONFIG_FILE, json_bytes(_config(model, tokenizer)))
+        atomic_write_bytes(staging / CONFIG_FILE, json_bytes(_config(model, identity)))
         recipe_bytes = json_bytes(model.recipe)
         atomic_write_bytes(staging / RECIPE_FILE, recipe_bytes)
         files = [MODEL_FILE, CONFIG_FILE, RECIPE_FILE]
-        if tokenizer.get("kind") == HFTokenizer.kind:
-            shutil.copyfile(safe_join(manifest.folder, tokenizer["file"]), staging / HF_TOKENIZER_FILE)
+        if isinstance(tokenizer, HFTokenizer):  # the file whose digest the manifest names
+            shutil.copyfile(tokenizer.path, staging / HF_TOKENIZER_FILE)
+            if file_sha256(staging / HF_TOKENIZER_FILE) != tokenizer.sha256:
+                raise UseError(f"{tokenizer.path} changed while it was exported; export again")
             files.append(HF_TOKENIZER_FILE)
         proof = {
             "format": PROOF_FORMAT, "version": EXPORT_VERSION,
@@ -144,7 +146,7 @@ def make_export(model: RunModel, manifest, out: str | os.PathLike, validation: d
             "files": {name: file_sha256(staging / name) for name in files},
         }
         atomic_write_bytes(staging / PROOF_FILE, json_bytes(proof))
-        atomic_write_bytes(staging / CARD_FILE, model_card(model, proof, tokenizer, validation).encode("utf-8"))
+        atomic_write_bytes(staging / CARD_FILE, model_card(model, proof, identity, validation).encode("utf-8"))
         fsync_dir(staging)
         if out.exists():
             out.rmdir()  # empty (checked above); fails loudly if someone filled it meanwhile

@@ -98,6 +98,15 @@ def open_model(run_dir: str | os.PathLike, step: int | None = None) -> RunModel:
     if step is not None and (isinstance(step, bool) or not isinstance(step, int) or step < 1):
         raise UseError(f"--step must be a positive integer, got {step!r}")
     try:
+        have = [s for s, _ in ckpt.list_checkpoints(run_dir)]
+    except (UnsafePath, OSError) as exc:
+        raise UseError(f"refused: {run_dir}/checkpoints cannot be listed: {exc}") from None
+    if step is not None and step not in have:
+        raise UseError(f"{run_dir} has no complete checkpoint of step {step} (complete ones: "
+                       f"{', '.join(map(str, have[-10:])) or 'none'})")
+    if not have:
+        raise UseError(f"{run_dir} has no complete checkpoint yet (train it, or wait for its first checkpoint)")
+    try:
         c = ckpt.load_checkpoint(run_dir, step)
     except ckpt.CheckpointError as exc:
         raise UseError(f"refused: {exc}") from None
@@ -123,6 +132,40 @@ def open_model(run_dir: str | os.PathLike, step: int | None = None) -> RunModel:
         raise UseError(f"refused: {c.path}: the parameters do not fit the recipe's model (first difference: "
                        f"{bad[:1] or 'a dtype other than float32'})")
     return RunModel(run_dir, recipe, cfg, tcfg, c.step, params, c.sidecar, c.path, record)
+
+
+def open_tokenizer(run_dir: str | os.PathLike, recipe: dict, data: str | os.PathLike | None = None):
+    """The run's tokenizer, from its data manifest alone (no shard is read).
+
+    The manifest is the one in ``data`` (``--data DIR``) or in the recipe's data folder,
+    which must be inside the run (a recipe from elsewhere never makes lockstep read a
+    path it names); its SHA-256 must be the recipe's. A Hugging Face tokenizer file is
+    checked against the manifest's digest of it. Returns ``(tokenizer, identity)``.
+    """
+    import hashlib
+
+    from lockstep.fsio import parse_json, safe_join
+    from lockstep.train.data import MANIFEST_NAME
+    from lockstep.train.tokenizer import TokenizerError, tokenizer_from_identity
+
+    run_dir = Path(run_dir)
+    want = recipe["data"]["manifest_sha256"]
+    hint = f"pass --data DIR, the run's data folder (its manifest.json has SHA-256 {want})"
+    try:
+        folder = Path(data) if data is not None else safe_join(run_dir, recipe["data"]["folder"])
+        path = folder / MANIFEST_NAME if folder.is_dir() else folder
+        raw = path.read_bytes()
+    except UnsafePath:
+        raise UseError(f"the run's data folder {recipe['data']['folder']!r} is outside {run_dir}; {hint}") from None
+    except OSError as exc:
+        raise UseError(f"the run's data manifest cannot be read ({exc.strerror or exc}: {exc.filename}); {hint}") from None
+    if hashlib.sha256(raw).hexdigest() != want:
+        raise UseError(f"{path}: not the manifest the run was trained on (SHA-256 differs); {hint}")
+    try:
+        identity = parse_json(raw, "data manifest", str(path))["tokenizer"]
+        return tokenizer_from_identity(identity, path.parent), identity
+    except (FileFormatError, TokenizerError, KeyError, TypeError) as exc:
+        raise UseError(f"{path}: the run's tokenizer cannot be used: {exc}") from None
 
 
 def open_data(run_dir: str | os.PathLike, recipe: dict, data: str | os.PathLike | None = None) -> Manifest:

@@ -91,8 +91,11 @@ def run_eval(args) -> int:
         if note:
             print(note)
     if args.record:
-        append_metrics(args.run, metrics_line(v))
-        png = plot_run(args.run)
+        try:
+            append_metrics(args.run, metrics_line(v))
+            png = plot_run(args.run)
+        except (OSError, ValueError) as exc:
+            return _err("eval", f"could not record the result in {args.run}: {exc}")
         print(f"recorded in {args.run / 'metrics.jsonl'}" + (f", {png}" if png else ""), file=sys.stderr)
     return code
 
@@ -197,6 +200,16 @@ class _TextStream:
                 self.shown = stable
         self.out.flush()
 
+    def finish(self) -> None:
+        """Write what a held-back partial character (or a re-tokenised tail) kept from the screen."""
+        if not self.raw:
+            text = self.tok.decode(self.ids)
+            if text.startswith(self.shown) and text != self.shown:
+                self.out.write(text[len(self.shown):])
+                self.shown = text
+        self.out.write("\n")
+        self.out.flush()
+
 
 def run_sample(args) -> int:
     from lockstep.backends import BackendUnavailable, get_backend
@@ -263,8 +276,7 @@ def _generate_into(args, be, model, tokenizer, prompt: list[int], sampling, say)
                           "ids": out, "end_of_document": ended,
                           "text": tokenizer.decode([t for t in out if t != tokenizer.eod_id or args.no_stop])}))
     else:
-        sys.stdout.write("\n")
-        sys.stdout.flush()
+        stream.finish()
     say(f"{len(out)} tokens in {dt:.1f} s ({len(out) / max(dt, 1e-9):.1f} tokens/s) from step {model.step} of "
         f"{args.run} on {be.name}, seed {args.seed}, temperature {args.temperature}"
         + (f", top-k {args.top_k}" if args.top_k else "") + ("; the document ended" if ended else ""))

@@ -32,10 +32,12 @@ def run_curves(run_dir: Path, trajectory: list[dict] | None = None) -> tuple[lis
     from .evaluate import recorded_validations
 
     traj = trajectory if trajectory is not None else read_trajectory(run_dir, tolerate_torn_tail=True)
-    by_step = {r["step"]: r for r in traj if isinstance(r, dict) and "step" in r}
+    by_step = {r["step"]: r for r in traj if isinstance(r, dict) and type(r.get("step")) is int
+               and type(r.get("tokens")) is int and isinstance(r.get("loss"), (int, float))}
     steps = sorted(by_step)
     val = recorded_validations(run_dir)
-    val_steps = sorted(s for s in val if isinstance(val[s].get("tokens"), int))
+    val_steps = sorted(s for s in val if type(val[s].get("tokens")) is int
+                       and isinstance(val[s].get("nats_per_token"), (int, float)))
     return ([by_step[s]["tokens"] for s in steps], [by_step[s]["loss"] for s in steps],
             [val[s]["tokens"] for s in val_steps], [val[s]["nats_per_token"] for s in val_steps])
 

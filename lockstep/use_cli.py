@@ -105,9 +105,14 @@ def _compare(v, recorded: dict | None) -> tuple[str, int]:
         return f"no validation loss recorded for step {v.step} (train --eval-every K records one)", EXIT_OK
     want = recorded.get("loss_sum_bits")
     if recorded.get("targets") != v.targets or want != v.bits:
+        from lockstep.spec import SPEC_VERSION
+
+        other = recorded.get("spec_version")
+        why = (f" (recorded under SPEC_VERSION {other}, this lockstep computes SPEC_VERSION {SPEC_VERSION}: "
+               f"use a lockstep of SPEC_VERSION {other} to reproduce it)" if other != SPEC_VERSION else "")
         return (f"DIFFERS from the value recorded during training: loss sum bits {want} over "
                 f"{recorded.get('targets')} tokens (recorded on {recorded.get('backend')}), here {v.bits} over "
-                f"{v.targets} tokens on {v.backend}"), EXIT_BAD
+                f"{v.targets} tokens on {v.backend}{why}"), EXIT_BAD
     return (f"reproduces the value recorded during training bit for bit ({want}, recorded on "
             f"{recorded.get('backend')}, here on {v.backend})"), EXIT_OK
 

@@ -8,6 +8,10 @@ For each position p, one token's logits are computed two ways on the same backen
   (``model.logits_forward``, O(p) linear work and O(p^2) attention work), which is what
   generating without a cache costs.
 
+Times are this process's CPU time (``time.process_time``), medians of ``--repeats``:
+on a shared machine wall time measures the other jobs. Run with ``NUMBA_NUM_THREADS=1``
+so CPU time is the work.
+
 Before timing, the cached logits are checked against the recomputed ones: bit for bit
 with float32 linears (``--no-quantize``); with int8 the decode scales activations per
 token, so they are compared at the prefill only (see ``lockstep.use.generate``).
@@ -64,18 +68,18 @@ def main(argv=None) -> int:
         assert dec.tobytes() == full[8:16].tobytes(), "decode differs from the training forward"
     print(f"preset {cfg.name}, int8 {cfg.quantize}, backend {be.name} ({be.description}); "
           f"checks passed; median of {args.repeats}")
-    print("| position | cached decode ms/token | recompute the context ms/token | ratio |")
+    print("| position | cached decode CPU ms/token | recompute the context CPU ms/token | ratio |")
     print("|---:|---:|---:|---:|")
     for p in args.positions:
         cached, recomputed = [], []
         for _ in range(args.repeats):
             model.prefill(ids[:p])
-            t0 = time.perf_counter()
+            t0 = time.process_time()
             model.decode(int(ids[p]))
-            cached.append(time.perf_counter() - t0)
-            t0 = time.perf_counter()
+            cached.append(time.process_time() - t0)
+            t0 = time.process_time()
             logits_forward(params, ids[None, : p + 1], cfg, be)
-            recomputed.append(time.perf_counter() - t0)
+            recomputed.append(time.process_time() - t0)
         c, r = statistics.median(cached) * 1e3, statistics.median(recomputed) * 1e3
         print(f"| {p} | {c:.1f} | {r:.1f} | {r / c:.1f}x |")
     return 0

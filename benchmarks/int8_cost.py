@@ -28,7 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from lockstep.train.trainer import load_recipe, read_trajectory  # noqa: E402
 from lockstep.use.evaluate import recorded_validations  # noqa: E402
-from lockstep.use.plots import plot_runs  # noqa: E402
+from lockstep.use.plots import run_curves  # noqa: E402
 
 TAIL = 16  # steps averaged for the final training loss
 
@@ -41,6 +41,45 @@ def at_step(s: dict, steps: int) -> None:
     """The final figures at step ``steps`` (the last step both runs reached)."""
     tail = [r["loss"] for r in s["traj"][steps - TAIL : steps]]
     s["last"], s["tail_mean"] = s["traj"][steps - 1], sum(tail) / len(tail)
+
+
+def plot_comparison(int8_run: Path, float_run: Path, out: Path, title: str) -> Path | None:
+    """Top: both runs' training loss (thin) and validation loss (markers), log scale. Bottom:
+    int8 minus float32, validation loss and the training loss averaged over TAIL steps."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return None
+    curves = {"int8 W8A8": run_curves(int8_run), "float32": run_curves(float_run)}
+    fig, (top, bottom) = plt.subplots(2, 1, figsize=(8, 7), sharex=True, height_ratios=(2, 1))
+    for i, (label, (tt, tl, vt, vl)) in enumerate(curves.items()):
+        top.plot(tt, tl, lw=0.7, alpha=0.55, color=f"C{i}", label=f"{label}: training (one batch per step)")
+        top.plot(vt, vl, "o-", ms=4, color=f"C{i}", label=f"{label}: validation (held-out documents)")
+    top.set_yscale("log")
+    top.set_ylabel("loss (nats / token)")
+    top.set_title(title)
+    top.grid(alpha=0.3, which="both")
+    top.legend(fontsize=8)
+    (ta, la, va, vla), (tb, lb, vb, vlb) = curves.values()
+    n = min(len(la), len(lb))
+    diff = [la[k] - lb[k] for k in range(n)]
+    smooth = [sum(diff[k - TAIL + 1 : k + 1]) / TAIL for k in range(TAIL - 1, n)]
+    bottom.plot(ta[TAIL - 1 : n], smooth, lw=1, color="C2", label=f"training loss, mean of {TAIL} steps")
+    common = sorted(set(va) & set(vb))
+    bottom.plot(common, [vla[va.index(t)] - vlb[vb.index(t)] for t in common], "o-", ms=4, color="C3",
+                label="validation loss")
+    bottom.axhline(0.0, color="k", lw=0.8)
+    bottom.set_xlabel("training tokens")
+    bottom.set_ylabel("int8 - float32 (nats)")
+    bottom.grid(alpha=0.3)
+    bottom.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(out, format="png", dpi=110)
+    plt.close(fig)
+    return out
 
 
 def main(argv=None) -> int:
@@ -87,8 +126,8 @@ def main(argv=None) -> int:
         for src in sorted(va["sources"]):
             x, y = va["sources"][src]["nats_per_token"], vb["sources"][src]["nats_per_token"]
             print(f"| validation loss, step {last}, {src} | {x:.4f} | {y:.4f} | {x - y:+.4f} |")
-    png = plot_runs({"int8 W8A8": args.int8_run, "float32": args.float_run}, args.png,
-                    f"{ma['name']}: int8 W8A8 vs float32 linears, same data and seed")
+    png = plot_comparison(args.int8_run, args.float_run, args.png,
+                          f"{ma['name']}: int8 W8A8 vs float32 linears, same data, seed and batches")
     print()
     print(f"plot: {png}" if png else "plot: matplotlib is not installed")
     return 0

@@ -23,6 +23,16 @@ def _default_backend() -> str:
         return "spec"
 
 
+def _non_negative_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{value} is negative")
+    return value
+
+
 def add_train_parser(subparsers) -> argparse.ArgumentParser:
     p = subparsers.add_parser(
         "train",
@@ -44,7 +54,7 @@ def add_train_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--checkpoint-every", type=int, default=50, help="checkpoint every K steps (and at the end)")
     p.add_argument("--resume", metavar="RUN", help="continue RUN from its last complete checkpoint")
     p.add_argument("--no-quantize", action="store_true", help="float32 linears instead of int8 W8A8")
-    p.add_argument("--eval-every", type=int, metavar="K",
+    p.add_argument("--eval-every", type=_non_negative_int, metavar="K",
                    help="validation loss every K steps and at the end, into metrics.jsonl and loss.png "
                         "(default: 50 for small, off for tiny; 0: off)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")

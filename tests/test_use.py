@@ -143,6 +143,13 @@ def test_eval_without_held_out_documents_is_a_clear_error(run, tmp_path, capsys)
     assert record_validation(tmp_path, 1, 0, init_params(cfg, 0), cfg, manifest, get_backend("spec"), 4,
                              said.append) is None
     assert "holds out no documents" in said[0]
+    src.write_text(json.dumps({"text": "one document"}) + "\n" + json.dumps({"text": "too short"}) + "\n")
+    short = Manifest.load(ingest(tmp_path / "d2", [("t", src, 1)], validation_documents=1))
+    assert record_validation(tmp_path / "d2", 1, 0, init_params(cfg, 0), cfg, short, get_backend("spec"), 4,
+                             said.append) is None
+    assert "too few tokens for one window of 33" in said[1]
+    assert main(["eval", str(run), "--data", str(tmp_path / "d")]) == 1  # not the run's data: refused
+    assert "manifest" in capsys.readouterr().err
 
 
 # ---------------------------------------------------------------- the model with a KV cache

@@ -239,10 +239,12 @@ def record_validation(run_dir: Path, step: int, tokens: int, params: dict, cfg: 
                       backend, eval_batch: int, say=print) -> Validation | None:
     """The trainer's hook: evaluate, append to metrics.jsonl, say one line. None when the data
     holds out nothing (said once per run)."""
-    if not validation_windows(manifest, cfg.seq_len):
+    splits = validation_windows(manifest, cfg.seq_len)
+    if not any(split.windows.shape[0] for split in splits):
         if str(run_dir) not in _SAID_NOTHING_HELD_OUT:
-            say(f"no validation loss: {manifest.path} holds out no documents "
-                "(lockstep data ingest ... --validation-documents N)")
+            why = ("holds out no documents" if not splits else
+                   f"holds out too few tokens for one window of {cfg.seq_len + 1}")
+            say(f"no validation loss: {manifest.path} {why} (lockstep data ingest ... --validation-documents N)")
             _SAID_NOTHING_HELD_OUT.add(str(run_dir))
         return None
     v = evaluate(params, cfg, manifest, backend, eval_batch, step=step, tokens=tokens)

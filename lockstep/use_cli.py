@@ -32,9 +32,14 @@ def _positive_int(text: str) -> int:
 
 
 def _backend_default() -> str:
-    from lockstep.train_cli import _default_backend
+    """numba, or ``BackendUnavailable`` saying why not (never a silent switch to the slower spec)."""
+    from lockstep.backends import BackendUnavailable, get_backend
 
-    return _default_backend()
+    try:
+        get_backend("numba")
+    except BackendUnavailable as exc:
+        raise BackendUnavailable(f"{exc}; or pass --backend spec (the same bits, much slower)") from None
+    return "numba"
 
 
 def _err(cmd: str, msg: str) -> int:
@@ -53,7 +58,7 @@ def add_eval_parser(subparsers) -> argparse.ArgumentParser:
                     "(exit 2 if it differs).")
     p.add_argument("run", type=Path, help="the run directory")
     p.add_argument("--step", type=_positive_int, help="the checkpoint's step (default: the latest)")
-    p.add_argument("--backend", default=None, help="spec or numba (default: numba when installed, else spec)")
+    p.add_argument("--backend", default=None, help="spec, numba or another installed backend (default: numba)")
     p.add_argument("--data", type=Path, help="the run's data folder, when it is not inside the run")
     p.add_argument("--record", action="store_true",
                    help="append the result to the run's metrics.jsonl and redraw loss.png")
@@ -138,7 +143,7 @@ def add_sample_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--top-k", type=int, default=0, help="sample only from the k most likely tokens (0: all; default 0)")
     p.add_argument("--seed", type=int, default=0, help="the sampling seed (default 0)")
     p.add_argument("--no-stop", action="store_true", help="go on past the end of the document (into the next)")
-    p.add_argument("--backend", default=None, help="spec or numba (default: numba when installed, else spec)")
+    p.add_argument("--backend", default=None, help="spec, numba or another installed backend (default: numba)")
     p.add_argument("--data", type=Path, help="the run's data folder (for its tokenizer), when it is not inside the run")
     p.add_argument("--json", action="store_true", help="print one JSON record (ids and text) instead of streaming")
     p.add_argument("--quiet", action="store_true", help="no progress or summary on stderr")

@@ -166,23 +166,22 @@ def encode_prompt(tokenizer, data: bytes, model_vocab: int) -> list[int]:
     """Token ids of a prompt; a clear error for text the tokenizer cannot represent."""
     from lockstep.train.tokenizer import ByteTokenizer
 
-    if isinstance(tokenizer, ByteTokenizer):
+    if isinstance(tokenizer, ByteTokenizer):  # every byte is a token
         return tokenizer.encode(data).astype(int).tolist()
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise ValueError(f"the prompt is not UTF-8 (byte 0x{data[exc.start]:02X} at offset {exc.start}); this run's "
                          f"tokenizer ({tokenizer.kind}) reads UTF-8 text only") from None
+    bad = tokenizer.unrepresentable(text)
+    if bad is not None:
+        at, ch = bad
+        raise ValueError(f"the prompt has text the tokenizer cannot represent: {ch!r} (U+{ord(ch[0]):04X}) at "
+                         f"character {at}; leave it out or use a run whose tokenizer knows it")
     ids = tokenizer.encode(text).astype(int).tolist()
-    back = tokenizer.decode(ids)
-    if back != text:
-        at = next((i for i, (a, b) in enumerate(zip(text, back)) if a != b), min(len(text), len(back)))
-        ch = text[at] if at < len(text) else ""
-        raise ValueError(f"the prompt has text the tokenizer cannot represent: {ch!r} (U+{ord(ch):04X}) at character "
-                         f"{at}; leave it out" if ch else "the tokenizer does not reproduce the prompt; shorten it")
-    bad = [t for t in ids if t >= model_vocab]
-    if bad:
-        raise ValueError(f"the tokenizer gives id {bad[0]}, beyond the model's vocabulary of {model_vocab}")
+    beyond = [t for t in ids if t >= model_vocab]
+    if beyond:
+        raise ValueError(f"the tokenizer gives id {beyond[0]}, beyond the model's vocabulary of {model_vocab}")
     return ids
 
 

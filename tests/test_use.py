@@ -21,6 +21,7 @@ from lockstep.train.config import preset
 from lockstep.train.corpus import documents
 from lockstep.train.data import Manifest, ingest, validation_windows
 from lockstep.train.model import init_params, logits_forward
+from lockstep.train.tokenizer import hf_tokenizers_available
 from lockstep.use.generate import CachedModel, Sampling, cached_attention, candidates, choose, gumbel_noise
 from lockstep.use.run import UseError, open_model
 
@@ -304,24 +305,40 @@ def test_sample_argument_errors(run, tmp_path, capsys):
     assert "not a run directory" in capsys.readouterr().err
 
 
-def test_a_prompt_the_tokenizer_cannot_represent(tmp_path):
+@pytest.mark.skipif(not hf_tokenizers_available(), reason="the optional 'tokenizers' package is not installed")
+def test_a_hugging_face_tokenizer_run(tmp_path, capsys):
+    """A run on a BPE tokenizer: sample, eval (bits per byte from decoded text) and a clear error
+    for a prompt the tokenizer cannot represent."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
     from lockstep.use_cli import encode_prompt
 
-    class Lossy:  # a tokenizer that drops what it does not know, as many BPE vocabularies do
-        kind = "hf-tokenizers"
-        eod_id = 3
-
-        def encode(self, text):
-            return np.array([ord(c) - 97 for c in text if "a" <= c <= "c"])
-
-        def decode(self, ids):
-            return "".join(chr(97 + int(i)) for i in ids)
-
-    assert encode_prompt(Lossy(), b"abc", 4) == [0, 1, 2]
-    with pytest.raises(ValueError, match=r"cannot represent: 'x' \(U\+0078\) at character 1"):
-        encode_prompt(Lossy(), b"axc", 4)
+    texts = [doc.decode() for doc in documents("text", 30_000)]
+    tok = Tokenizer(models.BPE(unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    tok.decoder = decoders.BPEDecoder()
+    tok.train_from_iterator(texts, trainers.BpeTrainer(vocab_size=200, special_tokens=["[UNK]", "<eod>"]))
+    tok.save(str(tmp_path / "tok.json"))
+    with open(tmp_path / "t.jsonl", "w") as f:
+        f.writelines(json.dumps({"text": t}) + "\n" for t in texts)
+    data = ingest(tmp_path / "data", [("t", tmp_path / "t.jsonl", 1)], tokenizer_file=tmp_path / "tok.json",
+                  eod_token="<eod>", validation_documents=8).parent
+    run = tmp_path / "run"
+    assert main(["train", "--preset", "tiny", "--data", str(data), "--steps", "2", "--eval-every", "2",
+                 "--backend", "spec", "--quiet", "--out", str(run)]) == 0
+    capsys.readouterr()
+    assert main(["sample", str(run), "--data", str(data), "--prompt", "Ann sees the cat", "--max-new-tokens", "5",
+                 "--backend", "spec", "--json", "--quiet"]) == 0
+    record = json.loads(capsys.readouterr().out)
+    assert len(record["ids"]) >= 1 and all(t < 200 for t in record["ids"])
+    assert main(["eval", str(run), "--data", str(data), "--backend", "spec", "--json", "--quiet"]) == 0
+    v = json.loads(capsys.readouterr().out)
+    assert v["reproduced"] is True and 0 < v["validation"]["bytes"] and v["validation"]["bits_per_byte"] > 0
+    assert main(["sample", str(run), "--data", str(data), "--prompt", "Ann sees \u00e9t\u00e9"]) == 1
+    assert "cannot represent: '\u00e9' (U+00E9) at character 9" in capsys.readouterr().err
+    manifest_tok = Manifest.load(data).tokenizer()
     with pytest.raises(ValueError, match="not UTF-8"):
-        encode_prompt(Lossy(), b"a\xffc", 4)
+        encode_prompt(manifest_tok, b"Ann \xff", 264)
 
 
 # ---------------------------------------------------------------- export

@@ -55,7 +55,7 @@ def hash_share(preset_name: str, backend: str, steps: int, corpus: Path) -> dict
         h0 = time.perf_counter()
         root = hashing.state_root(state_tensors(params, opt))
         bd = batch_digest(windows)
-        hashing.chain_hash(t, "00" * 32, root, bd)
+        hashing.chain_hash(t, "00" * 32, root, bd, plan.tokens_after, res.loss, res.grad_norm, res.lr)
         h1 = time.perf_counter()
         if t > 1:  # the first step compiles kernels
             step_s.append(t1 - t0)

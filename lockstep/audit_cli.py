@@ -8,6 +8,7 @@
     lockstep audit plan RUN --auditors N [--redundancy k] [--names a,b,...] [--out PLAN]
     lockstep audit merge CERT... [--plan PLAN] [--pub PEM ...] [--png OUT]
     lockstep audit keygen --out PREFIX                      (PREFIX.key and PREFIX.pub, Ed25519)
+    lockstep audit verify-export DIR [RUN]                  (an export's weights against its proof and run)
 
 Every string that comes from a file (names, messages quoting them) is printed through
 ``fsio.printable``: control characters are escaped, so nothing a file says can add a
@@ -57,7 +58,7 @@ def add_audit_parser(subparsers) -> argparse.ArgumentParser:
 
     p = subparsers.add_parser("audit", help="verify a run, replay steps, plan and merge a collective audit",
                               description=plain_help(__doc__), formatter_class=argparse.RawDescriptionHelpFormatter)
-    sub = p.add_subparsers(dest="audit_command", metavar="{verify,replay,check,plan,merge,keygen}")
+    sub = p.add_subparsers(dest="audit_command", metavar="{verify,replay,check,plan,merge,keygen,verify-export}")
     sub.required = True
 
     v = sub.add_parser("verify", help="check a run directory without replaying (structure, recipe, chain, "
@@ -112,6 +113,9 @@ def add_audit_parser(subparsers) -> argparse.ArgumentParser:
     k.add_argument("--out", required=True, help="PREFIX: writes PREFIX.key (private, 0600) and PREFIX.pub")
 
     p.set_defaults(func=run_audit)
+    from .use_cli import add_verify_export_parser
+
+    add_verify_export_parser(sub)  # sets its own func (lockstep.use_cli)
     return p
 
 

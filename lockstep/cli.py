@@ -1,4 +1,5 @@
-"""The ``lockstep`` command: ``version``, ``conformance``, ``data``, ``train``, ``audit``."""
+"""The ``lockstep`` command: ``version``, ``conformance``, ``data``, ``train``, ``audit``, ``sample``,
+``eval``, ``export``."""
 
 from __future__ import annotations
 
@@ -103,6 +104,12 @@ def build_parser() -> argparse.ArgumentParser:
         pass
     else:
         add_audit_parser(sub)
+    try:
+        from lockstep.use_cli import add_use_parsers
+    except ImportError:
+        pass
+    else:
+        add_use_parsers(sub)
     return p
 
 

@@ -8,12 +8,12 @@ Run directory::
     trajectory.jsonl     one record per step: step, tokens, lr, loss, grad_norm,
                          state_root, batch_digest, chain_hash (+ exact float bits); H_t binds
                          the tokens and the bits of loss, grad norm and lr (``hashing``)
-    metrics.jsonl        wall-clock facts (tokens/s, backend) and the loss again: not part of
-                         the chain, not evidence (``audit verify`` compares its losses with the
+    metrics.jsonl        wall-clock facts (tokens/s, backend), the loss again and validation
+                         losses (``--eval-every``): not part of the chain, not evidence (``audit verify`` compares its losses with the
                          trajectory's and warns)
     checkpoints/         step-NNNNNNNN/ folders (lockstep.train.checkpoint)
     commitment.json      the last chain hash, written when the run ends
-    loss.png             the loss curve (if matplotlib is installed), drawn from trajectory.jsonl:
+    loss.png             training and validation loss over tokens (if matplotlib is installed):
                          not evidence (``audit verify --plot PNG`` redraws it from a verified run)
 
 The loop, per step t: plan the global batch (``step.plan_step``), compute this
@@ -229,12 +229,10 @@ def loss_curve_png(trajectory: list[dict], title: str) -> bytes | None:
 
 
 def _plot_loss(run_dir: Path, trajectory: list[dict]) -> Path | None:
-    png = loss_curve_png(trajectory, f"{run_dir.name}: training loss")
-    if png is None:
-        return None
-    path = run_dir / "loss.png"
-    atomic_write_bytes(path, png)
-    return path
+    """loss.png: training and validation loss over tokens (``lockstep.use.plots``); not evidence."""
+    from lockstep.use.plots import plot_run
+
+    return plot_run(run_dir, trajectory)
 
 
 @dataclass
@@ -255,7 +253,8 @@ class _Start:
 def train(run_dir: str | Path, *, cfg: ModelConfig | None = None, tcfg: TrainConfig | None = None,
           data: str | Path | None = None, seed: int = 42, steps: int | None = None, tokens: int | None = None,
           backend_name: str = "spec", checkpoint_every: int = 50, resume: bool = False,
-          progress: bool = True, log=print, check_recipe=None, handle_signals: bool = True) -> RunSummary:
+          progress: bool = True, log=print, check_recipe=None, handle_signals: bool = True,
+          eval_every: int | None = 0) -> RunSummary:
     """Train (or resume) the run in ``run_dir``; see the module docstring.
 
     A new run needs ``cfg``, ``tcfg``, ``seed``, ``steps`` or ``tokens``, and ``data``
@@ -269,6 +268,10 @@ def train(run_dir: str | Path, *, cfg: ModelConfig | None = None, tcfg: TrainCon
     found then is raised on all ranks together (``AgreedError`` under mpiexec). With
     ``handle_signals`` the first SIGINT/SIGTERM stops the run after the current step
     with a checkpoint (``RunSummary.stopped_by``), the second at once.
+
+    ``eval_every`` K > 0: every K steps and at the last, rank 0 saves a checkpoint and
+    records the validation loss in metrics.jsonl (``lockstep.use.evaluate``); None:
+    the preset's default (``evaluate.DEFAULT_EVAL_EVERY``); 0: never.
     """
     from .collectives import abort_on_exception, on_all_ranks
 
@@ -291,7 +294,7 @@ def train(run_dir: str | Path, *, cfg: ModelConfig | None = None, tcfg: TrainCon
             say(f"resuming {run_dir} from " + (f"step {st.start_step}" if st.start_step else
                                                 "its initial state (no checkpoint yet)"))
         with StopRequest(install=handle_signals, announce=is_root) as stop:
-            return _run_loop(comm, rank, world, run_dir, st, be, checkpoint_every, progress, say, stop)
+            return _run_loop(comm, rank, world, run_dir, st, be, checkpoint_every, progress, say, stop, eval_every)
 
 
 def _checked_backend(backend_name: str, checkpoint_every: int):
@@ -413,13 +416,16 @@ def _write_start(run_dir: Path, st: _Start, resume: bool) -> None:
 
 
 def _run_loop(comm, rank, world, run_dir: Path, st: _Start, be, checkpoint_every: int, progress: bool, say,
-              stop) -> RunSummary:
+              stop, eval_every: int | None = 0) -> RunSummary:
     """Steps ``start_step + 1 .. last_step``; stops early, with a checkpoint, when a signal came."""
     from .collectives import allreduce_dict, check_state_agreement, max_over_ranks
 
     is_root = rank == 0
     recipe, cfg, tcfg, params, opt, stream = st.recipe, st.cfg, st.tcfg, st.params, st.opt, st.stream
     prev_chain, last_step = st.prev_chain, st.last_step
+    from lockstep.use.evaluate import eval_interval, record_validation
+
+    eval_every = eval_interval(eval_every, cfg)
     say(f"run {run_dir}: preset {cfg.name}, backend {be.name}, {world} rank(s), steps {st.start_step + 1}..{last_step}"
         if last_step > st.start_step else f"run {run_dir} is already at its target step {last_step}; "
                                           "give --steps N (or --tokens) to extend it")
@@ -452,10 +458,13 @@ def _run_loop(comm, rank, world, run_dir: Path, st: _Start, be, checkpoint_every
             _append_line(run_dir / METRICS_FILE, {"step": t, "seconds": dt, "tokens_per_s": plan.n_global / dt,
                                                   "backend": be.name, "world_size": world, "loss": float(res.loss)})
             bar.update(t, float(res.loss), plan.n_global / dt)
-            if t % checkpoint_every == 0 or t == last_step or stopped_by:
+            evaluating = eval_every > 0 and (t % eval_every == 0 or t == last_step)
+            if t % checkpoint_every == 0 or t == last_step or stopped_by or evaluating:
                 side = {"chain_hash": prev_chain, "stream_state": stream.state_at(plan.first_window + plan.n_windows),
                         "recipe_sha256": recipe_digest(recipe), "tokens": plan.tokens_after}
                 ckpt.save_checkpoint(run_dir, t, state_tensors(params, opt), side)
+            if evaluating:  # after the checkpoint, so `lockstep eval --step t` can reproduce it
+                record_validation(run_dir, t, plan.tokens_after, params, cfg, stream.manifest, be, tcfg.micro_batch, say)
         if stopped_by:
             break
     bar.close()

@@ -8,6 +8,7 @@ bits; the one tolerance (the validation loss against a float64 recomputation) sa
 from __future__ import annotations
 
 import json
+import os
 import shutil
 from pathlib import Path
 
@@ -420,3 +421,26 @@ def test_the_tokenizer_is_read_inside_the_run_or_from_data(run, tmp_path, capsys
     assert "pass --data DIR" in capsys.readouterr().err
     assert main(["sample", str(run), "--prompt", "x", "--data", str(inside / "data")]) == 1
     assert "not the manifest the run was trained on" in capsys.readouterr().err
+
+
+def test_eval_metrics_writes_and_reads_refuse_links_and_fifos(tmp_path):
+    """``lockstep eval`` appends to metrics.jsonl and reads it back: a planted symlink
+    is refused (its target untouched) and a FIFO is skipped without hanging."""
+    from lockstep.fsio import NotRegularFile
+    from lockstep.use.evaluate import append_metrics, recorded_validations
+
+    run = tmp_path / "run"
+    run.mkdir()
+    decoy = tmp_path / "decoy.txt"
+    decoy.write_bytes(b"keep\n")
+    (run / "metrics.jsonl").symlink_to(decoy)
+    with pytest.raises(NotRegularFile):
+        append_metrics(run, {"step": 1, "validation": {}})
+    assert decoy.read_bytes() == b"keep\n"
+    assert recorded_validations(run) == {}
+    (run / "metrics.jsonl").unlink()
+    os.mkfifo(run / "metrics.jsonl")
+    assert recorded_validations(run) == {}  # a blocking open of a FIFO would hang here
+    (run / "metrics.jsonl").unlink()
+    append_metrics(run, {"step": 3, "tokens": 9, "validation": {"x": 1}})
+    assert recorded_validations(run)[3]["x"] == 1

@@ -24,7 +24,6 @@ tokenizers, the UTF-8 length of each window's targets decoded (separators remove
 from __future__ import annotations
 
 import json
-import os
 import sys
 import time
 from dataclasses import dataclass
@@ -195,6 +194,7 @@ def evaluate(params: dict, cfg: ModelConfig, manifest: Manifest, backend, eval_b
 # ---------------------------------------------------------------- metrics.jsonl
 
 METRICS_FILE = "metrics.jsonl"
+MAX_METRICS_BYTES = 1 << 30  # ~200 bytes a line: millions of steps; a larger file is not ours
 
 
 def metrics_line(v: Validation) -> dict:
@@ -203,22 +203,18 @@ def metrics_line(v: Validation) -> dict:
 
 def append_metrics(run_dir: Path, obj: dict) -> None:
     """Append one JSON line to metrics.jsonl (fsynced), as the trainer does."""
-    from lockstep.fsio import safe_join
+    from lockstep.fsio import append_line, check_regular_or_absent, safe_join
 
-    path = safe_join(run_dir, METRICS_FILE)
-    with open(path, "ab") as f:
-        f.write(json.dumps(obj, sort_keys=True).encode() + b"\n")
-        f.flush()
-        os.fsync(f.fileno())
+    check_regular_or_absent(run_dir, METRICS_FILE, "metrics log")  # no symlinked folder on the way
+    append_line(safe_join(run_dir, METRICS_FILE), json.dumps(obj, sort_keys=True).encode() + b"\n")
 
 
 def recorded_validations(run_dir: Path) -> dict[int, dict]:
     """The last ``validation`` record per step in metrics.jsonl (torn or foreign lines skipped)."""
-    from lockstep.fsio import safe_join
+    from lockstep.fsio import read_regular
 
-    try:
-        path = safe_join(run_dir, METRICS_FILE)
-        data = path.read_bytes() if path.is_file() else b""
+    try:  # a regular file inside the run, size-capped: never a link, FIFO or device
+        data = read_regular(run_dir, METRICS_FILE, "metrics log", MAX_METRICS_BYTES)
     except (OSError, ValueError):
         return {}
     out: dict[int, dict] = {}

@@ -31,7 +31,7 @@ def _json_of(markdown: str) -> dict:
 
 @needs_opencl
 def test_a_report_on_opencl_passes_and_holds_every_section(tmp_path):
-    rep = device_report.build_report("opencl", level=1, probe_pairs=10**5, runs=ONE_SHORT_RUN)
+    rep = device_report.build_report("opencl", level=1, probe_pairs=10**5, runs=ONE_SHORT_RUN, sqrt_count=1 << 18)
     assert rep["verdict"].startswith("PASS"), rep["verdict"]
     assert device_report.exit_status(rep) == 0
     assert rep["conformance"]["passed"] and rep["conformance"]["counts"]["FAIL"] == 0
@@ -40,11 +40,14 @@ def test_a_report_on_opencl_passes_and_holds_every_section(tmp_path):
     assert run.get("committed_reference_roots_equal_the_spec") in (True, None)
     probe = rep["flush_probe"]
     assert probe["ops_equal_spec"] and probe["random"]["mul"]["rule"] == "keeps subnormals (IEEE gradual underflow)"
+    assert probe["rounding"]["sqrt"]["count"] == 1 << 18 and probe["rounding"]["sqrt"]["mismatches"] == 0
+    assert probe["rounding"]["div_extreme_divisors"]["mismatches"] == 0
     path = tmp_path / "report.md"
     device_report.write_report(rep, path)
     text = path.read_text()
     for heading in ("# lockstep device report: backend `opencl`", "## Conformance, level 1",
-                    "## Training steps against the spec", "## Flush probe", "| V1 0x3F7FFFFF*0x00800000 | 0x00800000 |"):
+                    "## Training steps against the spec", "## Flush probe", "| V1 0x3F7FFFFF*0x00800000 | 0x00800000 |",
+                    "- sqrt on every float32 in [0x3F800000, 0x3F840000) (262144): 0 differ from the spec"):
         assert heading in text, heading
     assert _json_of(text)["verdict"] == rep["verdict"]
 
@@ -86,7 +89,7 @@ def test_a_backend_that_fails_its_self_test_is_checked_anyway(monkeypatch):
 
     monkeypatch.setattr(backends, "get_backend", refuse)
     monkeypatch.setattr(opencl_module, "make_backend", lambda self_test=True: real)
-    rep = device_report.build_report("opencl", level=1, probe_pairs=1000, runs=())
+    rep = device_report.build_report("opencl", level=1, probe_pairs=1000, runs=(), sqrt_count=1 << 10)
     assert rep["self_test"]["status"].startswith("FAILED") and "mul(...)" in rep["self_test"]["reason"]
     assert rep["conformance"]["passed"] and rep["flush_probe"]["ops_equal_spec"]
     assert rep["verdict"].startswith("DIFFERS") and device_report.exit_status(rep) == 2

@@ -23,6 +23,12 @@ compares each with the spec and with both tininess models computed exactly here,
 The model that matches every bare result is the device's rule; the ops must match the spec
 everywhere. It works on any backend built from the shared kernels (``metal``, ``opencl``,
 ``cuda``); on IEEE hardware the bare results keep subnormals and the verdict says so.
+
+Two rounding checks ride along, for what the fix-up does not cover and a GPU might get wrong
+(GPU-NOTES 9.2): ``sqrt`` on every float32 in [1, 4) (every significand at both exponent
+parities, which decides the rounding of every normal input of a correctly scaled sqrt), and
+``/`` with divisors beyond 2**100 and below 2**-100 (where a quotient formed through a
+reciprocal would underflow or overflow).
 """
 
 from __future__ import annotations
@@ -157,11 +163,39 @@ def run_pairs(ops, a: np.ndarray, b: np.ndarray) -> dict[str, np.ndarray]:
     return ops.arith_probe(a, b)
 
 
-def probe(backend, n: int = 10**6, seed: int = 0) -> dict:
+def sqrt_check(ops, first: int = 0x3F800000, count: int = 1 << 24, chunk: int = 1 << 22) -> dict:
+    """The ops' sqrt against the spec on ``count`` consecutive bit patterns from ``first`` (default: [1, 4))."""
+    mismatches, examples = 0, []
+    for start in range(first, first + count, chunk):
+        x = fp.from_bits(np.arange(start, min(start + chunk, first + count), dtype=np.uint64).astype(np.uint32))
+        want, got = fp.bits(fp.sqrt(x)), fp.bits(ops.to_numpy(ops.sqrt(x)))
+        bad = np.nonzero(want != got)[0]
+        mismatches += int(bad.size)
+        examples += [f"sqrt({_hex(fp.bits(x)[i])}): spec {_hex(want[i])}, ops {_hex(got[i])}" for i in bad[: 3 - len(examples)]]
+    return {"inputs": f"[{_hex(first)}, {_hex(first + count)})", "count": count, "mismatches": mismatches,
+            "examples": examples}
+
+
+def div_extremes_check(ops, n: int, rng: np.random.Generator) -> dict:
+    """The ops' ``/`` against the spec for |a| in [2**-20, 2**20) and |b| in [2**100, 2**128) or [2**-126, 2**-100)."""
+    sign = lambda: rng.integers(0, 2, n)  # noqa: E731
+    mant = lambda: rng.integers(0, 2**23, n, dtype=np.uint32)  # noqa: E731
+    a = _float_bits(sign(), rng.integers(-20, 20, n), mant())
+    e_b = np.where(np.arange(n) % 2 == 0, rng.integers(100, 128, n), rng.integers(-126, -100, n))
+    b = _float_bits(sign(), e_b, mant())
+    want, got = fp.bits(fp.div(a, b)), fp.bits(ops.to_numpy(ops.div(a, b)))
+    bad = np.nonzero(want != got)[0]
+    return {"pairs": n, "mismatches": int(bad.size),
+            "examples": [f"{_hex(fp.bits(a)[i])} / {_hex(fp.bits(b)[i])}: spec {_hex(want[i])}, ops {_hex(got[i])}"
+                         for i in bad[:3]]}
+
+
+def probe(backend, n: int = 10**6, seed: int = 0, sqrt_count: int = 1 << 24) -> dict:
     """The flush probe on a backend built from the shared kernels (its ``extras["runtime"]``).
 
     Returns ``{"vectors": {label: {...}}, "random": {"mul": classify(...), "div": ...},
-    "verdict": "...", "ops_equal_spec": bool, "seconds": ...}``."""
+    "rounding": {"sqrt": ..., "div_extreme_divisors": ...}, "verdict": "...", "ops_equal_spec": bool,
+    "seconds": ...}``."""
     from lockstep.backends.kernels.ops import ops_for
 
     runtime = backend.extras.get("runtime")
@@ -184,8 +218,10 @@ def probe(backend, n: int = 10**6, seed: int = 0) -> dict:
         a, b = random_pairs(op, n, rng)
         got = run_pairs(ops, a, b)
         result["random"][op] = classify(op, a, b, got[f"{op}_hw"], got[op])
+    result["rounding"] = {"sqrt": sqrt_check(ops, count=sqrt_count), "div_extreme_divisors": div_extremes_check(ops, n, rng)}
     result["ops_equal_spec"] = (all(v["spec"] == v["ops"] for v in result["vectors"].values())
-                                and all(r["ops_vs_spec_mismatches"] == 0 for r in result["random"].values()))
+                                and all(r["ops_vs_spec_mismatches"] == 0 for r in result["random"].values())
+                                and all(r["mismatches"] == 0 for r in result["rounding"].values()))
     result["verdict"] = verdict(result)
     result["seconds"] = round(time.perf_counter() - t0, 2)
     return result
@@ -195,6 +231,7 @@ def verdict(result: dict) -> str:
     """One line: do the ops equal the spec, and which rule the device's bare * and / follow."""
     bad = sum(r["ops_vs_spec_mismatches"] for r in result["random"].values())
     bad += sum(v["spec"] != v["ops"] for v in result["vectors"].values())
+    bad += sum(r["mismatches"] for r in result.get("rounding", {}).values())
     vec = ", ".join(f"{label.split()[0]} {v['bare']}" for label, v in result["vectors"].items())
     rules = "; ".join(f"bare {op}: {r['rule']}" for op, r in result["random"].items())
     return f"ops vs spec: {bad} mismatches; {rules}; bare results of {vec}"

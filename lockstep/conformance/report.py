@@ -11,7 +11,8 @@ Three checks, each against the spec computed here, on this machine:
    must be equal (and equal the committed reference roots, where this is a checkout that has them);
 3. **the flush probe** (``flush_probe.probe``): V1-V4 of DESIGN.md and random products and
    quotients near 2**-126, through the device's bare ``*`` and ``/`` (which tininess rule the
-   hardware follows) and through the ops (which must equal the spec).
+   hardware follows) and through the ops (which must equal the spec); and the ops' ``sqrt`` on
+   every float32 in [1, 4) and ``/`` with extreme divisors.
 
 The report is Markdown for people, with the whole result as JSON at its end for programs. If the
 backend refuses to open because its self-test found other bits, the report says so and still runs
@@ -148,7 +149,7 @@ def training_section(backend_name: str, runs=TRAINING_RUNS) -> dict:
 
 
 def build_report(backend_name: str, level: int = 2, seed: int = 0, probe_pairs: int = 10**6,
-                 runs=TRAINING_RUNS) -> dict:
+                 runs=TRAINING_RUNS, sqrt_count: int = 1 << 24) -> dict:
     """Run every check on ``backend_name`` and return the report (a JSON-able dict)."""
     from lockstep.conformance import flush_probe
 
@@ -165,9 +166,9 @@ def build_report(backend_name: str, level: int = 2, seed: int = 0, probe_pairs: 
     report["conformance"] = conformance_section(backend, level, seed)
     report["training"] = training_section(backend_name, runs)
     if "runtime" in backend.extras:
-        _say(f"flush probe: V1-V4 and {probe_pairs} random products and quotients near 2**-126")
+        _say(f"flush probe: V1-V4, {probe_pairs} random products and quotients near 2**-126, sqrt on {sqrt_count} inputs")
         try:
-            report["flush_probe"] = flush_probe.probe(backend, n=probe_pairs)
+            report["flush_probe"] = flush_probe.probe(backend, n=probe_pairs, sqrt_count=sqrt_count)
         except Exception as e:  # noqa: BLE001 - a crashing probe is a reported result
             report["flush_probe"] = {"error": f"{type(e).__name__}: {e}", "ops_equal_spec": False}
     else:
@@ -238,6 +239,15 @@ def to_markdown(report: dict) -> str:
                 lines.append(f"| {op} | {r['pairs']} | {r['in_band']} | {r['rule']} | "
                              f"{r['bare_vs_spec_mismatches']} / {r['bare_vs_tininess_before_rounding_mismatches']} / "
                              f"{r['bare_vs_tininess_after_rounding_mismatches']} | {r['ops_vs_spec_mismatches']} |")
+            rounding = p.get("rounding", {})
+            if rounding:
+                sq, dv = rounding["sqrt"], rounding["div_extreme_divisors"]
+                lines += ["", f"- sqrt on every float32 in {sq['inputs']} ({sq['count']}): {sq['mismatches']} differ from the spec",
+                          f"- `/` with divisors beyond 2**100 and below 2**-100 ({dv['pairs']} pairs): "
+                          f"{dv['mismatches']} differ from the spec"]
+                lines += [f"  - {e}" for e in sq["examples"] + dv["examples"]]
+            for op, r in p["random"].items():
+                lines += [f"  - {e}" for e in r["ops_examples"]]
     lines += ["", "<details><summary>the whole report as JSON</summary>", "", "```json",
               json.dumps(report, indent=1, default=str), "```", "", "</details>", ""]
     return "\n".join(lines)

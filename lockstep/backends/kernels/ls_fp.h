@@ -363,7 +363,9 @@ LS_FN ls_u32x4 ls_philox4x32(ls_u32x4 c, ls_u32 k0, ls_u32 k1, int rounds) {
 /* ------------------------------------------------------------------ quant: int8 helpers */
 
 /* int32 -> float32 rounded to nearest even, by integer arithmetic (no reliance on the dialect's
- * conversion rounding): exact while |a| <= 2**24, as int8 GEMM sums with K <= 1040 always are. */
+ * conversion rounding, which Metal does not pin down): exact while |a| <= 2**24 (int8 GEMM sums
+ * with K <= 1040, row lengths), correctly rounded beyond. Kernels convert every int that could
+ * exceed 2**24 through it (a cast is used only for small ones: exponents, int8 values). */
 LS_FN float ls_i32_to_f32(ls_i32 a) {
     ls_u32 sign = (a < 0) ? LS_SIGN_BIT : 0u;
     ls_u32 m = (a < 0) ? (ls_u32)0u - (ls_u32)a : (ls_u32)a;

@@ -194,7 +194,8 @@ def to_markdown(report: dict) -> str:
              f"- created {report['created']}; lockstep {env['lockstep']}, SPEC_VERSION {env['SPEC_VERSION']}",
              f"- {env['platform']} ({env['machine']})" + (f", macOS {env['macos']}, PyObjC {env['pyobjc']}" if "macos" in env else ""),
              f"- Python {env['python']}, NumPy {env['numpy']}",
-             f"- self-test: {report['self_test']['status']}" + (f": {report['self_test']['reason']}" if report['self_test'].get('reason') else "")]
+             f"- opening the backend (compile, self-test): {report['self_test']['status']}"
+             + (f": {report['self_test']['reason']}" if report['self_test'].get('reason') else "")]
     if "description" in report:
         lines.append(f"- device: {report['description']}")
     if "cause" in report["self_test"]:

@@ -35,6 +35,8 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from lockstep.backends.cupy_cuda.nvrtc import compile_options, load_nvrtc  # noqa: E402
+# The vectors, the near-2**-126 pairs and the exact tininess models are shared with every backend's probe.
+from lockstep.conformance.flush_probe import TWO_M126, VECTORS, models, random_pairs  # noqa: E402,F401
 from lockstep.spec import fp  # noqa: E402
 
 # Deliberately uses .ftz (hardware flush-to-zero) to measure it: NOT a backend kernel, not linted.
@@ -65,80 +67,6 @@ extern "C" __global__ void plain_mul(const float* a, const float* b, float* out,
     if (i < n) out[i] = a[i] * b[i];
 }
 """
-
-TWO_M126 = 2.0**-126
-VECTORS = {  # DESIGN.md "Boundary vectors that separate flush rules": (a bits, b bits, op)
-    "V1 0x3F7FFFFF*0x00800000": (0x3F7FFFFF, 0x00800000, "mul"),
-    "V2 0x3F7FFFFE*0x00800001": (0x3F7FFFFE, 0x00800001, "mul"),
-    "V3 0x00FFFFFF/2": (0x00FFFFFF, 0x40000000, "div"),
-    "V4 0x00FFFFFF*0.5": (0x00FFFFFF, 0x3F000000, "mul"),
-}
-
-
-def _float_bits(sign, exponent, mantissa) -> np.ndarray:
-    return fp.from_bits((sign.astype(np.uint32) << 31) | ((exponent + 127).astype(np.uint32) << 23) | mantissa)
-
-
-def random_pairs(op: str, n: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
-    """Normal float32 pairs whose exact product / quotient / sum lies near 2**-126.
-
-    mul: b = +-m * 2**e (e in [-60, -6]), a = t / |b| rounded, for a target |a*b| = t
-    (half of them 2**u with u uniform in [-130, -123), half within 2**-21 of 2**-126);
-    div: e in [5, 30], a = t * |b| rounded, and every fourth pair from V3's family; add: a in [2**-126, 2**-124),
-    b = -a moved by a few ulps, so |a + b| is a small multiple of 2**-149. Both operands
-    are normal (the spec reads no subnormal input).
-    """
-    sign = lambda: rng.integers(0, 2, n)  # noqa: E731
-    mant = lambda: rng.integers(0, 2**23, n, dtype=np.uint32)  # noqa: E731
-    if op == "add":
-        a = _float_bits(sign(), rng.integers(-126, -124, n), mant())
-        b_bits = (fp.bits(a) ^ np.uint32(0x80000000)).astype(np.int64) + rng.integers(-8, 9, n)
-        b = fp.from_bits(np.where((b_bits & 0x7F800000) == 0, fp.bits(-a).astype(np.int64), b_bits).astype(np.uint32))
-        return a, b
-    lo, hi = (-60, -5) if op == "mul" else (5, 31)
-    b = _float_bits(sign(), rng.integers(lo, hi, n), mant())
-    # Half the targets spread over a factor 128, half within 2**-21 of 2**-126, where the
-    # tininess rules differ: the band [2**-126 - 2**-150, 2**-126) is 2**-24 wide relative
-    # to 2**-126, so a spread-out sample would almost never hit it.
-    spread = np.exp2(rng.uniform(-130.0, -123.0, n))
-    near = TWO_M126 * (1.0 + rng.uniform(-2.0**-21, 2.0**-22, n))
-    target = np.where(np.arange(n) % 2 == 0, spread, near)
-    b64 = np.abs(b.astype(np.float64))
-    a = (target / b64 if op == "mul" else target * b64).astype(np.float32)
-    if op == "div":
-        # An exact quotient of two 24-bit significands lands in the band only as
-        # (2**24 - 1) * 2**k / 2**j (V3's family), so every fourth pair is one of those.
-        family = np.arange(n) % 4 == 3
-        e = rng.integers(lo, hi, n)
-        b = np.where(family, _float_bits(sign(), e, np.zeros(n, np.uint32)), b)
-        a = np.where(family, ((2.0**24 - 1) * 2.0**-150 * np.exp2(e)).astype(np.float32), a)
-    a = a * np.where(sign() == 1, np.float32(-1.0), np.float32(1.0))
-    return fp.canon(a), b
-
-
-def models(op: str, a: np.ndarray, b: np.ndarray) -> dict[str, np.ndarray]:
-    """The spec and the two tininess models, as float32 bit patterns, computed exactly on the host."""
-    a64, b64 = a.astype(np.float64), b.astype(np.float64)
-    with np.errstate(all="ignore"):
-        if op == "mul":
-            exact_tiny = np.abs(a64 * b64) < TWO_M126             # exact: 24x24-bit product fits float64
-            r24 = (a64 * 2.0**100 * b64).astype(np.float32).astype(np.float64) * 2.0**-100  # 24-bit RN, no underflow
-            spec = fp.mul(a, b)
-        elif op == "div":
-            exact_tiny = np.abs(a64) < TWO_M126 * np.abs(b64)     # exact: power-of-two scaling
-            r24 = ((a * np.float32(2.0**100)) / b).astype(np.float64) * 2.0**-100  # 24-bit RN of the quotient
-            spec = fp.div(a, b)
-        else:
-            exact_tiny = np.abs(a64 + b64) < TWO_M126             # exact: sum of normals fits float64
-            r24 = a64 + b64
-            spec = fp.add(a, b)
-    sign_of_exact = np.where(np.signbit(a64) ^ np.signbit(b64) if op != "add" else np.signbit(a64 + b64),
-                             np.float32(-0.0), np.float32(0.0))
-    before = np.where(exact_tiny, sign_of_exact, spec)
-    after = np.where(np.abs(r24) < TWO_M126, sign_of_exact, spec)
-    return {"spec": fp.bits(spec), "tininess before rounding": fp.bits(fp.canon(before)),
-            "tininess after rounding": fp.bits(fp.canon(after))}
-
 
 def _compile_probe(cp, source: str, name: str):
     """``source`` compiled by lockstep's NVRTC path for this GPU, loaded as a ``cupy.RawModule``."""

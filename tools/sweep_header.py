@@ -6,6 +6,7 @@ Usage::
     python tools/sweep_header.py --against spec --workers 2   # and compare every output with the spec (hours)
     python tools/sweep_header.py --func log --against numba   # compare with the Numba backend (fast)
     python tools/sweep_header.py --first 0x3F800000 --count 0x800000 --against spec   # one binade
+    python tools/sweep_header.py --model ftz_before --fixup  # as on an Apple GPU: must print the same digests
 
 For each function it prints the SHA-256 of the outputs of every input bit pattern in
 ``[first, first + count)``, in input order, as little-endian uint32 (inputs are read as every op
@@ -14,6 +15,11 @@ a GPU (the CUDA or Metal backend's device check) must print the same digest; the
 full range is the header's fingerprint. With ``--against`` every output is also compared with
 the spec (or the Numba backend, itself proven equal to the spec), and mismatches are counted and
 the first ones printed in hex. Exit status 1 on any mismatch.
+
+``--model ftz_before`` / ``ftz_after`` sweeps the header built over a model of hardware that
+flushes subnormals itself (tininess before / after rounding), and ``--fixup`` adds the Metal
+backend's tiny-result fix-up (``prelude_host.h``): with it, the digests must be the IEEE
+build's, which is how the Metal path's exp and log are checked on every input without a Mac.
 """
 
 from __future__ import annotations
@@ -47,10 +53,10 @@ def _reference(against: str, func: str):
 
 def compare_chunk(args) -> dict:
     """Header vs reference on patterns [first, first + count): mismatch count and the first few."""
-    func, against, first, count = args
+    func, against, first, count, model, fixup = args
     from lockstep.backends.kernels import host
 
-    h = host.load()
+    h = host.load(model, fixup=fixup)
     got = (h.exp_range if func == "exp" else h.log_range)(first, count).view(np.uint32)
     x = np.arange(first, first + count, dtype=np.uint64).astype(np.uint32).view(np.float32)
     want = np.ascontiguousarray(_reference(against, func)(x), dtype=np.float32).view(np.uint32)
@@ -59,17 +65,18 @@ def compare_chunk(args) -> dict:
             "examples": [(int(first + i), int(want[i]), int(got[i])) for i in bad[:5]]}
 
 
-def sweep(func: str, first: int, count: int, against: str | None, workers: int) -> dict:
+def sweep(func: str, first: int, count: int, against: str | None, workers: int, model: str | None = None,
+          fixup: bool = False) -> dict:
     from lockstep.backends.kernels import host
 
-    h = host.load()
+    h = host.load(model, fixup=fixup)
     ranges = [(s, min(CHUNK, first + count - s)) for s in range(first, first + count, CHUNK)]
     digest = hashlib.sha256()
     mismatches, examples = 0, []
     t0 = time.time()
     pool = mp.Pool(workers) if against and workers > 1 else None
-    jobs = (pool.imap(compare_chunk, [(func, against, s, c) for s, c in ranges]) if pool
-            else (compare_chunk((func, against, s, c)) for s, c in ranges) if against else None)
+    jobs = (pool.imap(compare_chunk, [(func, against, s, c, model, fixup) for s, c in ranges]) if pool
+            else (compare_chunk((func, against, s, c, model, fixup)) for s, c in ranges) if against else None)
     for i, (s, c) in enumerate(ranges):
         out = (h.exp_range if func == "exp" else h.log_range)(s, c)
         digest.update(out.view(np.uint32).astype("<u4").tobytes())
@@ -84,7 +91,8 @@ def sweep(func: str, first: int, count: int, against: str | None, workers: int) 
                   file=sys.stderr, flush=True)
     if pool:
         pool.close()
-    return {"func": func, "first": first, "count": count, "sha256": digest.hexdigest(), "against": against,
+    return {"func": func, "first": first, "count": count, "model": model or "ieee", "fixup": fixup,
+            "sha256": digest.hexdigest(), "against": against,
             "mismatches": mismatches if against else None,
             "examples": [f"x=0x{x:08X}: reference 0x{w:08X}, header 0x{g:08X}" for x, w, g in examples],
             "seconds": round(time.time() - t0, 1)}
@@ -97,6 +105,9 @@ def main(argv=None) -> int:
     p.add_argument("--count", type=lambda s: int(s, 0), default=FULL)
     p.add_argument("--against", choices=("spec", "numba"), default=None, help="also compare every output")
     p.add_argument("--workers", type=int, default=1)
+    p.add_argument("--model", choices=("ftz_before", "ftz_after"), default=None,
+                   help="build the header over a model of hardware that flushes subnormals (default: IEEE)")
+    p.add_argument("--fixup", action="store_true", help="with the Metal backend's tiny-result fix-up")
     p.add_argument("--json", help="write the results here")
     a = p.parse_args(argv)
     if not 0 <= a.first < FULL or not 0 < a.count <= FULL - a.first:
@@ -104,10 +115,11 @@ def main(argv=None) -> int:
         return 1
     results = []
     for func in (("exp", "log") if a.func == "both" else (a.func,)):
-        r = sweep(func, a.first, a.count, a.against, a.workers)
+        r = sweep(func, a.first, a.count, a.against, a.workers, a.model, a.fixup)
         results.append(r)
         extra = f", {r['mismatches']} mismatches against {a.against}" if a.against else ""
-        print(f"{func} [0x{a.first:08X}, +0x{a.count:X}): sha256 {r['sha256']}{extra} ({r['seconds']} s)")
+        build = f" [{r['model']}{' + fixup' if a.fixup else ''}]" if a.model or a.fixup else ""
+        print(f"{func}{build} [0x{a.first:08X}, +0x{a.count:X}): sha256 {r['sha256']}{extra} ({r['seconds']} s)")
         for e in r["examples"]:
             print(f"    {e}")
     if a.json:

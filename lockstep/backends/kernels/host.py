@@ -5,7 +5,9 @@ arrays (``add``, ``mul``, ``exp``, ``lane_tree_sum``, ``philox4x32`` ...). Flags
 ``-std=c11 -O2 -ffp-contract=off -fno-fast-math`` (``opt="native"`` adds ``-O3 -march=native``,
 where GCC would contract ``a*b + c`` into an FMA if the flag were missing). ``model`` selects
 the hardware-flush emulation of ``prelude_host.h``: ``"ftz_before"`` (tininess before
-rounding, as Apple GPUs reportedly do) or ``"ftz_after"`` (x86 FTZ). The library is cached
+rounding, as Apple GPUs reportedly do) or ``"ftz_after"`` (x86 FTZ); ``fixup=True`` adds the
+Metal backend's tiny-result fix-up to ``*`` and ``/`` (``-DLS_FLUSH_FIXUP=1``: the same code
+``prelude_metal.h`` compiles). The library is cached
 under ``cache_dir("host")``, keyed by the sources, the flags and the compiler's version, and
 built atomically, so parallel test processes never see a half-written file.
 """
@@ -30,6 +32,7 @@ from . import KERNEL_DIR, cache_dir
 BASE_FLAGS = ("-std=c11", "-O2", "-ffp-contract=off", "-fno-fast-math", "-fPIC", "-shared", "-Wall")
 OPT_FLAGS = {"default": (), "native": ("-O3", "-march=native")}
 MODEL_FLAGS = {None: (), "ftz_before": ("-DLS_MODEL_FTZ_BEFORE=1",), "ftz_after": ("-DLS_MODEL_FTZ_AFTER=1",)}
+FIXUP_FLAGS = ("-DLS_FLUSH_FIXUP=1",)
 SOURCES = ("prelude_host.h", "ls_fp.h", "host_build.c")
 
 
@@ -51,16 +54,16 @@ def _compiler_version(cc: str) -> str:
         return "unknown"
 
 
-def flags(model: str | None = None, opt: str = "default") -> tuple[str, ...]:
+def flags(model: str | None = None, opt: str = "default", fixup: bool = False) -> tuple[str, ...]:
     if model not in MODEL_FLAGS:
         raise ValueError(f"unknown flush model {model!r}; choose one of {[m for m in MODEL_FLAGS if m]}")
-    return BASE_FLAGS + OPT_FLAGS[opt] + MODEL_FLAGS[model]
+    return BASE_FLAGS + OPT_FLAGS[opt] + MODEL_FLAGS[model] + (FIXUP_FLAGS if fixup else ())
 
 
-def build(model: str | None = None, opt: str = "default") -> Path:
+def build(model: str | None = None, opt: str = "default", fixup: bool = False) -> Path:
     """Compile (or find in the cache) the shared library; its path."""
     cc = compiler()
-    fl = flags(model, opt)
+    fl = flags(model, opt, fixup)
     h = hashlib.sha256()
     for name in SOURCES:
         h.update((KERNEL_DIR / name).read_bytes())
@@ -85,15 +88,16 @@ _I32 = np.ctypeslib.ndpointer(dtype=np.int32, flags="C_CONTIGUOUS")
 _U32 = np.ctypeslib.ndpointer(dtype=np.uint32, flags="C_CONTIGUOUS")
 _I8 = np.ctypeslib.ndpointer(dtype=np.int8, flags="C_CONTIGUOUS")
 _L = ctypes.c_long
-BINARY = ("add", "sub", "mul", "div", "maximum", "minimum", "mul_raw", "div_raw", "add_raw")
+BINARY = ("add", "sub", "mul", "div", "maximum", "minimum", "mul_raw", "div_raw", "add_raw", "mul_hw", "div_hw",
+          "mul_exact", "div_exact")
 UNARY = ("sqrt", "neg", "abs", "exp", "log", "sigmoid", "silu", "canon")
 
 
 class HostFP:
     """The header's primitives on NumPy arrays (float32 in, float32 out, elementwise)."""
 
-    def __init__(self, path: Path, model: str | None, opt: str):
-        self.path, self.model, self.opt = path, model, opt
+    def __init__(self, path: Path, model: str | None, opt: str, fixup: bool = False):
+        self.path, self.model, self.opt, self.fixup = path, model, opt, fixup
         lib = ctypes.CDLL(str(path))
         self._lib = lib
         for name in BINARY:
@@ -191,6 +195,6 @@ class HostFP:
 
 
 @lru_cache(maxsize=None)
-def load(model: str | None = None, opt: str = "default") -> HostFP:
+def load(model: str | None = None, opt: str = "default", fixup: bool = False) -> HostFP:
     """The host build (compiled on first use, then from the cache)."""
-    return HostFP(build(model, opt), model, opt)
+    return HostFP(build(model, opt, fixup), model, opt, fixup)

@@ -1,9 +1,11 @@
 /* host_build.c -- the host build of ls_fp.h: array entry points for ctypes (lockstep/backends/kernels/host.py).
  * Compiled as C11 with -ffp-contract=off -fno-fast-math; -DLS_MODEL_FTZ_BEFORE=1 or
- * -DLS_MODEL_FTZ_AFTER=1 swap the five IEEE operations for the hardware-flush models of
- * prelude_host.h. Each function applies one header primitive to n elements; outputs are stored
- * as the kernels store them (ls_cn), except the *_raw entry points, which return the bare
- * operation so the models themselves can be checked. */
+ * -DLS_MODEL_FTZ_AFTER=1 swap the IEEE operations for the hardware-flush models of
+ * prelude_host.h, and -DLS_FLUSH_FIXUP=1 adds the Metal fix-up to * and /. Each function
+ * applies one header primitive to n elements; outputs are stored as the kernels store them
+ * (ls_cn), except the *_raw and *_hw entry points, which return the bare operation (with and
+ * without the fix-up) so the models themselves can be checked, and *_exact, the integer
+ * routines of the fix-up applied to every pair of normal operands (others give NaN). */
 #include "prelude_host.h"
 #include "ls_fp.h"
 
@@ -27,6 +29,10 @@ LS_HOST_BINARY(ls_host_minimum, ls_cn(ls_min_total(a[i], b[i])))
 LS_HOST_BINARY(ls_host_mul_raw, ls_mul_raw(a[i], b[i]))
 LS_HOST_BINARY(ls_host_div_raw, ls_div_raw(a[i], b[i]))
 LS_HOST_BINARY(ls_host_add_raw, ls_add_raw(a[i], b[i]))
+LS_HOST_BINARY(ls_host_mul_hw, ls_mul_hw(a[i], b[i]))
+LS_HOST_BINARY(ls_host_div_hw, ls_div_hw(a[i], b[i]))
+LS_HOST_BINARY(ls_host_mul_exact, (ls_is_normal(a[i]) && ls_is_normal(b[i])) ? ls_mul_exact(a[i], b[i]) : ls_float(LS_CANONICAL_NAN_BITS))
+LS_HOST_BINARY(ls_host_div_exact, (ls_is_normal(a[i]) && ls_is_normal(b[i])) ? ls_div_exact(a[i], b[i]) : ls_float(LS_CANONICAL_NAN_BITS))
 LS_HOST_UNARY(ls_host_sqrt, ls_cn(ls_sqrt(a[i])))
 LS_HOST_UNARY(ls_host_neg, ls_cn(ls_neg(a[i])))
 LS_HOST_UNARY(ls_host_abs, ls_cn(ls_abs(a[i])))

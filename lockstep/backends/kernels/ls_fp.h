@@ -10,8 +10,12 @@
  * qualifier LS_FN; the address-space words LS_GLOBAL LS_LOCAL LS_PRIVATE; LS_BARRIER();
  * ls_bits/ls_float (exact reinterpretation); ls_mulhi; and the five IEEE operations
  * ls_add_raw ls_sub_raw ls_mul_raw ls_div_raw ls_sqrt_raw, each ONE correctly rounded
- * operation (round to nearest even, gradual underflow, never contracted into an FMA).
- * Everything below is plain C that all four dialects share.
+ * operation (round to nearest even, never contracted into an FMA) whose result, after ls_fl,
+ * is the spec's; and ls_mul_hw ls_div_hw, the hardware's own product and quotient (the same
+ * as ls_mul_raw / ls_div_raw except on hardware that flushes subnormals itself, where the
+ * raw operations add the tiny-result fix-up defined below: the Metal prelude, and the host
+ * build's FTZ models with LS_FLUSH_FIXUP). Everything below is plain C that all four dialects
+ * share.
  *
  * Inputs: every op argument is canonical (SPEC_VERSION 2: subnormal inputs are read as zeros
  * of their sign, NaNs as 0x7FC00000; backends canonicalize when data enters the device, and
@@ -28,6 +32,103 @@
 #define LS_POS_INF_BITS 0x7F800000u
 #define LS_NEG_INF_BITS 0xFF800000u
 #define LS_LANES 32
+
+/* ------------------------------------------------------------------ fp: exact * and / for flushing hardware
+ *
+ * Hardware that flushes float32 subnormals itself (Apple GPUs, always; see prelude_metal.h) and
+ * the spec can differ only where the hardware gives a ZERO: a product or quotient of nonzero
+ * finite operands whose exact value lies in [2**-126 - 2**-150, 2**-126) is 2**-126 in the spec
+ * (IEEE rounds it on the subnormal grid up to the smallest normal, and the flush keeps that), and
+ * 0 where the flush decides tininess before rounding (Apple, reportedly; ARM FZ); deciding after
+ * rounding (x86 FTZ) keeps [2**-126 - 2**-151, 2**-126) and flushes the rest of the band. Every
+ * value the hardware keeps is IEEE's (GPU-NOTES 2.2).
+ *
+ * So ls_mul_tiny_fixup / ls_div_tiny_fixup take the hardware's result r and, only when r is a
+ * zero while both operands are nonzero and finite, recompute the spec's result exactly with
+ * integer arithmetic. That is right under either tininess rule, and also when a zero is wrong
+ * for another reason (a quotient formed through an underflowed reciprocal). The path is rare in
+ * training: it runs only for results that underflow, and most of those leave at the exponent
+ * test at its start. */
+
+#define LS_IMPLICIT_BIT 0x00800000u
+#define LS_SMALLEST_NORMAL_BITS 0x00800000u
+
+/* Exponent field of x (0 for zeros, 255 for inf and NaN). */
+LS_FN int ls_exponent_field(float x) { return (int)((ls_bits(x) >> 23) & 0xFFu); }
+
+/* Is x nonzero and finite? (Exponent field 1..254: a subnormal counts as the zero the spec and
+ * flushing hardware read it as.) */
+LS_FN int ls_is_normal(float x) { int e = ls_exponent_field(x); return e != 0 && e != 0xFF; }
+
+/* The 24-bit significand of a normal x, as an integer in [2**23, 2**24): x = +-m * 2**(field - 150). */
+LS_FN ls_u32 ls_significand(float x) { return (ls_bits(x) & LS_MANTISSA_MASK) | LS_IMPLICIT_BIT; }
+
+/* The spec's float32 (IEEE round to nearest even with gradual underflow, then flush) of
+ * +-(m + s) * 2**e, as bits; sign is 0 or LS_SIGN_BIT, m > 0, and s in [0, 1) is nonzero iff
+ * sticky. With sticky set, m must be at least 2**24, so that after m is shifted up to 63 bits
+ * the sticky part still lies below the rounding position. */
+LS_FN ls_u32 ls_round_flush_bits(ls_u32 sign, ls_u64 m, int e, int sticky) {
+    for (int shift = 32; shift >= 1; shift >>= 1) { /* normalize: m in [2**62, 2**63) */
+        if (m < ((ls_u64)1 << (63 - shift))) {
+            m <<= shift;
+            e -= shift;
+        }
+    }
+    int top = e + 62; /* the value lies in [2**top, 2**(top + 1)) */
+    if (top > 127) return sign | LS_POS_INF_BITS;
+    if (top < -127) return sign; /* below 2**-127: rounds to a subnormal or zero, flushed */
+    if (top == -127) /* [2**-127, 2**-126): IEEE gives 2**-126 iff the value is >= 2**-126 - 2**-150 */
+        return (m >= ((ls_u64)0xFFFFFFu << 39)) ? (sign | LS_SMALLEST_NORMAL_BITS) : sign;
+    ls_u32 q = (ls_u32)(m >> 39); /* the 24 bits kept */
+    ls_u64 rest = m & (((ls_u64)1 << 39) - 1u), halfway = (ls_u64)1 << 38;
+    if (rest > halfway || (rest == halfway && (sticky || (q & 1u)))) q++;
+    if (q == 0x01000000u) { /* rounded up to the next power of two */
+        q = LS_IMPLICIT_BIT;
+        top++;
+        if (top > 127) return sign | LS_POS_INF_BITS;
+    }
+    return sign | ((ls_u32)(top + 127) << 23) | (q & LS_MANTISSA_MASK);
+}
+
+/* spec fp.mul of two normal (nonzero finite) operands, by integers: the 48-bit significand product. */
+LS_FN float ls_mul_exact(float a, float b) {
+    ls_u64 m = (ls_u64)ls_significand(a) * (ls_u64)ls_significand(b);
+    int e = ls_exponent_field(a) + ls_exponent_field(b) - 300;
+    return ls_float(ls_round_flush_bits((ls_bits(a) ^ ls_bits(b)) & LS_SIGN_BIT, m, e, 0));
+}
+
+/* spec fp.div of two normal (nonzero finite) operands, by integers: restoring division of the
+ * significands to 32 quotient bits (q = floor(ma / mb * 2**31) >= 2**30), the remainder as sticky. */
+LS_FN float ls_div_exact(float a, float b) {
+    ls_u32 mb = ls_significand(b), r = ls_significand(a), q = 0u;
+    for (int i = 0; i < 32; i++) { /* r < 2 * mb < 2**25 throughout */
+        q <<= 1;
+        if (r >= mb) {
+            r -= mb;
+            q |= 1u;
+        }
+        r <<= 1;
+    }
+    int e = ls_exponent_field(a) - ls_exponent_field(b) - 31;
+    return ls_float(ls_round_flush_bits((ls_bits(a) ^ ls_bits(b)) & LS_SIGN_BIT, (ls_u64)q, e, r != 0u));
+}
+
+/* r = the hardware's a * b. A zero from nonzero finite operands is recomputed exactly, unless the
+ * exponents alone put |a * b| below 2**-127 (then it is a flushed zero of the product's sign). */
+LS_FN float ls_mul_tiny_fixup(float a, float b, float r) {
+    if ((ls_bits(r) & LS_ABS_MASK) != 0u || !ls_is_normal(a) || !ls_is_normal(b)) return r;
+    if (ls_exponent_field(a) + ls_exponent_field(b) <= 125) /* |a * b| < 2**(ea + eb - 252) <= 2**-127 */
+        return ls_float((ls_bits(a) ^ ls_bits(b)) & LS_SIGN_BIT);
+    return ls_mul_exact(a, b);
+}
+
+/* r = the hardware's a / b; the same rule (|a / b| < 2**(ea - eb + 1)). */
+LS_FN float ls_div_tiny_fixup(float a, float b, float r) {
+    if ((ls_bits(r) & LS_ABS_MASK) != 0u || !ls_is_normal(a) || !ls_is_normal(b)) return r;
+    if (ls_exponent_field(a) - ls_exponent_field(b) <= -128)
+        return ls_float((ls_bits(a) ^ ls_bits(b)) & LS_SIGN_BIT);
+    return ls_div_exact(a, b);
+}
 
 /* ------------------------------------------------------------------ fp: the five operations */
 
@@ -262,7 +363,9 @@ LS_FN ls_u32x4 ls_philox4x32(ls_u32x4 c, ls_u32 k0, ls_u32 k1, int rounds) {
 /* ------------------------------------------------------------------ quant: int8 helpers */
 
 /* int32 -> float32 rounded to nearest even, by integer arithmetic (no reliance on the dialect's
- * conversion rounding): exact while |a| <= 2**24, as int8 GEMM sums with K <= 1040 always are. */
+ * conversion rounding, which Metal does not pin down): exact while |a| <= 2**24 (int8 GEMM sums
+ * with K <= 1040, row lengths), correctly rounded beyond. Kernels convert every int that could
+ * exceed 2**24 through it (a cast is used only for small ones: exponents, int8 values). */
 LS_FN float ls_i32_to_f32(ls_i32 a) {
     ls_u32 sign = (a < 0) ? LS_SIGN_BIT : 0u;
     ls_u32 m = (a < 0) ? (ls_u32)0u - (ls_u32)a : (ls_u32)a;

@@ -228,6 +228,19 @@ class KernelOps:
         """spec fp.abs: ``ls_abs_kernel``."""
         return self._unary("ls_abs_kernel", a)
 
+    def arith_probe(self, a, b) -> dict[str, np.ndarray]:
+        """Not a spec op: the flush probe's kernel (``ls_arith_probe_kernel``) on same-shaped float32 a, b.
+
+        Host arrays ``{"mul_hw", "mul", "div_hw", "div"}``: the device's own ``a*b`` and ``a/b``
+        as it computes them (no fix-up, no flush, not canonicalized), and the ops' ``mul``/``div``."""
+        a, b = self.contiguous(self._f32(a)), self.contiguous(self._f32(b))
+        if a.shape != b.shape:
+            raise ValueError(f"arith_probe takes operands of one shape, got {a.shape} and {b.shape}")
+        outs = {name: self.empty(a.shape, F32) for name in ("mul_hw", "mul", "div_hw", "div")}
+        self._ew("ls_arith_probe_kernel", a.size, outs["mul_hw"], outs["mul"], outs["div_hw"], outs["div"], a, b,
+                 np.int32(a.size))
+        return {name: self.to_numpy(x) for name, x in outs.items()}
+
     # ------------------------------------------------------------------ transcendental (transcendental.kc)
 
     def exp(self, x):

@@ -42,3 +42,6 @@ LS_FN float ls_sub_raw(float a, float b) { float r; asm("sub.rn.f32 %0, %1, %2;"
 LS_FN float ls_mul_raw(float a, float b) { float r; asm("mul.rn.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b)); return r; }
 LS_FN float ls_div_raw(float a, float b) { float r; asm("div.rn.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b)); return r; }
 LS_FN float ls_sqrt_raw(float a) { float r; asm("sqrt.rn.f32 %0, %1;" : "=f"(r) : "f"(a)); return r; }
+/* The hardware's own product and quotient: the same operations (mul.rn / div.rn keep subnormals). */
+LS_FN float ls_mul_hw(float a, float b) { return ls_mul_raw(a, b); }
+LS_FN float ls_div_hw(float a, float b) { return ls_div_raw(a, b); }

@@ -2,15 +2,17 @@
  * Compiled with -std=c11 -O2 -ffp-contract=off -fno-fast-math (GCC ignores the FP_CONTRACT
  * pragma and contracts by default in GNU C modes, so the flag is what counts).
  *
- * Two compile-time switches replace the five IEEE operations by models of hardware that
- * flushes float32 subnormals itself, so the fix-ups that such hardware needs (Apple GPUs, see
+ * Two compile-time switches replace the IEEE operations by models of hardware that flushes
+ * float32 subnormals itself, so the fix-ups that such hardware needs (Apple GPUs, see
  * prelude_metal.h) can be tested here. Both read subnormal inputs as zeros of their sign (DAZ):
  *   -DLS_MODEL_FTZ_BEFORE=1  a result is flushed when its EXACT value is below 2**-126 in
  *                            magnitude (tininess before rounding: ARM FZ, the applegpu model);
  *   -DLS_MODEL_FTZ_AFTER=1   a result is flushed when, rounded to 24 bits with an unbounded
  *                            exponent, it is below 2**-126 (tininess after rounding: x86 FTZ).
  * Without either, the operations are IEEE with gradual underflow, which is what the spec's
- * "round, then flush" builds on. */
+ * "round, then flush" builds on. ls_mul_hw / ls_div_hw are the modelled hardware's own product
+ * and quotient; -DLS_FLUSH_FIXUP=1 makes ls_mul_raw / ls_div_raw apply ls_fp.h's tiny-result
+ * fix-up to them, exactly as prelude_metal.h does on Apple GPUs (the same two lines below). */
 #include <stdint.h>
 #include <string.h>
 #include <math.h>
@@ -60,7 +62,7 @@ static inline float ls_add_raw(float a, float b) {
     return ls_model_daz(r);
 }
 static inline float ls_sub_raw(float a, float b) { return ls_model_daz(ls_model_daz(a) - ls_model_daz(b)); }
-static inline float ls_mul_raw(float a, float b) {
+static inline float ls_mul_hw(float a, float b) {
     a = ls_model_daz(a);
     b = ls_model_daz(b);
     double p = (double)a * (double)b; /* exact: 24 x 24 significant bits */
@@ -70,7 +72,7 @@ static inline float ls_mul_raw(float a, float b) {
     }
     return (float)p;
 }
-static inline float ls_div_raw(float a, float b) {
+static inline float ls_div_hw(float a, float b) {
     a = ls_model_daz(a);
     b = ls_model_daz(b);
     double aa = fabs((double)a), ab = fabs((double)b);
@@ -88,7 +90,17 @@ static inline float ls_sqrt_raw(float a) { return ls_model_daz(sqrtf(ls_model_da
 #else
 static inline float ls_add_raw(float a, float b) { return a + b; }
 static inline float ls_sub_raw(float a, float b) { return a - b; }
-static inline float ls_mul_raw(float a, float b) { return a * b; }
-static inline float ls_div_raw(float a, float b) { return a / b; }
+static inline float ls_mul_hw(float a, float b) { return a * b; }
+static inline float ls_div_hw(float a, float b) { return a / b; }
 static inline float ls_sqrt_raw(float a) { return sqrtf(a); }
+#endif
+
+#if defined(LS_FLUSH_FIXUP)
+static inline float ls_mul_tiny_fixup(float a, float b, float r); /* ls_fp.h */
+static inline float ls_div_tiny_fixup(float a, float b, float r);
+static inline float ls_mul_raw(float a, float b) { return ls_mul_tiny_fixup(a, b, ls_mul_hw(a, b)); }
+static inline float ls_div_raw(float a, float b) { return ls_div_tiny_fixup(a, b, ls_div_hw(a, b)); }
+#else
+static inline float ls_mul_raw(float a, float b) { return ls_mul_hw(a, b); }
+static inline float ls_div_raw(float a, float b) { return ls_div_hw(a, b); }
 #endif

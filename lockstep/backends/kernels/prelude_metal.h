@@ -6,9 +6,15 @@
  * Apple GPUs flush float32 subnormals in hardware (inputs and results) and reportedly decide
  * "too small" before rounding, while the spec rounds first: a product or quotient whose exact
  * value lies in [2**-126 - 2**-150, 2**-126) is 2**-126 in the spec and 0 on the hardware.
- * ls_mul_raw and ls_div_raw are where the Metal backend puts its fix-up for that band (issue
- * "Metal backend"); until it lands they are the bare operators, and the host build's FTZ models
- * (prelude_host.h, LS_MODEL_FTZ_BEFORE / LS_MODEL_FTZ_AFTER) show where they differ. */
+ * ls_mul_raw and ls_div_raw therefore pass the hardware's result through ls_fp.h's
+ * ls_mul_tiny_fixup / ls_div_tiny_fixup, which recompute a zero from nonzero finite operands
+ * exactly with integers (right under either tininess rule). The host build runs the same two
+ * lines over models of both rules (prelude_host.h, LS_MODEL_FTZ_BEFORE / LS_MODEL_FTZ_AFTER
+ * with LS_FLUSH_FIXUP), which is how CI tests this path without a Mac.
+ *
+ * Sums and differences need nothing: with normal operands an exact result below 2**-126 is
+ * representable, so flushing it before or after rounding is the same. sqrt of a normal number
+ * is normal. Integer -> float conversions in ls_fp.h are of exactly representable values only. */
 #include <metal_stdlib>
 using namespace metal;
 #pragma STDC FP_CONTRACT OFF
@@ -50,6 +56,11 @@ LS_FN ls_u32 ls_mulhi(ls_u32 a, ls_u32 b) { return mulhi(a, b); }
 
 LS_FN float ls_add_raw(float a, float b) { return a + b; } /* exact below 2**-126 on normal inputs: FTZ-safe */
 LS_FN float ls_sub_raw(float a, float b) { return a - b; }
-LS_FN float ls_mul_raw(float a, float b) { return a * b; } /* fix-up for the band: Metal issue */
-LS_FN float ls_div_raw(float a, float b) { return a / b; } /* fix-up for the band: Metal issue */
 LS_FN float ls_sqrt_raw(float a) { return sqrt(a); }
+/* The hardware's own product and quotient (what the flush probe measures), then the fix-up. */
+LS_FN float ls_mul_hw(float a, float b) { return a * b; }
+LS_FN float ls_div_hw(float a, float b) { return a / b; }
+LS_FN float ls_mul_tiny_fixup(float a, float b, float r); /* ls_fp.h */
+LS_FN float ls_div_tiny_fixup(float a, float b, float r);
+LS_FN float ls_mul_raw(float a, float b) { return ls_mul_tiny_fixup(a, b, ls_mul_hw(a, b)); }
+LS_FN float ls_div_raw(float a, float b) { return ls_div_tiny_fixup(a, b, ls_div_hw(a, b)); }

@@ -44,3 +44,6 @@ LS_FN float ls_sub_raw(float a, float b) { return a - b; }
 LS_FN float ls_mul_raw(float a, float b) { return a * b; }
 LS_FN float ls_div_raw(float a, float b) { return a / b; }
 LS_FN float ls_sqrt_raw(float a) { return sqrt(a); }
+/* The hardware's own product and quotient: the same operations (this hardware keeps subnormals). */
+LS_FN float ls_mul_hw(float a, float b) { return ls_mul_raw(a, b); }
+LS_FN float ls_div_hw(float a, float b) { return ls_div_raw(a, b); }

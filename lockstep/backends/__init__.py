@@ -1,9 +1,17 @@
 """Backends: tables of the spec's op names, each checked byte for byte against the spec.
 
 ``get_backend(name)`` returns a ``Backend``; ``backend.<op>(...)`` calls the op,
-``backend.asarray`` moves a NumPy array onto the device and ``backend.to_numpy``
+``backend.asarray`` moves a NumPy array onto the device (canonicalizing float32:
+subnormals read as signed zeros, NaNs as ``0x7FC00000``) and ``backend.to_numpy``
 brings one back. ``backend.implements(op)`` says whether an op is present, so the
-conformance suite reports "missing" apart from "wrong".
+conformance suite reports "missing" apart from "wrong". What every op takes and
+returns is the contract in ``lockstep.backends.interface``.
+
+Backends by name (``BACKEND_MODULES``): ``spec`` (the definition itself), ``numba``
+(``lockstep.backends.numba_cpu``), ``opencl`` (``lockstep.backends.opencl``), ``cuda``
+(alias ``cupy``; ``lockstep.backends.cupy_cuda``) and ``metal``
+(``lockstep.backends.metal``). Each module defines ``make_backend() -> Backend``; a
+backend that cannot run here raises ``BackendUnavailable`` with one line.
 """
 
 from __future__ import annotations
@@ -14,12 +22,19 @@ from typing import Any, Callable
 
 import numpy as np
 
-KNOWN_BACKENDS = ("spec", "numba", "cuda", "metal")
+from .interface import OP_NAMES, BackendUnavailable
+
+__all__ = ["Backend", "BackendUnavailable", "BACKEND_MODULES", "KNOWN_BACKENDS", "get_backend", "spec_backend"]
+
+# name -> the module that builds it (its make_backend()); the extra of the same name installs its packages
+BACKEND_MODULES: dict[str, str] = {
+    "numba": "lockstep.backends.numba_cpu",
+    "opencl": "lockstep.backends.opencl",
+    "cuda": "lockstep.backends.cupy_cuda",
+    "metal": "lockstep.backends.metal",
+}
+KNOWN_BACKENDS: tuple[str, ...] = ("spec", *BACKEND_MODULES)
 _ALIASES = {"numba_cpu": "numba", "cupy": "cuda", "cupy_cuda": "cuda"}
-
-
-class BackendUnavailable(RuntimeError):
-    """The backend cannot run here (its package or its hardware is missing)."""
 
 
 @dataclass
@@ -44,34 +59,44 @@ class Backend:
 
 
 def spec_backend() -> Backend:
-    """The spec itself, as a backend (the reference every other backend must equal)."""
+    """The spec itself, as a backend (the reference every other backend must equal).
+
+    Its ``asarray`` canonicalizes float32 like every backend's (``spec.fp.canonical``);
+    its ops read any input under the spec's rule anyway.
+    """
     from lockstep import spec
+    from lockstep.spec.fp import canonical
 
     return Backend(
         name="spec",
-        ops={op: getattr(spec, op) for op in spec.OPS},
+        ops={op: getattr(spec, op) for op in OP_NAMES},
+        asarray=canonical,
+        to_numpy=np.asarray,
         description=f"pure-NumPy reference, SPEC_VERSION {spec.SPEC_VERSION}",
     )
 
 
-def get_backend(name: str) -> Backend:
-    """The backend called ``name`` (spec, numba, cuda, metal).
+def _import_backend_module(key: str, module: str):
+    """Import a backend's module; a missing module or package becomes one ``BackendUnavailable`` line."""
+    try:
+        return importlib.import_module(module)
+    except ModuleNotFoundError as e:
+        missing = e.name or ""
+        if missing == module or module.startswith(missing + ".") or missing.startswith(module + "."):
+            raise BackendUnavailable(f"backend {key!r} is not part of this lockstep build ({module} is missing)") from e
+        package = missing.split(".")[0]
+        raise BackendUnavailable(f"backend {key!r} needs the Python package {package!r}: pip install 'lockstep[{key}]'") from e
 
-    Raises ``BackendUnavailable`` with what to install when it cannot run here,
-    and ``ValueError`` for an unknown name.
+
+def get_backend(name: str) -> Backend:
+    """The backend called ``name`` (spec, numba, opencl, cuda, metal; alias cupy for cuda).
+
+    Raises ``BackendUnavailable`` (one line: what is missing, what to do) when it cannot
+    run here, and ``ValueError`` for an unknown name.
     """
     key = _ALIASES.get(name, name)
     if key == "spec":
         return spec_backend()
-    if key not in KNOWN_BACKENDS:
+    if key not in BACKEND_MODULES:
         raise ValueError(f"unknown backend {name!r}; choose one of {', '.join(KNOWN_BACKENDS)}")
-    module = {"numba": "lockstep.backends.numba_cpu", "cuda": "lockstep.backends.cupy_cuda", "metal": "lockstep.backends.metal"}[key]
-    try:
-        mod = importlib.import_module(module)
-    except ModuleNotFoundError as e:
-        if e.name and (e.name == module or module.startswith(e.name + ".") or e.name.startswith(module)):
-            raise BackendUnavailable(f"backend {key!r} is not part of this lockstep build yet ({module} missing)") from e
-        raise BackendUnavailable(
-            f"backend {key!r} needs the Python package {e.name!r}: pip install 'lockstep[{key}]'"
-        ) from e
-    return mod.make_backend()
+    return _import_backend_module(key, BACKEND_MODULES[key]).make_backend()

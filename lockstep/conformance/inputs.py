@@ -21,13 +21,21 @@ BOUNDARY_F32: tuple[tuple[int, str], ...] = (
     (0x80800000, "-smallest normal"),
     (0x00800001, "smallest normal + 1 ulp"),
     (0x00C00000, "1.5 * 2**-126"),
+    # Vectors that separate flush rules (DESIGN.md, GPU backends): the spec rounds on the
+    # subnormal grid, then flushes; hardware FTZ decides before rounding. Each of
+    # 0x3F7FFFFF * 0x00800000, 0x3F7FFFFE * 0x00800001, 0x00FFFFFF / 2 and 0x00FFFFFF * 0.5
+    # is 0x00800000 in the spec and 0 under flush-before-rounding (the first also under x86 FTZ).
+    (0x00FFFFFF, "2**-125 - 2**-149: largest float with exponent field 1 (its half rounds up to 2**-126)"),
+    (0x80FFFFFF, "-(2**-125 - 2**-149)"),
+    (0x01000000, "2**-125"),
     (0x1F800000, "2**-64 (square rounds to subnormal)"),
     (0x20000000, "2**-63 (square is the smallest normal)"),
     (0x33800000, "2**-24 (half an ulp of 1: a rounding tie with 1)"),
     (0x34000000, "2**-23 (one ulp of 1)"),
     (0x3EFFFFFF, "0.5 - ulp"),
     (0x3F000000, "0.5"),
-    (0x3F7FFFFF, "1 - ulp"),
+    (0x3F7FFFFE, "1 - 2 ulp (times 0x00800001: exact 2**-126 (1 - 2**-46), rounds up to 2**-126)"),
+    (0x3F7FFFFF, "1 - ulp (times 2**-126: exact 2**-126 - 2**-150, a tie that rounds up to 2**-126)"),
     (0x3F800000, "1"),
     (0x3F800001, "1 + ulp"),
     (0x3F800003, "1 + 3 ulp (ties to even in sums)"),
@@ -52,9 +60,18 @@ BOUNDARY_F32: tuple[tuple[int, str], ...] = (
 )
 
 
+# Rows of the boundary matrix cases (matmul, column_sum, max): the table has 40 values.
+BOUNDARY_MATRIX_SHAPE = (5, 8)
+
+
 def boundary_values() -> np.ndarray:
     """The boundary table as a float32 array (raw bits: subnormals and NaN payloads kept)."""
     return fp.from_bits(np.array([b for b, _ in BOUNDARY_F32], dtype=np.uint32)).copy()
+
+
+def boundary_matrix() -> np.ndarray:
+    """The boundary table as a (5, 8) float32 matrix, for the reductions and contractions."""
+    return boundary_values().reshape(BOUNDARY_MATRIX_SHAPE)
 
 
 def boundary_pairs() -> tuple[np.ndarray, np.ndarray]:

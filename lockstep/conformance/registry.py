@@ -1,4 +1,4 @@
-"""One conformance record per spec op: its name, arity, input generator, tolerance (always 0).
+"""One conformance record per op of the backend contract: its name, input generator, tolerance (always 0).
 
 A record's ``cases(seed, level)`` returns named input tuples. Level 1 is boundary
 values plus a few thousand seeded random values and small shapes (seconds); level 2
@@ -6,6 +6,9 @@ adds larger random sets and shapes (a minute or two on the spec).
 
 Other modules add records with ``register`` (the model ops do, in
 ``lockstep.conformance.model_ops``); ``all_records()`` returns them in registration order.
+Every record names an op of the contract (``lockstep.backends.interface``), and
+every case's arguments bind to that op's signature with values of the contract's
+kinds (``tests/test_contract.py``).
 """
 
 from __future__ import annotations
@@ -14,6 +17,8 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import numpy as np
+
+from lockstep.backends.interface import CONTRACT
 
 from . import inputs as gen
 
@@ -27,17 +32,23 @@ class Case:
 
 @dataclass(frozen=True)
 class OpRecord:
-    name: str
-    arity: int
+    name: str  # an op of the contract
     cases: Callable[[int, int], list[Case]]
     tolerance: int = 0  # ulps; always 0 in lockstep: bit-exactness is binary
     doc: str = ""
+
+    @property
+    def arity(self) -> int:
+        """Parameters of the op (defaults included), from the contract."""
+        return len(CONTRACT[self.name].params)
 
 
 _REGISTRY: dict[str, OpRecord] = {}
 
 
 def register(record: OpRecord) -> OpRecord:
+    if record.name not in CONTRACT:
+        raise ValueError(f"conformance record {record.name!r} is not an op of the backend contract")
     if record.tolerance != 0:
         raise ValueError(f"conformance record {record.name!r}: tolerance must be 0 (bit-exact)")
     if record.name in _REGISTRY:
@@ -108,13 +119,13 @@ def _binary_cases(op: str) -> Callable[[int, int], list[Case]]:
 
 
 for _op in ("add", "sub", "mul", "div", "maximum", "minimum"):
-    register(OpRecord(_op, 2, _binary_cases(_op), doc="elementwise, one rounding, round-then-flush"))
+    register(OpRecord(_op, _binary_cases(_op), doc="elementwise, one rounding, round-then-flush"))
 for _op in ("sqrt", "neg", "abs"):
-    register(OpRecord(_op, 1, _unary_cases(_op), doc="elementwise, one rounding, round-then-flush"))
-register(OpRecord("exp", 1, _unary_cases("exp", -8, 8), doc="spec exp from + - * / and bit manipulation"))
-register(OpRecord("log", 1, _unary_cases("log", -126, 127), doc="spec log from + - * / and bit manipulation"))
-register(OpRecord("sigmoid", 1, _unary_cases("sigmoid", -8, 8), doc="1 / (1 + exp(-x))"))
-register(OpRecord("silu", 1, _unary_cases("silu", -8, 8), doc="x * sigmoid(x)"))
+    register(OpRecord(_op, _unary_cases(_op), doc="elementwise, one rounding, round-then-flush"))
+register(OpRecord("exp", _unary_cases("exp", -8, 8), doc="spec exp from + - * / and bit manipulation"))
+register(OpRecord("log", _unary_cases("log", -126, 127), doc="spec log from + - * / and bit manipulation"))
+register(OpRecord("sigmoid", _unary_cases("sigmoid", -8, 8), doc="1 / (1 + exp(-x))"))
+register(OpRecord("silu", _unary_cases("silu", -8, 8), doc="x * sigmoid(x)"))
 
 
 # ---------------------------------------------------------------- reductions
@@ -148,7 +159,7 @@ def _matmul_cases(seed: int, level: int) -> list[Case]:
                                 gen.random_uniform(seed, ("mm", "bb"), (3, 6, 5)))))
     out.append(Case("wide-range", (gen.random_normal_range(seed, ("mm", "wa"), (6, 40), -60, 60),
                                    gen.random_normal_range(seed, ("mm", "wb"), (40, 6), -60, 60))))
-    out.append(Case("specials", (gen.boundary_values().reshape(6, 6), gen.boundary_values().reshape(6, 6).T.copy())))
+    out.append(Case("specials", (gen.boundary_matrix(), gen.boundary_matrix().T.copy())))
     return out
 
 
@@ -170,7 +181,7 @@ def _max_cases(seed: int, level: int) -> list[Case]:
     out = [Case(f"rows-{n}", (gen.random_uniform(seed, ("max", n), (4, n)),)) for n in (1, 2, 33, 300)]
     signed_zeros = np.array([[0.0, -0.0, -0.0], [-0.0, -0.0, -0.0], [-0.0, 0.0, -1.0]], dtype=np.float32)
     out.append(Case("signed-zeros", (signed_zeros,)))
-    out.append(Case("specials", (gen.boundary_values().reshape(4, 9),)))
+    out.append(Case("specials", (gen.boundary_matrix(),)))
     out.append(Case("axis0", (gen.random_uniform(seed, ("max", "axis0"), (9, 5)),), {"axis": 0}))
     return out
 
@@ -188,12 +199,12 @@ def _philox_cases(seed: int, level: int) -> list[Case]:
     ]
 
 
-register(OpRecord("lane_tree_sum", 1, _lane_tree_cases, doc="lane-tree(32) row sum"))
-register(OpRecord("matmul", 2, _matmul_cases, doc="ascending-k float32 contraction"))
-register(OpRecord("int8_matmul", 2, _int8_matmul_cases, doc="exact int8 GEMM in int32"))
-register(OpRecord("max", 1, _max_cases, doc="total-order max"))
-register(OpRecord("argmax", 1, _max_cases, doc="first index of the total-order max"))
-register(OpRecord("philox4x32", 2, _philox_cases, doc="Philox4x32-R"))
+register(OpRecord("lane_tree_sum", _lane_tree_cases, doc="lane-tree(32) row sum"))
+register(OpRecord("matmul", _matmul_cases, doc="ascending-k float32 contraction"))
+register(OpRecord("int8_matmul", _int8_matmul_cases, doc="exact int8 GEMM in int32"))
+register(OpRecord("max", _max_cases, doc="total-order max"))
+register(OpRecord("argmax", _max_cases, doc="first index of the total-order max"))
+register(OpRecord("philox4x32", _philox_cases, doc="Philox4x32-R"))
 
 
 def describe_inputs(args: tuple, index: tuple | int | None) -> str:

@@ -17,6 +17,7 @@ import numpy as np
 
 from lockstep import spec
 from lockstep.backends import Backend
+from lockstep.backends.interface import move_arguments, result_problem, signature_problem
 
 from . import golden
 from .registry import Case, all_records, as_outputs, describe_inputs
@@ -33,8 +34,16 @@ class OpResult:
     messages: list[str] = field(default_factory=list)
 
 
-def _to_device(backend: Backend, args: tuple) -> tuple:
-    return tuple(backend.asarray(a) if isinstance(a, np.ndarray) else a for a in args)
+def _to_device(backend: Backend, op: str, case: Case) -> tuple[tuple, dict]:
+    """A case's arguments for the backend: every host array through ``backend.asarray``, by the contract's kinds."""
+    return move_arguments(op, case.args, case.kwargs, backend.asarray)
+
+
+def _to_host(backend: Backend, result):
+    """An op's result on the host: every device array through ``backend.to_numpy`` (None stays None)."""
+    if isinstance(result, (tuple, list)):
+        return tuple(None if r is None else backend.to_numpy(r) for r in result)
+    return None if result is None else backend.to_numpy(result)
 
 
 def _first_mismatches(want: np.ndarray, got: np.ndarray, case: Case, limit: int) -> list[str]:
@@ -92,6 +101,13 @@ def run_conformance(backend: Backend, level: int = 1, seed: int = 0, max_errors:
             continue
         ref = getattr(spec, rec.name)
         fn = getattr(backend, rec.name)
+        wrong_signature = signature_problem(rec.name, fn)
+        if wrong_signature:
+            res.status = "ERROR"
+            res.messages.append(f"  {wrong_signature} (lockstep/backends/interface.py)")
+            res.seconds = time.perf_counter() - t0
+            results.append(res)
+            continue
         golden_ok = None
         # The golden cases are the level-1 cases at the golden seed.
         golden_cases = rec.cases(golden.GOLDEN_SEED, golden.GOLDEN_LEVEL)
@@ -112,13 +128,15 @@ def run_conformance(backend: Backend, level: int = 1, seed: int = 0, max_errors:
                         res.messages.append(f"  {case.label}: the SPEC's output differs from the golden vector on this machine")
                     elif golden_ok is None:
                         golden_ok = True
-                got = fn(*_to_device(backend, case.args), **case.kwargs)
+                args, kwargs = _to_device(backend, rec.name, case)
+                got = _to_host(backend, fn(*args, **kwargs))
                 wants = as_outputs(want)
-                if isinstance(got, (tuple, list)):
-                    got = tuple(None if g is None else backend.to_numpy(g) for g in got)
-                else:
-                    got = backend.to_numpy(got)
                 gots = as_outputs(got)
+                wrong_kind = result_problem(rec.name, got)
+                if wrong_kind:
+                    res.status = "FAIL"
+                    res.messages.append(f"  {case.label}: {wrong_kind} (the contract: lockstep/backends/interface.py)")
+                    continue
             except Exception as e:  # noqa: BLE001 - a crashing backend is a reported result
                 res.status = "ERROR"
                 res.messages.append(f"  {case.label}: {type(e).__name__}: {e}")

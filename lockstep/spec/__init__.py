@@ -27,27 +27,14 @@ from .optim import adamw_update, clip_coefficient, global_norm, scale, sum_of_sq
 from .quant import int8_linear_backward, int8_linear_forward
 from .rope import rope_backward, rope_forward
 from .swiglu import swiglu_backward, swiglu_forward
+from lockstep.backends.interface import OP_NAMES  # noqa: E402 - the contract names the ops
 
 # Bump whenever what any op computes changes; regenerate the golden vectors with
 # ``python -m lockstep.conformance.golden --write`` in the same commit.
-SPEC_VERSION = "1"
+SPEC_VERSION = "2"
 
-# The op table: every backend implements these names with the same signatures.
-OPS: tuple[str, ...] = (
-    "add", "sub", "mul", "div", "sqrt", "neg", "abs", "maximum", "minimum",
-    "exp", "log", "sigmoid", "silu",
-    "lane_tree_sum", "matmul", "int8_matmul", "max", "argmax",
-    "philox4x32",
-    # model ops (forward/backward pairs), see lockstep/train/model.py for how they compose
-    "concat_last", "column_sum",
-    "embedding_forward", "embedding_backward",
-    "rmsnorm_forward", "rmsnorm_backward",
-    "rope_forward", "rope_backward",
-    "attention_forward", "attention_backward",
-    "swiglu_forward", "swiglu_backward",
-    "int8_linear_forward", "int8_linear_backward",
-    "cross_entropy_forward", "cross_entropy_backward",
-    "sum_of_squares", "global_norm", "clip_coefficient", "scale", "adamw_update",
-)
+# The op table: every backend implements these names with the same signatures. It is
+# the backend contract's (``lockstep.backends.interface``), in the contract's order.
+OPS: tuple[str, ...] = OP_NAMES
 
 __all__ = ["SPEC_VERSION", "OPS", "PhiloxStream", "f32", *OPS]

@@ -7,11 +7,31 @@ Contract (DESIGN.md, "the four locks"):
   NumPy's float32 ufuncs on arrays round each element correctly whatever SIMD
   path they take, so they are safe building blocks for these five operations
   *and nothing else*.
+* Inputs are read canonically (SPEC_VERSION 2): every float32 operand of every op
+  is read with a subnormal (``0 < |x| < 2**-126``, exponent field 0) as a zero of
+  its sign ("denormals are zero", DAZ, as Apple GPUs read them), and any NaN as the
+  canonical NaN ``0x7FC00000``. So ``add(2**-127, 2**-127)`` is ``+0.0`` and
+  ``sqrt(-2**-140)`` is ``-0.0``. ``f32`` and ``_f32_operands`` apply the rule; every
+  op here and in the other spec modules reads its inputs through one of them.
 * Round, then flush: every result ``r`` with ``0 < |r| < 2**-126`` becomes a zero
-  of ``r``'s sign. Floats entering the spec are flushed the same way (``f32``).
+  of ``r``'s sign. "Round" is IEEE rounding with gradual underflow (on the
+  subnormal grid); "flush" is then a test of the rounded result's exponent field.
+  Hardware flush-to-zero decides on the unrounded (or exponent-unbounded) result
+  and differs exactly when the exact result lies in ``[2**-126 - 2**-150, 2**-126)``
+  and rounds up to ``2**-126``: ``0x3F7FFFFF * 0x00800000`` is ``0x00800000`` here
+  and 0 under x86 FTZ; ``0x3F7FFFFE * 0x00800001``, ``0x00FFFFFF / 2`` and
+  ``0x00FFFFFF * 0.5`` are ``0x00800000`` here and 0 under flush-before-rounding
+  (the conformance boundary table holds all four).
 * Every NaN result is the canonical quiet NaN ``0x7FC00000``.
 * ``max``/``min`` use the total order ``-0.0 < +0.0``; a NaN operand gives the
   canonical NaN.
+
+So every input and every output of every op is *canonical*: no subnormal, no NaN
+but ``0x7FC00000``. Backends may therefore canonicalize once, when an array
+enters the device (``asarray``, see ``lockstep.backends.interface``), and keep
+no input flush in their kernels. Files from outside (checkpoints, inputs) are read
+under the same rule on every backend, not refused: a subnormal in a checkpoint is
+a zero of its sign wherever the step is replayed.
 
 Every op in ``lockstep.spec`` is built from the helpers here, so reading this
 file tells you what every published bit is made of.
@@ -56,7 +76,8 @@ def canon(x: np.ndarray) -> np.ndarray:
 
 
 def f32(x) -> np.ndarray:
-    """Bring a value into the spec: cast to float32 (round to nearest), flush, canonical NaN.
+    """Bring a value into the spec: cast to float32 (round to nearest), then read it
+    canonically (a subnormal is a zero of its sign, any NaN is ``0x7FC00000``).
 
     Integer inputs are converted exactly when representable; float64 inputs are
     rounded once to float32. The result is a fresh C-contiguous array.
@@ -64,59 +85,89 @@ def f32(x) -> np.ndarray:
     return canon(np.array(x, dtype=F32, copy=True))
 
 
+def is_canonical(x) -> bool:
+    """True when a float32 array holds no subnormal and no NaN other than ``0x7FC00000``."""
+    u = bits(np.asarray(x, dtype=F32))
+    exp_field = u & EXPONENT_MASK
+    subnormal = (exp_field == 0) & ((u & ~SIGN_BIT) != 0)
+    other_nan = (exp_field == EXPONENT_MASK) & ((u & MANTISSA_MASK) != 0) & (u != CANONICAL_NAN_BITS)
+    return not bool((subnormal | other_nan).any())
+
+
+def canonical(x):
+    """A host array as a backend's ``asarray`` gives it: float32 read canonically, other dtypes as they are.
+
+    Returns x itself (as an ndarray) when it needs no change, else a canonical copy.
+    """
+    a = np.asarray(x)
+    if a.dtype != F32 or is_canonical(a):
+        return a
+    return canon(a)
+
+
 def _f32_operands(*xs):
-    out = []
-    for x in xs:
-        if isinstance(x, np.ndarray) and x.dtype == F32:
-            out.append(x)
-        else:
-            out.append(np.asarray(x, dtype=F32))
-    return out
+    """The operands of an elementwise op: cast to float32, then read canonically (DAZ, canonical NaN)."""
+    return [canon(np.asarray(x, dtype=F32)) for x in xs]
 
 
 def add(a, b) -> np.ndarray:
-    """``a + b``, one rounding, then flush and canonical NaN."""
+    """``a + b``, one rounding, then flush and canonical NaN.
+
+    Operands are read canonically first (subnormal -> zero of its sign, NaN -> canonical).
+    """
     a, b = _f32_operands(a, b)
     with np.errstate(all="ignore"):
         return canon(np.add(a, b, dtype=F32))
 
 
 def sub(a, b) -> np.ndarray:
-    """``a - b``, one rounding, then flush and canonical NaN."""
+    """``a - b``, one rounding, then flush and canonical NaN.
+
+    Operands are read canonically first (subnormal -> zero of its sign, NaN -> canonical).
+    """
     a, b = _f32_operands(a, b)
     with np.errstate(all="ignore"):
         return canon(np.subtract(a, b, dtype=F32))
 
 
 def mul(a, b) -> np.ndarray:
-    """``a * b``, one rounding, then flush and canonical NaN."""
+    """``a * b``, one rounding, then flush and canonical NaN.
+
+    Operands are read canonically first (subnormal -> zero of its sign, NaN -> canonical).
+    """
     a, b = _f32_operands(a, b)
     with np.errstate(all="ignore"):
         return canon(np.multiply(a, b, dtype=F32))
 
 
 def div(a, b) -> np.ndarray:
-    """``a / b``, one rounding (IEEE division), then flush and canonical NaN."""
+    """``a / b``, one rounding (IEEE division), then flush and canonical NaN.
+
+    Operands are read canonically first (subnormal -> zero of its sign, NaN -> canonical).
+    """
     a, b = _f32_operands(a, b)
     with np.errstate(all="ignore"):
         return canon(np.divide(a, b, dtype=F32))
 
 
 def sqrt(a) -> np.ndarray:
-    """IEEE square root, one rounding; ``sqrt(-0.0) = -0.0``; negative -> canonical NaN."""
+    """IEEE square root, one rounding; ``sqrt(-0.0) = -0.0``; negative -> canonical NaN.
+
+    The operand is read canonically first, so a negative subnormal gives ``-0.0``.
+    """
     (a,) = _f32_operands(a)
     with np.errstate(all="ignore"):
         return canon(np.sqrt(a, dtype=F32))
 
 
 def neg(a) -> np.ndarray:
-    """Exact sign flip (``-x``); a NaN stays canonical."""
+    """Exact sign flip (``-x``) of the canonically read operand; a NaN stays canonical."""
     (a,) = _f32_operands(a)
     return canon(np.negative(a))
 
 
 def abs(a) -> np.ndarray:  # noqa: A001 - the op is called abs in every backend
-    """Exact ``|x|`` (clears the sign bit); a NaN stays canonical."""
+    """Exact ``|x|`` (clears the sign bit) of the canonically read operand; a NaN stays canonical."""
     (a,) = _f32_operands(a)
     return canon(np.abs(a))
 
@@ -128,25 +179,25 @@ def _total_key(x: np.ndarray) -> np.ndarray:
 
 
 def maximum(a, b) -> np.ndarray:
-    """Elementwise max in the total order ``-0.0 < +0.0``; a NaN operand -> canonical NaN."""
-    a, b = _f32_operands(a, b)
-    a, b = np.broadcast_arrays(canon(a), canon(b))
+    """Elementwise max in the total order ``-0.0 < +0.0`` of the canonically read operands
+    (a subnormal is a zero of its sign); a NaN operand -> canonical NaN."""
+    a, b = np.broadcast_arrays(*_f32_operands(a, b))
     r = np.where(_total_key(a) >= _total_key(b), a, b)
     r = np.where(np.isnan(a) | np.isnan(b), from_bits(CANONICAL_NAN_BITS), r)
     return canon(r)
 
 
 def minimum(a, b) -> np.ndarray:
-    """Elementwise min in the total order ``-0.0 < +0.0``; a NaN operand -> canonical NaN."""
-    a, b = _f32_operands(a, b)
-    a, b = np.broadcast_arrays(canon(a), canon(b))
+    """Elementwise min in the total order ``-0.0 < +0.0`` of the canonically read operands;
+    a NaN operand -> canonical NaN."""
+    a, b = np.broadcast_arrays(*_f32_operands(a, b))
     r = np.where(_total_key(a) <= _total_key(b), a, b)
     r = np.where(np.isnan(a) | np.isnan(b), from_bits(CANONICAL_NAN_BITS), r)
     return canon(r)
 
 
 def where(cond, a, b) -> np.ndarray:
-    """Exact selection (no arithmetic)."""
+    """Exact selection (no arithmetic) between the canonically read operands."""
     a, b = _f32_operands(a, b)
     return canon(np.where(cond, a, b))
 

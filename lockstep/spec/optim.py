@@ -50,13 +50,15 @@ def adamw_update(p, g, m, v, lr, beta1, beta2, one_minus_beta1, one_minus_beta2,
         u     = (m / bc1) / (sqrt(v / bc2) + eps)
         p     = p - lr * (u + weight_decay * p)    # weight_decay == 0: p = p - lr * u
 
-    ``bc1 = 1 - beta1**t`` and ``bc2 = 1 - beta2**t`` come from the host.
+    ``bc1 = 1 - beta1**t`` and ``bc2 = 1 - beta2**t`` come from the host. Every
+    input, the scalars included, is read canonically (``fp``); the decay term is
+    left out when the canonically read weight_decay is zero (+0.0 or -0.0).
     """
     p, g, m, v = fp.f32(p), fp.f32(g), fp.f32(m), fp.f32(v)
     m = fp.add(fp.mul(beta1, m), fp.mul(one_minus_beta1, g))
     v = fp.add(fp.mul(beta2, v), fp.mul(one_minus_beta2, fp.mul(g, g)))
     u = fp.div(fp.div(m, bc1), fp.add(fp.sqrt(fp.div(v, bc2)), eps))
-    if float(weight_decay) != 0.0:
+    if float(fp.f32(weight_decay)) != 0.0:
         u = fp.add(u, fp.mul(weight_decay, p))
     p = fp.sub(p, fp.mul(lr, u))
     return p, m, v

@@ -1,4 +1,4 @@
-"""The Numba CPU backend: every op of ``lockstep.spec.OPS``, bit for bit, compiled and parallel.
+"""The Numba CPU backend: every op of the backend contract (``lockstep.spec.OPS``), bit for bit, compiled and parallel.
 
 One module per spec module, with the same op names (``fp``, ``transcendental``,
 ``reduce``, ``philox``, ``embedding``, ``norm``, ``rope``, ``attention``, ``swiglu``,
@@ -38,30 +38,41 @@ try:
 except ImportError as e:  # pragma: no cover - exercised only without numba
     raise BackendUnavailable("backend 'numba' needs the Python package 'numba': pip install 'lockstep[numba]'") from e
 
+from lockstep import spec
+from lockstep.backends.interface import OP_NAMES
+
 from . import attention, embedding, fp, layout, loss, norm, optim, philox, quant, reduce, rope, swiglu, transcendental
 
-# op name -> the module that implements it (the same module name as in lockstep.spec)
-_OP_MODULES = {
-    "add": fp, "sub": fp, "mul": fp, "div": fp, "sqrt": fp, "neg": fp, "abs": fp, "maximum": fp, "minimum": fp,
-    "exp": transcendental, "log": transcendental, "sigmoid": transcendental, "silu": transcendental,
-    "lane_tree_sum": reduce, "matmul": reduce, "int8_matmul": reduce, "max": reduce, "argmax": reduce,
-    "philox4x32": philox,
-    "concat_last": layout, "column_sum": norm,
-    "embedding_forward": embedding, "embedding_backward": embedding,
-    "rmsnorm_forward": norm, "rmsnorm_backward": norm,
-    "rope_forward": rope, "rope_backward": rope,
-    "attention_forward": attention, "attention_backward": attention,
-    "swiglu_forward": swiglu, "swiglu_backward": swiglu,
-    "int8_linear_forward": quant, "int8_linear_backward": quant,
-    "cross_entropy_forward": loss, "cross_entropy_backward": loss,
-    "sum_of_squares": optim, "global_norm": optim, "clip_coefficient": optim, "scale": optim,
-    "adamw_update": optim,
-}
-
-OPS = {name: getattr(mod, name) for name, mod in _OP_MODULES.items()}
+_MODULES = {m.__name__.rsplit(".", 1)[1]: m for m in (attention, embedding, fp, layout, loss, norm, optim, philox, quant,
+                                                      reduce, rope, swiglu, transcendental)}
 
 
-def _asarray(x):
+def _implementation(op: str):
+    """The op from the module named like the spec module that defines it (spec.norm.column_sum -> norm.column_sum)."""
+    spec_module = getattr(spec, op).__module__.rsplit(".", 1)[1]
+    return getattr(_MODULES[spec_module], op)
+
+
+# The op table, in the contract's order (``lockstep.backends.interface``).
+OPS = {name: _implementation(name) for name in OP_NAMES}
+
+
+def asarray(x) -> np.ndarray:
+    """The backend's ``asarray``: a host array as this backend's ops take it (NumPy arrays stay NumPy).
+
+    float32 arrays are read canonically (subnormals become zeros of their sign,
+    NaNs ``0x7FC00000``), without a copy when a one-pass Numba scan finds nothing to
+    change (the array is then returned as given: treat it as read-only); other
+    dtypes are returned as they are.
+    """
+    a = np.asarray(x)
+    if a.dtype != np.float32:
+        return a
+    return fp.canonical(a)
+
+
+def to_numpy(x) -> np.ndarray:
+    """The backend's ``to_numpy``: its arrays already are NumPy arrays."""
     return np.asarray(x)
 
 
@@ -70,8 +81,8 @@ def make_backend() -> Backend:
     return Backend(
         name="numba",
         ops=dict(OPS),
-        asarray=_asarray,
-        to_numpy=_asarray,
+        asarray=asarray,
+        to_numpy=to_numpy,
         description=f"Numba {numba.__version__} CPU kernels, {numba.config.NUMBA_NUM_THREADS} threads",
         extras={"threads": numba.config.NUMBA_NUM_THREADS},
     )

@@ -10,6 +10,11 @@ Every kernel in this backend is built from the helpers here:
   NaN's payload never changes a later ``+ - * / sqrt`` result's NaN-ness, and the
   output is canonicalized anyway.
 * ``fadd``, ``fsub``, ``fmul``, ``fdiv``, ``fsqrt``: one IEEE operation, then ``fl``.
+* Inputs are read canonically (spec SPEC_VERSION 2: a subnormal input is a zero of
+  its sign): ``asarray`` canonicalizes (``canonical``: one scan, no copy when nothing
+  changes), and the kernels still ``fl`` every value they load from an argument
+  (a bit test in a register, free next to the load), so a host array that never
+  went through ``asarray`` is read under the same rule.
 
 Compilation rules (DESIGN.md, lock 2): ``njit`` without ``fastmath`` (so LLVM never
 contracts ``a*b + c`` into an FMA), ``error_model="numpy"`` (IEEE division by zero,
@@ -311,6 +316,15 @@ def _canon_into(t0, t1, x, out):
     return ntasks
 
 
+def canonical(a: np.ndarray) -> np.ndarray:
+    """A float32 array read canonically (``spec.fp.canonical``): a itself when a one-pass
+    scan finds no subnormal and no non-canonical NaN, else a canonical copy (same shape)."""
+    if a.size == 0:
+        return a
+    noncanonical, _finite, _mx = _scan(a.reshape(-1) if a.flags.c_contiguous else np.ascontiguousarray(a).reshape(-1))
+    return f32(a) if noncanonical else a
+
+
 def f32(x) -> np.ndarray:
     """``spec.fp.f32``: a fresh C-contiguous float32 copy, flushed, NaNs canonical."""
     a = np.asarray(x, dtype=np.float32)
@@ -358,7 +372,7 @@ def _add_kernel(t0, t1, a, b, out):
         b_b = b[lo:hi]
         out_b = out[lo:hi]
         for i in range(hi - lo):
-            out_b[i] = cn(a_b[i] + b_b[i])
+            out_b[i] = cn(fl(a_b[i]) + fl(b_b[i]))
     return ntasks
 
 
@@ -375,7 +389,7 @@ def _sub_kernel(t0, t1, a, b, out):
         b_b = b[lo:hi]
         out_b = out[lo:hi]
         for i in range(hi - lo):
-            out_b[i] = cn(a_b[i] - b_b[i])
+            out_b[i] = cn(fl(a_b[i]) - fl(b_b[i]))
     return ntasks
 
 
@@ -392,7 +406,7 @@ def _mul_kernel(t0, t1, a, b, out):
         b_b = b[lo:hi]
         out_b = out[lo:hi]
         for i in range(hi - lo):
-            out_b[i] = cn(a_b[i] * b_b[i])
+            out_b[i] = cn(fl(a_b[i]) * fl(b_b[i]))
     return ntasks
 
 
@@ -409,7 +423,7 @@ def _div_kernel(t0, t1, a, b, out):
         b_b = b[lo:hi]
         out_b = out[lo:hi]
         for i in range(hi - lo):
-            out_b[i] = cn(a_b[i] / b_b[i])
+            out_b[i] = cn(fl(a_b[i]) / fl(b_b[i]))
     return ntasks
 
 
@@ -459,7 +473,7 @@ def _mul_scalar_kernel(t0, t1, a, s, out):
         a_b = a[lo:hi]
         out_b = out[lo:hi]
         for i in range(hi - lo):
-            out_b[i] = cn(a_b[i] * s)
+            out_b[i] = cn(fl(a_b[i]) * s)
     return ntasks
 
 
@@ -475,7 +489,7 @@ def _sqrt_kernel(t0, t1, a, out):
         a_b = a[lo:hi]
         out_b = out[lo:hi]
         for i in range(hi - lo):
-            out_b[i] = cn(np.sqrt(a_b[i]))
+            out_b[i] = cn(np.sqrt(fl(a_b[i])))
     return ntasks
 
 
@@ -537,7 +551,7 @@ def _unary(kern, a):
 
 
 def add(a, b) -> np.ndarray:
-    """``spec.fp.add``: ``a + b`` rounded, flushed, canonical NaN (inputs are not flushed)."""
+    """``spec.fp.add``: ``a + b`` of the canonically read operands, rounded, flushed, canonical NaN."""
     return _binary(_add_kernel, a, b)
 
 
@@ -552,12 +566,12 @@ def mul(a, b) -> np.ndarray:
     b_arr = np.asarray(b, dtype=np.float32)
     if b_arr.size == 1 and b_arr.ndim <= a_arr.ndim:
         out = np.empty(a_arr.shape, dtype=np.float32)
-        _mul_scalar_kernel(as_f32(a_arr).reshape(-1), np.float32(b_arr.reshape(-1)[0]), out.reshape(-1))
+        _mul_scalar_kernel(as_f32(a_arr).reshape(-1), canon_scalar(b_arr.reshape(-1)[0]), out.reshape(-1))
         return out
     if a_arr.size == 1 and a_arr.ndim <= b_arr.ndim:
         out = np.empty(b_arr.shape, dtype=np.float32)
         # a*b == b*a bit for bit (IEEE multiplication is commutative, NaNs are canonicalized)
-        _mul_scalar_kernel(as_f32(b_arr).reshape(-1), np.float32(a_arr.reshape(-1)[0]), out.reshape(-1))
+        _mul_scalar_kernel(as_f32(b_arr).reshape(-1), canon_scalar(a_arr.reshape(-1)[0]), out.reshape(-1))
         return out
     return _binary(_mul_kernel, a_arr, b_arr)
 
@@ -578,7 +592,7 @@ def minimum(a, b) -> np.ndarray:
 
 
 def sqrt(a) -> np.ndarray:
-    """``spec.fp.sqrt`` (IEEE square root of the unflushed input, then flush)."""
+    """``spec.fp.sqrt`` (IEEE square root of the canonically read input, then flush)."""
     return _unary(_sqrt_kernel, a)
 
 

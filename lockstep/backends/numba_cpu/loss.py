@@ -80,7 +80,7 @@ def cross_entropy_forward(logits, targets, z_loss: float):
     lse = np.empty(n, dtype=np.float32)
     per_token = np.empty(n, dtype=np.float32)
     if n:
-        _ce_forward_kernel(logits, t, np.float32(z_loss), lse, per_token)
+        _ce_forward_kernel(logits, t, canon_scalar(z_loss), lse, per_token)
     loss_sum = np.array(lane_tree_value(per_token), dtype=np.float32)
     return loss_sum, lse
 
@@ -96,5 +96,5 @@ def cross_entropy_backward(logits, targets, lse, z_loss: float, inv_n) -> np.nda
         raise ValueError(f"inv_n must be a scalar, got shape {inv.shape}")
     out = np.empty((n, v), dtype=np.float32)
     if out.size:
-        _ce_backward_kernel(logits, t, lse, np.float32(z_loss), canon_scalar(inv.reshape(-1)[0]), out)
+        _ce_backward_kernel(logits, t, lse, canon_scalar(z_loss), canon_scalar(inv.reshape(-1)[0]), out)
     return out

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .fp import ONE, as_f32, cn, fl, num_threads, parallel_kernel
+from .fp import ONE, as_f32, canon_scalar, cn, fl, num_threads, parallel_kernel
 from .reduce import LANES, canonical_copy, lane_tree
 
 
@@ -68,7 +68,7 @@ def rmsnorm_forward(x, gain, eps: float):
     y = np.empty(shape, dtype=np.float32)
     rstd = np.empty(shape[:-1], dtype=np.float32)
     if x2.shape[0] and x2.shape[1]:
-        _rmsnorm_forward_kernel(x2, g, has_gain, np.float32(eps), y.reshape(x2.shape), rstd.reshape(-1))
+        _rmsnorm_forward_kernel(x2, g, has_gain, canon_scalar(eps), y.reshape(x2.shape), rstd.reshape(-1))
     elif x2.shape[0]:
         # D = 0: ss = 0, ms = 0/0 = NaN, rstd = NaN (the spec's arithmetic, no special case)
         rstd[...] = np.float32(np.nan)

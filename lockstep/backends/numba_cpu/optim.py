@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .fp import (BLOCK, ZERO, add, as_f32, cn, div, f32_scalar, fl, kernel, minimum, mul,
+from .fp import (BLOCK, ZERO, add, as_f32, canon_scalar, cn, div, fl, kernel, minimum, mul,
                  parallel_kernel)
 from .reduce import LANES
 
@@ -62,7 +62,7 @@ def sum_of_squares(g) -> np.ndarray:
 def _global_norm_kernel(sums):
     total = ZERO
     for i in range(sums.size):
-        total = fl(total + sums[i])
+        total = fl(total + fl(sums[i]))
     return cn(fl(np.sqrt(total)))
 
 
@@ -122,13 +122,13 @@ def _adamw_kernel(t0, t1, p, g, m, v, lr, beta1, beta2, omb1, omb2, eps, wd, dec
 
 
 def adamw_update(p, g, m, v, lr, beta1, beta2, one_minus_beta1, one_minus_beta2, eps, weight_decay, bc1, bc2):
-    """``spec.optim.adamw_update``: returns ``(p, m, v)``; the scalars are float32 (not flushed)."""
+    """``spec.optim.adamw_update``: returns ``(p, m, v)``; every input, the scalars included, read canonically."""
     arrays = [np.asarray(a, dtype=np.float32) for a in (p, g, m, v)]
     shape = arrays[0].shape
     flat = [as_f32(np.broadcast_to(a, shape)).reshape(-1) for a in arrays]
     outs = [np.empty(shape, dtype=np.float32) for _ in range(3)]
     if flat[0].size:
-        s = [f32_scalar(x) for x in (lr, beta1, beta2, one_minus_beta1, one_minus_beta2, eps, weight_decay, bc1, bc2)]
-        _adamw_kernel(*flat, s[0], s[1], s[2], s[3], s[4], s[5], s[6], float(weight_decay) != 0.0, s[7], s[8],
+        s = [canon_scalar(x) for x in (lr, beta1, beta2, one_minus_beta1, one_minus_beta2, eps, weight_decay, bc1, bc2)]
+        _adamw_kernel(*flat, s[0], s[1], s[2], s[3], s[4], s[5], s[6], float(s[6]) != 0.0, s[7], s[8],
                       *(o.reshape(-1) for o in outs))
     return tuple(outs)

@@ -1,7 +1,7 @@
 """Rotary position embedding, half-split layout (``lockstep.spec.rope``).
 
-The tables are not flushed on entry (the spec multiplies them with ``fp.mul``,
-which rounds its operands to float32 but does not flush them); x and dy are.
+Every input, the tables included, is read canonically (``fl`` on load), as the
+spec's ``fp.mul`` reads its operands.
 """
 
 from __future__ import annotations
@@ -26,8 +26,8 @@ def _rotate_kernel(t0, t1, x, cos, sin, out, sign):
             for j in range(p):
                 a = fl(x[r, i, j])
                 b = fl(x[r, i, j + p])
-                c = cos[tr, i, j]
-                s = sin[tr, i, j]
+                c = fl(cos[tr, i, j])
+                s = fl(sin[tr, i, j])
                 if sign > 0:
                     out[r, i, j] = cn(fl(fl(a * c) - fl(b * s)))
                     out[r, i, j + p] = cn(fl(fl(b * c) + fl(a * s)))

@@ -60,10 +60,9 @@ def swiglu_forward(gu) -> np.ndarray:
     gu = np.asarray(gu, dtype=np.float32)
     _check_even(gu)
     f = gu.shape[-1] // 2
-    g2 = as_f32(gu).reshape(-1, gu.shape[-1])
     h = np.empty(gu.shape[:-1] + (f,), dtype=np.float32)
-    if h.size:
-        _swiglu_forward_kernel(g2, h.reshape(-1, f))
+    if h.size:  # (reshape(-1, 0) of an empty array is ambiguous, so only here)
+        _swiglu_forward_kernel(as_f32(gu).reshape(-1, gu.shape[-1]), h.reshape(-1, f))
     return h
 
 
@@ -72,9 +71,8 @@ def swiglu_backward(dh, gu) -> np.ndarray:
     gu = np.asarray(gu, dtype=np.float32)
     _check_even(gu)
     f = gu.shape[-1] // 2
-    g2 = as_f32(gu).reshape(-1, gu.shape[-1])
-    d2 = as_f32(np.broadcast_to(np.asarray(dh, dtype=np.float32), gu.shape[:-1] + (f,))).reshape(-1, f)
+    d = np.broadcast_to(np.asarray(dh, dtype=np.float32), gu.shape[:-1] + (f,))
     out = np.empty(gu.shape, dtype=np.float32)
-    if out.size:
-        _swiglu_backward_kernel(d2, g2, out.reshape(-1, 2 * f))
+    if out.size:  # (reshape(-1, 0) of an empty array is ambiguous, so only here)
+        _swiglu_backward_kernel(as_f32(d).reshape(-1, f), as_f32(gu).reshape(-1, gu.shape[-1]), out.reshape(-1, 2 * f))
     return out

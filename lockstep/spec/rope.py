@@ -28,6 +28,11 @@ def rope_tables(seq_len: int, head_dim: int, theta: float) -> tuple[np.ndarray, 
     return fp.f32(hostmath.cos(angle)), fp.f32(hostmath.sin(angle))  # host-only float64 tables, rounded once
 
 
+def _check_even(x: np.ndarray) -> None:
+    if x.ndim < 1 or x.shape[-1] % 2:
+        raise ValueError(f"RoPE needs an even head dimension (last axis), got shape {x.shape}")
+
+
 def rope_forward(x, cos, sin) -> np.ndarray:
     """Rotate (..., T, Dh) by the tables (T, P)::
 
@@ -35,8 +40,10 @@ def rope_forward(x, cos, sin) -> np.ndarray:
         y2 = x2 * cos + x1 * sin
 
     with ``x1 = x[..., :P]``, ``x2 = x[..., P:]``; each product rounded, then the sum.
+    An odd last dimension is refused (ValueError), as in every backend.
     """
     x = fp.f32(x)
+    _check_even(x)
     half = x.shape[-1] // 2
     x1, x2 = x[..., :half], x[..., half:]
     y1 = fp.sub(fp.mul(x1, cos), fp.mul(x2, sin))
@@ -51,6 +58,7 @@ def rope_backward(dy, cos, sin) -> np.ndarray:
         dx2 = dy2 * cos - dy1 * sin
     """
     dy = fp.f32(dy)
+    _check_even(dy)
     half = dy.shape[-1] // 2
     d1, d2 = dy[..., :half], dy[..., half:]
     dx1 = fp.add(fp.mul(d1, cos), fp.mul(d2, sin))

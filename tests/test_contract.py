@@ -181,3 +181,18 @@ def test_cli_prints_one_line_for_an_unavailable_backend(monkeypatch, capsys):
     assert main(["conformance", "--backend", "metal"]) == 1
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith("lockstep conformance: ")
+
+
+def test_sum_of_squares_cases_separate_the_blocked_order_from_one_lane_tree():
+    """The blocked cases give other bits than SPEC_VERSION 1's single lane tree (so they test the order),
+    and tensors of at most one block give the same bits (the claim in the docstring)."""
+    from lockstep.conformance.registry import get_record
+
+    for case in get_record("sum_of_squares").cases(0, 1):
+        x = spec.fp.f32(case.args[0]).reshape(-1)
+        one_tree = spec.lane_tree_sum(spec.mul(x, x)).tobytes()
+        blocked = spec.sum_of_squares(case.args[0]).tobytes()
+        if x.size <= spec.optim.SUM_OF_SQUARES_BLOCK:
+            assert blocked == one_tree, case.label
+        else:
+            assert blocked != one_tree, case.label

@@ -164,3 +164,54 @@ def test_numba_scalars_and_tables_are_read_canonically(nb):
         assert w.tobytes() == h.tobytes()
     assert nb.global_norm([sub, F(1.0)]).tobytes() == spec.global_norm([sub, F(1.0)]).tobytes()
     assert nb.clip_coefficient(sub).tobytes() == spec.clip_coefficient(sub).tobytes()
+
+
+# ---------------------------------------------------------------- files from outside: read under the rule
+
+@pytest.mark.parametrize("backend_name", ["spec", "numba"])
+def test_a_checkpoint_with_subnormals_trains_like_its_canonical_copy(backend_name):
+    """A state from outside holding subnormals (parameters and AdamW moments) is read under the rule:
+    one training step from it gives the same loss, grad norm and state root as from the copy with
+    those subnormals replaced by zeros of their sign."""
+    if backend_name == "numba":
+        pytest.importorskip("numba")
+    from lockstep.spec.hashing import state_root
+    from lockstep.train.config import preset, train_preset
+    from lockstep.train.model import init_params, loss_and_grads
+    from lockstep.train.optim import AdamWState, optimizer_step
+    from lockstep.train.step import state_tensors
+
+    be = get_backend(backend_name)
+    cfg, tcfg = preset("tiny"), train_preset("tiny")
+    params = init_params(cfg, seed=0)
+    planted_p, planted_m, planted_v = {}, {}, {}
+    for i, (name, p) in enumerate(params.items()):
+        u = bits_of(p).copy().reshape(-1)
+        u[i % u.size] = np.uint32(0x00000001 + 977 * i) | np.uint32(0x80000000 * (i % 2))  # a subnormal of either sign
+        planted_p[name] = u.view(F).reshape(p.shape)
+        mu = np.zeros(p.size, np.uint32)
+        mu[::7] = 0x80000005  # -subnormal moments
+        planted_m[name] = mu.view(F).reshape(p.shape)
+        vu = np.zeros(p.size, np.uint32)
+        vu[::5] = 0x00400000
+        planted_v[name] = vu.view(F).reshape(p.shape)
+    assert not fp.is_canonical(next(iter(planted_p.values())))
+    windows = ((np.arange(tcfg.micro_batch)[:, None] * 7919 + np.arange(cfg.seq_len + 1)[None, :] * 31)
+               % cfg.vocab_size).astype(np.int64)
+
+    def one_step(p, m, v):
+        state = AdamWState(0, m, v)
+        loss, grads = loss_and_grads(p, windows, cfg, be)
+        new_p, new_state, norm = optimizer_step(p, grads, state, cfg, tcfg, np.float32(1e-3), be)
+        new_p = {k: be.to_numpy(x) for k, x in new_p.items()}
+        new_state = AdamWState(new_state.step, {k: be.to_numpy(x) for k, x in new_state.m.items()},
+                               {k: be.to_numpy(x) for k, x in new_state.v.items()})
+        return bits_of(be.to_numpy(loss)).tobytes(), bits_of(be.to_numpy(norm)).tobytes(), \
+            state_root(state_tensors(new_p, new_state))
+
+    def canonical_dict(d):
+        return {k: canonical_copy(x).reshape(x.shape) for k, x in d.items()}
+
+    planted = one_step(planted_p, planted_m, planted_v)
+    canonical = one_step(canonical_dict(planted_p), canonical_dict(planted_m), canonical_dict(planted_v))
+    assert planted == canonical

@@ -113,26 +113,35 @@ def test_small_training_step_gives_the_spec_state_root(be):
 
 # ---------------------------------------------------------------- paths the random cases rarely reach
 
-def test_attention_replays_masked_terms_onto_negative_zero(be):
-    """A flushed partial sum can be -0.0; the spec then adds the masked +0 terms and gets +0.0.
+def test_attention_masked_terms_are_absent(be):
+    """A flushed partial sum can be -0.0; masked pairs are absent (SPEC_VERSION 2), so it stays -0.0.
 
     Forward: query 1 sees keys 0 and 1 with p = 0.5 each and 0.5*v0 + 0.5*v1 = -2**-148,
-    which flushes to -0.0; key 2 is masked with v2 > 0. Backward (window 2): key 0 gets
-    1*do0 + 0.5*do1 = -2**-148 from queries 0 and 1; query 2 is masked for it.
+    which flushes to -0.0; key 2 is masked (v2 > 0). Backward (window 2): key 0 gets
+    1*do0 + 0.5*do1 = -2**-148 from queries 0 and 1; query 2 is masked for it. And a
+    masked infinite value never turns an output into NaN.
     """
     f = np.float32
     q = np.zeros((1, 1, 3, 1), f)
     k = np.zeros((1, 1, 3, 1), f)
     v = np.array([2.0**-125, -(2.0**-125 + 2.0**-147), 1.0], f).reshape(1, 1, 3, 1)
     want = spec.attention_forward(q, k, v)
-    assert want[0].reshape(-1).view(np.uint32)[1] == 0  # +0.0, not -0.0
+    assert want[0].reshape(-1).view(np.uint32)[1] == 0x80000000  # -0.0: the masked key adds nothing
     assert_same(want, be.attention_forward(q, k, v), "attention_forward")
     do = np.array([2.0**-126, -(2.0**-125 + 2.0**-147), 1.0], f).reshape(1, 1, 3, 1)
     ones = np.ones((1, 1, 3, 1), f)
     o, m, l = spec.attention_forward(q, k, ones, 2)
     want = spec.attention_backward(do, q, k, ones, o, m, l, 2)
-    assert want[2].reshape(-1).view(np.uint32)[0] == 0
+    assert want[2].reshape(-1).view(np.uint32)[0] == 0x80000000
     assert_same(want, be.attention_backward(do, q, k, ones, o, m, l, 2), "attention_backward")
+    v_inf = np.ones((1, 1, 3, 1), f)
+    v_inf[0, 0, 2, 0] = np.inf
+    o, m, l = spec.attention_forward(q, k, v_inf)
+    assert np.isfinite(o[0, 0, :2]).all() and np.isinf(o[0, 0, 2]).all()
+    assert_same((o, m, l), be.attention_forward(q, k, v_inf), "attention_forward (inf)")
+    want = spec.attention_backward(ones, q, k, v_inf, o, m, l)
+    assert np.isfinite(want[2][0, 0, :2]).all()
+    assert_same(want, be.attention_backward(ones, q, k, v_inf, o, m, l), "attention_backward (inf)")
 
 
 def _tiny_values(seed, shape, lo_exp, hi_exp):

@@ -95,6 +95,30 @@ def _attn_inputs(seed, dims, tag):
     return q, k, v
 
 
+def _masked_negzero_inputs():
+    """q = k = 0, so p splits evenly; query 1 sums 0.5*v0 + 0.5*v1 = -2**-148, which flushes to -0.0.
+
+    Masked pairs are absent (SPEC_VERSION 2), so it stays -0.0; a kernel that adds a masked
+    +0 * v2 term makes it +0.0. Backward (window 2): key 0 gets 1*do0 + 0.5*do1 = -2**-148
+    from its allowed queries 0 and 1 (query 2 is masked for it).
+    """
+    f = np.float32
+    z = np.zeros((1, 1, 3, 1), f)
+    v = np.array([2.0**-125, -(2.0**-125 + 2.0**-147), 1.0], f).reshape(1, 1, 3, 1)
+    do = np.array([2.0**-126, -(2.0**-125 + 2.0**-147), 1.0], f).reshape(1, 1, 3, 1)
+    return z, v, do
+
+
+def _masked_inf_inputs(seed):
+    """v is +inf at the last key: only the last query may attend it, so every other output is finite
+    (a kernel that multiplies masked zeros by v gets NaN there)."""
+    q = _u(seed, ("attn-inf", "q"), (1, 2, 6, 4), -2, 2)
+    k = _u(seed, ("attn-inf", "k"), (1, 1, 6, 4), -2, 2)
+    v = _u(seed, ("attn-inf", "v"), (1, 1, 6, 4), -2, 2)
+    v[0, 0, 5, :] = np.inf
+    return q, k, v
+
+
 def _attn_fwd_cases(seed, level):
     out = []
     for dims in _dims(level):
@@ -102,6 +126,10 @@ def _attn_fwd_cases(seed, level):
         t = dims[1]
         out.append(Case(f"causal-T{t}", (q, k, v, None)))
         out.append(Case(f"window3-T{t}", (q, k, v, 3)))
+    z, v, _ = _masked_negzero_inputs()
+    out.append(Case("masked-absent-negzero", (z, z, v, None)))
+    q, k, v = _masked_inf_inputs(seed)
+    out.append(Case("masked-absent-inf", (q, k, v, None)))
     return out
 
 
@@ -114,6 +142,14 @@ def _attn_bwd_cases(seed, level):
             o, m, l = spec.attention_forward(q, k, v, window)
             do = _u(seed, ("attnb-do", t, window or 0), o.shape)
             out.append(Case(f"{'causal' if window is None else 'window3'}-T{t}", (do, q, k, v, o, m, l, window)))
+    z, _, do = _masked_negzero_inputs()
+    ones = np.ones((1, 1, 3, 1), np.float32)
+    o, m, l = spec.attention_forward(z, z, ones, 2)
+    out.append(Case("masked-absent-negzero", (do, z, z, ones, o, m, l, 2)))
+    q, k, v = _masked_inf_inputs(seed)
+    o, m, l = spec.attention_forward(q, k, v, None)
+    do = _u(seed, ("attn-inf", "do"), o.shape)
+    out.append(Case("masked-absent-inf", (do, q, k, v, o, m, l, None)))
     return out
 
 
@@ -169,7 +205,14 @@ def _ce_bwd_cases(seed, level):
 
 
 def _sumsq_cases(seed, level):
-    return [Case("matrix", (_u(seed, ("ssq",), (33, 17)),)), Case("vector", (_u(seed, ("ssq-v",), (1000,)),))]
+    """Below one block of 4096 (one lane tree), a few blocks with a short last one, and more than
+    32 blocks (the second lane tree takes two rounds); both give other bits than one lane tree
+    over the whole tensor (SPEC_VERSION 1), so a backend that kept that order fails."""
+    block = spec.optim.SUM_OF_SQUARES_BLOCK
+    return [Case("matrix", (_u(seed, ("ssq",), (33, 17)),)), Case("vector", (_u(seed, ("ssq-v",), (1000,)),)),
+            Case("blocks-3.02", (_u(seed, ("ssq-b",), (3 * block + 100,)),)),
+            Case("blocks-33x", (gen.random_normal_range(seed, ("ssq-33",), (33, block + 7), -20, 20),)),
+            Case("specials", (gen.boundary_matrix(),))]
 
 
 def _global_norm_cases(seed, level):

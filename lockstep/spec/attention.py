@@ -2,15 +2,27 @@
 
 Legend: B batch, H query heads, G key/value heads (H = G * R, R query heads per
 KV head; query head h reads KV head h // R), T positions, Dh head dimension.
-Query i may attend key j iff ``j <= i`` and, with a window W, ``i - j < W``.
 
-Every sum below visits every key j = 0 .. T-1 in ascending order; a masked entry
-enters as an exact +0.0 score weight (e = +0.0, p = +0.0). Such a term usually
-changes nothing, but not always under round-then-flush: a partial sum that
-flushed to -0.0 becomes +0.0 when a masked +0.0 term is added, and a masked
-``+0.0 * v`` is NaN when v is infinite or NaN. A kernel that skips masked keys
-must reproduce those effects. Key j always belongs to lane ``j mod 32`` of the
-softmax denominator's lane tree.
+Query i may attend key j iff ``j <= i`` and, with a window W, ``i - j < W``: the
+allowed keys of query i are ``A(i) = [max(0, i - W + 1), i]`` (``[0, i]`` without a
+window), and the queries that may attend key j are ``Q(j) = [j, min(T - 1, j + W - 1)]``.
+Both are never empty (j = i is always allowed).
+
+Masked terms are ABSENT (SPEC_VERSION 2). Every sum over keys or queries runs over
+the allowed ones only; a masked pair contributes nothing, not a zero:
+
+* a lane tree over keys (the softmax denominator ``l``): key j belongs to lane
+  ``j mod 32`` (its absolute index, not its position in ``A(i)``); each lane adds its
+  allowed keys in ascending j from +0.0, and a masked key is skipped by its lane --
+  the same as adding nothing; then the lanes fold (16, 8, 4, 2, 1) as in
+  ``reduce.lane_tree_sum``;
+* an ascending contraction over keys (``o = p v``, ``dq = ds k``) or over
+  (head, query) pairs (``dk = ds^T q``, ``dv = p^T do``): the accumulator starts at
+  +0.0 and adds the allowed terms only, in ascending order.
+
+(Under SPEC_VERSION 1 masked entries entered the sums as ``+0.0`` weights, so a
+partial sum that flushed to -0.0 became +0.0 when a masked term followed it, and
+``0 * inf`` made a masked infinite value NaN; every kernel had to replay them.)
 """
 
 from __future__ import annotations
@@ -56,9 +68,25 @@ def _scores(q, k, window):
 
 
 def _probabilities(s, allowed, m, l):
-    """``p = exp(s - m) / l``, masked entries +0.0 (the forward's order)."""
+    """``p = exp(s - m) / l`` at the allowed pairs (the forward's order); masked entries are
+    +0.0 placeholders that no sum reads."""
     e = np.where(allowed, exp(fp.sub(s, m[..., None])), np.float32(0.0))
     return fp.div(e, l[..., None])
+
+
+def _allowed_contract(a, b, allowed):
+    """``out[..., m, n] = sum over k with allowed[m, k] of a[..., m, k] * b[..., k, n]``.
+
+    a: (..., M, K), b: (..., K, N), allowed: (M, K) bool. Per output element: from
+    +0.0, ascending k, ``acc = acc + a*b`` (product rounded, then sum rounded) for the
+    allowed k only; a masked k leaves acc as it is (absent, not a zero term).
+    """
+    batch = np.broadcast_shapes(a.shape[:-2], b.shape[:-2])
+    acc = np.zeros(batch + (a.shape[-2], b.shape[-1]), dtype=np.float32)
+    for k in range(a.shape[-1]):
+        summed = fp.add(acc, fp.mul(a[..., :, k : k + 1], b[..., k : k + 1, :]))
+        acc = np.where(allowed[:, k : k + 1], summed, acc)
+    return acc
 
 
 def attention_forward(q, k, v, window: int | None = None):
@@ -67,15 +95,16 @@ def attention_forward(q, k, v, window: int | None = None):
     Order::
 
         s[i, j] = (sum_d q[i, d] * k[j, d]) * scale   # contraction ascending over d, then one product
-        s[i, j] = -inf where masked
-        m[i]    = max_j s[i, j]                        # exact
-        e[i, j] = exp(s[i, j] - m[i])                  # spec exp; masked -> +0.0
-        l[i]    = lane_tree_sum_j e[i, j]
+        m[i]    = max_{j in A(i)} s[i, j]              # exact
+        e[i, j] = exp(s[i, j] - m[i])                  # spec exp, j in A(i)
+        l[i]    = lane_tree_sum_{j in A(i)} e[i, j]    # key j in lane j mod 32; masked keys absent
         p[i, j] = e[i, j] / l[i]
-        o[i, :] = sum_j p[i, j] * v[j, :]              # contraction ascending over j
+        o[i, :] = sum_{j in A(i)} p[i, j] * v[j, :]    # ascending j from +0.0, masked keys absent
 
     with ``scale = attention_scale(Dh)``. ``m`` and ``l`` (B, H, T) are kept so the
-    backward can rebuild ``p`` bit for bit.
+    backward can rebuild ``p`` bit for bit. (The code sets masked scores to -inf,
+    which never wins the max, and masked e to +0.0, which a lane of non-negative
+    values adds as nothing: the same bits as skipping them.)
     """
     q, k, v = fp.f32(q), fp.f32(k), fp.f32(v)
     if q.shape[1] % k.shape[1]:
@@ -85,23 +114,23 @@ def attention_forward(q, k, v, window: int | None = None):
     e = np.where(allowed, exp(fp.sub(s, m[..., None])), np.float32(0.0))
     l = lane_tree_sum(e)
     p = fp.div(e, l[..., None])
-    o = matmul(p, _expand_kv(v, q.shape[1]))
+    o = _allowed_contract(p, _expand_kv(v, q.shape[1]), allowed)
     return o, m, l
 
 
-def _group_sum_contract(a, b, n_kv: int):
-    """``out[g, j, :] = sum over (h in group g, i) of a[h, i, j] * b[h, i, :]``.
+def _group_sum_contract(a, b, n_kv: int, allowed):
+    """``out[g, j, :] = sum over (h in group g, i in Q(j)) of a[h, i, j] * b[h, i, :]``.
 
     a: (B, H, T, T), b: (B, H, T, X) -> (B, G, T, X). The contracted index is
     ``(h, i)`` with h major: ascending over the group's heads, and within a head
-    ascending over i.
+    ascending over the allowed queries i of key j (masked pairs absent).
     """
     bsz, h, t, _ = a.shape
     rep = h // n_kv
     a = a.reshape(bsz, n_kv, rep, t, t)
     a = np.transpose(a, (0, 1, 4, 2, 3)).reshape(bsz, n_kv, t, rep * t)  # (B, G, Tj, R*Ti)
     b = b.reshape(bsz, n_kv, rep * t, b.shape[-1])
-    return matmul(a, b)
+    return _allowed_contract(a, b, np.tile(allowed.T, (1, rep)))  # (Tj, R*Ti): allowed[i, j] per head
 
 
 def attention_backward(do, q, k, v, o, m, l, window: int | None = None):
@@ -109,12 +138,14 @@ def attention_backward(do, q, k, v, o, m, l, window: int | None = None):
 
     ``p`` is rebuilt from the saved ``m`` and ``l`` exactly as in the forward. Then::
 
-        dp[i, j]  = sum_d do[i, d] * v[j, d]          # ascending over d
+        dp[i, j]  = sum_d do[i, d] * v[j, d]          # ascending over d (j in A(i))
         D[i]      = lane_tree_sum_d do[i, d] * o[i, d]
-        ds[i, j]  = (p[i, j] * (dp[i, j] - D[i])) * scale
-        dq[i, :]  = sum_j ds[i, j] * k[j, :]          # ascending over j
-        dk[g, j]  = sum_(h, i) ds[h, i, j] * q[h, i]  # (h, i) ascending, h major, h in group g
-        dv[g, j]  = sum_(h, i) p[h, i, j] * do[h, i]  # likewise
+        ds[i, j]  = (p[i, j] * (dp[i, j] - D[i])) * scale    # j in A(i)
+        dq[i, :]  = sum_{j in A(i)} ds[i, j] * k[j, :]       # ascending j from +0.0
+        dk[g, j]  = sum_{h, i in Q(j)} ds[h, i, j] * q[h, i] # (h, i) ascending, h major, h in group g
+        dv[g, j]  = sum_{h, i in Q(j)} p[h, i, j] * do[h, i] # likewise
+
+    Masked pairs are absent from every sum (module docstring).
     """
     do, q, k, v, o = (fp.f32(a) for a in (do, q, k, v, o))
     h, dh = q.shape[1], q.shape[3]
@@ -125,7 +156,7 @@ def attention_backward(do, q, k, v, o, m, l, window: int | None = None):
     dp = matmul(do, np.swapaxes(vh, -1, -2))
     drow = lane_tree_sum(fp.mul(do, o))
     ds = fp.mul(fp.mul(p, fp.sub(dp, drow[..., None])), attention_scale(dh))
-    dq = matmul(ds, _expand_kv(k, h))
-    dk = _group_sum_contract(ds, q, g)
-    dv = _group_sum_contract(p, do, g)
+    dq = _allowed_contract(ds, _expand_kv(k, h), allowed)
+    dk = _group_sum_contract(ds, q, g, allowed)
+    dv = _group_sum_contract(p, do, g, allowed)
     return dq, dk, dv

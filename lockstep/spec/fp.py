@@ -67,11 +67,19 @@ def canon(x: np.ndarray) -> np.ndarray:
 
     * exponent field 0 (zero or subnormal) -> zero with the same sign bit;
     * any NaN -> 0x7FC00000.
+
+    Returns x itself when no element has exponent field 0 or 255 (nothing to change):
+    pass an array the caller owns.
     """
-    u = bits(np.asarray(x, dtype=F32))
+    a = np.asarray(x, dtype=F32)
+    u = bits(a)
     exp_field = u & EXPONENT_MASK
-    u = np.where(exp_field == 0, u & SIGN_BIT, u)
-    is_nan = (exp_field == EXPONENT_MASK) & ((u & MANTISSA_MASK) != 0)
+    if a.size == 0 or (exp_field.min() != 0 and exp_field.max() != EXPONENT_MASK):
+        return a  # every element normal: nothing to change
+    zero_or_subnormal = exp_field == 0
+    inf_or_nan = exp_field == EXPONENT_MASK
+    u = np.where(zero_or_subnormal, u & SIGN_BIT, u)
+    is_nan = inf_or_nan & ((u & MANTISSA_MASK) != 0)
     return np.where(is_nan, CANONICAL_NAN_BITS, u).astype(np.uint32, copy=False).view(F32)
 
 
@@ -105,9 +113,21 @@ def canonical(x):
     return canon(a)
 
 
+def _read_operand(x) -> np.ndarray:
+    """One operand, read as the spec reads every input: cast to float32; a subnormal is a
+    zero of its sign. (A NaN operand needs no work here: every op below turns it into a
+    NaN result or selects it, and the result's ``canon`` makes that ``0x7FC00000``.)"""
+    a = x if isinstance(x, np.ndarray) and x.dtype == F32 else np.asarray(x, dtype=F32)
+    u = bits(a)
+    exp_field = u & EXPONENT_MASK
+    if a.size == 0 or exp_field.min() != 0:  # no zero, no subnormal: nothing to read differently
+        return a
+    return np.where(exp_field == 0, u & SIGN_BIT, u).astype(np.uint32, copy=False).view(F32)
+
+
 def _f32_operands(*xs):
-    """The operands of an elementwise op: cast to float32, then read canonically (DAZ, canonical NaN)."""
-    return [canon(np.asarray(x, dtype=F32)) for x in xs]
+    """The operands of an elementwise op, read canonically (``_read_operand``)."""
+    return [_read_operand(x) for x in xs]
 
 
 def add(a, b) -> np.ndarray:

@@ -20,8 +20,10 @@ while fast:
   (``transcendental.check_exp_fast``).
 * int8 GEMMs are exact and run as float32 BLAS on int8-valued operands, K in
   chunks of 1024.
-* Attention visits only allowed keys and replays masked terms in the one case
-  where they can change a bit (a -0.0 partial sum), see ``attention``.
+* Attention visits only allowed (query, key) pairs: masked pairs are absent from
+  every sum in the spec (SPEC_VERSION 2), see ``attention``.
+* Inputs are read canonically (``asarray`` canonicalizes; kernels also flush what
+  they load), as the contract (``lockstep.backends.interface``) requires.
 
 Kernels are compiled on first use and cached on disk (``cache=True``, in
 ``__pycache__`` next to these files; set ``NUMBA_CACHE_DIR`` to move it).

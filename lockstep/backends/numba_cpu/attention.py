@@ -1,21 +1,13 @@
 """Causal grouped-query attention with an optional sliding window (``lockstep.spec.attention``).
 
-The spec computes every (query i, key j) pair and zeroes the masked ones; these
-kernels visit only the allowed keys ``j in [i - W + 1, i]`` and give the same bits:
+The spec (SPEC_VERSION 2) defines masked pairs as absent from every sum, so these
+kernels visit only the allowed keys ``j in [i - W + 1, i]`` of each query, and the
+allowed queries ``i in [j, j + W - 1]`` of each key, and nothing else:
 
-* ``m`` (a max) and ``l`` (a lane-tree sum of ``e >= +0``, key j in lane ``j mod 32``)
-  are unchanged by the masked entries (-inf, and +0.0 added to a non-negative sum).
-* In the contractions (``o = p v``, ``dq = ds k``, ``dk = ds^T q``, ``dv = p^T do``) a
-  masked term is ``+0 * x``, a signed zero. Adding a signed zero changes a partial
-  sum only when the sum is -0.0 (``-0 + +0 = +0``), which a flushed negative
-  subnormal can produce. So after each allowed run, a sum holding a -0.0 replays
-  the masked terms that follow it exactly (``_replay_kv`` and the replay loops);
-  otherwise they are skipped. (The spec's module docstring says skipping is always
-  exact; with round-then-flush it is not, hence the replays.)
-* That argument needs the masked terms to be signed zeros, not NaN: every input
-  finite, ``l > 0``, and no overflow in the masked ``dp`` (checked by a bound). When
-  that fails (inputs the model never produces), the kernels run in ``full`` mode and
-  visit every pair exactly as the spec does.
+* ``m`` is the exact max over the allowed scores; ``l`` the lane tree over the
+  allowed ``e`` with key j in lane ``j mod 32`` (``_lane_tree_keys``).
+* The contractions (``o = p v``, ``dq = ds k``, ``dk = ds^T q``, ``dv = p^T do``)
+  add the allowed terms only, in ascending order from +0.0.
 
 Contractions run vectorized across outputs with ascending order per output (see
 ``reduce``), with the same never-flushes fast path (``fp.safe_products``). Tasks:
@@ -27,28 +19,15 @@ from __future__ import annotations
 
 import numpy as np
 
-from .fp import (CANONICAL_NAN_BITS, NEG_ZERO_BITS, ONE, ZERO, bits, cn, entered, fl, from_bits, kernel,
-                 min_nonzero_abs, parallel_kernel, safe_products, total_key)
+from .fp import (CANONICAL_NAN_BITS, ONE, ZERO, cn, entered, fl, from_bits, kernel, min_nonzero_abs,
+                 parallel_kernel, safe_products, total_key)
 from .reduce import LANES, lane_tree
 from .transcendental import exp_diff_row
-
-# Bound on the masked dp = do . v and on D = lane_tree(do * o) that keeps them (and
-# their difference) finite: Dh * max|do| * max|v| below this is far from overflow.
-DP_BOUND = 2.0**120
-
 
 @kernel
 def attention_scale(head_dim):
     """``1 / sqrt(Dh)``: ``fp.div(1, fp.sqrt(Dh))``."""
     return fl(ONE / fl(np.sqrt(np.float32(head_dim))))
-
-
-@kernel
-def _has_neg_zero(acc):
-    found = 0
-    for d in range(acc.size):
-        found |= bits(acc[d]) == NEG_ZERO_BITS
-    return found != 0
 
 
 @kernel
@@ -91,15 +70,6 @@ def _scores_row(qi, kt, lo, hi, fast, scale, s):
                 ss[j] = fl(ss[j] + fl(qd * kr[j]))
     for j in range(n):
         ss[j] = fl(ss[j] * scale)
-
-
-@kernel
-def _dot_flushed(a, b):
-    """``sum_d a[d] * b[d]`` ascending from +0.0, every step rounded and flushed."""
-    acc = ZERO
-    for d in range(a.size):
-        acc = fl(acc + fl(a[d] * b[d]))
-    return acc
 
 
 @kernel
@@ -165,7 +135,7 @@ def _lane_tree_keys(seg, first_key, lanes):
     """Lane-tree(32) sum of ``seg`` whose element jj is key ``first_key + jj`` (lane = key mod 32).
 
     Each lane adds its keys in ascending order from +0.0, then the lanes fold; the
-    keys before ``first_key`` are masked zeros, which never change a lane.
+    keys before ``first_key`` are masked: absent, their lanes skip them.
     """
     for ln in range(LANES):
         lanes[ln] = ZERO
@@ -211,7 +181,7 @@ def _row_max(seg):
 # ---------------------------------------------------------------- forward
 
 @parallel_kernel(weight=16)
-def _forward_kernel(t0, t1, q, k, kt, v, window, full, o, m_out, l_out):
+def _forward_kernel(t0, t1, q, k, kt, v, window, o, m_out, l_out):
     """q (B, H, T, Dh); k, v (B, G, T, Dh); kt (B, G, Dh, T) = k transposed."""
     nb, nh, t, dh = q.shape
     ng = k.shape[1]
@@ -244,23 +214,14 @@ def _forward_kernel(t0, t1, q, k, kt, v, window, full, o, m_out, l_out):
             mx = _row_max(sc[lo:hi])  # masked -inf never wins
             seg = s[lo:hi]
             exp_diff_row(sc[lo:hi], mx, seg)  # (separate in/out arrays: in-place would not vectorize)
-            li = _lane_tree_keys(seg, lo, lanes)  # masked e are +0.0
+            li = _lane_tree_keys(seg, lo, lanes)  # masked keys absent
             for jj in range(seg.size):
                 seg[jj] = fl(seg[jj] / li)  # p
-            p_masked = fl(ZERO / li)
-            # o = sum_j p[j] v[j, :], ascending j
+            # o = sum_{j allowed} p[j] v[j, :], ascending j
             for d in range(dh):
                 acc[d] = ZERO
-            if full:
-                for j in range(t):
-                    pj = s[j] if (j >= lo and j < hi) else p_masked
-                    _accumulate(acc, pj, vg[j], False)
-            else:
-                fast_o = safe_products(min_nonzero_abs(seg), min_v[b * ng + g])
-                _weighted_rows_sum(acc, seg, vg[lo:hi], fast_o)
-                if _has_neg_zero(acc):  # replay the masked keys after i (signed zeros)
-                    for j in range(hi, t):
-                        _accumulate(acc, p_masked, vg[j], False)
+            fast_o = safe_products(min_nonzero_abs(seg), min_v[b * ng + g])
+            _weighted_rows_sum(acc, seg, vg[lo:hi], fast_o)
             orow = o[b, h, i]
             for d in range(dh):
                 orow[d] = cn(acc[d])
@@ -280,7 +241,7 @@ def _check_heads(q, k):
 
 def attention_forward(q, k, v, window: int | None = None):
     """``spec.attention.attention_forward``: returns ``(o, m, l)``."""
-    (q, _, _), (k, _, _), (v, v_finite, _) = (entered(a) for a in (q, k, v))
+    (q, _, _), (k, _, _), (v, _, _) = (entered(a) for a in (q, k, v))
     _check_heads(q, k)
     b, h, t, dh = q.shape
     _check_width(dh)
@@ -290,7 +251,7 @@ def attention_forward(q, k, v, window: int | None = None):
     if o.size == 0:
         return o, m, l
     kt = np.ascontiguousarray(k.transpose(0, 1, 3, 2))
-    _forward_kernel(q, k, kt, v, _window(window, t), not v_finite, o, m, l)
+    _forward_kernel(q, k, kt, v, _window(window, t), o, m, l)
     return o, m, l
 
 
@@ -301,36 +262,8 @@ def _check_width(dh: int):
 
 # ---------------------------------------------------------------- backward
 
-@kernel
-def _masked_ds(doi, vj, d_row, p_masked, scale):
-    """ds of a masked pair: ``((p * (dp - D)) * scale)`` with p = fl(0 / l) and dp = do_i . v_j."""
-    dp = _dot_flushed(doi, vj)
-    return fl(fl(p_masked * fl(dp - d_row)) * scale)
-
-
-@kernel
-def _replay_kv(acc_k, acc_v, i_lo, i_hi, j, qh, doh, vj, d_rows, lh, scale):
-    """Add the masked terms of key j for queries [i_lo, i_hi) of one head, exactly as the spec.
-
-    They are signed zeros, so only a -0.0 in an accumulator can change (to +0.0);
-    once none is left the rest of the run is skipped.
-    """
-    need_k = _has_neg_zero(acc_k)
-    need_v = _has_neg_zero(acc_v)
-    for i in range(i_lo, i_hi):
-        if not (need_k or need_v):
-            return
-        pm = fl(ZERO / fl(lh[i]))
-        if need_k:
-            _accumulate(acc_k, _masked_ds(doh[i], vj, d_rows[i], pm, scale), qh[i], False)
-            need_k = _has_neg_zero(acc_k)
-        if need_v:
-            _accumulate(acc_v, pm, doh[i], False)
-            need_v = _has_neg_zero(acc_v)
-
-
 @parallel_kernel(weight=16)
-def _backward_kernel(t0, t1, do, q, k, v, o, m, l, window, full, dq, dk, dv):
+def _backward_kernel(t0, t1, do, q, k, v, o, m, l, window, dq, dk, dv):
     """One task per (batch, KV group g): dq rows of the group's heads, dk and dv of its keys.
 
     dk[j] and dv[j] sum over (head h ascending, query i ascending): the loop order
@@ -366,7 +299,7 @@ def _backward_kernel(t0, t1, do, q, k, v, o, m, l, window, full, dq, dk, dv):
         vg = v[b, g]
         min_k = min_nonzero_abs(kg.reshape(-1))
         min_v = min_nonzero_abs(vg.reshape(-1))
-        fast_kv = not full
+        fast_kv = True
         for attempt in range(2):
             ok = True
             for j in range(t):
@@ -390,58 +323,38 @@ def _backward_kernel(t0, t1, do, q, k, v, o, m, l, window, full, dq, dk, dv):
                         tmp[d] = fl(dor[d] * orow[d])
                     d_rows[i] = lane_tree(tmp, lanes)
                 for i in range(t):
-                    lo = max(0, i - window + 1)
+                    lo = max(0, i - window + 1)  # allowed keys [lo, hi): the rest are absent
                     hi = i + 1
-                    vlo = 0 if full else lo
-                    vhi = t if full else hi
                     mi = fl(m[b, h, i])
                     li = fl(lh[i])
                     d_i = d_rows[i]
-                    p_masked = fl(ZERO / li)
                     _scores_row(qh[i], kt, lo, hi, safe_products(min_nonzero_abs(qh[i]), min_k), scale, sc)
-                    seg = s[lo:hi]
-                    exp_diff_row(sc[lo:hi], mi, seg)
-                    for jj in range(seg.size):
-                        seg[jj] = fl(seg[jj] / li)  # p
-                    if full:
-                        for j in range(0, lo):
-                            s[j] = p_masked
-                        for j in range(hi, t):
-                            s[j] = p_masked
-                    _scores_row(doh[i], vt, vlo, vhi, safe_products(min_nonzero_abs(doh[i]), min_v), ONE, dsr)  # dp
-                    pv = s[vlo:vhi]
-                    dsv = dsr[vlo:vhi]
+                    pv = s[lo:hi]
+                    exp_diff_row(sc[lo:hi], mi, pv)
+                    for jj in range(pv.size):
+                        pv[jj] = fl(pv[jj] / li)  # p
+                    _scores_row(doh[i], vt, lo, hi, safe_products(min_nonzero_abs(doh[i]), min_v), ONE, dsr)  # dp
+                    dsv = dsr[lo:hi]
                     for jj in range(dsv.size):
                         dsv[jj] = fl(fl(pv[jj] * fl(dsv[jj] - d_i)) * scale)  # ds
-                    # dq[i] = sum_j ds[j] k[j, :], ascending j
+                    # dq[i] = sum_{j allowed} ds[j] k[j, :], ascending j
                     for d in range(dh):
                         acc[d] = ZERO
-                    fast_q = (not full) and safe_products(min_nonzero_abs(dsv), min_k)
-                    _weighted_rows_sum(acc, dsv, kg[vlo:vhi], fast_q)
-                    if not full and _has_neg_zero(acc):
-                        for j in range(hi, t):
-                            _accumulate(acc, _masked_ds(doh[i], vg[j], d_i, p_masked, scale), kg[j], False)
+                    _weighted_rows_sum(acc, dsv, kg[lo:hi], safe_products(min_nonzero_abs(dsv), min_k))
                     dqrow = dq[b, h, i]
                     for d in range(dh):
                         dqrow[d] = cn(acc[d])
-                    # dk[j] += ds[j] q[i], dv[j] += p[j] do[i] for this row's keys
+                    # dk[j] += ds[j] q[i], dv[j] += p[j] do[i] for this row's allowed keys
                     if fast_kv:
                         if not (safe_products(min_nonzero_abs(dsv), min_q) and safe_products(min_nonzero_abs(pv), min_do)):
                             ok = False
                             break
-                        _rank1_rows(dk_acc[vlo:vhi], dsv, qh[i])
-                        _rank1_rows(dv_acc[vlo:vhi], pv, doh[i])
+                        _rank1_rows(dk_acc[lo:hi], dsv, qh[i])
+                        _rank1_rows(dv_acc[lo:hi], pv, doh[i])
                     else:
                         for jj in range(dsv.size):
-                            j = vlo + jj
-                            if not full and j == i and hh > 0:  # key i's run starts: replay its masked prefix
-                                _replay_kv(dk_acc[j], dv_acc[j], 0, i, j, qh, doh, vg[j], d_rows, lh, scale)
-                            _accumulate(dk_acc[j], dsv[jj], qh[i], False)
-                            _accumulate(dv_acc[j], pv[jj], doh[i], False)
-                        j_end = i - window + 1  # the key whose run ends at this query
-                        if not full and j_end >= 0 and i + 1 < t:
-                            _replay_kv(dk_acc[j_end], dv_acc[j_end], i + 1, t, j_end, qh, doh, vg[j_end], d_rows, lh,
-                                       scale)
+                            _accumulate(dk_acc[lo + jj], dsv[jj], qh[i], False)
+                            _accumulate(dv_acc[lo + jj], pv[jj], doh[i], False)
             if ok:
                 break
             fast_kv = False
@@ -454,10 +367,10 @@ def _backward_kernel(t0, t1, do, q, k, v, o, m, l, window, full, dq, dk, dv):
 
 def attention_backward(do, q, k, v, o, m, l, window: int | None = None):
     """``spec.attention.attention_backward``: returns ``(dq, dk, dv)``."""
-    (do, f_do, a_do), (q, f_q, _), (k, f_k, _), (v, f_v, a_v), (o, f_o, a_o) = (entered(a) for a in (do, q, k, v, o))
+    do, q, k, v, o = (entered(a)[0] for a in (do, q, k, v, o))
     _check_heads(q, k)
     b, h, t, dh = q.shape
-    (m, f_m, _), (l, f_l, _) = (entered(np.broadcast_to(np.asarray(a, np.float32), (b, h, t))) for a in (m, l))
+    m, l = (entered(np.broadcast_to(np.asarray(a, np.float32), (b, h, t)))[0] for a in (m, l))
     _check_width(dh)
     dq = np.empty(q.shape, dtype=np.float32)
     dk = np.empty(k.shape, dtype=np.float32)
@@ -466,8 +379,5 @@ def attention_backward(do, q, k, v, o, m, l, window: int | None = None):
         dk[...] = 0.0
         dv[...] = 0.0
         return dq, dk, dv
-    # Skipping masked pairs needs their terms to be signed zeros (see the module docstring).
-    skip = f_do and f_q and f_k and f_v and f_o and f_m and f_l and bool((l > 0).all())
-    skip = skip and float(dh) * a_do * max(a_v, a_o) < DP_BOUND
-    _backward_kernel(do, q, k, v, o, m, l, _window(window, t), not skip, dq, dk, dv)
+    _backward_kernel(do, q, k, v, o, m, l, _window(window, t), dq, dk, dv)
     return dq, dk, dv

@@ -1,61 +1,76 @@
 """Global-norm clipping and AdamW (``lockstep.spec.optim``), elementwise in parallel.
 
-``sum_of_squares`` is one lane-tree row over the flattened tensor; its 32 lanes
-are independent, so threads take groups of ``LANE_GROUP`` lanes (one SIMD
-register) and each sums its lanes over the whole tensor, then the lanes fold.
+``sum_of_squares`` is the spec's blocked order: a lane tree per block of
+``SUM_OF_SQUARES_BLOCK`` (4096) consecutive elements, blocks in parallel (each
+block's 32 lanes a few SIMD registers), then one lane tree over the block sums.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
+from lockstep.spec.optim import SUM_OF_SQUARES_BLOCK
+
 from .fp import (BLOCK, ZERO, add, as_f32, canon_scalar, cn, div, fl, kernel, minimum, mul,
                  parallel_kernel)
-from .reduce import LANES
+from .reduce import LANES, lane_tree
 
 CLIP_EPS = np.float32(1e-6)
-LANE_GROUP = 8
-
-
-@parallel_kernel
-def _sum_of_squares_kernel(t0, t1, g, lanes):
-    n = g.size
-    full = (n // LANES) * LANES
-    ntasks = LANES // LANE_GROUP
-    if t0 < 0:
-        return ntasks
-    for grp in range(t0, min(t1, ntasks)):
-        lo = grp * LANE_GROUP
-        acc = np.zeros(LANE_GROUP, dtype=np.float32)
-        for s in range(0, full, LANES):
-            for j in range(LANE_GROUP):
-                v = fl(g[s + lo + j])
-                acc[j] = fl(acc[j] + fl(v * v))
-        for j in range(LANE_GROUP):
-            if lo + j < n - full:
-                v = fl(g[full + lo + j])
-                acc[j] = fl(acc[j] + fl(v * v))
-            lanes[lo + j] = acc[j]
-    return ntasks
+BLOCKS_PER_TASK = 16  # 64k elements per task: enough work to hand to a thread
 
 
 @kernel
-def _fold_lanes(lanes):
+def _block_sum_of_squares(x, lanes):
+    """Lane-tree(32) sum of ``fl(x*x)`` over one block (x flushed on load); lanes: scratch (32,)."""
+    for j in range(LANES):
+        lanes[j] = ZERO
+    n = x.size
+    full = (n // LANES) * LANES
+    for s in range(0, full, LANES):
+        grp = x[s:s + LANES]
+        for j in range(LANES):
+            v = fl(grp[j])
+            lanes[j] = fl(lanes[j] + fl(v * v))
+    tail = x[full:]
+    for j in range(tail.size):
+        v = fl(tail[j])
+        lanes[j] = fl(lanes[j] + fl(v * v))
     w = LANES // 2
     while w >= 1:
         for j in range(w):
             lanes[j] = fl(lanes[j] + lanes[j + w])
         w //= 2
-    return cn(lanes[0])
+    return lanes[0]
+
+
+@parallel_kernel
+def _block_sums_kernel(t0, t1, g, block_sums):
+    n = g.size
+    nblocks = block_sums.size
+    ntasks = (nblocks + BLOCKS_PER_TASK - 1) // BLOCKS_PER_TASK
+    if t0 < 0:
+        return ntasks
+    lanes = np.empty(LANES, dtype=np.float32)
+    for task in range(t0, min(t1, ntasks)):
+        for k in range(task * BLOCKS_PER_TASK, min(nblocks, (task + 1) * BLOCKS_PER_TASK)):
+            lo = k * SUM_OF_SQUARES_BLOCK
+            block_sums[k] = _block_sum_of_squares(g[lo:min(n, lo + SUM_OF_SQUARES_BLOCK)], lanes)
+    return ntasks
+
+
+@kernel
+def _lane_tree_canonical(x):
+    lanes = np.empty(LANES, dtype=np.float32)
+    return cn(lane_tree(x, lanes))
 
 
 def sum_of_squares(g) -> np.ndarray:
-    """``spec.optim.sum_of_squares``: ``lane_tree_sum(g * g)`` over the flattened tensor: () float32."""
+    """``spec.optim.sum_of_squares``: lane trees of ``g * g`` per block of 4096, then a lane tree of the block sums."""
     flat = as_f32(np.asarray(g, dtype=np.float32)).reshape(-1)
-    lanes = np.zeros(LANES, dtype=np.float32)
+    block_sums = np.empty(-(-flat.size // SUM_OF_SQUARES_BLOCK), dtype=np.float32)
     if flat.size:
-        _sum_of_squares_kernel(flat, lanes)
-    return np.array(np.float32(_fold_lanes(lanes)), dtype=np.float32)
+        _block_sums_kernel(flat, block_sums)
+    return np.array(np.float32(_lane_tree_canonical(block_sums)), dtype=np.float32)
 
 
 @kernel

@@ -121,13 +121,19 @@ def main(argv: list[str] | None = None) -> int:
         print(f"[{i + 1}/{len(ops)}] {op}: {r.examples} examples ({r.refused} refused by the spec), "
               f"{r.disagreements} disagreements, {r.seconds:.0f} s (total {time.perf_counter() - t_start:.0f} s)",
               file=sys.stderr, flush=True)
+        if args.json:  # after every op, so a long run that is stopped keeps what it did
+            write_json(Path(args.json), reports, args, backends, missing)
     print_table(reports, args, backends)
-    if args.json:
-        doc = {"seed": args.seed, "examples_per_op": args.examples, "backends": [b.name for b in backends],
-               "skipped_backends": missing, "machine": platform.platform(), "cpus": os.cpu_count(),
-               "reports": [asdict(r) for r in reports]}
-        Path(args.json).write_text(json.dumps(doc, indent=1) + "\n")
     return 1 if any(r.disagreements for r in reports) else 0
+
+
+def write_json(path: Path, reports: list[OpReport], args, backends, missing: dict) -> None:
+    doc = {"seed": args.seed, "examples_per_op": args.examples, "backends": [b.name for b in backends],
+           "skipped_backends": missing, "machine": platform.platform(), "cpus": os.cpu_count(),
+           "reports": [asdict(r) for r in reports]}
+    tmp = path.with_name(path.name + ".partial")
+    tmp.write_text(json.dumps(doc, indent=1) + "\n")
+    os.replace(tmp, path)
 
 
 def print_table(reports: list[OpReport], args, backends) -> None:

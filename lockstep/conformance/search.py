@@ -130,6 +130,7 @@ def _signed(magnitude: st.SearchStrategy) -> st.SearchStrategy:
     return st.tuples(st.sampled_from((0, SIGN)), magnitude).map(lambda t: t[0] | t[1])
 
 
+@functools.lru_cache(maxsize=None)  # built once: building and validating it costs more than drawing
 def f32_bits() -> st.SearchStrategy[int]:
     """One float32 bit pattern (a Python int), weighted toward the values that separate backends.
 
@@ -321,6 +322,7 @@ def sometimes(draw) -> bool:
 EDGE_ROW_LENGTHS = (1, 2, 3, 31, 32, 33, 63, 64, 65, 97, 129)
 
 
+@functools.lru_cache(maxsize=None)
 def row_length(min_value: int = 0, max_value: int = 130) -> st.SearchStrategy[int]:
     """Row lengths for the lane tree: the edges of 32-lane groups, odd lengths, 0 when allowed."""
     edges = tuple(n for n in (0,) + EDGE_ROW_LENGTHS if min_value <= n <= max_value)

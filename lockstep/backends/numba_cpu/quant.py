@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from lockstep.spec.quant import HADAMARD_MAX_BLOCK
+from lockstep.spec.quant import HADAMARD_MAX_BLOCK, check_linear_shapes
 
 from .fp import (ABS_MASK, CANONICAL_NAN_BITS, ONE, ZERO, as_f32, bits, cn, fl, from_bits, inlined, kernel,
                  min_nonzero_abs, parallel_kernel)
@@ -260,6 +260,7 @@ def _int8_gemm_rescaled(a, b, sa, sb, factor) -> np.ndarray:
 
 def int8_linear_forward(x, w) -> np.ndarray:
     """``spec.quant.int8_linear_forward``: (..., K), (K, N) -> (..., N)."""
+    check_linear_shapes(x, w)
     x = np.asarray(x, dtype=np.float32)
     w2 = as_f32(w)
     lead = x.shape[:-1]
@@ -558,6 +559,7 @@ def _cols_rotate_quantize(src, dst, blk, rotate, s_out):
 
 def int8_linear_backward(dy, x, w, hadamard: bool = True):
     """``spec.quant.int8_linear_backward``: straight-through ``(dx, dw)``, both int8 GEMMs."""
+    check_linear_shapes(x, w, dy)
     x = np.asarray(x, dtype=np.float32)
     lead = x.shape[:-1]
     kdim = x.shape[-1]

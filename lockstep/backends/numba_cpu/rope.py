@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from lockstep.spec.rope import check_rope_shapes  # the same shape checks as the spec
+
 from .fp import as_f32, cn, fl, parallel_kernel
 
 
@@ -38,9 +40,8 @@ def _rotate_kernel(t0, t1, x, cos, sin, out, sign):
 
 
 def _rotate(x, cos, sin, sign):
+    check_rope_shapes(x, cos, sin)
     x = np.asarray(x, dtype=np.float32)
-    if x.shape[-1] % 2:
-        raise ValueError(f"RoPE needs an even last dimension, got {x.shape[-1]}")
     t, dh = x.shape[-2], x.shape[-1]
     p = dh // 2
     out = np.empty(x.shape, dtype=np.float32)

@@ -312,6 +312,12 @@ def rarely(draw) -> bool:
     return all(draw(st.booleans()) for _ in range(4))
 
 
+def mismatched(draw, n: int) -> int:
+    """``n``, or rarely ``n + 1``: a dimension that no longer matches the other arguments'
+    (a bad shape, which the spec and every backend must refuse alike, or accept alike)."""
+    return n + 1 if rarely(draw) else n
+
+
 def sometimes(draw) -> bool:
     """True about once in 4 draws; shrinks to False."""
     return all(draw(st.booleans()) for _ in range(2))
@@ -638,7 +644,7 @@ def _philox(draw, op):
 def _concat(draw, op):
     lead = draw(st.lists(dim(4), max_size=2))
     widths = draw(st.lists(row_length(0, 40), min_size=0 if rarely(draw) else 1, max_size=4))  # empty: refused
-    arrays = [draw(f32_array(tuple(lead) + (w,))) for w in widths]
+    arrays = [draw(f32_array(tuple(lead[:-1]) + (mismatched(draw, lead[-1]), w) if lead else (w,))) for w in widths]
     return ((tuple if draw(st.booleans()) else list)(arrays),), {}
 
 
@@ -666,12 +672,12 @@ def _embedding_forward(draw, op):
 def _embedding_backward(draw, op):
     v, d = draw(st.integers(1, 20)), draw(row_length(0, 40))
     b, t = draw(_bt(20))
-    ids = draw(token_ids((b, t), v))  # small vocabularies: ids repeat, the add order matters
+    ids = draw(token_ids((b, mismatched(draw, t)), v))  # small vocabularies: ids repeat, the add order matters
     return (draw(f32_array((b, t, d))), ids, max(v - 1, 0) if rarely(draw) else v), {}
 
 
 def _gain(draw, d: int):
-    return None if draw(st.booleans()) else draw(f32_array((d,)))
+    return None if draw(st.booleans()) else draw(f32_array((mismatched(draw, d),)))
 
 
 def _canonical_host(v) -> np.ndarray:
@@ -680,20 +686,20 @@ def _canonical_host(v) -> np.ndarray:
 
 @strategy("rmsnorm_forward")
 def _rmsnorm_forward(draw, op):
-    d = draw(row_length(1, 130))
+    d = draw(row_length(0, 130))
     x = draw(f32_array(draw(shape_with_last(d, max_elements=2048))))
     return (x, _gain(draw, d), draw(host_float((1e-6, 1e-5, 0.0)))), {}
 
 
 @strategy("rmsnorm_backward")
 def _rmsnorm_backward(draw, op):
-    d = draw(row_length(1, 130))
+    d = draw(row_length(0, 130))
     shape = draw(shape_with_last(d, max_elements=2048))
     x, dy, gain = draw(f32_array(shape)), draw(f32_array(shape)), _gain(draw, d)
     if draw(st.booleans()):  # rstd as the forward makes it
         rstd = spec.rmsnorm_forward(_canonical_host(x), None, 1e-6)[1]
     else:
-        rstd = draw(f32_array(shape[:-1]))
+        rstd = draw(f32_array(shape[:-2] + (mismatched(draw, shape[-2]),) if len(shape) > 1 else ()))
     return (dy, x, gain, rstd), {}
 
 
@@ -709,7 +715,9 @@ def _rope_tables(draw, t: int, half: int):
 def _rope(draw, op):
     t, half = draw(dim(12)), draw(dim(10))
     lead = tuple(draw(st.lists(dim(3), max_size=2)))
-    cos, sin = _rope_tables(draw, t, half)
+    if rarely(draw):  # x without a T axis: refused
+        return (draw(f32_array((2 * half,))), *_rope_tables(draw, 1, half)), {}
+    cos, sin = _rope_tables(draw, mismatched(draw, t), half)
     width = 2 * half + 1 if rarely(draw) else 2 * half  # an odd head dim: a bad shape
     return (draw(f32_array(lead + (t, width))), cos, sin), {}
 
@@ -720,7 +728,7 @@ def _attention_dims(draw):
     rep = draw(st.integers(1, 3))
     h = g * rep + 1 if rarely(draw) else g * rep  # H not a multiple of G: refused
     t = draw(st.one_of(st.sampled_from((1, 2, 31, 32, 33, 40)), st.integers(1, 40)))
-    dh = draw(st.sampled_from((1, 2, 3, 4, 8)))
+    dh = 0 if rarely(draw) else draw(st.sampled_from((1, 2, 3, 4, 8)))  # Dh = 0: refused
     return draw(st.integers(1, 2)), h, g, t, dh
 
 
@@ -731,7 +739,8 @@ def _window(draw, t: int):
 @st.composite
 def _qkv(draw, dims, profile="finite"):
     b, h, g, t, dh = dims
-    return tuple(draw(f32_array(s, profile)) for s in ((b, h, t, dh), (b, g, t, dh), (b, g, t, dh)))
+    k_shape = (b, g, mismatched(draw, t), mismatched(draw, dh))
+    return tuple(draw(f32_array(s, profile)) for s in ((b, h, t, dh), k_shape, (b, g, t, dh)))
 
 
 @strategy("attention_forward")
@@ -750,25 +759,27 @@ def _attention_backward(draw, op):
     profile = draw(st.sampled_from(("finite", "finite", "wild", "tiny")))
     q, k, v = draw(_qkv(dims, profile))
     window = _window(draw, t)
-    do = draw(f32_array((b, h, t, dh), profile))
-    if h % g == 0 and not sometimes(draw):  # o, m, l as the forward makes them
+    do = draw(f32_array((b, h, t, mismatched(draw, dh)), profile))
+    k_shape = (k.value if isinstance(k, Viewed) else k).shape
+    if h % g == 0 and dh > 0 and k_shape[2:] == (t, dh) and not sometimes(draw):  # o, m, l as the forward makes them
         o, m, l = spec.attention_forward(_canonical_host(q), _canonical_host(k), _canonical_host(v), window)
     else:
-        o, m, l = draw(f32_array((b, h, t, dh), profile)), draw(f32_array((b, h, t), profile)), draw(f32_array((b, h, t)))
+        o, m, l = draw(f32_array((b, h, t, dh), profile)), draw(f32_array((b, h, t), profile)), draw(f32_array((b, h, mismatched(draw, t))))
     return (do, q, k, v, o, m, l, window), {}
 
 
 @strategy("swiglu_forward")
 def _swiglu_forward(draw, op):
     f = draw(row_length(0, 70))
-    return (draw(f32_array(draw(shape_with_last(2 * f, max_elements=2048)))),), {}
+    width = mismatched(draw, 2 * f)  # an odd fused width: refused
+    return (draw(f32_array(draw(shape_with_last(width, max_elements=2048)))),), {}
 
 
 @strategy("swiglu_backward")
 def _swiglu_backward(draw, op):
     f = draw(row_length(0, 70))
-    shape = draw(shape_with_last(2 * f, max_elements=2048))
-    return (draw(f32_array(shape[:-1] + (f,))), draw(f32_array(shape))), {}
+    shape = draw(shape_with_last(mismatched(draw, 2 * f), max_elements=2048))
+    return (draw(f32_array(shape[:-1] + (mismatched(draw, f),))), draw(f32_array(shape))), {}
 
 
 # Widths with every power-of-two factor up to the Hadamard block limit (256).
@@ -779,7 +790,7 @@ HADAMARD_WIDTHS = (1, 2, 3, 4, 5, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 256)
 def _int8_linear_forward(draw, op):
     k, n = draw(st.sampled_from(HADAMARD_WIDTHS[:12])), draw(st.integers(1, 12))
     x = draw(f32_array(draw(shape_with_last(k, max_elements=1024, min_lead=1))))
-    return (x, draw(f32_array((k, n)))), {}
+    return (x, draw(f32_array((mismatched(draw, k), n)))), {}
 
 
 @strategy("int8_linear_backward")
@@ -788,8 +799,8 @@ def _int8_linear_backward(draw, op):
     m = draw(st.sampled_from(HADAMARD_WIDTHS[:11]))
     lead = (m,) if draw(st.booleans()) or m % 2 else (2, m // 2)
     profile = draw(st.sampled_from(("finite", "finite", "wild", "tiny")))
-    dy, x = draw(f32_array(lead + (n,), profile)), draw(f32_array(lead + (k,), profile))
-    w = draw(f32_array((k, n), profile))
+    dy, x = draw(f32_array(lead + (mismatched(draw, n),), profile)), draw(f32_array(lead + (k,), profile))
+    w = draw(f32_array((mismatched(draw, k), n), profile))
     flag = draw(st.booleans())
     return ((dy, x, w, flag), {}) if draw(st.booleans()) else ((dy, x, w), {} if flag else {"hadamard": False})
 
@@ -810,13 +821,27 @@ def _cross_entropy_backward(draw, op):
     if draw(st.booleans()) and targets.dtype.kind in "iu" and (targets.size == 0 or 0 <= targets.min() and targets.max() < v):
         lse = spec.cross_entropy_forward(_canonical_host(logits), targets, z)[1]
     else:
-        lse = draw(f32_array((n,)))
+        lse = draw(f32_array((mismatched(draw, n),)))
     return (logits, targets, lse, z, draw(f32_scalar())), {}
+
+
+# Element counts at the edges of sum_of_squares' blocks (spec.optim.SUM_OF_SQUARES_BLOCK
+# = 4096): one block, two, a short last block, and 33 blocks (the second lane tree
+# then adds block sum 32 into lane 0).
+BLOCK_EDGE_SIZES = (4095, 4096, 4097, 8191, 8192, 8193, 3 * 4096 + 31, 32 * 4096, 32 * 4096 + 1, 33 * 4096 + 100)
+
+
+@st.composite
+def _blocked_shape(draw):
+    n = draw(st.sampled_from(BLOCK_EDGE_SIZES))
+    rows = draw(st.sampled_from([r for r in (1, 3, 7, 32) if n % r == 0]))
+    return (n,) if rows == 1 else (rows, n // rows)
 
 
 @strategy("sum_of_squares")
 def _sum_of_squares(draw, op):
-    shape = draw(st.one_of(st.just(()), st.tuples(row_length(0, 2000)), shape_with_last(draw(row_length(0, 130)))))
+    shape = draw(st.one_of(st.just(()), st.tuples(row_length(0, 2000)), shape_with_last(draw(row_length(0, 130))),
+                           _blocked_shape()))
     return (draw(f32_array(shape)),), {}
 
 
@@ -841,7 +866,8 @@ def _scale(draw, op):
 def _adamw_update(draw, op):
     shape = draw(_result_shape(1024))
     profile = draw(st.sampled_from(("finite", "wild", "tiny")))
-    tensors = [draw(f32_array(shape, profile)) for _ in range(4)]
+    tensors = [draw(f32_array(shape if i != 1 or not shape else shape[:-1] + (mismatched(draw, shape[-1]),), profile))
+               for i in range(4)]  # g, rarely, of another shape
     typical = {"lr": 3e-3, "beta1": 0.9, "beta2": 0.95, "one_minus_beta1": 0.1, "one_minus_beta2": 0.05,
                "eps": 1e-8, "weight_decay": 0.1, "bc1": 0.271, "bc2": 0.0975}
     wild = draw(st.booleans())  # half the examples keep every scalar typical

@@ -20,6 +20,7 @@ from hypothesis import given, settings
 from lockstep import spec
 from lockstep.backends import KNOWN_BACKENDS, Backend
 from lockstep.backends.interface import OP_NAMES
+from lockstep.conformance import inputs as gen
 from lockstep.conformance import search
 from lockstep.spec import fp
 
@@ -116,3 +117,14 @@ def test_search_finds_a_planted_defect(defect):
 
     with pytest.raises(AssertionError, match="planted: "):
         run()
+
+
+@pytest.mark.parametrize("op,label,args,kwargs", gen.search_refusal_regressions(),
+                         ids=[f"{op}-{label}" for op, label, _, _ in gen.search_refusal_regressions()])
+def test_refused_regressions_are_refused_alike(op, label, args, kwargs):
+    """Bad inputs on which a backend once disagreed (lockstep/conformance/inputs.py): the spec refuses
+    each with ValueError/TypeError, and every backend raises the same type."""
+    with pytest.raises((ValueError, TypeError)):
+        getattr(spec, op)(*args, **kwargs)
+    search.check_or_raise(search.Call(op, args, kwargs), BACKENDS)
+    search.check_or_raise(search.Call(op, args, kwargs, host_inputs=True), BACKENDS)

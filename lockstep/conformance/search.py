@@ -28,9 +28,14 @@ What the strategies draw
   of device arrays); the spec gets the same view of the host array;
 * host inputs: now and then the arrays go to the backend as host NumPy arrays
   without ``asarray`` (the contract's rule 2);
-* invalid input (ids out of range, shapes that do not contract, int8 ops given
-  another dtype, Philox rounds outside 1..16, an empty axis of ``max``): every backend
-  must raise the spec's exception type.
+* bad input, rarely (``rarely``: about one draw in 16 per place): ids out of range or
+  of a float dtype, shapes that do not contract or do not match between arguments
+  (``mismatched``), odd SwiGLU widths and RoPE head dimensions, ``Dh = 0``, int8 ops
+  given another dtype, Philox rounds outside 1..16, an empty axis of ``max``, an axis
+  out of range: every backend must raise the spec's exception type;
+* products and quotients whose exact value lies in the flush-rule window
+  ``[2**-126 - 2**-150, 2**-126)`` (``flush_window_pairs``), and sums with a
+  half-ulp partner (``_tie_partner``).
 
 An op without a strategy here (a new op of the contract) is still searched: its
 conformance record's first case gives the shapes and kinds, and new values are drawn

@@ -161,7 +161,8 @@ def search_regressions() -> dict[str, list[tuple[str, tuple, dict]]]:
         "rope_forward": [("search-T0", (_f32_zeros(2, 0, 4), _f32_zeros(0, 2), _f32_zeros(0, 2)), {})],
         "rope_backward": [("search-T0", (_f32_zeros(2, 0, 4), _f32_zeros(0, 2), _f32_zeros(0, 2)), {})],
         # opencl (kernels branch, PoCL): raised "cannot reshape array of size 0 into shape (-1, 1, 0)"
-        "int8_matmul": [("search-empty-batch", (np.zeros((1, 0), np.int8), np.zeros((1, 0, 0), np.int8)), {})],
+        "int8_matmul": [("search-empty-batch", (np.zeros((1, 0), np.int8), np.zeros((1, 0, 0), np.int8)), {}),
+                        ("search-empty-batch-b", (np.zeros((1, 1, 0), np.int8), np.zeros((0, 0), np.int8)), {})],
         # opencl returned zeros where the spec and numba raised a reshape error for D = 0;
         # the spec now gives the empty result (props branch)
         "column_sum": [("search-D0", (_f32_zeros(1, 1, 0),), {})],
@@ -188,4 +189,13 @@ def search_refusal_regressions() -> list[tuple[str, str, tuple, dict]]:
         ("int8_linear_backward", "search-dy-width", (_f32_zeros(1, 2), _f32_zeros(1, 1), _f32_zeros(1, 1), False), {}),
         # spec returned an empty result for an odd head dim; numba refused (suite search)
         ("rope_forward", "search-odd-head-dim", (_f32_zeros(0, 1), _f32_zeros(0, 0), _f32_zeros(0, 0)), {}),
+        # opencl (kernels branch) answered an axis out of range, or raised ValueError where the
+        # spec raises NumPy's AxisError (conformance_search --seed 21 --examples 300)
+        ("lane_tree_sum", "search-axis-out-of-range", (_f32_zeros(0),), {"axis": 1}),
+        ("max", "search-axis-out-of-range", (_f32_zeros(0),), {"axis": 1}),
+        ("argmax", "search-axis-out-of-range", (_f32_zeros(0),), {"axis": 1}),
+        # opencl answered Dh = 0 and an odd SwiGLU width, which the spec now refuses (same run)
+        ("attention_forward", "search-head-dim-0", (_f32_zeros(1, 1, 1, 0),) * 3, {"window": None}),
+        ("swiglu_forward", "search-odd-width", (_f32_zeros(1),), {}),
+        ("swiglu_backward", "search-odd-width", (_f32_zeros(0), _f32_zeros(1)), {}),
     ]

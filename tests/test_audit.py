@@ -396,6 +396,45 @@ def test_paths_that_leave_the_run_directory(run1, tmp_path):
 # ---------------------------------------------------------------------------
 
 
+def test_acceptance_rule_without_the_command_line(run1, tmp_path):
+    from lockstep.audit.accept import check_certificate_file, trusted_keys
+
+    cert = make_certificate(replay_step(run1, 1, "spec"), auditor="a")
+    write_certificate(tmp_path / "cert.json", cert)
+    verdict = check_certificate_file(tmp_path / "cert.json", run_dir=run1)
+    assert verdict.accepted and not verdict.recomputed, verdict.problems
+    assert verdict.summary() == "outcome match, steps [1], unsigned"
+    recomputed = check_certificate_file(tmp_path / "cert.json", run_dir=run1, recompute=True, backend_name="spec")
+    assert recomputed.accepted and recomputed.recomputed, recomputed.problems
+    # a file that is not a certificate is a verdict with one problem, not an exception
+    (tmp_path / "junk.json").write_text("{")
+    junk = check_certificate_file(tmp_path / "junk.json")
+    assert junk.cert is None and len(junk.problems) == 1 and not junk.accepted
+    # the same certificate against a run whose step 1 was forged (chain redone): it quotes other values
+    run = _copy(run1, tmp_path)
+    recs = _traj(run)
+    recs[0]["loss_bits"], recs[0]["loss"] = "0x3F800000", 1.0
+    _forge_chain(run, recs, 1)
+    other = check_certificate_file(tmp_path / "cert.json", run_dir=run)
+    assert any("quotes published" in p and "loss_bits" in p for p in other.problems), other.problems
+    if _cryptography():  # with trusted keys, an unsigned certificate is refused
+        _, pub = generate_keypair(tmp_path / "trusted")
+        unsigned = check_certificate_file(tmp_path / "cert.json", trusted_keys([str(pub)]))
+        assert unsigned.problems == ["unsigned, but signatures by trusted keys are required"]
+    assert trusted_keys([]) is None and trusted_keys(None) is None
+
+
+def test_auditor_steps_from_a_plan():
+    from lockstep.audit.accept import auditor_steps
+    from lockstep.audit.plan import PlanError
+
+    plan = plan_audit({"chain_hash": hashlib.sha256(b"a run").hexdigest(), "last_step": 40}, 3, 1, ["ann", "bo", "cy"])
+    assert auditor_steps(plan, "bo") == plan["auditors"][1]["steps"] and auditor_steps(plan, "bo")
+    assert auditor_steps(plan, "2") == plan["auditors"][2]["steps"]  # by index
+    with pytest.raises(PlanError, match="no auditor named 'dee'"):
+        auditor_steps(plan, "dee")
+
+
 def test_plan_covers_every_step_k_times_with_distinct_auditors(run1):
     commitment = {"chain_hash": hashlib.sha256(b"some run").hexdigest(), "last_step": 101}
     for n_auditors, k in [(1, 1), (3, 2), (7, 3), (5, 5)]:

@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from lockstep.data_cli import add_data_parser, run_data
+from lockstep.cli.data import add_parser as add_data_parser, run_data
 from lockstep.spec.philox import PhiloxStream
 from lockstep.train.corpus import VALIDATION_TOKENS, build_default_corpus
 from lockstep.train.data import (

@@ -312,7 +312,7 @@ def test_a_hugging_face_tokenizer_run(tmp_path, capsys):
     for a prompt the tokenizer cannot represent."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
-    from lockstep.use_cli import encode_prompt
+    from lockstep.cli.use import encode_prompt
 
     texts = [doc.decode() for doc in documents("text", 30_000)]
     tok = Tokenizer(models.BPE(unk_token="[UNK]"))

@@ -27,11 +27,11 @@ from pathlib import Path
 
 from lockstep.train.data import DEFAULT_SHARD_TOKENS, SOURCE_NAME_RE, DataError, Manifest, ingest
 
+from .common import EXIT_ERROR, EXIT_OK, plain_help
 
-def add_data_parser(subparsers) -> argparse.ArgumentParser:
+
+def add_parser(subparsers) -> argparse.ArgumentParser:
     """Add the ``data`` subcommand (``ingest``, ``default``, ``verify``) to ``subparsers``."""
-    from lockstep.cli import plain_help
-
     p = subparsers.add_parser("data", help="build and check training data folders", description=plain_help(__doc__),
                               formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="data_command", metavar="{ingest,default,verify}")
@@ -53,6 +53,7 @@ def add_data_parser(subparsers) -> argparse.ArgumentParser:
 
     ver = sub.add_parser("verify", help="check a data folder and summarise it")
     ver.add_argument("path", type=Path, help="a data folder or its manifest.json")
+    p.set_defaults(func=run_data)
     return p
 
 
@@ -112,5 +113,5 @@ def run_data(args) -> int:
         print(_summary(path))
     except DataError as e:
         print(f"error: {e}", file=sys.stderr)
-        return 1
-    return 0
+        return EXIT_ERROR
+    return EXIT_OK

@@ -28,7 +28,7 @@ from pathlib import Path
 
 from lockstep.fsio import printable
 
-EXIT_OK, EXIT_ERROR, EXIT_BAD = 0, 1, 2
+from .common import EXIT_BAD, EXIT_OK, fail, plain_help
 MAX_REPLAY_STEPS = 10_000_000  # the steps one --step list may name (a run has at most a few million)
 
 
@@ -52,10 +52,8 @@ def _steps_arg(text: str) -> list[int]:
     return out
 
 
-def add_audit_parser(subparsers) -> argparse.ArgumentParser:
+def add_parser(subparsers) -> argparse.ArgumentParser:
     """Add ``audit`` and its sub-commands to the ``lockstep`` parser."""
-    from lockstep.cli import plain_help
-
     p = subparsers.add_parser("audit", help="verify a run, replay steps, plan and merge a collective audit",
                               description=plain_help(__doc__), formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="audit_command", metavar="{verify,replay,check,plan,merge,keygen,verify-export}")
@@ -113,24 +111,23 @@ def add_audit_parser(subparsers) -> argparse.ArgumentParser:
     k.add_argument("--out", required=True, help="PREFIX: writes PREFIX.key (private, 0600) and PREFIX.pub")
 
     p.set_defaults(func=run_audit)
-    from .use_cli import add_verify_export_parser
+    from .use import add_verify_export_parser
 
-    add_verify_export_parser(sub)  # sets its own func (lockstep.use_cli)
+    add_verify_export_parser(sub)  # sets its own func (lockstep.cli.use)
     return p
 
 
 def _err(msg: str) -> int:
-    print(f"lockstep audit: {printable(msg)}", file=sys.stderr)
-    return EXIT_ERROR
+    return fail("audit", msg)
 
 
 def run_audit(args) -> int:
     """Run ``lockstep audit <command>``; returns the exit code."""
     from lockstep.backends import BackendUnavailable
 
-    from .audit.certificate import CertificateError
-    from .audit.plan import PlanError
-    from .audit.replay import ReplayError
+    from lockstep.audit.certificate import CertificateError
+    from lockstep.audit.plan import PlanError
+    from lockstep.audit.replay import ReplayError
 
     handlers = {"verify": _verify, "replay": _replay, "check": _check, "plan": _plan, "merge": _merge,
                 "keygen": _keygen}
@@ -141,7 +138,7 @@ def run_audit(args) -> int:
 
 
 def _verify(args) -> int:
-    from .audit.verify import verify_run
+    from lockstep.audit.verify import verify_run
 
     rep = verify_run(args.run, data=args.data, batches=not args.no_batches)
     if args.json:
@@ -156,7 +153,7 @@ def _verify(args) -> int:
         from lockstep.fsio import atomic_write_bytes
         from lockstep.train.trainer import loss_curve_png
 
-        from .audit.verify import read_trajectory_strict
+        from lockstep.audit.verify import read_trajectory_strict
 
         png = loss_curve_png(read_trajectory_strict(args.run), f"{args.run.name}: training loss (verified chain)")
         if png is None:
@@ -167,18 +164,18 @@ def _verify(args) -> int:
 
 
 def _replay(args) -> int:
-    from .audit.certificate import make_certificate, sign_certificate, write_certificate
-    from .audit.plan import load_plan
-    from .audit.replay import replay_steps
+    from lockstep.audit.accept import auditor_steps
+    from lockstep.audit.certificate import make_certificate, sign_certificate, write_certificate
+    from lockstep.audit.plan import PlanError, load_plan
+    from lockstep.audit.replay import replay_steps
 
     if args.plan is not None:
         if not args.auditor:
             return _err("--plan needs --auditor NAME (your name in the plan)")
-        plan = load_plan(args.plan)
-        mine = [a for a in plan["auditors"] if a.get("name") == args.auditor or str(a["index"]) == args.auditor]
-        if not mine:
-            return _err(f"{args.plan}: no auditor named {args.auditor!r}")
-        steps = mine[0]["steps"]
+        try:
+            steps = auditor_steps(load_plan(args.plan), args.auditor)
+        except PlanError as exc:
+            return _err(f"{args.plan}: {exc}")
         if not steps:
             print(printable(f"the plan gives {args.auditor} no step"))
             return EXIT_OK
@@ -187,7 +184,7 @@ def _replay(args) -> int:
     else:
         steps = args.step
     if args.key is not None:
-        from .audit.certificate import load_private_key
+        from lockstep.audit.certificate import load_private_key
 
         load_private_key(args.key)  # fail before hours of replay, not after
     log = None if args.quiet else (lambda msg: print(printable(msg), file=sys.stderr, flush=True))
@@ -203,53 +200,33 @@ def _replay(args) -> int:
     return EXIT_OK if result.ok else EXIT_BAD
 
 
-def _trusted(keys: list[str] | None) -> list[str] | None:
-    from .audit.certificate import public_key_hex
-
-    return [public_key_hex(k) for k in keys] if keys else None
-
-
 def _check(args) -> int:
-    from .audit.certificate import (consistency_problems, load_certificate, recheck_certificate, run_problems,
-                                    signature_problem)
+    from lockstep.audit.accept import check_certificate_file, trusted_keys
 
-    trusted = _trusted(args.pub)
+    trusted = trusted_keys(args.pub)
+    def log(msg: str) -> None:
+        print(printable(msg), file=sys.stderr, flush=True)
+
     bad = 0
     for path in args.certs:
-        try:
-            cert = load_certificate(path)
-        except Exception as exc:  # noqa: BLE001 - report and go on with the next file
-            print(printable(f"{path}: REJECTED: {exc}"))
-            bad += 1
-            continue
-        problems = []
-        sig = signature_problem(cert, trusted)
-        if sig:
-            problems.append(sig)
-        problems += consistency_problems(cert)
-        if args.run is not None:
-            problems += run_problems(cert, args.run)
-            if args.recompute:
-                problems += recheck_certificate(cert, args.run, args.backend, args.data,
-                                                log=lambda msg: print(printable(msg), file=sys.stderr, flush=True),
-                                                from_earlier=args.from_earlier)
-        signer = cert.get("signature", {}).get("public_key", "")
-        head = f"{path}: outcome {cert['outcome']}, steps {[s['step'] for s in cert['steps']]}" + (
-            f", signed by {signer[:16]}..." if signer else ", unsigned")
-        if problems:
-            bad += 1
-            print(printable(f"{head}: REJECTED"))
-            for pr in problems:
+        verdict = check_certificate_file(path, trusted, args.run, args.recompute, args.backend, args.data, log=log,
+                                         from_earlier=args.from_earlier)
+        if verdict.cert is None:
+            print(printable(f"{path}: REJECTED: {verdict.problems[0]}"))
+        elif verdict.problems:
+            print(printable(f"{path}: {verdict.summary()}: REJECTED"))
+            for pr in verdict.problems:
                 print(printable(f"  {pr}"))
         else:
-            print(printable(f"{head}: ok" + (" (recomputed)" if args.recompute and args.run else "")))
+            print(printable(f"{path}: {verdict.summary()}: ok" + (" (recomputed)" if verdict.recomputed else "")))
+        bad += not verdict.accepted
     return EXIT_BAD if bad else EXIT_OK
 
 
 def _plan(args) -> int:
     from lockstep.fsio import atomic_write_json
 
-    from .audit.plan import format_plan, plan_audit
+    from lockstep.audit.plan import format_plan, plan_audit
 
     names = [n.strip() for n in args.names.split(",")] if args.names else None
     plan = plan_audit(args.run, args.auditors, args.redundancy, names)
@@ -261,8 +238,9 @@ def _plan(args) -> int:
 
 
 def _merge(args) -> int:
-    from .audit.merge import merge_certificates, plot_coverage
-    from .audit.plan import check_plan, load_plan
+    from lockstep.audit.accept import trusted_keys
+    from lockstep.audit.merge import merge_certificates, plot_coverage
+    from lockstep.audit.plan import check_plan, load_plan
 
     plan = None
     if args.plan is not None:
@@ -271,7 +249,7 @@ def _merge(args) -> int:
         if problems:
             print(printable(f"{args.plan}: not a valid plan: " + "; ".join(problems[:5])))
             return EXIT_BAD
-    report = merge_certificates(args.certs, plan, _trusted(args.pub))
+    report = merge_certificates(args.certs, plan, trusted_keys(args.pub))
     print(report.format())
     if args.png is not None:
         try:
@@ -282,7 +260,7 @@ def _merge(args) -> int:
 
 
 def _keygen(args) -> int:
-    from .audit.certificate import generate_keypair, public_key_hex
+    from lockstep.audit.certificate import generate_keypair, public_key_hex
 
     priv, pub = generate_keypair(args.out)
     print(printable(f"private key: {priv} (keep it secret)"))

@@ -1,9 +1,8 @@
-"""The ``lockstep`` command: ``version``, ``conformance``, ``data``, ``train``, ``audit``, ``sample``,
-``eval``, ``export``."""
+"""``lockstep version`` and ``lockstep conformance``: what this install is, and whether a backend
+computes the spec's bits here."""
 
 from __future__ import annotations
 
-import argparse
 import platform
 import sys
 
@@ -77,30 +76,13 @@ def conformance_report(args) -> int:
     return exit_status(report)
 
 
-def plain_help(docstring: str) -> str:
-    """A module docstring as ``--help`` text: without reStructuredText's double backticks."""
-    return docstring.replace("``", "")
 
-
-class OneLineErrorParser(argparse.ArgumentParser):
-    """A usage error is one line (``lockstep train: error: ...``), printed by rank 0 only under mpiexec."""
-
-    def error(self, message: str):
-        from lockstep.train.trainer import launcher_rank
-
-        if launcher_rank() == 0:
-            print(f"{self.prog}: error: {message} (see {self.prog} --help)", file=sys.stderr)
-        self.exit(2)
-
-
-def build_parser() -> argparse.ArgumentParser:
-    p = OneLineErrorParser(prog="lockstep", description="Bit-exact, auditable language-model training.")
-    sub = p.add_subparsers(dest="command", required=True)
-
-    v = sub.add_parser("version", help="package, SPEC_VERSION, NumPy and the CPU features NumPy dispatches on")
+def add_parser(subparsers) -> None:
+    """Add ``version`` and ``conformance`` to the ``lockstep`` parser."""
+    v = subparsers.add_parser("version", help="package, SPEC_VERSION, NumPy and the CPU features NumPy dispatches on")
     v.set_defaults(func=cmd_version)
 
-    c = sub.add_parser("conformance", help="compare a backend with the spec, byte for byte")
+    c = subparsers.add_parser("conformance", help="compare a backend with the spec, byte for byte")
     c.add_argument("--backend", default="spec", help="spec, numba, opencl, cuda or metal (default: spec)")
     c.add_argument("--level", type=int, choices=(1, 2), default=1, help="1: boundary values and small random sets; 2: larger")
     c.add_argument("--seed", type=int, default=0, help="seed of the random inputs (the golden cases always use seed 0)")
@@ -110,47 +92,3 @@ def build_parser() -> argparse.ArgumentParser:
                    help="also train tiny steps against the spec and run the flush probe, and write everything to "
                         "FILE (Markdown, with the JSON at its end) to attach to an issue")
     c.set_defaults(func=cmd_conformance)
-
-    try:
-        from lockstep.data_cli import add_data_parser, run_data
-    except ImportError:
-        pass
-    else:
-        add_data_parser(sub).set_defaults(func=run_data)
-    try:
-        from lockstep.train_cli import add_train_parser
-    except ImportError:
-        pass
-    else:
-        add_train_parser(sub)
-    try:
-        from lockstep.audit_cli import add_audit_parser
-    except ImportError:
-        pass
-    else:
-        add_audit_parser(sub)
-    try:
-        from lockstep.use_cli import add_use_parsers
-    except ImportError:
-        pass
-    else:
-        add_use_parsers(sub)
-    return p
-
-
-def main(argv=None) -> int:
-    parser = build_parser()
-    try:
-        args = parser.parse_args(argv)
-    except SystemExit as e:
-        # argparse exits 2 on a usage error; lockstep reserves 2 for "invalid / mismatch"
-        return 1 if e.code == 2 else int(e.code or 0)
-    try:
-        return int(args.func(args) or 0)
-    except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
-        return 130
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -16,22 +16,14 @@ from pathlib import Path
 
 from lockstep.backends import BACKEND_ALIASES, KNOWN_BACKENDS
 
+from .common import EXIT_ERROR, EXIT_OK, default_backend, non_negative_int, positive_int
+
 DEFAULT_STEPS = {"tiny": 100, "small": 100, "open-1b": 10}
 DEFAULT_PRESET = "small"
 DEFAULT_SEED = 42
 PRESETS = ("tiny", "small", "open-1b")
 # every backend name get_backend knows, aliases included (cupy = cuda)
 BACKENDS = (*KNOWN_BACKENDS, *sorted(BACKEND_ALIASES))
-
-
-def positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be a positive integer, got {value}")
-    return value
 
 
 def seed_int(text: str) -> int:
@@ -44,17 +36,7 @@ def seed_int(text: str) -> int:
     return value
 
 
-def _non_negative_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"{value} is negative")
-    return value
-
-
-def add_train_parser(subparsers) -> argparse.ArgumentParser:
+def add_parser(subparsers) -> argparse.ArgumentParser:
     p = subparsers.add_parser(
         "train",
         help="train an auditable run (one process, or under mpiexec -n R)",
@@ -84,7 +66,7 @@ def add_train_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--resume", metavar="RUN", help="continue RUN from its last complete checkpoint (or its "
                                                    "initial state), to its recorded target unless --steps/--tokens")
     p.add_argument("--no-quantize", action="store_true", help="float32 linears instead of int8 W8A8")
-    p.add_argument("--eval-every", type=_non_negative_int, metavar="K",
+    p.add_argument("--eval-every", type=non_negative_int, metavar="K",
                    help="validation loss every K steps and at the end, into metrics.jsonl and loss.png "
                         "(default: 50 for small, off for tiny; 0: off)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
@@ -92,25 +74,9 @@ def add_train_parser(subparsers) -> argparse.ArgumentParser:
     return p
 
 
-def default_backend() -> str:
-    """numba, or ``BackendUnavailable`` saying why not: never a silent switch to the ~60x slower spec."""
-    from lockstep.backends import BackendUnavailable, get_backend
-
-    try:
-        get_backend("numba")
-    except BackendUnavailable as exc:
-        raise BackendUnavailable(f"{exc}; or pass --backend spec to train on the pure-NumPy spec "
-                                 "(the same bits, about 60x slower)") from None
-    except Exception as exc:  # noqa: BLE001 - a broken install must be reported, not papered over
-        raise BackendUnavailable(f"the numba backend does not load here ({type(exc).__name__}: {exc}); "
-                                 "repair it (`lockstep conformance --backend numba`), or pass --backend spec "
-                                 "(the same bits, about 60x slower)") from None
-    return "numba"
-
-
 def recipe_checker(args):
     """``check_recipe(recipe)`` for a resume: refuse every flag whose value differs from the run's recipe."""
-    from .train.trainer import RecipeMismatch
+    from lockstep.train.trainer import RecipeMismatch
 
     def check(recipe: dict) -> None:
         model, train = recipe.get("model", {}), recipe.get("train", {})
@@ -132,12 +98,12 @@ def recipe_checker(args):
 def run_train(args) -> int:
     from lockstep.backends import BackendUnavailable
 
-    from .train.checkpoint import CheckpointError
-    from .train.collectives import AgreedError
-    from .train.config import preset, train_preset
-    from .train.data import DataError
-    from .train.optim import NonFiniteError
-    from .train.trainer import RecipeMismatch, launcher_rank, train
+    from lockstep.train.checkpoint import CheckpointError
+    from lockstep.train.collectives import AgreedError
+    from lockstep.train.config import preset, train_preset
+    from lockstep.train.data import DataError
+    from lockstep.train.optim import NonFiniteError
+    from lockstep.train.trainer import RecipeMismatch, launcher_rank, train
 
     is_root = launcher_rank() == 0
     run_dir = args.resume or args.out
@@ -167,7 +133,7 @@ def run_train(args) -> int:
         if is_root:
             what = "" if isinstance(e, AgreedError) else f"{type(e).__name__}: "
             print(f"lockstep train: {what}{e}", file=sys.stderr)
-        return 1
+        return EXIT_ERROR
     except KeyboardInterrupt:
         if is_root:
             print(f"\nlockstep train: stopped at once; {_resume_hint(run_dir, 1, args.data)}", file=sys.stderr)
@@ -181,15 +147,15 @@ def run_train(args) -> int:
                   file=sys.stderr)
         return 128 + summary.stopped_by
     if summary.rank != 0:
-        return 0
+        return EXIT_OK
     print(f"run directory: {summary.run_dir}")
     print(f"last step {summary.last_step}, chain hash {summary.chain_hash}")
-    return 0
+    return EXIT_OK
 
 
 def _resume_hint(run_dir, world_size: int, data: str | None) -> str:
     """The command that resumes ``run_dir`` (with ``--data`` when the data was named: it may be outside the run)."""
-    from .train.trainer import RECIPE_FILE
+    from lockstep.train.trainer import RECIPE_FILE
 
     if run_dir is None or not (Path(run_dir) / RECIPE_FILE).is_file():
         return "the run had not started; run the same command again"

@@ -18,33 +18,7 @@ import json
 import sys
 from pathlib import Path
 
-EXIT_OK, EXIT_ERROR, EXIT_BAD = 0, 1, 2
-
-
-def _positive_int(text: str) -> int:
-    try:
-        v = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-    if v < 1:
-        raise argparse.ArgumentTypeError(f"{v} must be at least 1")
-    return v
-
-
-def _backend_default() -> str:
-    """numba, or ``BackendUnavailable`` saying why not (never a silent switch to the slower spec)."""
-    from lockstep.backends import BackendUnavailable, get_backend
-
-    try:
-        get_backend("numba")
-    except BackendUnavailable as exc:
-        raise BackendUnavailable(f"{exc}; or pass --backend spec (the same bits, much slower)") from None
-    return "numba"
-
-
-def _err(cmd: str, msg: str) -> int:
-    print(f"lockstep {cmd}: {msg}", file=sys.stderr)
-    return EXIT_ERROR
+from .common import EXIT_BAD, EXIT_OK, default_backend, fail, positive_int
 
 
 # ---------------------------------------------------------------- eval
@@ -57,7 +31,7 @@ def add_eval_parser(subparsers) -> argparse.ArgumentParser:
                     "recorded a value for that step (train --eval-every), it is compared bit for bit "
                     "(exit 2 if it differs).")
     p.add_argument("run", type=Path, help="the run directory")
-    p.add_argument("--step", type=_positive_int, help="the checkpoint's step (default: the latest)")
+    p.add_argument("--step", type=positive_int, help="the checkpoint's step (default: the latest)")
     p.add_argument("--backend", default=None, help="spec, numba or another installed backend (default: numba)")
     p.add_argument("--data", type=Path, help="the run's data folder, when it is not inside the run")
     p.add_argument("--record", action="store_true",
@@ -71,18 +45,18 @@ def add_eval_parser(subparsers) -> argparse.ArgumentParser:
 def run_eval(args) -> int:
     from lockstep.backends import BackendUnavailable, get_backend
 
-    from .use.evaluate import append_metrics, evaluate, metrics_line, progress_printer, recorded_validations
-    from .use.plots import plot_run
-    from .use.run import UseError, open_data, open_model
+    from lockstep.use.evaluate import append_metrics, evaluate, metrics_line, progress_printer, recorded_validations
+    from lockstep.use.plots import plot_run
+    from lockstep.use.run import UseError, open_data, open_model
 
     try:
-        be = get_backend(args.backend or _backend_default())
+        be = get_backend(args.backend or default_backend())
         model = open_model(args.run, args.step)
         manifest = open_data(args.run, model.recipe, args.data)
         v = evaluate(model.params, model.cfg, manifest, be, model.tcfg.micro_batch, step=model.step,
                      tokens=model.tokens, progress=progress_printer(not args.quiet and not args.json))
     except (UseError, BackendUnavailable, ValueError) as exc:
-        return _err("eval", str(exc))
+        return fail("eval", str(exc))
     recorded = recorded_validations(args.run).get(model.step)
     verdict, code = _compare(v, recorded)
     if args.json:
@@ -100,7 +74,7 @@ def run_eval(args) -> int:
             append_metrics(args.run, metrics_line(v))
             png = plot_run(args.run)
         except (OSError, ValueError) as exc:
-            return _err("eval", f"could not record the result in {args.run}: {exc}")
+            return fail("eval", f"could not record the result in {args.run}: {exc}")
         print(f"recorded in {args.run / 'metrics.jsonl'}" + (f", {png}" if png else ""), file=sys.stderr)
     return code
 
@@ -137,8 +111,8 @@ def add_sample_parser(subparsers) -> argparse.ArgumentParser:
     src = p.add_mutually_exclusive_group()
     src.add_argument("--prompt", default="", help="the start of the text (default: empty: a new document)")
     src.add_argument("--prompt-file", type=Path, help="read the prompt from this file (bytes as they are)")
-    p.add_argument("--step", type=_positive_int, help="the checkpoint's step (default: the latest)")
-    p.add_argument("--max-new-tokens", type=_positive_int, default=200, help="at most this many tokens (default 200)")
+    p.add_argument("--step", type=positive_int, help="the checkpoint's step (default: the latest)")
+    p.add_argument("--max-new-tokens", type=positive_int, default=200, help="at most this many tokens (default 200)")
     p.add_argument("--temperature", type=float, default=0.8, help="0: greedy (argmax); default 0.8")
     p.add_argument("--top-k", type=int, default=0, help="sample only from the k most likely tokens (0: all; default 0)")
     p.add_argument("--seed", type=int, default=0, help="the sampling seed (default 0)")
@@ -223,17 +197,17 @@ class _TextStream:
 def run_sample(args) -> int:
     from lockstep.backends import BackendUnavailable, get_backend
 
-    from .use.generate import Sampling, SamplingError
-    from .use.run import UseError, open_model, open_tokenizer
+    from lockstep.use.generate import Sampling, SamplingError
+    from lockstep.use.run import UseError, open_model, open_tokenizer
 
     try:
         sampling = Sampling(args.temperature, args.top_k or None, args.seed).check()
-        be = get_backend(args.backend or _backend_default())
+        be = get_backend(args.backend or default_backend())
         model = open_model(args.run, args.step)
         tokenizer, identity = open_tokenizer(args.run, model.recipe, args.data)
         prompt = encode_prompt(tokenizer, _prompt_bytes(args), model.cfg.vocab_size)
     except (UseError, SamplingError, BackendUnavailable, ValueError) as exc:
-        return _err("sample", str(exc))
+        return fail("sample", str(exc))
     say = (lambda msg: print(msg, file=sys.stderr, flush=True)) if not args.quiet else (lambda msg: None)
     limit = model.cfg.seq_len - 1  # the end-of-document token goes first
     if len(prompt) > limit:
@@ -252,7 +226,7 @@ def run_sample(args) -> int:
 def _generate_into(args, be, model, tokenizer, prompt: list[int], sampling, say) -> int:
     import time
 
-    from .use.generate import CachedModel, SamplingError, generate
+    from lockstep.use.generate import CachedModel, SamplingError, generate
 
     note = model.spec_note()
     if note:
@@ -275,7 +249,7 @@ def _generate_into(args, be, model, tokenizer, prompt: list[int], sampling, say)
     except (SamplingError, ValueError) as exc:
         if stream is not None:
             sys.stdout.write("\n")
-        return _err("sample", str(exc))
+        return fail("sample", str(exc))
     dt = time.perf_counter() - t0
     bar.close()
     ended = bool(out) and out[-1] == tokenizer.eod_id and not args.no_stop
@@ -328,16 +302,16 @@ def add_export_parser(subparsers) -> argparse.ArgumentParser:
                     "`lockstep audit verify-export DIR RUN`.")
     p.add_argument("run", type=Path, help="the run directory")
     p.add_argument("--out", type=Path, required=True, help="the new export folder (must not exist, or be empty)")
-    p.add_argument("--step", type=_positive_int, help="the checkpoint's step (default: the latest)")
+    p.add_argument("--step", type=positive_int, help="the checkpoint's step (default: the latest)")
     p.add_argument("--data", type=Path, help="the run's data folder (for its tokenizer), when it is not inside the run")
     p.set_defaults(func=run_export)
     return p
 
 
 def run_export(args) -> int:
-    from .use.evaluate import recorded_validations
-    from .use.export import make_export, verify_export
-    from .use.run import UseError, open_model, open_tokenizer
+    from lockstep.use.evaluate import recorded_validations
+    from lockstep.use.export import make_export, verify_export
+    from lockstep.use.run import UseError, open_model, open_tokenizer
 
     try:
         model = open_model(args.run, args.step)
@@ -345,10 +319,10 @@ def run_export(args) -> int:
         out = make_export(model, tokenizer, identity, args.out, recorded_validations(args.run).get(model.step))
         rep = verify_export(out, args.run)
     except (UseError, ValueError, OSError) as exc:
-        return _err("export", str(exc))
+        return fail("export", str(exc))
     if not rep.ok:  # never expected: the export was just made from a verified checkpoint
         print(rep.format())
-        return _err("export", f"{out} does not verify against {args.run}; do not publish it")
+        return fail("export", f"{out} does not verify against {args.run}; do not publish it")
     print(f"exported step {model.step} of {args.run} to {out} (state root {model.sidecar['state_root'][:16]}..., "
           f"chain hash {model.sidecar['chain_hash'][:16]}...); verified against the run")
     return EXIT_OK
@@ -371,13 +345,13 @@ def add_verify_export_parser(subparsers) -> argparse.ArgumentParser:
 
 
 def run_verify_export(args) -> int:
-    from .use.export import verify_export
-    from .use.run import UseError
+    from lockstep.use.export import verify_export
+    from lockstep.use.run import UseError
 
     try:
         rep = verify_export(args.export, args.run)
     except (UseError, ValueError, OSError) as exc:
-        return _err("audit verify-export", str(exc))
+        return fail("audit verify-export", str(exc))
     if args.json:
         print(json.dumps({"export": str(args.export), "run": str(args.run) if args.run else None, "valid": rep.ok,
                           "checks": [{"check": n, "ok": ok, "detail": d} for n, ok, d in rep.checks]}, indent=2))
@@ -388,7 +362,7 @@ def run_verify_export(args) -> int:
 
 # ---------------------------------------------------------------- registration
 
-def add_use_parsers(subparsers) -> None:
+def add_parser(subparsers) -> None:
     """Add ``sample``, ``eval`` and ``export`` to the ``lockstep`` parser."""
     add_sample_parser(subparsers)
     add_eval_parser(subparsers)

@@ -1,0 +1,85 @@
+"""What every ``lockstep`` command shares: exit codes, the one-line usage error, argument types,
+the default backend, and the message for an optional package that is not installed."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from lockstep.fsio import printable
+
+EXIT_OK, EXIT_ERROR, EXIT_BAD = 0, 1, 2  # done / valid; could not run; invalid / mismatch
+
+# optional packages some commands import on use, and the extra of pyproject.toml that brings each
+OPTIONAL_PACKAGES = {
+    "matplotlib": "io", "safetensors": "io", "cryptography": "io", "mpi4py": "mpi", "numba": "numba",
+    "pyopencl": "opencl", "cupy": "cuda", "tokenizers": "test", "hypothesis": "test",
+}
+
+
+def plain_help(docstring: str) -> str:
+    """A module docstring as ``--help`` text: without reStructuredText's double backticks."""
+    return docstring.replace("``", "")
+
+
+class OneLineErrorParser(argparse.ArgumentParser):
+    """A usage error is one line (``lockstep train: error: ...``), printed by rank 0 only under mpiexec."""
+
+    def error(self, message: str):
+        from lockstep.train.trainer import launcher_rank
+
+        if launcher_rank() == 0:
+            print(f"{self.prog}: error: {message} (see {self.prog} --help)", file=sys.stderr)
+        self.exit(2)
+
+
+def fail(command: str, message: str) -> int:
+    """``lockstep COMMAND: MESSAGE`` on stderr (escaped: messages quote files), and ``EXIT_ERROR``."""
+    print(f"lockstep {command}: {printable(message)}", file=sys.stderr)
+    return EXIT_ERROR
+
+
+def missing_optional_package(exc: ModuleNotFoundError) -> str | None:
+    """The one-line message for an optional package that is not installed; None for any other import error
+    (a missing lockstep module or a broken install is a bug, and must surface with its traceback)."""
+    top = (exc.name or "").partition(".")[0]
+    extra = OPTIONAL_PACKAGES.get(top)
+    if extra is None:
+        return None
+    return f"this needs the optional package {top!r}, which is not installed: pip install 'lockstep[{extra}]'"
+
+
+def positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {value}")
+    return value
+
+
+def non_negative_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{value} is negative")
+    return value
+
+
+def default_backend() -> str:
+    """numba, or ``BackendUnavailable`` saying why not: never a silent switch to the ~60x slower spec."""
+    from lockstep.backends import BackendUnavailable, get_backend
+
+    try:
+        get_backend("numba")
+    except BackendUnavailable as exc:
+        raise BackendUnavailable(f"{exc}; or pass --backend spec to run on the pure-NumPy spec "
+                                 "(the same bits, about 60x slower)") from None
+    except Exception as exc:  # noqa: BLE001 - a broken install must be reported, not papered over
+        raise BackendUnavailable(f"the numba backend does not load here ({type(exc).__name__}: {exc}); "
+                                 "repair it (`lockstep conformance --backend numba`), or pass --backend spec "
+                                 "(the same bits, about 60x slower)") from None
+    return "numba"

@@ -56,7 +56,8 @@ def _train_step_cpu(run: Path, step: int, backend: str) -> tuple[float, float]:
     from lockstep.backends import get_backend
     from lockstep.train import checkpoint as ckpt
     from lockstep.train.collectives import tree_fold
-    from lockstep.train.data import GlobalStream, Manifest
+    from lockstep.train.manifest import Manifest
+    from lockstep.train.stream import GlobalStream
     from lockstep.train.step import apply_update, plan_step, rank_contribution, split_state
     from lockstep.train.trainer import load_recipe, recipe_configs
 
@@ -116,7 +117,8 @@ def _replay_step_cpu(run: Path, backend: str) -> float:
     """CPU seconds of the replayed step alone: ``emulate_step`` (all virtual ranks, TreeFold, update, state root)."""
     from lockstep.backends import get_backend
     from lockstep.train import checkpoint as ckpt
-    from lockstep.train.data import GlobalStream, Manifest
+    from lockstep.train.manifest import Manifest
+    from lockstep.train.stream import GlobalStream
     from lockstep.train.step import emulate_step, plan_step, split_state
     from lockstep.train.trainer import load_recipe, recipe_configs
 

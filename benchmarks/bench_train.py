@@ -31,7 +31,7 @@ from lockstep.backends import get_backend
 from lockstep.spec import hashing
 from lockstep.train.config import preset, train_preset
 from lockstep.train.corpus import default_corpus
-from lockstep.train.data import GlobalStream, batch_digest
+from lockstep.train.stream import GlobalStream, batch_digest
 from lockstep.train.model import init_params
 from lockstep.train.optim import AdamWState
 from lockstep.train.step import apply_update, plan_step, rank_contribution, state_tensors

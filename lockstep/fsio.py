@@ -37,6 +37,7 @@ import stat
 import struct
 import unicodedata
 from collections.abc import Iterator, Mapping
+from decimal import Decimal
 from pathlib import Path
 from typing import IO, Any
 
@@ -441,15 +442,21 @@ def _finite_float(text: str) -> float:
     return x
 
 
-def parse_json(data: bytes | str, what: str, where: str) -> Any:
-    """Parse strict JSON; ``FileFormatError`` names ``what`` and ``where`` on failure."""
+def parse_json(data: bytes | str, what: str, where: str, exact_decimals: bool = False) -> Any:
+    """Parse strict JSON; ``FileFormatError`` names ``what`` and ``where`` on failure.
+
+    Strict: a duplicate key, NaN or Infinity, a number that overflows a float, text that
+    is not UTF-8 and nesting beyond Python's recursion limit are refused. With
+    ``exact_decimals`` numbers with a point or exponent are ``decimal.Decimal`` (exactly as
+    written, never through a binary float: a data manifest's weights).
+    """
     try:
         text = data.decode("utf-8") if isinstance(data, (bytes, bytearray, memoryview)) else data
     except UnicodeDecodeError as exc:
         raise FileFormatError(f"malformed {what} {where}: not UTF-8 ({exc})") from None
     try:
         return json.loads(text, object_pairs_hook=_no_duplicates, parse_constant=_no_constants,
-                          parse_float=_finite_float)
+                          parse_float=Decimal if exact_decimals else _finite_float)
     except json.JSONDecodeError as exc:
         raise FileFormatError(f"malformed {what} {where}: line {exc.lineno} column {exc.colno}: {exc.msg}") from None
     except (ValueError, RecursionError) as exc:

@@ -67,7 +67,8 @@ def train_on_other_windows(run: Path, at_step: int, window: int) -> int:
     redone, so everything but the data position is consistent. Returns the last step.
     """
     from lockstep.backends import get_backend
-    from lockstep.train.data import GlobalStream, Manifest, batch_digest
+    from lockstep.train.manifest import Manifest
+    from lockstep.train.stream import GlobalStream, batch_digest
     from lockstep.train.step import emulate_step, plan_step, split_state, state_tensors
     from lockstep.train.trainer import load_recipe, recipe_configs, recipe_digest, step_record
 

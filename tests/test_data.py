@@ -1,7 +1,7 @@
 """The data pipeline: shards, manifest, the global stream, the default corpus, bad input.
 
 The stream is checked against ``reference_buffer``, an independent, plainly slow
-rewrite of the definition in ``lockstep/train/data.py``'s docstring (Python integers
+rewrite of the definition in ``lockstep/train/stream.py``'s docstring (Python integers
 and ``sorted``), on shards of consecutive integers so that a skipped or repeated token
 shows as a wrong number.
 """
@@ -23,16 +23,9 @@ import pytest
 from lockstep.cli.data import add_parser as add_data_parser, run_data
 from lockstep.spec.philox import PhiloxStream
 from lockstep.train.corpus import VALIDATION_TOKENS, build_default_corpus
-from lockstep.train.data import (
-    DataError,
-    GlobalStream,
-    Manifest,
-    batch_digest,
-    ingest,
-    npy_bytes,
-    rank_window_indices,
-    validation_windows,
-)
+from lockstep.train.ingest import ingest
+from lockstep.train.manifest import DataError, Manifest, npy_bytes
+from lockstep.train.stream import GlobalStream, batch_digest, rank_window_indices, validation_windows
 from lockstep.train.tokenizer import hf_tokenizers_available
 
 # ---------------------------------------------------------------------------------
@@ -256,7 +249,8 @@ def test_resume_record_is_checked(integer_folder):
 SUBPROCESS_SCRIPT = textwrap.dedent(
     """
     import json, sys
-    from lockstep.train.data import GlobalStream, Manifest, batch_digest
+    from lockstep.train.manifest import Manifest
+    from lockstep.train.stream import GlobalStream, batch_digest
     folder, state_file = sys.argv[1], sys.argv[2]
     manifest = Manifest.load(folder)
     state = json.load(open(state_file))
@@ -330,8 +324,8 @@ def test_rank_window_indices():
 # Regression pins, computed once with this code: if a generator, the shard layout or
 # the stream changes, these change (bump CORPUS_VERSION / the formats with intent).
 # Recompute with:
-#   python3 -c "from lockstep.train.corpus import build_default_corpus as b; from lockstep.train.data import
-#   Manifest, GlobalStream, batch_digest as d; b('/tmp/c'); m = Manifest.load('/tmp/c'); s = GlobalStream(m, 0, 256);
+#   python3 -c "from lockstep.train.corpus import build_default_corpus as b; from lockstep.train.stream import
+#   GlobalStream, batch_digest as d; from lockstep.train.manifest import Manifest; b('/tmp/c'); m = Manifest.load('/tmp/c'); s = GlobalStream(m, 0, 256);
 #   print(m.sha256, d(s.windows(0, 16)), d(s.windows(4000, 16)))"
 # Manifest version 2 (validation documents held out) changed the manifest, and the stream
 # from where it first enters a shard holding validation documents (after window 15).
@@ -485,17 +479,20 @@ def test_symlink_out_of_folder(tmp_path):
     outside = tmp_path / "outside.npy"
     (tmp_path / "d" / "gamma" / "0.tok.npy").rename(outside)
     (tmp_path / "d" / "gamma" / "0.tok.npy").symlink_to(outside)
-    with pytest.raises(DataError, match="resolves outside"):
+    with pytest.raises(DataError, match="leaves the manifest's folder .*through a symlink"):
         Manifest.load(path)
 
 
 def test_malformed_json(tmp_path):
     path, _ = write_integer_folder(tmp_path / "d")
     path.write_text(path.read_text()[:-20])
-    with pytest.raises(DataError, match=r"manifest\.json: malformed JSON at line"):
+    with pytest.raises(DataError, match=r"malformed data manifest .*manifest\.json: line \d+ column \d+"):
         Manifest.load(path)
     path.write_text('{"format": 1, "format": 2}')
     with pytest.raises(DataError, match="duplicate key"):
+        Manifest.load(path)
+    path.write_text('{"format": NaN}')
+    with pytest.raises(DataError, match="NaN is not valid JSON"):
         Manifest.load(path)
     with pytest.raises(DataError, match="no manifest"):
         Manifest.load(tmp_path)

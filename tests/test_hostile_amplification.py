@@ -19,8 +19,8 @@ import pytest
 
 from forge import lockstep_limited, rewrite_sidecar
 from lockstep.audit.verify import verify_run
-from lockstep.train import data as data_mod
-from lockstep.train.data import DataError, Manifest
+from lockstep.train import manifest as manifest_mod
+from lockstep.train.manifest import DataError, Manifest
 
 LIMIT = 3 << 29  # 1.5 GiB: a verify or a tiny replay needs under 0.5 GiB here
 
@@ -88,8 +88,8 @@ def test_manifest_digest_is_compared_before_any_shard_is_hashed(copy_run, monkey
     man["description"] = "not the manifest the run was trained on"
     (run / "data" / "manifest.json").write_text(json.dumps(man))
     shards_read = []
-    real = data_mod.Manifest._verify_files  # hashes and reads every shard
-    monkeypatch.setattr(data_mod.Manifest, "_verify_files", lambda self: shards_read.append(self) or real(self))
+    real = manifest_mod.Manifest._verify_files  # hashes and reads every shard
+    monkeypatch.setattr(manifest_mod.Manifest, "_verify_files", lambda self: shards_read.append(self) or real(self))
     rep = verify_run(run)
     assert any(f.check == "data" and "not the recipe's" in f.message for f in rep.errors), rep.format()
     assert shards_read == []

@@ -13,7 +13,7 @@ sequence lengths, world sizes and resume points:
 Every token id in a folder is distinct (documents hold consecutive integers, as in
 llm.c's data-loader test), so a skipped or repeated token shows as a wrong number.
 The source of each document is recomputed here from the definition (step 1 of the
-stream, ``lockstep/train/data.py``) with Python integers, independent of the code.
+stream, ``lockstep/train/stream.py``) with Python integers, independent of the code.
 """
 
 from __future__ import annotations
@@ -32,7 +32,8 @@ from hypothesis import Phase, given, note, settings
 from hypothesis import strategies as st
 
 from lockstep.spec.philox import PhiloxStream
-from lockstep.train.data import PLAN_CHUNK, GlobalStream, Manifest, npy_bytes, rank_window_indices
+from lockstep.train.manifest import Manifest, npy_bytes
+from lockstep.train.stream import PLAN_CHUNK, GlobalStream, rank_window_indices
 
 # Weights as JSON numbers: integers, decimals with up to 6 places, and extremes.
 WEIGHTS = (1, 2, 3, 7, 1000, 0.5, 0.25, 1.5, 2.125, 0.000001)
@@ -307,9 +308,9 @@ def _blocked_rank_split(monkeypatch):
 def _epoch_repeats_a_document(monkeypatch):
     """An epoch order whose last position shows the document of its first position again
     (so one document is read twice and another never)."""
-    import lockstep.train.data as data
+    import lockstep.train.stream as stream_mod
 
-    documents, small = data._EpochOrder.documents, GlobalStream._small_source_orders
+    documents, small = stream_mod._EpochOrder.documents, GlobalStream._small_source_orders
 
     def documents_repeating(self, j):
         out = documents(self, j)
@@ -324,7 +325,7 @@ def _epoch_repeats_a_document(monkeypatch):
             out[:, -1] = out[:, 0]
         return out
 
-    monkeypatch.setattr(data._EpochOrder, "documents", documents_repeating)
+    monkeypatch.setattr(stream_mod._EpochOrder, "documents", documents_repeating)
     monkeypatch.setattr(GlobalStream, "_small_source_orders", small_repeating)
     return check_every_token_once_per_epoch, EPOCHS
 

@@ -16,7 +16,8 @@ from killpoint import Paused
 from lockstep.backends import get_backend
 from lockstep.train import checkpoint as ckpt
 from lockstep.train.config import preset, train_preset
-from lockstep.train.data import GlobalStream, Manifest
+from lockstep.train.manifest import Manifest
+from lockstep.train.stream import GlobalStream
 from lockstep.train.model import init_params
 from lockstep.train.optim import AdamWState, NonFiniteError
 from lockstep.train.step import emulate_step, plan_step

@@ -20,7 +20,9 @@ from lockstep.cli import main
 from lockstep.spec import attention_forward
 from lockstep.train.config import preset
 from lockstep.train.corpus import documents
-from lockstep.train.data import Manifest, ingest, validation_windows
+from lockstep.train.ingest import ingest
+from lockstep.train.manifest import Manifest
+from lockstep.train.stream import validation_windows
 from lockstep.train.model import init_params, logits_forward
 from lockstep.train.tokenizer import hf_tokenizers_available
 from lockstep.use.generate import CachedModel, Sampling, cached_attention, candidates, choose, gumbel_noise

@@ -42,7 +42,7 @@ import numpy as np
 from lockstep.fsio import UnsafePath, printable, read_json_regular
 from lockstep.spec import SPEC_VERSION, hashing
 from lockstep.train import checkpoint as ckpt
-from lockstep.train.data import GlobalStream, batch_digest
+from lockstep.train.stream import GlobalStream, batch_digest
 from lockstep.train.trainer import genesis, recipe_digest
 
 from .verify import (RunFileError, configs, float_bits, load_run_recipe, open_data, read_commitment,

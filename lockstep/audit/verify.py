@@ -56,7 +56,8 @@ from lockstep.fsio import file_kind as fsio_kind
 from lockstep.spec import SPEC_VERSION, hashing
 from lockstep.train import checkpoint as ckpt
 from lockstep.train.config import ModelConfig, TrainConfig
-from lockstep.train.data import GlobalStream, Manifest, batch_digest
+from lockstep.train.manifest import Manifest
+from lockstep.train.stream import GlobalStream, batch_digest
 from lockstep.train.rundir import TARGET_FILE, DataLocationError, open_run_data, run_data_folder
 from lockstep.train.trainer import (COMMITMENT_FILE, DATA_DIR, MAX_RECIPE_BYTES, METRICS_FILE, RECIPE_FILE,
                                     RECIPE_FORMAT, TRAJECTORY_FILE, genesis, recipe_configs, recipe_digest)

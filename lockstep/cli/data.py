@@ -25,7 +25,8 @@ import argparse
 import sys
 from pathlib import Path
 
-from lockstep.train.data import DEFAULT_SHARD_TOKENS, SOURCE_NAME_RE, DataError, Manifest, ingest
+from lockstep.train.ingest import DEFAULT_SHARD_TOKENS, ingest
+from lockstep.train.manifest import SOURCE_NAME_RE, DataError, Manifest
 
 from .common import EXIT_ERROR, EXIT_OK, plain_help
 

@@ -101,7 +101,7 @@ def run_train(args) -> int:
     from lockstep.train.checkpoint import CheckpointError
     from lockstep.train.collectives import AgreedError
     from lockstep.train.config import preset, train_preset
-    from lockstep.train.data import DataError
+    from lockstep.train.manifest import DataError
     from lockstep.train.optim import NonFiniteError
     from lockstep.train.trainer import RecipeMismatch, launcher_rank, train
 

@@ -21,7 +21,7 @@ hundred steps (spelling, grammar, the format of facts and programs) and longer o
 
 Validation: each source holds out its last documents, the fewest whose tokens reach
 ``VALIDATION_TOKENS`` (``validation_documents`` in the manifest, see
-``lockstep.train.data``): a fixed slice that the training stream never yields and
+``lockstep.train.manifest``): a fixed slice that the training stream never yields and
 ``lockstep eval`` measures.
 """
 
@@ -32,7 +32,8 @@ from typing import Callable, Iterator
 
 from lockstep.spec.philox import PhiloxStream
 
-from .data import MANIFEST_NAME, DataWriter, Manifest
+from .ingest import DataWriter
+from .manifest import MANIFEST_NAME, Manifest
 from .tokenizer import ByteTokenizer
 
 CORPUS_VERSION = 1

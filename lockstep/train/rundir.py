@@ -24,7 +24,7 @@ from pathlib import Path
 
 from lockstep.fsio import FileFormatError, UnsafePath, atomic_write_json, read_json, safe_join
 
-from .data import MANIFEST_NAME, DataError, Manifest, ManifestMismatch
+from .manifest import MANIFEST_NAME, DataError, Manifest, ManifestMismatch
 
 TARGET_FILE = "target.json"
 TARGET_FORMAT = "lockstep.target"

@@ -47,7 +47,8 @@ from lockstep.spec import SPEC_VERSION, hashing
 
 from . import checkpoint as ckpt
 from .config import ModelConfig, TrainConfig
-from .data import GlobalStream, Manifest, batch_digest
+from .manifest import Manifest
+from .stream import GlobalStream, batch_digest
 from .model import init_params
 from .optim import AdamWState
 from .rundir import TARGET_FILE, open_run_data, read_target, write_target

@@ -21,7 +21,7 @@ from lockstep.fsio import FileFormatError, UnsafePath
 from lockstep.spec import SPEC_VERSION
 from lockstep.train import checkpoint as ckpt
 from lockstep.train.config import ModelConfig, TrainConfig
-from lockstep.train.data import DataError, Manifest
+from lockstep.train.manifest import DataError, Manifest
 from lockstep.train.model import param_specs
 from lockstep.train.step import split_state
 
@@ -145,7 +145,7 @@ def open_tokenizer(run_dir: str | os.PathLike, recipe: dict, data: str | os.Path
     import hashlib
 
     from lockstep.fsio import parse_json, safe_join
-    from lockstep.train.data import MANIFEST_NAME
+    from lockstep.train.manifest import MANIFEST_NAME
     from lockstep.train.tokenizer import TokenizerError, tokenizer_from_identity
 
     run_dir = Path(run_dir)

@@ -59,7 +59,7 @@ def _train_step_cpu(run: Path, step: int, backend: str) -> tuple[float, float]:
     from lockstep.train.manifest import Manifest
     from lockstep.train.stream import GlobalStream
     from lockstep.train.step import apply_update, plan_step, rank_contribution, split_state
-    from lockstep.train.trainer import load_recipe, recipe_configs
+    from lockstep.train.rundir import load_recipe, recipe_configs
 
     recipe = load_recipe(run)
     cfg, tcfg = recipe_configs(recipe)
@@ -120,7 +120,7 @@ def _replay_step_cpu(run: Path, backend: str) -> float:
     from lockstep.train.manifest import Manifest
     from lockstep.train.stream import GlobalStream
     from lockstep.train.step import emulate_step, plan_step, split_state
-    from lockstep.train.trainer import load_recipe, recipe_configs
+    from lockstep.train.rundir import load_recipe, recipe_configs
 
     recipe = load_recipe(run)
     cfg, tcfg = recipe_configs(recipe)

@@ -26,7 +26,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from lockstep.train.trainer import load_recipe, read_trajectory  # noqa: E402
+from lockstep.train.rundir import Strictness, load_recipe, read_trajectory  # noqa: E402
 from lockstep.use.evaluate import recorded_validations  # noqa: E402
 from lockstep.use.plots import run_curves  # noqa: E402
 
@@ -34,7 +34,7 @@ TAIL = 16  # steps averaged for the final training loss
 
 
 def summary(run: Path) -> dict:
-    return {"recipe": load_recipe(run), "traj": read_trajectory(run), "val": recorded_validations(run)}
+    return {"recipe": load_recipe(run), "traj": read_trajectory(run, Strictness.LIVE), "val": recorded_validations(run)}
 
 
 def at_step(s: dict, steps: int) -> None:

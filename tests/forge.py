@@ -33,7 +33,7 @@ def write_commitment(run: Path, recs: list[dict]) -> None:
 
 def relink(run: Path, recs: list[dict], from_step: int) -> list[dict]:
     """Recompute every chain hash from ``from_step`` on, the commitment, and the checkpoints' chain hashes."""
-    from lockstep.train.trainer import genesis, load_recipe
+    from lockstep.train.rundir import genesis, load_recipe
 
     h = genesis(load_recipe(run)) if from_step == 1 else recs[from_step - 2]["chain_hash"]
     for r in recs[from_step - 1:]:
@@ -70,7 +70,7 @@ def train_on_other_windows(run: Path, at_step: int, window: int) -> int:
     from lockstep.train.manifest import Manifest
     from lockstep.train.stream import GlobalStream, batch_digest
     from lockstep.train.step import emulate_step, plan_step, split_state, state_tensors
-    from lockstep.train.trainer import load_recipe, recipe_configs, recipe_digest, step_record
+    from lockstep.train.rundir import load_recipe, recipe_configs, recipe_digest, step_record
 
     recipe = load_recipe(run)
     cfg, tcfg = recipe_configs(recipe)

@@ -20,7 +20,8 @@ from killpoint import Paused, read_until
 
 from lockstep.cli import main
 from lockstep.train import checkpoint as ckpt
-from lockstep.train.trainer import read_trajectory, train
+from lockstep.train.rundir import Strictness, read_trajectory
+from lockstep.train.trainer import train
 
 LOCKSTEP = [sys.executable, "-m", "lockstep.cli"]
 TINY = ["--preset", "tiny", "--backend", "spec", "--batch", "6", "--micro-batch", "2", "--quiet"]
@@ -68,11 +69,11 @@ def reference(tmp_path_factory, corpus):
     """An uninterrupted 6-step run: its trajectory is what every interrupted run must end with."""
     out = tmp_path_factory.mktemp("control-ref") / "run"
     _run(_new_run(out, corpus, 6))
-    return read_trajectory(out)
+    return read_trajectory(out, Strictness.LIVE)
 
 
 def _same_as_reference(out, reference):
-    assert read_trajectory(out) == reference  # every field, hash for hash, each step once
+    assert read_trajectory(out, Strictness.LIVE) == reference  # every field, hash for hash, each step once
     assert json.loads((out / "commitment.json").read_text())["chain_hash"] == reference[-1]["chain_hash"]
     assert not ckpt.incomplete_checkpoints(out)
 
@@ -100,7 +101,7 @@ def test_signal_finishes_the_step_checkpoints_and_resume_reaches_the_target(tmp_
         proc.wait()
     assert f"stopped by {signal.Signals(sig).name} after step 3 of 6" in err
     assert f"resume with: lockstep train --resume {out} --data {corpus}" in err
-    assert [r["step"] for r in read_trajectory(out)] == [1, 2, 3]
+    assert [r["step"] for r in read_trajectory(out, Strictness.LIVE)] == [1, 2, 3]
     assert [s for s, _ in ckpt.list_checkpoints(out)] == [3]  # not a multiple of 4: written for the stop
     assert not (out / "commitment.json").exists()  # the run has not reached its target
 
@@ -163,11 +164,11 @@ def test_a_signal_to_one_rank_stops_every_rank_after_the_same_step(tmp_path, cor
     assert err.count("stopped by SIGINT after step 2 of 4") == 1, err  # said once, by rank 0
     assert f"resume with: mpiexec -n 2 lockstep train --resume {out} --data {corpus}" in err
     assert "Traceback" not in err
-    assert [r["step"] for r in read_trajectory(out)] == [1, 2]
+    assert [r["step"] for r in read_trajectory(out, Strictness.LIVE)] == [1, 2]
     assert [s for s, _ in ckpt.list_checkpoints(out)] == [2]
 
     _run(_resume(out, corpus), launcher=mpiexec, env=MPI_ENV)
-    _same_as_reference(out, read_trajectory(ref))
+    _same_as_reference(out, read_trajectory(ref, Strictness.LIVE))
 
 
 # ---------------------------------------------------------------------------
@@ -184,7 +185,7 @@ def test_resume_continues_to_the_recorded_target_and_steps_or_tokens_extend_it(t
     assert (out / "trajectory.jsonl").read_bytes() == before
 
     assert main(_resume(out, corpus, "--steps", 5)) == 0
-    assert read_trajectory(out) == reference[:5]  # the target is not part of the run's definition
+    assert read_trajectory(out, Strictness.LIVE) == reference[:5]  # the target is not part of the run's definition
     assert main(_resume(out, corpus, "--tokens", reference[5]["tokens"])) == 0
     _same_as_reference(out, reference)
 
@@ -200,7 +201,7 @@ def test_a_run_without_a_checkpoint_resumes_from_its_initial_state(tmp_path, cor
     proc = killpoint.launch(APPLY_UPDATE, "before", 3, "", _new_run(out, corpus, 6, "--checkpoint-every", 50),
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     assert proc.wait(timeout=killpoint.HANG_GUARD_S) == -signal.SIGKILL, proc.stderr.read()
-    assert [r["step"] for r in read_trajectory(out)] == [1, 2] and not ckpt.list_checkpoints(out)
+    assert [r["step"] for r in read_trajectory(out, Strictness.LIVE)] == [1, 2] and not ckpt.list_checkpoints(out)
     r = _run(_resume(out, corpus))
     assert "from its initial state" in r.stdout
     _same_as_reference(out, reference)
@@ -232,7 +233,7 @@ def test_resume_refuses_flags_it_cannot_honour(run3, corpus, capsys, flags, name
 def test_resume_accepts_flags_equal_to_the_recipe(run3, corpus):
     assert main(_resume(run3, corpus, "--steps", 4, "--preset", "tiny", "--seed", 42, "--micro-batch", 2,
                         "--batch", 6, "--checkpoint-every", 1)) == 0
-    assert [r["step"] for r in read_trajectory(run3)] == [1, 2, 3, 4]
+    assert [r["step"] for r in read_trajectory(run3, Strictness.LIVE)] == [1, 2, 3, 4]
 
 
 # ---------------------------------------------------------------------------
@@ -323,7 +324,7 @@ def test_first_step_announces_kernel_compilation(tmp_path, corpus, monkeypatch):
     said = []  # each message with the number of steps recorded when it was said
 
     def log(msg):
-        said.append((msg, len(read_trajectory(out))))
+        said.append((msg, len(read_trajectory(out, Strictness.LIVE))))
 
     from lockstep.train.config import preset, train_preset
 
@@ -378,7 +379,7 @@ def test_resume_takes_data_from_a_moved_folder_and_refuses_other_data(tmp_path, 
 
     assert main(["train", "--resume", str(out), "--data", str(moved), "--backend", "spec", "--quiet",
                  "--steps", "3"]) == 0
-    assert [r["step"] for r in read_trajectory(out)] == [1, 2, 3]
+    assert [r["step"] for r in read_trajectory(out, Strictness.LIVE)] == [1, 2, 3]
 
 
 def test_resume_does_not_follow_a_manifest_symlinked_out_of_the_run(tmp_path, capsys):
@@ -394,7 +395,7 @@ def test_resume_does_not_follow_a_manifest_symlinked_out_of_the_run(tmp_path, ca
     assert main(["train", "--resume", str(out), "--backend", "spec", "--quiet", "--steps", "3"]) == 1
     err = capsys.readouterr().err
     assert "outside" in err and "--data" in err, err
-    assert [r["step"] for r in read_trajectory(out)] == [1, 2]
+    assert [r["step"] for r in read_trajectory(out, Strictness.LIVE)] == [1, 2]
 
 
 def _verify_text(run, capsys, *extra) -> tuple[int, str]:

@@ -21,8 +21,8 @@ from lockstep.train.stream import GlobalStream
 from lockstep.train.model import init_params
 from lockstep.train.optim import AdamWState, NonFiniteError
 from lockstep.train.step import emulate_step, plan_step
-from lockstep.train.trainer import (RecipeMismatch, genesis, load_recipe, make_recipe, read_trajectory,
-                                    recipe_configs, train)
+from lockstep.train.rundir import Strictness, genesis, load_recipe, make_recipe, read_trajectory, recipe_configs
+from lockstep.train.trainer import RecipeMismatch, train
 
 LOCKSTEP = [sys.executable, "-m", "lockstep.cli"]
 TINY_ARGS = ["--preset", "tiny", "--backend", "spec", "--batch", "6", "--micro-batch", "2", "--quiet"]
@@ -77,7 +77,7 @@ def test_mpi_run_matches_tree_fold_emulation(tmp_path, corpus, world):
     env = dict(os.environ, MPIR_CVAR_ENABLE_HEAVY_YIELD="1")
     _run(["mpiexec", "-n", str(world), *LOCKSTEP, "train", *TINY_ARGS, "--steps", "2", "--data", str(corpus),
           "--out", str(out)], env=env)
-    traj = read_trajectory(out)
+    traj = read_trajectory(out, Strictness.LIVE)
     assert [r["step"] for r in traj] == [1, 2]
     assert load_recipe(out)["world_size"] == world
     assert [r["state_root"] for r in traj] == _emulated_roots(out, world, 2)
@@ -120,7 +120,7 @@ def _kill_from_outside(target, nth, match, argv, trajectory_steps, out, tmp_path
     try:
         pid = pause.wait(proc)
         assert pid == proc.pid
-        assert [r["step"] for r in read_trajectory(out)] == trajectory_steps
+        assert [r["step"] for r in read_trajectory(out, Strictness.LIVE)] == trajectory_steps
         proc.send_signal(signal.SIGKILL)
         return proc.wait(timeout=killpoint.HANG_GUARD_S), b""
     finally:
@@ -133,7 +133,7 @@ def test_kill_9_and_resume_reproduces_the_trajectory(tmp_path, corpus):
     steps = 5
     ref = tmp_path / "ref"
     _run(_train_cmd(ref, corpus, steps))
-    want = read_trajectory(ref)
+    want = read_trajectory(ref, Strictness.LIVE)
     assert len(want) == steps
 
     out = tmp_path / "killed"
@@ -151,7 +151,7 @@ def test_kill_9_and_resume_reproduces_the_trajectory(tmp_path, corpus):
 
     _run([*LOCKSTEP, *_next_command(out, corpus, steps)])
     assert not ckpt.incomplete_checkpoints(out)
-    got = read_trajectory(out)
+    got = read_trajectory(out, Strictness.LIVE)
     assert got == want  # every field, hash for hash, each step once
     assert json.loads((out / "commitment.json").read_text())["chain_hash"] == want[-1]["chain_hash"]
     assert [s for s, _ in ckpt.list_checkpoints(out)] == [2, 4, 5]
@@ -212,7 +212,7 @@ def test_non_finite_loss_stops_and_keeps_the_last_checkpoint(tmp_path, corpus, m
     with pytest.raises(NonFiniteError, match="step 3"):
         train(out, cfg=preset("tiny"), tcfg=train_preset("tiny", batch_ramp=((0, 4),), micro_batch=4),
               data=str(corpus), steps=5, checkpoint_every=2, progress=False, log=lambda *a: None)
-    assert [r["step"] for r in read_trajectory(out)] == [1, 2]
+    assert [r["step"] for r in read_trajectory(out, Strictness.LIVE)] == [1, 2]
     step, folder = ckpt.latest_checkpoint(out)
     assert step == 2
     ckpt.load_checkpoint(folder)  # verifies every digest

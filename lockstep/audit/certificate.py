@@ -409,11 +409,11 @@ def auditor_id(cert: dict, fallback: str) -> str:
 
 def run_problems(cert: dict, run_dir: str | os.PathLike) -> list[str]:
     """Published values the certificate quotes that are not the run's (reads the trajectory only)."""
-    from .verify import RunFileError, read_commitment, read_trajectory_strict
+    from lockstep.train.rundir import RunFileError, Strictness, read_commitment, read_trajectory
 
     run_dir = Path(run_dir)
     try:
-        traj = read_trajectory_strict(run_dir)
+        traj = read_trajectory(run_dir, Strictness.AUDIT)
     except RunFileError as exc:
         return [str(exc)]
     problems = []

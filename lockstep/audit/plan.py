@@ -45,7 +45,7 @@ class PlanError(ValueError):
 
 def _commitment_of(source, where: str | None = None) -> tuple[str, int]:
     """``(H_N, N)`` from a run directory, a commitment.json, or a dict ``{chain_hash, last_step}``."""
-    from .verify import HEX64
+    from lockstep.train.rundir import HEX64
 
     if isinstance(source, dict):
         c = source
@@ -72,14 +72,12 @@ def _intact_commitment(run_dir: Path) -> dict:
     """A run's commitment, checked here (not left to a separate ``audit verify``): it must be ``H_N`` of
     the published chain, recomputed from ``H_0`` link by link, so no plan is drawn for a broken chain."""
     from lockstep.spec import hashing
-    from lockstep.train.trainer import genesis
-
-    from .verify import RunFileError, load_run_recipe, read_commitment, read_trajectory_strict
+    from lockstep.train.rundir import RunFileError, Strictness, genesis, load_recipe, read_commitment, read_trajectory
 
     try:
         c = read_commitment(run_dir)
-        traj = read_trajectory_strict(run_dir)
-        h = genesis(load_run_recipe(run_dir))
+        traj = read_trajectory(run_dir, Strictness.AUDIT)
+        h = genesis(load_recipe(run_dir))
     except RunFileError as exc:
         raise PlanError(str(exc)) from None
     for rec in traj:

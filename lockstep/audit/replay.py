@@ -43,10 +43,10 @@ from lockstep.fsio import UnsafePath, printable, read_json_regular
 from lockstep.spec import SPEC_VERSION, hashing
 from lockstep.train import checkpoint as ckpt
 from lockstep.train.stream import GlobalStream, batch_digest
-from lockstep.train.trainer import genesis, recipe_digest
+from lockstep.train.rundir import (RunFileError, Strictness, genesis, load_recipe, open_run_data, read_commitment,
+                                   read_trajectory, recipe_configs, recipe_digest)
 
-from .verify import (RunFileError, configs, float_bits, load_run_recipe, open_data, read_commitment,
-                     read_trajectory_strict, require_memory)
+from .verify import float_bits, require_memory
 
 FASTEST_FIRST = ("cuda", "metal", "numba")  # what --backend auto tries, before the spec itself
 COMPARED = ("state_root", "chain_hash", "batch_digest", "tokens", "loss_bits", "grad_norm_bits", "lr_bits")
@@ -298,15 +298,15 @@ class _Replayer:
         self.backend_choice: str | None = None
         self.last_state: _State | None = None
         try:
-            self.recipe = load_run_recipe(run_dir)
-            self.traj = read_trajectory_strict(run_dir)
+            self.recipe = load_recipe(run_dir)
+            self.traj = read_trajectory(run_dir, Strictness.AUDIT)
         except RunFileError as exc:
             raise ReplayError(str(exc)) from None
         if self.recipe["spec_version"] != SPEC_VERSION:
             raise ReplayError(f"{run_dir / 'recipe.json'}: the run was made with SPEC_VERSION "
                               f"{self.recipe['spec_version']!r}, this lockstep implements {SPEC_VERSION!r}; "
                               "install the lockstep release of that SPEC_VERSION to replay it")
-        self.cfg, self.tcfg = configs(self.recipe)
+        self.cfg, self.tcfg = recipe_configs(self.recipe)
         self.world = self.recipe["world_size"]
         try:
             require_memory(self.cfg, self.tcfg, self.world, "replay a step")  # before anything is allocated
@@ -316,7 +316,7 @@ class _Replayer:
         self.h0 = genesis(self.recipe)
         self.digest = recipe_digest(self.recipe)
         try:
-            self.manifest = open_data(run_dir, self.recipe, data)
+            self.manifest = open_run_data(run_dir, self.recipe, data)
         except RunFileError as exc:
             raise ReplayError(str(exc)) from None
         self.backend_name = backend_name  # loaded by load_backend, once the steps asked for are known to exist

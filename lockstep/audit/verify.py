@@ -7,7 +7,7 @@ The checks, in order (each failure is one ``Finding``; all are collected):
    run directory; every ``step-NNNNNNNN`` folder is complete (its ``COMPLETE`` marker
    matches its sidecar). Leftover ``.tmp-*`` folders and unknown files are warnings.
 2. **Recipe.** Strict JSON, known keys only (``ModelConfig.from_dict``), and its
-   SHA-256 (``trainer.recipe_digest``) gives ``H_0 = genesis(recipe)``.
+   SHA-256 (``rundir.recipe_digest``) gives ``H_0 = genesis(recipe)``.
 3. **Data.** ``rundir.open_run_data``: the recipe's data folder, which must be inside
    the run (a folder elsewhere, as ``train --data DIR`` records it, is read only when
    the auditor names it with ``--data DIR``); the manifest's digest must be the
@@ -33,20 +33,18 @@ The checks, in order (each failure is one ``Finding``; all are collected):
    a difference is a warning; ``lockstep audit verify RUN --plot PNG`` redraws the
    loss curve from the verified trajectory.
 
-The helpers here (``load_run_recipe``, ``read_trajectory_strict``, ``open_data``) are
-shared with ``replay``: they read only through ``safe_join`` and strict JSON.
+Every file is read through the run directory's one reader of it (``lockstep.train.rundir``:
+``load_recipe``, ``read_trajectory`` with ``Strictness.AUDIT``, ``read_commitment``,
+``open_run_data``), the ones ``train --resume`` and ``replay`` use.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import os
-import re
 import stat
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
@@ -58,24 +56,12 @@ from lockstep.train import checkpoint as ckpt
 from lockstep.train.config import ModelConfig, TrainConfig
 from lockstep.train.manifest import Manifest
 from lockstep.train.stream import GlobalStream, batch_digest
-from lockstep.train.rundir import TARGET_FILE, DataLocationError, open_run_data, run_data_folder
-from lockstep.train.trainer import (COMMITMENT_FILE, DATA_DIR, MAX_RECIPE_BYTES, METRICS_FILE, RECIPE_FILE,
-                                    RECIPE_FORMAT, TRAJECTORY_FILE, genesis, recipe_configs, recipe_digest)
+from lockstep.train.rundir import (COMMITMENT_FILE, KNOWN_DIRS, KNOWN_FILES, MAX_RECORD_BYTES, MAX_TRAJECTORY_BYTES,
+                                   METRICS_FILE, RECIPE_FILE, TRAJECTORY_FILE, RunFileError, Strictness, genesis,
+                                   load_recipe, open_run_data, read_commitment, read_trajectory, recipe_configs,
+                                   recipe_digest, run_data_folder)
 
-HEX64 = re.compile(r"[0-9a-f]{64}")
-BITS_RE = re.compile(r"0x[0-9A-F]{8}")
-MAX_TRAJECTORY_BYTES = 1 << 30  # a billion bytes is ~1.5M steps; refuse anything larger
-MAX_RECORD_BYTES = 4096  # one trajectory record is about 700 bytes
-MAX_COMMITMENT_BYTES = 64 << 10
-KNOWN_FILES = {RECIPE_FILE, TRAJECTORY_FILE, METRICS_FILE, COMMITMENT_FILE, "loss.png", TARGET_FILE}
-KNOWN_DIRS = {DATA_DIR, ckpt.CHECKPOINTS_DIR}
 KNOWN_TOP_LEVEL = KNOWN_FILES | KNOWN_DIRS
-RECORD_HEX_KEYS = ("state_root", "batch_digest", "chain_hash")
-RECORD_FLOAT_KEYS = ("lr", "loss", "grad_norm")
-
-
-class RunFileError(ValueError):
-    """A file of the run cannot be used; the message names it and says what to do."""
 
 
 @dataclass
@@ -149,95 +135,6 @@ class Report:
 # ---------------------------------------------------------------------------
 
 
-def run_path(run_dir: Path, rel: str) -> Path:
-    """``run_dir / rel`` through ``safe_join``; ``RunFileError`` if it would leave the run."""
-    try:
-        return safe_join(run_dir, rel)
-    except UnsafePath as exc:
-        raise RunFileError(f"{run_dir}: {exc}; a run directory must not point outside itself: "
-                           "remove the link or copy the file into the run") from None
-
-
-# Stated maxima for the numbers in a recipe, checked before anything is sized by them. Open-1B is
-# far inside every one (vocab 128,256, d_model 2048, 24 layers, seq_len 4096, 2304 sequences per step).
-RECIPE_INT_LIMITS = {
-    "vocab_size": 1 << 24, "d_model": 1 << 16, "n_layers": 1 << 10, "n_heads": 1 << 10, "n_kv_heads": 1 << 10,
-    "head_dim": 1 << 12, "ffn_dim": 1 << 20, "seq_len": 1 << 20, "sliding_window": 1 << 20,
-    "full_attention_every": 1 << 10, "warmup_tokens": 1 << 62, "total_tokens": 1 << 62, "micro_batch": 1 << 20,
-}
-MAX_BATCH_SEQUENCES = 1 << 20
-MAX_BATCH_BYTES = 1 << 32  # one step's windows as int32 (Open-1B: 38 MB)
-MAX_FLOAT_MAGNITUDE = 1e30
-
-
-def _field_problem(name: str, value: Any, default: Any) -> str | None:
-    """Why ``value`` cannot stand for the config field ``name`` whose default is ``default`` (or None)."""
-    if isinstance(default, bool):
-        return None if type(value) is bool else f"{name} must be true or false, got {value!r}"
-    if isinstance(default, int):
-        hi = RECIPE_INT_LIMITS.get(name, 1 << 62)
-        if type(value) is not int or not 1 <= value <= hi:
-            return f"{name} must be an integer from 1 to {hi}, got {value!r}"
-        return None
-    if isinstance(default, float):
-        if type(value) not in (int, float) or not math.isfinite(value) or abs(value) > MAX_FLOAT_MAGNITUDE:
-            return f"{name} must be a finite number, got {value!r}"
-        return None
-    if isinstance(default, str):
-        return None if isinstance(value, str) and len(value) <= 200 else f"{name} must be a short string"
-    return None
-
-
-def _ramp_problem(ramp: Any) -> str | None:
-    if not isinstance(ramp, list) or not 1 <= len(ramp) <= 1000:
-        return "batch_ramp must be a list of 1 to 1000 [from_tokens, sequences] pairs"
-    for pair in ramp:
-        if not (isinstance(pair, list) and len(pair) == 2 and all(type(v) is int for v in pair)
-                and 0 <= pair[0] < 1 << 62 and 1 <= pair[1] <= MAX_BATCH_SEQUENCES):
-            return (f"batch_ramp entry {pair!r} must be [from_tokens >= 0, sequences from 1 to "
-                    f"{MAX_BATCH_SEQUENCES}]")
-    if ramp[0][0] != 0:
-        return "batch_ramp must start at 0 tokens"
-    return None
-
-
-def recipe_value_problems(recipe: dict) -> list[str]:
-    """Every model/train value of a recipe with the wrong type, a non-finite number, or beyond a stated maximum.
-
-    Checked before a config is built or anything is sized by it: integers are JSON
-    integers within ``RECIPE_INT_LIMITS``, floats finite, flags true/false, and one
-    step's batch at most ``MAX_BATCH_BYTES`` of windows.
-    """
-    problems = []
-    for section, cls in (("model", ModelConfig), ("train", TrainConfig)):
-        values = recipe.get(section)
-        if not isinstance(values, dict):
-            problems.append(f"'{section}' must be a JSON object")
-            continue
-        defaults = {f.name: f.default for f in dataclasses.fields(cls)}
-        unknown = sorted(set(values) - set(defaults))
-        if unknown:
-            problems.append(f"unknown {section} key(s) {', '.join(map(repr, unknown[:5]))}")
-        for name, value in values.items():
-            if name == "batch_ramp":
-                why = _ramp_problem(value)
-            elif name in defaults:
-                why = _field_problem(name, value, defaults[name])
-            else:
-                continue
-            if why:
-                problems.append(f"{section}.{why}")
-    if problems:
-        return problems
-    seq_len = recipe["model"].get("seq_len", ModelConfig.seq_len)
-    biggest = max(n for _, n in recipe["train"].get("batch_ramp", [[0, 16]]))
-    if biggest * (seq_len + 1) * 4 > MAX_BATCH_BYTES:
-        problems.append(f"a step of {biggest} sequences of {seq_len + 1} tokens is "
-                        f"{biggest * (seq_len + 1) * 4 / 2**30:.1f} GiB of windows; at most "
-                        f"{MAX_BATCH_BYTES / 2**30:.0f} GiB is supported")
-    return problems
-
-
 def memory_estimate(cfg: ModelConfig, tcfg: TrainConfig, world_size: int) -> int:
     """Bytes a replay (or a resume) of one step of this recipe needs, roughly (an order of magnitude).
 
@@ -284,58 +181,6 @@ def require_memory(cfg: ModelConfig, tcfg: TrainConfig, world_size: int, what: s
                            f"this machine has {have / 2**30:,.1f} GiB: use a machine with more memory")
 
 
-def load_run_recipe(run_dir: Path) -> dict:
-    """``recipe.json``, strictly parsed and structurally checked (``RunFileError`` otherwise)."""
-    path = run_dir / RECIPE_FILE
-    try:
-        recipe = read_json_regular(run_dir, RECIPE_FILE, "recipe", MAX_RECIPE_BYTES)
-    except FileNotFoundError:
-        raise RunFileError(f"{path}: missing; this is not a lockstep run directory (or it was not copied whole)") \
-            from None
-    except (FileFormatError, UnsafePath, OSError) as exc:
-        raise RunFileError(f"{exc}; restore recipe.json from the run's publisher") from None
-    if not isinstance(recipe, dict) or recipe.get("format") != RECIPE_FORMAT:
-        raise RunFileError(f"{path}: not a lockstep recipe (format must be {RECIPE_FORMAT!r})")
-    for key in ("model", "train", "data", "seed", "world_size", "micro_batch", "spec_version"):
-        if key not in recipe:
-            raise RunFileError(f"{path}: key {key!r} missing")
-    data = recipe["data"]
-    if not (isinstance(data, dict) and isinstance(data.get("folder"), str)
-            and isinstance(data.get("manifest_sha256"), str) and HEX64.fullmatch(data["manifest_sha256"])):
-        raise RunFileError(f"{path}: 'data' must hold a folder and a 64-digit manifest_sha256")
-    ws = recipe["world_size"]
-    if type(ws) is not int or not 1 <= ws <= 1 << 20:
-        raise RunFileError(f"{path}: world_size must be an integer >= 1, got {ws!r}")
-    if type(recipe["seed"]) is not int or not 0 <= recipe["seed"] < 2**64:
-        raise RunFileError(f"{path}: seed must be an integer in [0, 2**64), got {recipe['seed']!r}")
-    if not isinstance(recipe["spec_version"], str):
-        raise RunFileError(f"{path}: spec_version must be a string")
-    bad = recipe_value_problems(recipe)
-    if bad:
-        raise RunFileError(f"{path}: " + "; ".join(bad[:5]) + (f" (and {len(bad) - 5} more)" if len(bad) > 5 else ""))
-    try:
-        cfg, tcfg = recipe_configs(recipe)
-    except (TypeError, ValueError, ZeroDivisionError) as exc:
-        raise RunFileError(f"{path}: bad model/train settings: {exc}") from None
-    if recipe["micro_batch"] != tcfg.micro_batch:
-        raise RunFileError(f"{path}: micro_batch {recipe['micro_batch']!r} differs from train.micro_batch "
-                           f"{tcfg.micro_batch}")
-    return recipe
-
-
-def configs(recipe: dict) -> tuple[ModelConfig, TrainConfig]:
-    return recipe_configs(recipe)
-
-
-def data_location(run_dir: Path, recipe: dict, override: str | os.PathLike | None = None) -> tuple[Path, str | None]:
-    """Where the run's data is (``rundir.run_data_folder``: ``--data DIR``, else the recipe's folder, which
-    must be inside the run) and a warning (none today); ``RunFileError`` when it is outside the run."""
-    try:
-        return run_data_folder(run_dir, recipe, override), None
-    except DataLocationError as exc:
-        raise RunFileError(str(exc)) from None
-
-
 def step_plans(tcfg: TrainConfig, seq_len: int, last_step: int):
     """``plan_step(tcfg, seq_len, t)`` for t = 1 .. last_step, built incrementally (O(N), not O(N^2)).
 
@@ -351,95 +196,6 @@ def step_plans(tcfg: TrainConfig, seq_len: int, last_step: int):
         yield StepPlan(t, first, n, tokens, seq_len)
         first += n
         tokens += n * seq_len
-
-
-def open_data(run_dir: Path, recipe: dict, override: str | os.PathLike | None = None) -> Manifest:
-    """The run's data (``rundir.open_run_data``: manifest digest checked against the recipe, then every shard)."""
-    try:
-        return open_run_data(run_dir, recipe, override)
-    except DataLocationError as exc:
-        raise RunFileError(str(exc)) from None
-
-
-def _check_record(rec: Any, lineno: int, path: Path) -> None:
-    where = f"{path}:{lineno}"
-    if not isinstance(rec, dict):
-        raise RunFileError(f"{where}: a trajectory record must be a JSON object")
-    step = rec.get("step")
-    if type(step) is not int or step < 1:
-        raise RunFileError(f"{where}: 'step' must be an integer >= 1, got {step!r}")
-    if type(rec.get("tokens")) is not int:
-        raise RunFileError(f"{where} (step {step}): 'tokens' must be an integer")
-    for key in RECORD_HEX_KEYS:
-        v = rec.get(key)
-        if not isinstance(v, str) or not HEX64.fullmatch(v):
-            raise RunFileError(f"{where} (step {step}): {key!r} must be 64 lowercase hex digits, got {v!r}")
-    for key in RECORD_FLOAT_KEYS:
-        v = rec.get(key)
-        if isinstance(v, bool) or not isinstance(v, (int, float)):
-            raise RunFileError(f"{where} (step {step}): {key!r} must be a number")
-        bits = rec.get(f"{key}_bits")  # the chain binds these bits (SPEC_VERSION 2): required
-        if not (isinstance(bits, str) and BITS_RE.fullmatch(bits)):
-            raise RunFileError(f"{where} (step {step}): '{key}_bits' must look like 0x3F800000, got {bits!r}")
-
-
-def read_trajectory_strict(run_dir: Path, tolerate_torn_tail: bool = False, allow_missing: bool = False) -> list[dict]:
-    """Every record of ``trajectory.jsonl``: strict JSON, steps 1..N in order, digests as hex.
-
-    The file must be a regular file inside the run (no symlink, FIFO or device) of at
-    most ``MAX_TRAJECTORY_BYTES``; it is streamed one line at a time with a cap of
-    ``MAX_RECORD_BYTES`` per line, so a blank, sparse or single-line file costs no
-    memory. Nothing is tolerated (a torn last line, a blank line, a duplicate key,
-    a gap or a repeated step raise ``RunFileError`` naming the line) except, with
-    ``tolerate_torn_tail`` (what ``train --resume`` repairs), a last line without its
-    newline. ``allow_missing`` returns [] for a run with no trajectory yet.
-    """
-    path = run_dir / TRAJECTORY_FILE
-    records: list[dict] = []
-    try:
-        with open_regular(run_dir, TRAJECTORY_FILE, "trajectory", MAX_TRAJECTORY_BYTES) as f:
-            for lineno, line, ended in iter_lines(f, str(path), MAX_RECORD_BYTES):
-                try:
-                    rec = parse_json(line, "trajectory record", f"{path}:{lineno}")
-                except FileFormatError as exc:
-                    if not ended and tolerate_torn_tail:
-                        break
-                    hint = (" (a torn last line: the run crashed mid-append; `lockstep train --resume` repairs it)"
-                            if not ended else "")
-                    raise RunFileError(f"{exc}{hint}") from None
-                _check_record(rec, lineno, path)
-                want = len(records) + 1
-                if rec["step"] != want:
-                    raise RunFileError(f"{path}:{lineno}: step {rec['step']} where step {want} was expected "
-                                       "(records must run 1, 2, 3 ... with no gap or repeat)")
-                records.append(rec)
-    except FileNotFoundError:
-        if allow_missing:
-            return []
-        raise RunFileError(f"{path}: missing; the run has no published trajectory") from None
-    except (UnsafePath, FileFormatError) as exc:
-        raise RunFileError(f"{exc}") from None
-    except OSError as exc:
-        raise RunFileError(f"{path}: cannot be read ({exc})") from None
-    return records
-
-
-def read_commitment(run_dir: Path) -> dict:
-    """``commitment.json`` (strict JSON, checked shape)."""
-    path = run_dir / COMMITMENT_FILE
-    try:
-        c = read_json_regular(run_dir, COMMITMENT_FILE, "commitment", MAX_COMMITMENT_BYTES)
-    except FileNotFoundError:
-        raise RunFileError(f"{path}: missing; the run did not finish, or its commitment was not published") from None
-    except (FileFormatError, UnsafePath, OSError) as exc:
-        raise RunFileError(str(exc)) from None
-    if not isinstance(c, dict) or c.get("format") != "lockstep.commitment":
-        raise RunFileError(f"{path}: not a lockstep commitment (format 'lockstep.commitment')")
-    if not (isinstance(c.get("chain_hash"), str) and HEX64.fullmatch(c["chain_hash"])):
-        raise RunFileError(f"{path}: 'chain_hash' must be 64 lowercase hex digits")
-    if type(c.get("last_step")) is not int:
-        raise RunFileError(f"{path}: 'last_step' must be an integer")
-    return c
 
 
 def float_bits(x) -> str:
@@ -521,14 +277,12 @@ def _check_layout(run_dir: Path, rep: Report) -> None:
 
 def _check_data(run_dir: Path, recipe: dict, data, rep: Report, cfg: ModelConfig) -> Manifest | None:
     try:
-        path, warning = data_location(run_dir, recipe, data)
+        path = run_data_folder(run_dir, recipe, data)
     except RunFileError as exc:
         rep.add("path", run_dir / RECIPE_FILE, f"data folder {recipe['data']['folder']!r}: {exc}")
         return None
-    if warning:
-        rep.add("data", path, warning, severity="warning")
     try:
-        manifest = open_data(run_dir, recipe, data)
+        manifest = open_run_data(run_dir, recipe, data)
     except RunFileError as exc:
         rep.add("data", path, str(exc))
         return None
@@ -736,13 +490,13 @@ def verify_run(run_dir: str | os.PathLike, data: str | os.PathLike | None = None
     _check_layout(run_dir, rep)
 
     try:
-        recipe = load_run_recipe(run_dir)
+        recipe = load_recipe(run_dir)
     except RunFileError as exc:
         rep.add("recipe", run_dir / RECIPE_FILE, str(exc))
         recipe = None
     cfg = tcfg = None
     if recipe is not None:
-        cfg, tcfg = configs(recipe)
+        cfg, tcfg = recipe_configs(recipe)
         rep.world_size, rep.preset = recipe["world_size"], cfg.name
         rep.recipe_sha256 = recipe_digest(recipe)
         rep.genesis = genesis(recipe)
@@ -754,7 +508,7 @@ def verify_run(run_dir: str | os.PathLike, data: str | os.PathLike | None = None
                     severity="warning")
 
     try:
-        traj = read_trajectory_strict(run_dir)
+        traj = read_trajectory(run_dir, Strictness.AUDIT)
     except RunFileError as exc:
         rep.add("trajectory", run_dir / TRAJECTORY_FILE, str(exc))
         traj = None

@@ -151,11 +151,11 @@ def _verify(args) -> int:
         if rep.chain_hash is None:
             return _err(f"no loss curve drawn: the trajectory of {args.run} is not an intact chain (see above)")
         from lockstep.fsio import atomic_write_bytes
-        from lockstep.train.trainer import loss_curve_png
+        from lockstep.train.rundir import Strictness, read_trajectory
+        from lockstep.use.plots import loss_curve_png
 
-        from lockstep.audit.verify import read_trajectory_strict
-
-        png = loss_curve_png(read_trajectory_strict(args.run), f"{args.run.name}: training loss (verified chain)")
+        png = loss_curve_png(read_trajectory(args.run, Strictness.AUDIT),
+                             f"{args.run.name}: training loss (verified chain)")
         if png is None:
             return _err("--plot needs matplotlib: pip install 'lockstep[io]'")
         atomic_write_bytes(args.plot, png)

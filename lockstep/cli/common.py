@@ -49,21 +49,23 @@ def missing_optional_package(exc: ModuleNotFoundError) -> str | None:
     return f"this needs the optional package {top!r}, which is not installed: pip install 'lockstep[{extra}]'"
 
 
-def positive_int(text: str) -> int:
+def integer_arg(text: str) -> int:
+    """An integer argument (``ArgumentTypeError``, shown as one usage line, for anything else)."""
     try:
-        value = int(text)
+        return int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+
+
+def positive_int(text: str) -> int:
+    value = integer_arg(text)
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be a positive integer, got {value}")
     return value
 
 
 def non_negative_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    value = integer_arg(text)
     if value < 0:
         raise argparse.ArgumentTypeError(f"{value} is negative")
     return value

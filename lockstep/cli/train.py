@@ -16,7 +16,7 @@ from pathlib import Path
 
 from lockstep.backends import BACKEND_ALIASES, KNOWN_BACKENDS
 
-from .common import EXIT_ERROR, EXIT_OK, default_backend, non_negative_int, positive_int
+from .common import EXIT_ERROR, EXIT_OK, default_backend, integer_arg, non_negative_int, positive_int
 
 DEFAULT_STEPS = {"tiny": 100, "small": 100, "open-1b": 10}
 DEFAULT_PRESET = "small"
@@ -27,10 +27,7 @@ BACKENDS = (*KNOWN_BACKENDS, *sorted(BACKEND_ALIASES))
 
 
 def seed_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    value = integer_arg(text)
     if not 0 <= value < 2**64:
         raise argparse.ArgumentTypeError(f"must be an integer in [0, 2**64), got {value}")
     return value
@@ -155,7 +152,7 @@ def run_train(args) -> int:
 
 def _resume_hint(run_dir, world_size: int, data: str | None) -> str:
     """The command that resumes ``run_dir`` (with ``--data`` when the data was named: it may be outside the run)."""
-    from lockstep.train.trainer import RECIPE_FILE
+    from lockstep.train.rundir import RECIPE_FILE
 
     if run_dir is None or not (Path(run_dir) / RECIPE_FILE).is_file():
         return "the run had not started; run the same command again"

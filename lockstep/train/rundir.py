@@ -1,15 +1,42 @@
-"""Two facts about a run directory that the hash chain does not hold: where the run's data is,
-and the step the run was asked to reach.
+"""The run directory's format: its file names, and the one writer and one reader of each file.
+
+Run directory::
+
+    recipe.json          everything that defines the run; its digest is bound into H_0
+                         (``make_recipe``, ``write_recipe``, ``load_recipe``, ``genesis``)
+    target.json          the step the run is to reach; not part of the chain
+    data/                the embedded default corpus (manifest + shards), when used
+    trajectory.jsonl     one record per step: step, tokens, lr, loss, grad_norm,
+                         state_root, batch_digest, chain_hash (+ exact float bits); H_t binds
+                         the tokens and the bits of loss, grad norm and lr (``step_record``,
+                         ``read_trajectory``)
+    metrics.jsonl        wall-clock facts (tokens/s, backend), the loss again and validation
+                         losses (``--eval-every``): not part of the chain, not evidence
+                         (``audit verify`` compares its losses with the trajectory's and warns)
+    checkpoints/         step-NNNNNNNN/ folders (``lockstep.train.checkpoint``)
+    commitment.json      the last chain hash, written when the run ends (``write_commitment``,
+                         ``read_commitment``)
+    loss.png             training and validation loss over tokens (if matplotlib is installed):
+                         not evidence (``audit verify --plot PNG`` redraws it from a verified run)
+
+**Reading.** A run directory may come from a stranger, so every reader here reads it
+as ``audit verify`` does, for the trainer's resume, ``audit verify``, ``audit replay``
+and ``lockstep sample|eval|export`` alike: a regular file inside the run reached
+without following a symlink (``fsio.open_regular``), within a size cap, strict JSON,
+every value of the right type and within the stated maxima. A file that cannot be used
+raises ``RunFileError`` (a ``ValueError``) naming the file and what to do. The
+trajectory has one reader, ``read_trajectory(run_dir, strictness)``; the strictness is
+always explicit (``Strictness``): an audit tolerates nothing, a run being trained or
+used has no steps before its first record and drops a torn last line (a crash
+mid-append, which ``train --resume`` repairs).
 
 **Data.** ``recipe.json`` names the data folder and binds the SHA-256 of its manifest.
-A run directory may come from a stranger, so its recipe never makes lockstep read a
-path its publisher chose: the folder must be relative and inside the run directory
-(``safe_join``: no ``..``, no absolute path, no symlink out of the run, the manifest
-included). A run trained on a folder elsewhere (``train --data DIR`` records that
-folder's absolute path) is opened only when the user names the folder with
-``--data DIR``. Either way the manifest's digest is compared with the recipe's before
-any shard is read. ``open_run_data`` is the one function that ``train --resume``,
-``audit verify``, ``audit replay`` and ``audit check --recompute`` use.
+The recipe never makes lockstep read a path its publisher chose: the folder must be
+relative and inside the run directory (``safe_join``: no ``..``, no absolute path, no
+symlink out of the run, the manifest included). A run trained on a folder elsewhere
+(``train --data DIR`` records that folder's absolute path) is opened only when the
+user names the folder with ``--data DIR``. Either way the manifest's digest is
+compared with the recipe's before any shard is read (``open_run_data``).
 
 **Target.** ``target.json`` records the last step the run is to reach, so that
 ``train --resume RUN`` without ``--steps`` continues to it; ``--steps``/``--tokens``
@@ -19,25 +46,368 @@ recipe always has a target) and is not part of the chain.
 
 from __future__ import annotations
 
+import dataclasses
+import enum
+import hashlib
+import json
+import math
 import os
+import re
 from pathlib import Path
+from typing import Any
 
-from lockstep.fsio import FileFormatError, UnsafePath, atomic_write_json, read_json, safe_join
+import lockstep
+from lockstep.fsio import (FileFormatError, UnsafePath, append_line, atomic_write_bytes, atomic_write_json,
+                           iter_lines, json_bytes, open_regular, parse_json, read_json, read_json_regular, safe_join)
+from lockstep.spec import SPEC_VERSION, hashing
 
-from .manifest import MANIFEST_NAME, DataError, Manifest, ManifestMismatch
+from .checkpoint import CHECKPOINTS_DIR
+from .config import ModelConfig, TrainConfig
+from .manifest import MANIFEST_NAME, MAX_MANIFEST_BYTES, DataError, Manifest, ManifestMismatch
 
+RECIPE_FILE = "recipe.json"
 TARGET_FILE = "target.json"
+TRAJECTORY_FILE = "trajectory.jsonl"
+METRICS_FILE = "metrics.jsonl"
+COMMITMENT_FILE = "commitment.json"
+LOSS_PLOT_FILE = "loss.png"
+DATA_DIR = "data"
+KNOWN_FILES = {RECIPE_FILE, TRAJECTORY_FILE, METRICS_FILE, COMMITMENT_FILE, LOSS_PLOT_FILE, TARGET_FILE}
+KNOWN_DIRS = {DATA_DIR, CHECKPOINTS_DIR}
+
+RECIPE_FORMAT = "lockstep.recipe"
 TARGET_FORMAT = "lockstep.target"
-MAX_MANIFEST_BYTES = 64 << 20  # a manifest lists shards: tens of bytes each
+COMMITMENT_FORMAT = "lockstep.commitment"
+
+MAX_RECIPE_BYTES = 1 << 20  # a recipe is about 2 kB
+MAX_TRAJECTORY_BYTES = 1 << 30  # a billion bytes is ~1.5M steps; refuse anything larger
+MAX_RECORD_BYTES = 4096  # one trajectory record is about 700 bytes
+MAX_COMMITMENT_BYTES = 64 << 10
+
+HEX64 = re.compile(r"[0-9a-f]{64}")
+BITS_RE = re.compile(r"0x[0-9A-F]{8}")
+RECORD_HEX_KEYS = ("state_root", "batch_digest", "chain_hash")
+RECORD_FLOAT_KEYS = ("lr", "loss", "grad_norm")
 
 
-class DataLocationError(ValueError):
+class RunFileError(ValueError):
+    """A file of the run cannot be used; the message names it and says what to do."""
+
+
+class DataLocationError(RunFileError):
     """The run's data cannot be used: outside the run, missing, or not the data the recipe binds."""
+
+
+def run_path(run_dir: Path, rel: str) -> Path:
+    """``run_dir / rel`` through ``safe_join``; ``RunFileError`` if it would leave the run."""
+    try:
+        return safe_join(run_dir, rel)
+    except UnsafePath as exc:
+        raise RunFileError(f"{run_dir}: {exc}; a run directory must not point outside itself: "
+                           "remove the link or copy the file into the run") from None
 
 
 def _shown(text: str) -> str:
     """An untrusted string, printable on one line (control characters escaped)."""
     return ascii(text)
+
+
+# ---------------------------------------------------------------- recipe
+
+
+def make_recipe(cfg: ModelConfig, tcfg: TrainConfig, manifest: Manifest, data_folder: str, seed: int,
+                world_size: int) -> dict:
+    return {
+        "format": RECIPE_FORMAT,
+        "version": 1,
+        "model": cfg.to_dict(),
+        "train": tcfg.to_dict(),
+        "data": {"manifest_sha256": manifest.sha256, "folder": data_folder},
+        "seed": int(seed),
+        "world_size": int(world_size),
+        "micro_batch": int(tcfg.micro_batch),
+        "spec_version": SPEC_VERSION,
+        "lockstep_version": lockstep.__version__,
+    }
+
+
+def write_recipe(run_dir: Path, recipe: dict) -> None:
+    """``recipe.json``, atomically (indented, keys sorted)."""
+    atomic_write_bytes(Path(run_dir) / RECIPE_FILE, json.dumps(recipe, indent=2, sort_keys=True).encode() + b"\n")
+
+
+def recipe_digest(recipe: dict) -> str:
+    """SHA-256 of the recipe's canonical JSON (sorted keys, no spaces, ASCII)."""
+    return hashlib.sha256(json_bytes(recipe)).hexdigest()
+
+
+def genesis(recipe: dict) -> str:
+    """``H_0``: binds the recipe's digest, the data's manifest digest and the SPEC_VERSION."""
+    return hashing.genesis_hash(recipe_digest(recipe), recipe["data"]["manifest_sha256"], recipe["spec_version"])
+
+
+def recipe_configs(recipe: dict) -> tuple[ModelConfig, TrainConfig]:
+    return ModelConfig.from_dict(recipe["model"]), TrainConfig.from_dict(recipe["train"])
+
+
+# Stated maxima for the numbers in a recipe, checked before anything is sized by them. Open-1B is
+# far inside every one (vocab 128,256, d_model 2048, 24 layers, seq_len 4096, 2304 sequences per step).
+RECIPE_INT_LIMITS = {
+    "vocab_size": 1 << 24, "d_model": 1 << 16, "n_layers": 1 << 10, "n_heads": 1 << 10, "n_kv_heads": 1 << 10,
+    "head_dim": 1 << 12, "ffn_dim": 1 << 20, "seq_len": 1 << 20, "sliding_window": 1 << 20,
+    "full_attention_every": 1 << 10, "warmup_tokens": 1 << 62, "total_tokens": 1 << 62, "micro_batch": 1 << 20,
+}
+MAX_BATCH_SEQUENCES = 1 << 20
+MAX_BATCH_BYTES = 1 << 32  # one step's windows as int32 (Open-1B: 38 MB)
+MAX_FLOAT_MAGNITUDE = 1e30
+
+
+def _field_problem(name: str, value: Any, default: Any) -> str | None:
+    """Why ``value`` cannot stand for the config field ``name`` whose default is ``default`` (or None)."""
+    if isinstance(default, bool):
+        return None if type(value) is bool else f"{name} must be true or false, got {value!r}"
+    if isinstance(default, int):
+        hi = RECIPE_INT_LIMITS.get(name, 1 << 62)
+        if type(value) is not int or not 1 <= value <= hi:
+            return f"{name} must be an integer from 1 to {hi}, got {value!r}"
+        return None
+    if isinstance(default, float):
+        if type(value) not in (int, float) or not math.isfinite(value) or abs(value) > MAX_FLOAT_MAGNITUDE:
+            return f"{name} must be a finite number, got {value!r}"
+        return None
+    if isinstance(default, str):
+        return None if isinstance(value, str) and len(value) <= 200 else f"{name} must be a short string"
+    return None
+
+
+def _ramp_problem(ramp: Any) -> str | None:
+    if not isinstance(ramp, list) or not 1 <= len(ramp) <= 1000:
+        return "batch_ramp must be a list of 1 to 1000 [from_tokens, sequences] pairs"
+    for pair in ramp:
+        if not (isinstance(pair, list) and len(pair) == 2 and all(type(v) is int for v in pair)
+                and 0 <= pair[0] < 1 << 62 and 1 <= pair[1] <= MAX_BATCH_SEQUENCES):
+            return (f"batch_ramp entry {pair!r} must be [from_tokens >= 0, sequences from 1 to "
+                    f"{MAX_BATCH_SEQUENCES}]")
+    if ramp[0][0] != 0:
+        return "batch_ramp must start at 0 tokens"
+    return None
+
+
+def recipe_value_problems(recipe: dict) -> list[str]:
+    """Every model/train value of a recipe with the wrong type, a non-finite number, or beyond a stated maximum.
+
+    Checked before a config is built or anything is sized by it: integers are JSON
+    integers within ``RECIPE_INT_LIMITS``, floats finite, flags true/false, and one
+    step's batch at most ``MAX_BATCH_BYTES`` of windows.
+    """
+    problems = []
+    for section, cls in (("model", ModelConfig), ("train", TrainConfig)):
+        values = recipe.get(section)
+        if not isinstance(values, dict):
+            problems.append(f"'{section}' must be a JSON object")
+            continue
+        defaults = {f.name: f.default for f in dataclasses.fields(cls)}
+        unknown = sorted(set(values) - set(defaults))
+        if unknown:
+            problems.append(f"unknown {section} key(s) {', '.join(map(repr, unknown[:5]))}")
+        for name, value in values.items():
+            if name == "batch_ramp":
+                why = _ramp_problem(value)
+            elif name in defaults:
+                why = _field_problem(name, value, defaults[name])
+            else:
+                continue
+            if why:
+                problems.append(f"{section}.{why}")
+    if problems:
+        return problems
+    seq_len = recipe["model"].get("seq_len", ModelConfig.seq_len)
+    biggest = max(n for _, n in recipe["train"].get("batch_ramp", [[0, 16]]))
+    if biggest * (seq_len + 1) * 4 > MAX_BATCH_BYTES:
+        problems.append(f"a step of {biggest} sequences of {seq_len + 1} tokens is "
+                        f"{biggest * (seq_len + 1) * 4 / 2**30:.1f} GiB of windows; at most "
+                        f"{MAX_BATCH_BYTES / 2**30:.0f} GiB is supported")
+    return problems
+
+
+def load_recipe(run_dir: str | os.PathLike) -> dict:
+    """``recipe.json``, strictly parsed and structurally checked (``RunFileError`` otherwise)."""
+    run_dir = Path(run_dir)
+    path = run_dir / RECIPE_FILE
+    try:
+        recipe = read_json_regular(run_dir, RECIPE_FILE, "recipe", MAX_RECIPE_BYTES)
+    except FileNotFoundError:
+        raise RunFileError(f"{path}: missing; this is not a lockstep run directory (or it was not copied whole)") \
+            from None
+    except (FileFormatError, UnsafePath, OSError) as exc:
+        raise RunFileError(f"{exc}; restore recipe.json from the run's publisher") from None
+    if not isinstance(recipe, dict) or recipe.get("format") != RECIPE_FORMAT:
+        raise RunFileError(f"{path}: not a lockstep recipe (format must be {RECIPE_FORMAT!r})")
+    for key in ("model", "train", "data", "seed", "world_size", "micro_batch", "spec_version"):
+        if key not in recipe:
+            raise RunFileError(f"{path}: key {key!r} missing")
+    data = recipe["data"]
+    if not (isinstance(data, dict) and isinstance(data.get("folder"), str)
+            and isinstance(data.get("manifest_sha256"), str) and HEX64.fullmatch(data["manifest_sha256"])):
+        raise RunFileError(f"{path}: 'data' must hold a folder and a 64-digit manifest_sha256")
+    ws = recipe["world_size"]
+    if type(ws) is not int or not 1 <= ws <= 1 << 20:
+        raise RunFileError(f"{path}: world_size must be an integer >= 1, got {ws!r}")
+    if type(recipe["seed"]) is not int or not 0 <= recipe["seed"] < 2**64:
+        raise RunFileError(f"{path}: seed must be an integer in [0, 2**64), got {recipe['seed']!r}")
+    if not isinstance(recipe["spec_version"], str):
+        raise RunFileError(f"{path}: spec_version must be a string")
+    bad = recipe_value_problems(recipe)
+    if bad:
+        raise RunFileError(f"{path}: " + "; ".join(bad[:5]) + (f" (and {len(bad) - 5} more)" if len(bad) > 5 else ""))
+    try:
+        cfg, tcfg = recipe_configs(recipe)
+    except (TypeError, ValueError, ZeroDivisionError) as exc:
+        raise RunFileError(f"{path}: bad model/train settings: {exc}") from None
+    if recipe["micro_batch"] != tcfg.micro_batch:
+        raise RunFileError(f"{path}: micro_batch {recipe['micro_batch']!r} differs from train.micro_batch "
+                           f"{tcfg.micro_batch}")
+    return recipe
+
+
+# ---------------------------------------------------------------- trajectory
+
+
+class Strictness(enum.Enum):
+    """How ``read_trajectory`` treats a trajectory that is not (yet) whole; every caller names one."""
+
+    AUDIT = "audit"  # a published run: the file must exist and every line be whole
+    LIVE = "live"  # a run being trained, resumed or used: no file is no step yet, a torn last line is dropped
+
+
+def step_record(t: int, plan, res, bdigest: str, prev_chain: str) -> dict:
+    """The trajectory record of step ``t`` (``plan``: its ``StepPlan``, ``res``: its ``StepResult``),
+    with its chain hash ``H_t`` computed from ``prev_chain`` = ``H_{t-1}``."""
+    from .step import float_record
+
+    rec = {
+        "step": t, "tokens": plan.tokens_after, "lr": float(res.lr), "loss": float(res.loss),
+        "grad_norm": float(res.grad_norm), "state_root": res.state_root, "batch_digest": bdigest,
+        "lr_bits": float_record(res.lr)["bits"], "loss_bits": float_record(res.loss)["bits"],
+        "grad_norm_bits": float_record(res.grad_norm)["bits"],
+    }
+    rec["chain_hash"] = hashing.record_chain_hash(prev_chain, rec)
+    return rec
+
+
+def record_line(obj: dict) -> bytes:
+    """One line of ``trajectory.jsonl`` or ``metrics.jsonl``: JSON with sorted keys and a newline."""
+    return json.dumps(obj, sort_keys=True).encode() + b"\n"
+
+
+def append_record(path: Path, obj: dict) -> None:
+    """Append one record to a line log of the run (``fsio.append_line``: no symlink, FIFO or device)."""
+    append_line(path, record_line(obj))
+
+
+def write_trajectory(run_dir: Path, records: list[dict]) -> None:
+    """``trajectory.jsonl`` holding exactly ``records`` (atomically: a new run's empty file, a resume's kept steps)."""
+    atomic_write_bytes(Path(run_dir) / TRAJECTORY_FILE, b"".join(record_line(r) for r in records))
+
+
+def _check_record(rec: Any, lineno: int, path: Path) -> None:
+    where = f"{path}:{lineno}"
+    if not isinstance(rec, dict):
+        raise RunFileError(f"{where}: a trajectory record must be a JSON object")
+    step = rec.get("step")
+    if type(step) is not int or step < 1:
+        raise RunFileError(f"{where}: 'step' must be an integer >= 1, got {step!r}")
+    if type(rec.get("tokens")) is not int:
+        raise RunFileError(f"{where} (step {step}): 'tokens' must be an integer")
+    for key in RECORD_HEX_KEYS:
+        v = rec.get(key)
+        if not isinstance(v, str) or not HEX64.fullmatch(v):
+            raise RunFileError(f"{where} (step {step}): {key!r} must be 64 lowercase hex digits, got {v!r}")
+    for key in RECORD_FLOAT_KEYS:
+        v = rec.get(key)
+        if isinstance(v, bool) or not isinstance(v, (int, float)):
+            raise RunFileError(f"{where} (step {step}): {key!r} must be a number")
+        bits = rec.get(f"{key}_bits")  # the chain binds these bits (SPEC_VERSION 2): required
+        if not (isinstance(bits, str) and BITS_RE.fullmatch(bits)):
+            raise RunFileError(f"{where} (step {step}): '{key}_bits' must look like 0x3F800000, got {bits!r}")
+
+
+def read_trajectory(run_dir: str | os.PathLike, strictness: Strictness) -> list[dict]:
+    """Every record of ``trajectory.jsonl``: strict JSON, steps 1..N in order, digests as hex.
+
+    The file must be a regular file inside the run (no symlink, FIFO or device) of at
+    most ``MAX_TRAJECTORY_BYTES``; it is streamed one line at a time with a cap of
+    ``MAX_RECORD_BYTES`` per line, so a blank, sparse or single-line file costs no
+    memory. A blank line, a duplicate key, a gap or a repeated step raise
+    ``RunFileError`` naming the line. ``Strictness.AUDIT`` tolerates nothing more;
+    ``Strictness.LIVE`` returns [] when there is no file yet and drops a last line
+    without its newline (a crash mid-append).
+    """
+    if not isinstance(strictness, Strictness):
+        raise TypeError(f"strictness must be a Strictness, got {strictness!r}")
+    run_dir = Path(run_dir)
+    path = run_dir / TRAJECTORY_FILE
+    live = strictness is Strictness.LIVE
+    records: list[dict] = []
+    try:
+        with open_regular(run_dir, TRAJECTORY_FILE, "trajectory", MAX_TRAJECTORY_BYTES) as f:
+            for lineno, line, ended in iter_lines(f, str(path), MAX_RECORD_BYTES):
+                try:
+                    rec = parse_json(line, "trajectory record", f"{path}:{lineno}")
+                except FileFormatError as exc:
+                    if not ended and live:
+                        break
+                    hint = (" (a torn last line: the run crashed mid-append; `lockstep train --resume` repairs it)"
+                            if not ended else "")
+                    raise RunFileError(f"{exc}{hint}") from None
+                _check_record(rec, lineno, path)
+                want = len(records) + 1
+                if rec["step"] != want:
+                    raise RunFileError(f"{path}:{lineno}: step {rec['step']} where step {want} was expected "
+                                       "(records must run 1, 2, 3 ... with no gap or repeat)")
+                records.append(rec)
+    except FileNotFoundError:
+        if live:
+            return []
+        raise RunFileError(f"{path}: missing; the run has no published trajectory") from None
+    except (UnsafePath, FileFormatError) as exc:
+        raise RunFileError(f"{exc}") from None
+    except OSError as exc:
+        raise RunFileError(f"{path}: cannot be read ({exc})") from None
+    return records
+
+
+# ---------------------------------------------------------------- commitment
+
+
+def write_commitment(run_dir: Path, recipe: dict, last_step: int, chain_hash: str) -> None:
+    """``commitment.json``: the run's last chain hash ``H_N``, written when the run reaches its target."""
+    atomic_write_json(Path(run_dir) / COMMITMENT_FILE, {
+        "format": COMMITMENT_FORMAT, "version": 1, "last_step": last_step, "chain_hash": chain_hash,
+        "genesis": genesis(recipe), "recipe_sha256": recipe_digest(recipe), "spec_version": SPEC_VERSION,
+    })
+
+
+def read_commitment(run_dir: str | os.PathLike) -> dict:
+    """``commitment.json`` (strict JSON, checked shape); ``RunFileError`` otherwise."""
+    run_dir = Path(run_dir)
+    path = run_dir / COMMITMENT_FILE
+    try:
+        c = read_json_regular(run_dir, COMMITMENT_FILE, "commitment", MAX_COMMITMENT_BYTES)
+    except FileNotFoundError:
+        raise RunFileError(f"{path}: missing; the run did not finish, or its commitment was not published") from None
+    except (FileFormatError, UnsafePath, OSError) as exc:
+        raise RunFileError(str(exc)) from None
+    if not isinstance(c, dict) or c.get("format") != COMMITMENT_FORMAT:
+        raise RunFileError(f"{path}: not a lockstep commitment (format {COMMITMENT_FORMAT!r})")
+    if not (isinstance(c.get("chain_hash"), str) and HEX64.fullmatch(c["chain_hash"])):
+        raise RunFileError(f"{path}: 'chain_hash' must be 64 lowercase hex digits")
+    if type(c.get("last_step")) is not int:
+        raise RunFileError(f"{path}: 'last_step' must be an integer")
+    return c
+
+
+# ---------------------------------------------------------------- data
 
 
 def run_data_folder(run_dir: str | os.PathLike, recipe: dict, override: str | os.PathLike | None = None) -> Path:
@@ -69,7 +439,7 @@ def open_run_data(run_dir: str | os.PathLike, recipe: dict, override: str | os.P
     """The run's data, verified: the manifest's SHA-256 is the recipe's, then every shard's.
 
     ``override`` is the user's ``--data DIR``. Raises ``DataLocationError`` (a
-    ``ValueError``) naming the folder, the digests and what to pass.
+    ``RunFileError``) naming the folder, the digests and what to pass.
     """
     path = run_data_folder(run_dir, recipe, override)
     want = recipe["data"]["manifest_sha256"]
@@ -89,6 +459,9 @@ def open_run_data(run_dir: str | os.PathLike, recipe: dict, override: str | os.P
     except DataError as exc:
         raise DataLocationError(str(exc)) from None
     return manifest
+
+
+# ---------------------------------------------------------------- target
 
 
 def read_target(run_dir: str | os.PathLike) -> int | None:

@@ -1,20 +1,7 @@
 """The training loop: one process, or R ranks under ``mpiexec``; a run directory; resume.
 
-Run directory::
-
-    recipe.json          everything that defines the run; its digest is bound into H_0
-    target.json          the step the run is to reach (``rundir``); not part of the chain
-    data/                the embedded default corpus (manifest + shards), when used
-    trajectory.jsonl     one record per step: step, tokens, lr, loss, grad_norm,
-                         state_root, batch_digest, chain_hash (+ exact float bits); H_t binds
-                         the tokens and the bits of loss, grad norm and lr (``hashing``)
-    metrics.jsonl        wall-clock facts (tokens/s, backend), the loss again and validation
-                         losses (``--eval-every``): not part of the chain, not evidence (``audit verify`` compares its losses with the
-                         trajectory's and warns)
-    checkpoints/         step-NNNNNNNN/ folders (lockstep.train.checkpoint)
-    commitment.json      the last chain hash, written when the run ends
-    loss.png             training and validation loss over tokens (if matplotlib is installed):
-                         not evidence (``audit verify --plot PNG`` redraws it from a verified run)
+The run directory's files, their names and their one reader and writer are
+``lockstep.train.rundir``.
 
 The loop, per step t: plan the global batch (``step.plan_step``), compute this
 rank's contribution (``step.rank_contribution``), combine with the fixed butterfly
@@ -32,18 +19,14 @@ ranks agreeing on the step; the second stops it at once.
 from __future__ import annotations
 
 import contextlib
-import hashlib
-import io
-import json
 import os
 import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
-import lockstep
-from lockstep.fsio import append_line, atomic_write_bytes, atomic_write_json, check_regular_or_absent, json_bytes
-from lockstep.spec import SPEC_VERSION, hashing
+from lockstep.fsio import atomic_write_json, check_regular_or_absent
+from lockstep.spec import SPEC_VERSION
 
 from . import checkpoint as ckpt
 from .config import ModelConfig, TrainConfig
@@ -51,87 +34,23 @@ from .manifest import Manifest
 from .stream import GlobalStream, batch_digest
 from .model import init_params
 from .optim import AdamWState
-from .rundir import TARGET_FILE, open_run_data, read_target, write_target
-from .step import apply_update, float_record, plan_step, rank_contribution, split_state, state_tensors
+from .rundir import (COMMITMENT_FILE, DATA_DIR, METRICS_FILE, RECIPE_FILE, TARGET_FILE, TRAJECTORY_FILE, Strictness,
+                     genesis, load_recipe, make_recipe, open_run_data, read_target, recipe_configs, recipe_digest,
+                     step_record, write_recipe, write_target, write_trajectory)
+from .rundir import append_record as _append_line
+from .rundir import read_trajectory as read_run_trajectory
+from .step import apply_update, plan_step, rank_contribution, split_state, state_tensors
 from .stop import StopRequest
-
-RECIPE_FILE = "recipe.json"
-TRAJECTORY_FILE = "trajectory.jsonl"
-METRICS_FILE = "metrics.jsonl"
-COMMITMENT_FILE = "commitment.json"
-DATA_DIR = "data"
-RECIPE_FORMAT = "lockstep.recipe"
-MAX_RECIPE_BYTES = 1 << 20  # a recipe is about 2 kB
-
 
 class RecipeMismatch(RuntimeError):
     """A resume was asked with settings that differ from the run's recipe."""
 
 
-# ---------------------------------------------------------------- recipe and chain
-
-def make_recipe(cfg: ModelConfig, tcfg: TrainConfig, manifest: Manifest, data_folder: str, seed: int,
-                world_size: int) -> dict:
-    return {
-        "format": RECIPE_FORMAT,
-        "version": 1,
-        "model": cfg.to_dict(),
-        "train": tcfg.to_dict(),
-        "data": {"manifest_sha256": manifest.sha256, "folder": data_folder},
-        "seed": int(seed),
-        "world_size": int(world_size),
-        "micro_batch": int(tcfg.micro_batch),
-        "spec_version": SPEC_VERSION,
-        "lockstep_version": lockstep.__version__,
-    }
-
-
-def step_record(t: int, plan, res, bdigest: str, prev_chain: str) -> dict:
-    """The trajectory record of step ``t`` (``plan``: its ``StepPlan``, ``res``: its ``StepResult``),
-    with its chain hash ``H_t`` computed from ``prev_chain`` = ``H_{t-1}``."""
-    rec = {
-        "step": t, "tokens": plan.tokens_after, "lr": float(res.lr), "loss": float(res.loss),
-        "grad_norm": float(res.grad_norm), "state_root": res.state_root, "batch_digest": bdigest,
-        "lr_bits": float_record(res.lr)["bits"], "loss_bits": float_record(res.loss)["bits"],
-        "grad_norm_bits": float_record(res.grad_norm)["bits"],
-    }
-    rec["chain_hash"] = hashing.record_chain_hash(prev_chain, rec)
-    return rec
-
-
-def recipe_digest(recipe: dict) -> str:
-    """SHA-256 of the recipe's canonical JSON (sorted keys, no spaces, ASCII)."""
-    return hashlib.sha256(json_bytes(recipe)).hexdigest()
-
-
-def genesis(recipe: dict) -> str:
-    return hashing.genesis_hash(recipe_digest(recipe), recipe["data"]["manifest_sha256"], recipe["spec_version"])
-
-
-def load_recipe(run_dir: Path) -> dict:
-    """recipe.json, checked as ``audit verify`` checks it: a regular file inside the run, strict JSON, every
-    value of the right type and within the stated maxima (``audit.verify.load_run_recipe``)."""
-    from lockstep.audit.verify import load_run_recipe
-
-    return load_run_recipe(Path(run_dir))
-
-
-def recipe_configs(recipe: dict) -> tuple[ModelConfig, TrainConfig]:
-    return ModelConfig.from_dict(recipe["model"]), TrainConfig.from_dict(recipe["train"])
-
-
 # ---------------------------------------------------------------- trajectory
 
-def read_trajectory(run_dir: Path, tolerate_torn_tail: bool = False) -> list[dict]:
-    """Every record of trajectory.jsonl, checked as ``audit verify`` checks them (a regular file inside
-    the run, streamed with a cap per line). A torn last line (a crash mid-append) is dropped if tolerated."""
-    from lockstep.audit.verify import read_trajectory_strict
-
-    return read_trajectory_strict(run_dir, tolerate_torn_tail=tolerate_torn_tail, allow_missing=True)
-
-
-def _append_line(path: Path, obj: dict) -> None:
-    append_line(path, json.dumps(obj, sort_keys=True).encode() + b"\n")
+def read_trajectory(run_dir: Path) -> list[dict]:
+    """The trajectory as the trainer reads it: ``rundir.read_trajectory`` with ``Strictness.LIVE``."""
+    return read_run_trajectory(run_dir, Strictness.LIVE)
 
 
 # ---------------------------------------------------------------- MPI
@@ -198,35 +117,6 @@ class RunSummary:
     target: int = 0         # the step the run is to reach (target.json)
     stopped_by: int = 0     # the signal that stopped the run before its target; 0 if none
     world_size: int = 1
-
-
-def loss_curve_png(trajectory: list[dict], title: str) -> bytes | None:
-    """The loss curve of trajectory records as PNG bytes (None without matplotlib).
-
-    Drawn from the records' ``loss`` values; ``loss.png`` is derived from
-    ``trajectory.jsonl`` and is not evidence (``audit verify --plot`` redraws it from a
-    verified trajectory).
-    """
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        return None
-    steps = [r["step"] for r in trajectory]
-    losses = [r["loss"] for r in trajectory]
-    fig, ax = plt.subplots(figsize=(6, 3.5))
-    ax.plot(steps, losses)
-    ax.set_xlabel("step")
-    ax.set_ylabel("loss")
-    ax.set_title(title)
-    ax.grid(alpha=0.3)
-    fig.tight_layout()
-    buf = io.BytesIO()  # rendered in memory, then written by the atomic writer (no fixed temporary name)
-    fig.savefig(buf, format="png")
-    plt.close(fig)
-    return buf.getvalue()
 
 
 def _plot_loss(run_dir: Path, trajectory: list[dict]) -> Path | None:
@@ -395,7 +285,7 @@ def _resume_start(run_dir: Path, data, steps, tokens, world, is_root, check_reci
                                        "(lockstep audit verify reports it): it cannot be resumed")
     kept = None
     if is_root:
-        kept = [r for r in read_trajectory(run_dir, tolerate_torn_tail=True) if r["step"] <= start_step]
+        kept = [r for r in read_trajectory(run_dir) if r["step"] <= start_step]
         if len(kept) != start_step or (kept and kept[-1]["chain_hash"] != prev_chain):
             raise ValueError(f"{run_dir}: trajectory.jsonl does not agree with checkpoint {start_step}")
     last_step = _last_step(tcfg, cfg.seq_len, start_step, steps, tokens, read_target(run_dir))
@@ -406,14 +296,13 @@ def _write_start(run_dir: Path, st: _Start, resume: bool) -> None:
     """Rank 0: the files a (re)started run begins with; the target first, the recipe last on a new run."""
     if resume:
         write_target(run_dir, st.last_step)
-        atomic_write_bytes(run_dir / TRAJECTORY_FILE,
-                           b"".join(json.dumps(r, sort_keys=True).encode() + b"\n" for r in st.kept_trajectory))
+        write_trajectory(run_dir, st.kept_trajectory)
         ckpt.remove_temporary_checkpoints(run_dir)
     else:
         run_dir.mkdir(parents=True, exist_ok=True)
         write_target(run_dir, st.last_step)
-        atomic_write_bytes(run_dir / RECIPE_FILE, json.dumps(st.recipe, indent=2, sort_keys=True).encode() + b"\n")
-        atomic_write_bytes(run_dir / TRAJECTORY_FILE, b"")
+        write_recipe(run_dir, st.recipe)
+        write_trajectory(run_dir, [])
 
 
 def _run_loop(comm, rank, world, run_dir: Path, st: _Start, be, checkpoint_every: int, progress: bool, say,

@@ -91,9 +91,9 @@ LINK_FIELDS = ("tokens", "loss_bits", "grad_norm_bits", "lr_bits")
 
 def _chain_facts(model: RunModel) -> dict:
     """The step's chain links from the trajectory, when the run has them."""
-    from lockstep.train.trainer import genesis, read_trajectory
+    from lockstep.train.rundir import Strictness, genesis, read_trajectory
 
-    traj = read_trajectory(model.run_dir, tolerate_torn_tail=True)
+    traj = read_trajectory(model.run_dir, Strictness.LIVE)
     by_step = {r.get("step"): r for r in traj if isinstance(r, dict)}
     rec = by_step.get(model.step)
     if rec is None:
@@ -104,7 +104,7 @@ def _chain_facts(model: RunModel) -> dict:
 
 
 def _commitment(model: RunModel) -> dict | None:
-    from lockstep.audit.verify import RunFileError, read_commitment
+    from lockstep.train.rundir import RunFileError, read_commitment
 
     try:
         c = read_commitment(model.run_dir)
@@ -116,7 +116,7 @@ def _commitment(model: RunModel) -> dict | None:
 def make_export(model: RunModel, tokenizer, identity: dict, out: str | os.PathLike,
                 validation: dict | None = None) -> Path:
     """Write the export of ``model`` (a verified checkpoint) to the new folder ``out``, all or nothing."""
-    from lockstep.train.trainer import genesis
+    from lockstep.train.rundir import genesis
 
     out = Path(out).absolute()
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
@@ -295,7 +295,7 @@ def _read_export(folder: Path) -> tuple[dict, dict, dict]:
 def verify_export(folder: str | os.PathLike, run: str | os.PathLike | None = None) -> ExportReport:
     """Check an export alone and, with ``run``, against the run directory (module docstring)."""
     from lockstep.train.config import ModelConfig
-    from lockstep.train.trainer import genesis
+    from lockstep.train.rundir import genesis
 
     folder = Path(folder)
     rep = ExportReport(folder, Path(run) if run is not None else None)
@@ -369,14 +369,14 @@ def verify_export(folder: str | os.PathLike, run: str | os.PathLike | None = Non
 
 def _against_run(rep: ExportReport, run: Path, proof: dict) -> None:
     """The chain from the run's recipe through the export's step to the run's commitment."""
-    from lockstep.audit.verify import RunFileError, load_run_recipe, read_commitment, read_trajectory_strict
     from lockstep.train import checkpoint as ckpt
-    from lockstep.train.trainer import genesis, recipe_digest
+    from lockstep.train.rundir import (RunFileError, Strictness, genesis, load_recipe, read_commitment, read_trajectory,
+                                       recipe_digest)
 
     step = proof["step"]
     try:
-        recipe = load_run_recipe(run)
-        traj = read_trajectory_strict(run)
+        recipe = load_recipe(run)
+        traj = read_trajectory(run, Strictness.AUDIT)
     except RunFileError as exc:
         rep.add("the run directory", False, str(exc))
         return

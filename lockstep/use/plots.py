@@ -11,7 +11,7 @@ from pathlib import Path
 
 from lockstep.fsio import atomic_write_bytes
 
-LOSS_PNG = "loss.png"
+from lockstep.train.rundir import LOSS_PLOT_FILE as LOSS_PNG
 
 
 def _pyplot():
@@ -27,11 +27,11 @@ def _pyplot():
 
 def run_curves(run_dir: Path, trajectory: list[dict] | None = None) -> tuple[list, list, list, list]:
     """``(train_tokens, train_loss, val_tokens, val_loss)`` of a run (last record per step)."""
-    from lockstep.train.trainer import read_trajectory
+    from lockstep.train.rundir import Strictness, read_trajectory
 
     from .evaluate import recorded_validations
 
-    traj = trajectory if trajectory is not None else read_trajectory(run_dir, tolerate_torn_tail=True)
+    traj = trajectory if trajectory is not None else read_trajectory(run_dir, Strictness.LIVE)
     by_step = {r["step"]: r for r in traj if isinstance(r, dict) and type(r.get("step")) is int
                and type(r.get("tokens")) is int and isinstance(r.get("loss"), (int, float))}
     steps = sorted(by_step)
@@ -50,6 +50,30 @@ def _save(fig, plt, path: Path) -> Path:
         plt.close(fig)
     atomic_write_bytes(path, buf.getvalue())
     return path
+
+
+def loss_curve_png(trajectory: list[dict], title: str) -> bytes | None:
+    """The loss curve of trajectory records as PNG bytes (None without matplotlib).
+
+    Drawn from the records' ``loss`` values only (``audit verify --plot`` draws it from a
+    verified trajectory; ``loss.png`` is derived from files that are not evidence).
+    """
+    plt = _pyplot()
+    if plt is None:
+        return None
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    ax.plot([r["step"] for r in trajectory], [r["loss"] for r in trajectory])
+    ax.set_xlabel("step")
+    ax.set_ylabel("loss")
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    buf = io.BytesIO()  # rendered in memory, then written by the caller's atomic writer
+    try:
+        fig.savefig(buf, format="png")
+    finally:
+        plt.close(fig)
+    return buf.getvalue()
 
 
 def plot_run(run_dir: Path, trajectory: list[dict] | None = None, out: Path | None = None) -> Path | None:

@@ -63,7 +63,7 @@ class RunModel:
 
 def load_run_recipe(run_dir: Path) -> tuple[dict, ModelConfig, TrainConfig]:
     """The recipe (strict JSON, read inside the run) and its two configs."""
-    from lockstep.train.trainer import load_recipe, recipe_configs
+    from lockstep.train.rundir import load_recipe, recipe_configs
 
     if not run_dir.is_dir():
         raise UseError(f"{run_dir} is not a run directory (no such folder)")
@@ -78,10 +78,10 @@ def load_run_recipe(run_dir: Path) -> tuple[dict, ModelConfig, TrainConfig]:
 
 
 def _trajectory_record(run_dir: Path, step: int) -> dict | None:
-    from lockstep.train.trainer import read_trajectory
+    from lockstep.train.rundir import Strictness, read_trajectory
 
     try:
-        records = read_trajectory(run_dir, tolerate_torn_tail=True)
+        records = read_trajectory(run_dir, Strictness.LIVE)
     except (ValueError, UnsafePath) as exc:
         raise UseError(f"{run_dir}: trajectory.jsonl cannot be read ({exc}); run `lockstep audit verify {run_dir}`") \
             from None
@@ -91,7 +91,7 @@ def _trajectory_record(run_dir: Path, step: int) -> dict | None:
 
 def open_model(run_dir: str | os.PathLike, step: int | None = None) -> RunModel:
     """The parameters of checkpoint ``step`` (default: the latest complete one), verified."""
-    from lockstep.train.trainer import recipe_digest
+    from lockstep.train.rundir import recipe_digest
 
     run_dir = Path(run_dir)
     recipe, cfg, tcfg = load_run_recipe(run_dir)
@@ -170,7 +170,7 @@ def open_tokenizer(run_dir: str | os.PathLike, recipe: dict, data: str | os.Path
 
 def open_data(run_dir: str | os.PathLike, recipe: dict, data: str | os.PathLike | None = None) -> Manifest:
     """The run's data folder, verified against the recipe's manifest digest (``--data DIR`` overrides)."""
-    from lockstep.train.trainer import open_run_data
+    from lockstep.train.rundir import open_run_data
 
     try:
         return open_run_data(Path(run_dir), recipe, data)

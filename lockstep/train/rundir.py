@@ -14,8 +14,8 @@ Run directory::
                          losses (``--eval-every``): not part of the chain, not evidence
                          (``audit verify`` compares its losses with the trajectory's and warns)
     checkpoints/         step-NNNNNNNN/ folders (``lockstep.train.checkpoint``)
-    commitment.json      the last chain hash, written when the run ends (``write_commitment``,
-                         ``read_commitment``)
+    commitment.json      the last chain hash, written when the run ends (by the trainer's loop;
+                         read by ``read_commitment``)
     loss.png             training and validation loss over tokens (if matplotlib is installed):
                          not evidence (``audit verify --plot PNG`` redraws it from a verified run)
 
@@ -378,14 +378,6 @@ def read_trajectory(run_dir: str | os.PathLike, strictness: Strictness) -> list[
 
 
 # ---------------------------------------------------------------- commitment
-
-
-def write_commitment(run_dir: Path, recipe: dict, last_step: int, chain_hash: str) -> None:
-    """``commitment.json``: the run's last chain hash ``H_N``, written when the run reaches its target."""
-    atomic_write_json(Path(run_dir) / COMMITMENT_FILE, {
-        "format": COMMITMENT_FORMAT, "version": 1, "last_step": last_step, "chain_hash": chain_hash,
-        "genesis": genesis(recipe), "recipe_sha256": recipe_digest(recipe), "spec_version": SPEC_VERSION,
-    })
 
 
 def read_commitment(run_dir: str | os.PathLike) -> dict:

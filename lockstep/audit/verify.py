@@ -94,7 +94,6 @@ class Report:
     run_dir: Path
     findings: list[Finding] = field(default_factory=list)
     steps: int = 0
-    world_size: int | None = None
     preset: str | None = None
     genesis: str | None = None
     recipe_sha256: str | None = None
@@ -121,7 +120,7 @@ class Report:
         self.findings.append(Finding(check, str(path), message, step, tensor, severity))
 
     def format(self) -> str:
-        lines = [f"run {self.run_dir}: {self.steps} step(s), world size {self.world_size}, preset {self.preset}"]
+        lines = [f"run {self.run_dir}: {self.steps} step(s), preset {self.preset}"]
         lines += [f"  ok  {p}" for p in self.passed]
         for f in self.findings:
             lines.append(f"  {f}")
@@ -155,16 +154,13 @@ def load_run_recipe(run_dir: Path) -> dict:
         raise RunFileError(f"{exc}; restore recipe.json from the run's publisher") from None
     if not isinstance(recipe, dict) or recipe.get("format") != RECIPE_FORMAT:
         raise RunFileError(f"{path}: not a lockstep recipe (format must be {RECIPE_FORMAT!r})")
-    for key in ("model", "train", "data", "seed", "world_size", "micro_batch", "spec_version"):
+    for key in ("model", "train", "data", "seed", "micro_batch", "spec_version"):
         if key not in recipe:
             raise RunFileError(f"{path}: key {key!r} missing")
     data = recipe["data"]
     if not (isinstance(data, dict) and isinstance(data.get("folder"), str)
             and isinstance(data.get("manifest_sha256"), str) and HEX64.fullmatch(data["manifest_sha256"])):
         raise RunFileError(f"{path}: 'data' must hold a folder and a 64-digit manifest_sha256")
-    ws = recipe["world_size"]
-    if type(ws) is not int or not 1 <= ws <= 1 << 20:
-        raise RunFileError(f"{path}: world_size must be an integer >= 1, got {ws!r}")
     if type(recipe["seed"]) is not int or not 0 <= recipe["seed"] < 2**64:
         raise RunFileError(f"{path}: seed must be an integer in [0, 2**64), got {recipe['seed']!r}")
     if not isinstance(recipe["spec_version"], str):
@@ -549,7 +545,7 @@ def verify_run(run_dir: str | os.PathLike, data: str | os.PathLike | None = None
     cfg = tcfg = None
     if recipe is not None:
         cfg, tcfg = configs(recipe)
-        rep.world_size, rep.preset = recipe["world_size"], cfg.name
+        rep.preset = cfg.name
         rep.recipe_sha256 = recipe_digest(recipe)
         rep.genesis = genesis(recipe)
         rep.passed.append(f"recipe      sha256 {rep.recipe_sha256[:16]}..., H_0 {rep.genesis[:16]}...")

@@ -129,6 +129,16 @@ def test_disagreement_and_mismatches_are_raised_on_every_rank():
 
 @pytest.mark.mpi
 @needs_mpi
+@pytest.mark.parametrize("r", [3, 4])
+def test_ranks_that_disagree_on_the_length_end_the_job(r):
+    # every message's size is checked on arrival: a rank that expects other sizes fails (and aborts the job)
+    res = _mpirun(r, "lengths", timeout=600)
+    assert res.returncode != 0 and "returned" not in res.stdout, res.stdout + res.stderr
+    assert "aborting" in res.stderr and "disagree on the gradient's length" in res.stderr, res.stderr
+
+
+@pytest.mark.mpi
+@needs_mpi
 @pytest.mark.parametrize("mode", ["raise", "sigkill"])
 def test_failing_rank_ends_the_job(mode):
     # the other ranks are blocked in the all-reduce when rank 1 fails; without the abort they
@@ -162,7 +172,7 @@ def _worker(mode: str) -> None:
                     for j in range(lo, hi):
                         folder.push_leaf(values[j])
                     kw = {} if chunk is None else {"chunk_bytes": chunk}
-                    got = tree_allreduce(comm, folder.parts(), m, **kw)
+                    got = tree_allreduce(comm, folder.parts(), m, n, **kw)
                     want = tree.tree_sum(values)
                     assert _bits(got) == _bits(want), f"M={m} n={n}: differs from the spec's tree_sum"
                     digests = comm.allgather(hashlib.sha256(_bits(got)).hexdigest())
@@ -178,19 +188,17 @@ def _worker(mode: str) -> None:
                 print(f"rank {rank}: disagreement ok", flush=True)
             else:
                 raise AssertionError("disagreement not detected")
-            try:  # a rank with a different vector length is refused on every rank
-                lo, hi = rank_micro_batches(size, size, rank)
-                tree_allreduce(comm, [(lo, hi, np.ones(5 + (rank == 2), dtype=F32))], size)
-            except ValueError as exc:
-                assert "lengths differ" in str(exc), str(exc)
-            else:
-                raise AssertionError("length mismatch not detected")
             try:  # and a rank that holds other subtrees than the assignment gives it
-                tree_allreduce(comm, [(0, 2, np.ones(2, dtype=F32))], size)  # no rank holds [0, 2) of M = R
+                tree_allreduce(comm, [(0, 2, np.ones(2, dtype=F32))], size, 2)  # no rank holds [0, 2) of M = R
             except ValueError as exc:
                 assert "the assignment" in str(exc), str(exc)
             else:
                 raise AssertionError("a wrong subtree was not detected")
+        elif mode == "lengths":  # rank 2 thinks the vector is longer: some rank must fail, none hang
+            n = 7 + (rank == 2)
+            lo, hi = rank_micro_batches(size, size, rank)
+            tree_allreduce(comm, [(lo, hi, np.ones(n, dtype=F32))], size, n)
+            print(f"rank {rank}: returned", flush=True)
         elif mode in ("raise", "sigkill"):
             if rank == 1:
                 for other in (0, 2):  # fail only once the others are about to block in the all-reduce
@@ -200,7 +208,7 @@ def _worker(mode: str) -> None:
                 raise RuntimeError("deliberate failure")
             comm.send(b"entering", dest=1, tag=77)
             lo, hi = rank_micro_batches(size, size, rank)
-            tree_allreduce(comm, [(lo, hi, np.ones(10, dtype=F32))], size)  # blocks for ever without rank 1
+            tree_allreduce(comm, [(lo, hi, np.ones(10, dtype=F32))], size, 10)  # blocks for ever without rank 1
             raise AssertionError("the all-reduce returned without rank 1")
         else:
             raise SystemExit(f"unknown mode {mode}")

@@ -25,32 +25,38 @@ rules on top of the spec's tree and a conforming elementwise ``add``:
 
    * *Power of two* (``R = 2**k <= M``, ``K = R``): the butterfly. Recursive-halving
      reduce-scatter with partners ``r XOR d`` for ``d = 1, 2, 4, ..., R/2``: at stage
-     ``d`` a rank keeps the lower half of its current segment if bit ``d`` of its rank is
-     0 (else the upper half), sends the other half to its partner, and adds what it
-     receives, with the lower-ranked group's sum on the left. Then a
-     recursive-doubling allgather (``d = R/2, ..., 2, 1``) copies the finished
-     segments. The depth-``k`` nodes are the leaves of a perfect binary tree on top
-     (every node above depth ``k`` has two children there), and stage ``d`` performs
-     exactly its adds at height ``log2 d + 1``, so the result is the tree's.
+     ``d`` a rank keeps the lower half of its current segment if ``r & d == 0`` (else
+     the upper half), sends the other half to its partner, and adds what it receives,
+     with the lower-ranked group's sum on the left. Then a recursive-doubling
+     allgather (``d = R/2, ..., 2, 1``) copies the finished segments. The depth-``k``
+     nodes are the leaves of a perfect binary tree on top (every node above depth
+     ``k`` has two children there), and stage ``d`` performs exactly its adds
+     ``log2 d + 1`` levels above depth ``k``, so the result is the tree's. (Where the
+     segments are cut changes no bit: the tree is elementwise.)
    * *Any other R* (3, 5, 6, ..., or ``M < R``): a reduce-scatter by segment owners.
      The vector is cut into ``R`` segments, ``floor(s*n/R) .. floor((s+1)*n/R) - 1`` for
      segment ``s``, owned by rank ``s``. Every rank sends segment ``s`` of each of its
-     subtree sums to rank ``s`` (one ``MPI_Alltoallv``: it only moves bytes). Rank
-     ``s`` now holds segment ``s`` of all ``K`` subtree sums, in tree order (by rank,
-     then by position), and folds them with ``TreeFolder``: the tree's adds above
-     the subtrees. An allgather (``MPI_Allgatherv``, bytes again) gives every rank
-     every segment. Traffic per rank: ``k_r * n * (R-1)/R`` floats sent in the
-     reduce-scatter (``k_r`` its subtree count) plus ``n * (R-1)/R`` in the
-     allgather; the butterfly is the case ``k_r = 1``. Measured imbalance and traffic
-     for small and large ``M``: ``benchmarks/RESULTS.md``, "Micro-batch tree across ranks".
+     subtree sums to rank ``s`` (pairwise: in round ``i = 1 .. R-1`` rank ``r`` sends to
+     ``r + i`` and receives from ``r - i``, mod R). Rank ``s`` now holds segment ``s`` of
+     all ``K`` subtree sums, in tree order (by rank, then by position), and folds them
+     with ``TreeFolder``: the tree's adds above the subtrees. A pairwise allgather
+     (the same rounds, copies only) gives every rank every segment. Traffic per
+     rank: ``k_r * n * (R-1)/R`` floats sent in the reduce-scatter (``k_r`` its
+     subtree count) plus ``n * (R-1)/R`` in the allgather; the butterfly's is the
+     case ``k_r = 1``. Imbalance and traffic for small and large ``M``
+     (``exchange_cost``), and speed: ``benchmarks/RESULTS.md``, "Micro-batch tree
+     across ranks".
 
    Large vectors go through in element ranges of ``chunk_bytes`` (32 MiB by default),
    each exchanged as above: chunking bounds temporaries and never changes a bit.
 
-Only ``Send``/``Recv``/``Sendrecv``/``Alltoallv``/``Allgatherv`` move floats, and
-nothing but the backend's ``add`` ever adds them: ``MPI_Allreduce`` is never used on
-floats (its order belongs to the MPI library). Integer ``Allreduce``/``Allgather``
-(element counts, state digests, stop signals) are exact and used freely.
+Only ``Sendrecv`` moves floats, and nothing but the backend's ``add`` ever adds them
+(MPICH's ``Alltoallv``/``Allgatherv`` would only move bytes too, but measured here they
+were about 10x slower than these pairwise rounds): ``MPI_Allreduce`` is never used on
+floats (its order belongs to the MPI library). Every message's size is checked on
+arrival, so ranks that disagree on the vector's length fail instead of adding short
+data. Integer ``Allreduce``/``Allgather`` (state digests, stop signals) are exact and
+used freely.
 
 Failure handling (MPICH 5 hydra ``mpiexec``, checked by hand and in the tests):
 a rank that dies (even by SIGKILL) makes hydra kill the remaining ranks and exit
@@ -84,6 +90,8 @@ STATE_DIGEST_BYTES = 32  # SHA-256 state roots
 
 _TAG_HALVING = 0x4C51
 _TAG_DOUBLING = 0x4C52
+_TAG_SCATTER = 0x4C54
+_TAG_GATHER = 0x4C55
 
 
 def _default_add():
@@ -155,24 +163,28 @@ def _halving_segments(n: int, p: int, rank: int) -> list[tuple[int, int, int, in
     return out
 
 
-def _butterfly_range(comm, x: np.ndarray, add: Callable, scratch: np.ndarray) -> None:
-    """All-reduce the 1-D float32 array ``x`` in place over a power-of-two world (one element range)."""
+def _butterfly_range(comm, x: np.ndarray, out: np.ndarray, add: Callable, scratch: np.ndarray) -> None:
+    """Rule 3 for R = 2**k <= M (one element range): ``out`` = the sum of every rank's ``x``.
+
+    The reduce-scatter keeps each stage's sum as its own array (no copy of ``x``); only
+    the finished segment is copied into ``out`` before the allgather.
+    """
     size, rank = comm.Get_size(), comm.Get_rank()
     stages = _halving_segments(x.size, size, rank)
-    for s, (lo, mid, hi, keep_lower) in enumerate(stages):  # reduce-scatter, d = 1, 2, 4, ...
-        partner = rank ^ (1 << s)
-        keep, give = ((lo, mid), (mid, hi)) if keep_lower else ((mid, hi), (lo, mid))
-        recv = scratch[: keep[1] - keep[0]]
-        comm.Sendrecv(x[give[0] : give[1]], dest=partner, sendtag=_TAG_HALVING,
-                      recvbuf=recv, source=partner, recvtag=_TAG_HALVING)
-        mine = x[keep[0] : keep[1]]
-        mine[:] = add(mine, recv) if keep_lower else add(recv, mine)  # lower group on the left
+    mine, lo = x, 0  # my current segment's values and where it starts
+    for s, (_, mid, _, keep_lower) in enumerate(stages):  # reduce-scatter, d = 1, 2, 4, ...
+        lower, upper = mine[: mid - lo], mine[mid - lo :]
+        keep, give = (lower, upper) if keep_lower else (upper, lower)
+        recv = scratch[: keep.size]
+        _exchange(comm, give, rank ^ (1 << s), recv, rank ^ (1 << s), _TAG_HALVING)
+        mine = add(keep, recv) if keep_lower else add(recv, keep)  # the lower group's sum on the left
+        lo = lo if keep_lower else mid
+    out[lo : lo + mine.size] = mine
     for s in reversed(range(len(stages))):  # allgather, d = P/2, ..., 2, 1: copy finished sums
         lo, mid, hi, keep_lower = stages[s]
-        partner = rank ^ (1 << s)
         have, want = ((lo, mid), (mid, hi)) if keep_lower else ((mid, hi), (lo, mid))
-        comm.Sendrecv(x[have[0] : have[1]], dest=partner, sendtag=_TAG_DOUBLING,
-                      recvbuf=x[want[0] : want[1]], source=partner, recvtag=_TAG_DOUBLING)
+        _exchange(comm, out[have[0] : have[1]], rank ^ (1 << s), out[want[0] : want[1]], rank ^ (1 << s),
+                  _TAG_DOUBLING)
 
 
 def _owner_fold_range(comm, mine: Sequence[np.ndarray], out: np.ndarray, m: int,
@@ -180,28 +192,28 @@ def _owner_fold_range(comm, mine: Sequence[np.ndarray], out: np.ndarray, m: int,
     """Rule 3, any R: reduce-scatter to segment owners, fold in tree order, allgather (one element range).
 
     ``mine`` holds this rank's subtree sums restricted to the range; ``out`` receives the result.
+    Both phases are pairwise exchanges: in round i = 1 .. R-1 a rank sends to ``rank + i``
+    and receives from ``rank - i`` (mod R), so every pair meets once per phase.
     """
-    from mpi4py import MPI
-
     size, rank, n = comm.Get_size(), comm.Get_rank(), out.size
     seg = [s * n // size for s in range(size + 1)]
-    lens = [seg[s + 1] - seg[s] for s in range(size)]
-    k = [len(s) for s in subtrees]
-    if len(mine) <= 1:  # a single sum's segments are already in destination order
-        send = mine[0] if mine else np.zeros(0, dtype=np.float32)
-    else:
-        send = np.concatenate([v[seg[s] : seg[s + 1]] for s in range(size) for v in mine]).astype(np.float32, copy=False)
-    send_counts = [len(mine) * lens[s] for s in range(size)]
-    recv_counts = [k[r] * lens[rank] for r in range(size)]
-    recv = np.empty(sum(recv_counts), dtype=np.float32)
-    comm.Alltoallv([send, (send_counts, _offsets(send_counts)), MPI.FLOAT],
-                   [recv, (recv_counts, _offsets(recv_counts)), MPI.FLOAT])
+    width = seg[rank + 1] - seg[rank]
+    at = _offsets([len(spans) * width for spans in subtrees] + [0])  # where each rank's sums go, tree order
+    recv = np.empty(at[-1], dtype=np.float32)
+    for i, v in enumerate(mine):
+        recv[at[rank] + i * width : at[rank] + (i + 1) * width] = v[seg[rank] : seg[rank + 1]]
+    for i in range(1, size):  # reduce-scatter: segment dst of each of my sums to its owner
+        dst, src = (rank + i) % size, (rank - i) % size
+        lo, hi = seg[dst], seg[dst + 1]
+        send = mine[0][lo:hi] if len(mine) == 1 else np.concatenate([v[lo:hi] for v in mine] or [out[:0]])
+        _exchange(comm, send, dst, recv[at[src] : at[src + 1]], src, _TAG_SCATTER)
     folder = tree.TreeFolder(m, add)
-    width = lens[rank]
     for i, (lo, hi) in enumerate(span for spans in subtrees for span in spans):
         folder.push(lo, hi, recv[i * width : (i + 1) * width])
-    total = np.ascontiguousarray(folder.result(), dtype=np.float32)
-    comm.Allgatherv([total, MPI.FLOAT], [out, (lens, seg[:-1]), MPI.FLOAT])
+    out[seg[rank] : seg[rank + 1]] = folder.result()
+    for i in range(1, size):  # allgather: copy the finished segments
+        dst, src = (rank + i) % size, (rank - i) % size
+        _exchange(comm, out[seg[rank] : seg[rank + 1]], dst, out[seg[src] : seg[src + 1]], src, _TAG_GATHER)
 
 
 def _offsets(counts: list[int]) -> list[int]:
@@ -212,47 +224,60 @@ def _offsets(counts: list[int]) -> list[int]:
     return out
 
 
-def tree_allreduce(comm, parts: Sequence[tuple[int, int, np.ndarray]], m: int, add: Callable | None = None, *,
-                   chunk_bytes: int = DEFAULT_CHUNK_BYTES) -> np.ndarray:
+def tree_allreduce(comm, parts: Sequence[tuple[int, int, np.ndarray]], m: int, length: int,
+                   add: Callable | None = None, *, chunk_bytes: int = DEFAULT_CHUNK_BYTES) -> np.ndarray:
     """The tree's sum ``S[0, M)`` on every rank, from each rank's subtree sums (module docstring).
 
     ``parts`` is this rank's ``[(lo, hi, sum), ...]``: the maximal subtrees of
-    ``rank_micro_batches(M, R, rank)``, each a 1-D float32 array of one length on
-    every rank (not modified). Returns a new array, the same bits on every rank and
-    the same as ``spec.tree.tree_sum`` of all ``M`` micro-batch values on one process.
-    ``add`` is the backend's elementwise float32 add (``fp.add`` by default).
+    ``rank_micro_batches(M, R, rank)`` (none for a rank beyond ``M``), each a 1-D
+    float32 array of ``length`` elements (not modified). Returns a new array, the same
+    bits on every rank and the same as ``spec.tree.tree_sum`` of all ``M`` micro-batch
+    values on one process. ``add`` is the backend's elementwise float32 add (``fp.add``
+    by default). Every message's size is checked on arrival, so ranks that disagree on
+    ``length`` get a ``ValueError`` (and, under ``abort_on_exception``, an ended job),
+    never a short sum.
     """
     add = add if add is not None else _default_add()
-    size, rank = comm.Get_size(), comm.Get_rank()
+    size, rank, n = comm.Get_size(), comm.Get_rank(), int(length)
     subtrees = rank_subtrees(m, size)
     spans = [(lo, hi) for lo, hi, _ in parts]
     if spans != subtrees[rank]:
         raise ValueError(f"rank {rank}: holds subtrees {spans[:8]}, the assignment of {m} micro-batches over "
                          f"{size} ranks gives it {subtrees[rank][:8]}")
     values = [np.asarray(v) for _, _, v in parts]
-    for v in values:
-        if v.dtype != np.float32 or v.ndim != 1 or v.size != values[0].size:
-            raise TypeError(f"rank {rank}: subtree sums must be 1-D float32 arrays of one length, got "
-                            f"{[(x.dtype.name, x.shape) for x in values][:4]}")
-    n = values[0].size if values else -1
+    if any(v.dtype != np.float32 or v.shape != (n,) for v in values):
+        raise TypeError(f"rank {rank}: subtree sums must be 1-D float32 arrays of {n} elements, got "
+                        f"{[(v.dtype.name, v.shape) for v in values][:4]}")
     if size == 1:
         return values[0].copy()
-    counts = np.zeros(size, dtype=np.int64)
-    comm.Allgather(np.array([n], dtype=np.int64), counts)  # integers, exact; ranks without a sum say -1
-    n = int(counts.max())
-    if any(c not in (-1, n) for c in counts.tolist()):
-        raise ValueError(f"rank {rank}: gradient lengths differ across ranks: {counts.tolist()[:16]}")
-    out = values[0].copy() if values else np.zeros(n, dtype=np.float32)
+    out = np.empty(n, dtype=np.float32)  # every element is written below
     step = max(1, int(chunk_bytes) // 4)
     butterfly = _power_of_two_fits(m, size)
-    scratch = np.empty(min(step, n), dtype=np.float32) if butterfly else None
+    scratch = np.empty(min(step, n) // 2 + 1, dtype=np.float32) if butterfly else None
     for start in range(0, n, step):
         stop = min(start + step, n)
         if butterfly:
-            _butterfly_range(comm, out[start:stop], add, scratch)
+            _butterfly_range(comm, values[0][start:stop], out[start:stop], add, scratch)
         else:
             _owner_fold_range(comm, [v[start:stop] for v in values], out[start:stop], m, subtrees, add)
     return out
+
+
+def _exchange(comm, send: np.ndarray, dest: int, recv: np.ndarray, source: int, tag: int) -> None:
+    """``Sendrecv`` of float32 buffers; a message of another size than ``recv`` is an error, not short data."""
+    from mpi4py import MPI
+
+    status = MPI.Status()
+    try:
+        comm.Sendrecv(send, dest=dest, sendtag=tag, recvbuf=recv, source=source, recvtag=tag, status=status)
+        got = status.Get_count(MPI.FLOAT)
+    except MPI.Exception as exc:
+        if exc.Get_error_class() != MPI.ERR_TRUNCATE:
+            raise
+        got = "more"
+    if got != recv.size:
+        raise ValueError(f"rank {comm.Get_rank()}: received {got} floats from rank {source}, expected {recv.size}: "
+                         "the ranks disagree on the gradient's length (are they running the same recipe?)")
 
 
 # ---------------------------------------------------------------------------

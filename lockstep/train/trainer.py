@@ -52,7 +52,7 @@ from .data import GlobalStream, Manifest, batch_digest
 from .model import init_params
 from .optim import AdamWState
 from .rundir import METRICS_FILE, TARGET_FILE, open_run_data, read_target, write_target
-from .step import apply_update, float_record, plan_step, split_state, state_tensors, subtree_sums
+from .step import GradLayout, apply_update, float_record, plan_step, split_state, state_tensors, subtree_sums
 from .stop import StopRequest
 
 RECIPE_FILE = "recipe.json"
@@ -397,6 +397,8 @@ def _run_loop(comm, rank, world, run_dir: Path, st: _Start, be, checkpoint_every
     say(f"run {run_dir}: preset {cfg.name}, backend {be.name}, {world} rank(s), steps {st.start_step + 1}..{last_step}"
         if last_step > st.start_step else f"run {run_dir} is already at its target step {last_step}; "
                                           "give --steps N (or --tokens) to extend it")
+    _say_idle_ranks(tcfg, cfg.seq_len, st.start_step + 1, last_step, world, say)
+    layout = GradLayout.of(cfg)
     bar = Progress(last_step, progress and is_root)
     summary_loss = float("nan")
     stopped_by = 0
@@ -411,7 +413,7 @@ def _run_loop(comm, rank, world, run_dir: Path, st: _Start, be, checkpoint_every
             m = len(plan.micro_batches(tcfg.micro_batch))
             lo, hi = rank_micro_batches(m, world, rank)
             parts = subtree_sums(params, windows, plan, lo, hi, cfg, tcfg, be)
-            summed = tree_allreduce(comm, parts, m, be.add) if world > 1 else parts[0][2]
+            summed = tree_allreduce(comm, parts, m, layout.size, be.add) if world > 1 else parts[0][2]
             res = apply_update(params, opt, summed, plan, cfg, tcfg, be)
         if comm is not None and world > 1:
             check_state_agreement(comm, res.state_root, t)
@@ -452,6 +454,16 @@ def _run_loop(comm, rank, world, run_dir: Path, st: _Start, be, checkpoint_every
         say(f"done: {run_dir} step {last_step}, loss {summary_loss:.4f}, chain {prev_chain}"
             + (f", loss curve {png}" if png else ""))
     return summary
+
+
+def _say_idle_ranks(tcfg: TrainConfig, seq_len: int, first: int, last: int, world: int, say) -> None:
+    """Ranks beyond a step's micro-batch count wait (the tree, not the world size, decides the work): say so."""
+    if last < first:
+        return
+    m = len(plan_step(tcfg, seq_len, first).micro_batches(tcfg.micro_batch))
+    if m < world:
+        say(f"note: step {first} has {m} micro-batch(es) of {tcfg.micro_batch} sequences for {world} ranks, so "
+            f"{world - m} rank(s) wait; a run with a smaller --micro-batch (a new recipe) keeps them busy")
 
 
 @contextlib.contextmanager

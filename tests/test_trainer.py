@@ -301,3 +301,17 @@ def test_non_finite_loss_stops_and_keeps_the_last_checkpoint(tmp_path, corpus, m
     step, folder = ckpt.latest_checkpoint(out)
     assert step == 2
     ckpt.load_checkpoint(folder)  # verifies every digest
+
+
+def test_recorded_world_sizes_take_the_last_record_of_a_step_and_skip_bad_lines(tmp_path):
+    from lockstep.train.rundir import recorded_world_sizes
+
+    lines = [json.dumps({"step": 1, "world_size": 4}), "{torn", json.dumps({"step": 2, "world_size": 4}),
+             json.dumps({"step": 2, "world_size": 2}),  # step 2 again, after a resume on 2 ranks
+             json.dumps({"step": 3, "world_size": "4"}), json.dumps({"step": [3], "world_size": 3}), "[]"]
+    (tmp_path / "metrics.jsonl").write_text("\n".join(lines) + "\n")
+    assert recorded_world_sizes(tmp_path, [1, 2, 3, 9]) == {1: 4, 2: 2}
+    assert recorded_world_sizes(tmp_path / "elsewhere", [1]) == {}
+    (tmp_path / "metrics.jsonl").unlink()
+    (tmp_path / "metrics.jsonl").mkdir()
+    assert recorded_world_sizes(tmp_path, [1]) == {}

@@ -35,7 +35,6 @@ import argparse
 import hashlib
 import json
 import os
-import platform
 import shutil
 import statistics
 import subprocess

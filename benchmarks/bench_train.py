@@ -9,8 +9,11 @@
     step does: ``state_root`` over parameters + AdamW moments + step, the batch digest and
     the chain hash. Share = hashing / step, medians over ``--steps`` steps after one warm-up.
 (b) Throughput: ``lockstep train`` under ``mpiexec -n R`` for each R in ``--ranks``; tokens/s
-    is the median of metrics.jsonl's per-step values after the first step (which includes
-    compilation and start-up).
+    is the median of metrics.jsonl's per-step values after the first step. The first step
+    is reported apart, with the kernel compilation the trainer announces in it ("compiled N
+    kernels in X s"): the first run gets an empty Numba cache (``NUMBA_CACHE_DIR`` set to a
+    fresh folder), so it shows a cold compilation; later runs share that cache (warm).
+    ``--only-throughput`` skips (a).
 (c) ``--baseline DIR``: the same throughput runs with another lockstep source tree (for
     example ``git archive COMMIT | tar -x -C DIR``), alternating baseline and this tree for
     each R, ``--rounds`` times, so that both see the same load on a shared machine. Prints
@@ -24,9 +27,9 @@
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -63,7 +66,7 @@ def hash_share(preset_name: str, backend: str, steps: int, corpus: Path) -> dict
         h0 = time.perf_counter()
         root = hashing.state_root(state_tensors(params, opt))
         bd = batch_digest(windows)
-        hashing.chain_hash(t, "00" * 32, root, bd)
+        hashing.chain_hash(t, "00" * 32, root, bd, plan.tokens_after, res.loss, res.grad_norm, res.lr)
         h1 = time.perf_counter()
         if t > 1:  # the first step compiles kernels
             step_s.append(t1 - t0)
@@ -189,6 +192,28 @@ def step_cpu(args, corpus: Path) -> None:
     print(f"final state roots: {'the same' if len(roots) == 1 else 'DIFFERENT'} in every process")
 
 
+def cold_throughput(preset_name: str, backend: str, steps: int, ranks: int, corpus: Path, cache_dir: Path) -> dict:
+    """(b): ``lockstep train`` on ``ranks`` ranks; tokens/s after the first step, and the first step's compilation."""
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "run"
+        env = dict(os.environ)
+        env["NUMBA_CACHE_DIR"] = str(cache_dir)
+        if ranks > (os.cpu_count() or 1):
+            env["MPIR_CVAR_ENABLE_HEAVY_YIELD"] = "1"
+        cmd = ["mpiexec", "-n", str(ranks), sys.executable, "-m", "lockstep.cli", "train", "--preset", preset_name,
+               "--backend", backend, "--steps", str(steps + 1), "--data", str(corpus), "--out", str(out),
+               "--checkpoint-every", "1000"]
+        load0 = os.getloadavg()[0]
+        proc = subprocess.run(cmd, check=True, env=env, capture_output=True, text=True)
+        recs = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+        compiled = re.search(r"compiled (\d+) kernels? in ([0-9.]+) s", proc.stdout)
+        return {"ranks": ranks, "tokens_per_s": statistics.median(r["tokens_per_s"] for r in recs[1:]),
+                "step_s": statistics.median(r["seconds"] for r in recs[1:]), "first_step_s": recs[0]["seconds"],
+                "compiled_kernels": int(compiled.group(1)) if compiled else 0,
+                "compile_s": float(compiled.group(2)) if compiled else 0.0,
+                "load": (load0 + os.getloadavg()[0]) / 2}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--preset", default="small")
@@ -199,6 +224,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--micro-batch", type=int, help="passed to lockstep train (both trees, with --baseline)")
     ap.add_argument("--step-cpu", action="store_true", help="with --baseline: CPU seconds of a one-process step")
+    ap.add_argument("--only-throughput", action="store_true", help="skip the hashing share")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         corpus = Path(tmp) / "corpus"
@@ -206,16 +232,22 @@ def main() -> None:
         if args.baseline:
             (step_cpu if args.step_cpu else compare)(args, corpus)
             return
-        hs = hash_share(args.preset, args.backend, args.steps, corpus)
-        print(f"## {args.preset} on {args.backend}: hashing share of a training step")
-        print(f"state {hs['state_mib']:.1f} MiB; step {hs['step_s']:.3f} s ({hs['tokens_per_step']} tokens); "
-              f"hashing {hs['hash_s'] * 1000:.1f} ms; share {100 * hs['share']:.2f}%")
-        print()
-        print("| ranks | tokens/s (median) |")
-        print("|---:|---:|")
+        if not args.only_throughput:
+            hs = hash_share(args.preset, args.backend, args.steps, corpus)
+            print(f"## {args.preset} on {args.backend}: hashing share of a training step")
+            print(f"state {hs['state_mib']:.1f} MiB; step {hs['step_s']:.3f} s ({hs['tokens_per_step']} tokens); "
+                  f"hashing {hs['hash_s'] * 1000:.1f} ms; share {100 * hs['share']:.2f}%")
+            print()
+        cache = Path(tmp) / "numba-cache"  # empty: the first run compiles every kernel
+        print("| ranks | tokens/s (median of steps 2+) | s/step | first step s | of which compilation "
+              "| load average |")
+        print("|---:|---:|---:|---:|---:|---:|")
         for r in args.ranks:
-            print(f"| {r} | {throughput(args.preset, args.backend, args.steps, r, corpus):,.0f} |", flush=True)
-
+            res = cold_throughput(args.preset, args.backend, args.steps, r, corpus, cache)
+            comp = (f"{res['compile_s']:.1f} s ({res['compiled_kernels']} kernels, cold cache)"
+                    if res["compiled_kernels"] else "0 (warm cache)")
+            print(f"| {r} | {res['tokens_per_s']:,.0f} | {res['step_s']:.2f} | {res['first_step_s']:.1f} | {comp} "
+                  f"| {res['load']:.1f} |", flush=True)
 
 if __name__ == "__main__":
     main()

@@ -1,12 +1,18 @@
 """``lockstep audit``: verify a run, replay its steps, sign certificates, plan and merge a collective audit.
 
-    lockstep audit verify RUN [--data DIR] [--no-batches]
-    lockstep audit replay RUN --step t[,t2,a-b] [--backend B] [--out CERT] [--key PEM] [--auditor NAME] [--data DIR]
+    lockstep audit verify RUN [--data DIR] [--no-batches] [--plot PNG]
+    lockstep audit replay RUN --step t[,t2,a-b] [--backend B] [--from-earlier] [--out CERT] [--key PEM]
+                          [--auditor NAME] [--data DIR]
     lockstep audit replay RUN --plan PLAN --auditor NAME   (replay the steps the plan gives NAME)
-    lockstep audit check CERT... [--pub PEM] [--run RUN [--recompute] [--backend B] [--data DIR]]
+    lockstep audit check CERT... [--pub PEM] [--run RUN [--recompute] [--backend B] [--from-earlier] [--data DIR]]
     lockstep audit plan RUN --auditors N [--redundancy k] [--names a,b,...] [--out PLAN]
     lockstep audit merge CERT... [--plan PLAN] [--pub PEM ...] [--png OUT]
     lockstep audit keygen --out PREFIX                      (PREFIX.key and PREFIX.pub, Ed25519)
+    lockstep audit verify-export DIR [RUN]                  (an export's weights against its proof and run)
+
+Every string that comes from a file (names, messages quoting them) is printed through
+``fsio.printable``: control characters are escaped, so nothing a file says can add a
+line, move the cursor or colour the output.
 
 Exit codes: 0 valid / match / consistent; 2 invalid / mismatch / inconsistent (every
 finding listed); 1 the command could not run (a missing file, a bad argument, a
@@ -20,7 +26,10 @@ import json
 import sys
 from pathlib import Path
 
+from lockstep.fsio import printable
+
 EXIT_OK, EXIT_ERROR, EXIT_BAD = 0, 1, 2
+MAX_REPLAY_STEPS = 10_000_000  # the steps one --step list may name (a run has at most a few million)
 
 
 def _steps_arg(text: str) -> list[int]:
@@ -35,8 +44,8 @@ def _steps_arg(text: str) -> list[int]:
             lo, hi = int(a), int(b) if dash else int(a)
         except ValueError:
             raise argparse.ArgumentTypeError(f"bad step list {text!r}: use 3, 3,7 or 2-5") from None
-        if lo < 1 or hi < lo or hi - lo > 1_000_000:
-            raise argparse.ArgumentTypeError(f"bad step range {part!r}")
+        if lo < 1 or hi < lo or hi - lo > 1_000_000 or len(out) + hi - lo + 1 > MAX_REPLAY_STEPS:
+            raise argparse.ArgumentTypeError(f"bad step range {part!r} (at most {MAX_REPLAY_STEPS} steps in all)")
         out.extend(range(lo, hi + 1))
     if not out:
         raise argparse.ArgumentTypeError("no step given")
@@ -49,7 +58,7 @@ def add_audit_parser(subparsers) -> argparse.ArgumentParser:
 
     p = subparsers.add_parser("audit", help="verify a run, replay steps, plan and merge a collective audit",
                               description=plain_help(__doc__), formatter_class=argparse.RawDescriptionHelpFormatter)
-    sub = p.add_subparsers(dest="audit_command", metavar="{verify,replay,check,plan,merge,keygen}")
+    sub = p.add_subparsers(dest="audit_command", metavar="{verify,replay,check,plan,merge,keygen,verify-export}")
     sub.required = True
 
     v = sub.add_parser("verify", help="check a run directory without replaying (structure, recipe, chain, "
@@ -58,12 +67,18 @@ def add_audit_parser(subparsers) -> argparse.ArgumentParser:
     v.add_argument("--data", type=Path, help="use this data folder instead of the recipe's")
     v.add_argument("--no-batches", action="store_true", help="do not rebuild the batch digests from the data")
     v.add_argument("--json", action="store_true", help="print the findings as JSON")
+    v.add_argument("--plot", type=Path, metavar="PNG", help="redraw the loss curve from the verified trajectory "
+                                                            "(loss.png and metrics.jsonl are not evidence)")
 
     r = sub.add_parser("replay", help="replay steps on this machine and compare with the published hashes")
     r.add_argument("run", type=Path, help="the run directory")
     r.add_argument("--step", type=_steps_arg, help="the step(s): 3, 3,7 or 2-5")
     r.add_argument("--plan", type=Path, help="replay the steps a plan gives --auditor")
-    r.add_argument("--backend", default="spec", help="spec, numba, cuda or metal (default: spec)")
+    r.add_argument("--backend", default="auto", help="auto, spec, numba, cuda or metal (default auto: the fastest "
+                                                     "installed backend that passes conformance here)")
+    r.add_argument("--from-earlier", action="store_true",
+                   help="when a checkpoint a replay starts from is damaged, replay from an earlier one (or the "
+                        "initial state) instead of stopping; the damage is still reported")
     r.add_argument("--data", type=Path, help="use this data folder instead of the recipe's")
     r.add_argument("--out", type=Path, help="write the certificate (JSON) here")
     r.add_argument("--key", type=Path, help="sign the certificate with this Ed25519 private key (PEM)")
@@ -76,7 +91,9 @@ def add_audit_parser(subparsers) -> argparse.ArgumentParser:
                                                               "repeatable; then unsigned certificates fail")
     c.add_argument("--run", type=Path, help="the run directory: check the quoted published hashes")
     c.add_argument("--recompute", action="store_true", help="with --run: replay the targets and compare")
-    c.add_argument("--backend", default="spec", help="backend for --recompute (default: spec)")
+    c.add_argument("--backend", default="auto", help="backend for --recompute (default auto: the fastest installed "
+                                                     "backend that passes conformance here)")
+    c.add_argument("--from-earlier", action="store_true", help="with --recompute: as `audit replay --from-earlier`")
     c.add_argument("--data", type=Path, help="data folder for --recompute")
 
     pl = sub.add_parser("plan", help="assign steps to auditors, drawn from the run's final commitment")
@@ -96,11 +113,14 @@ def add_audit_parser(subparsers) -> argparse.ArgumentParser:
     k.add_argument("--out", required=True, help="PREFIX: writes PREFIX.key (private, 0600) and PREFIX.pub")
 
     p.set_defaults(func=run_audit)
+    from .use_cli import add_verify_export_parser
+
+    add_verify_export_parser(sub)  # sets its own func (lockstep.use_cli)
     return p
 
 
 def _err(msg: str) -> int:
-    print(f"lockstep audit: {msg}", file=sys.stderr)
+    print(f"lockstep audit: {printable(msg)}", file=sys.stderr)
     return EXIT_ERROR
 
 
@@ -130,6 +150,19 @@ def _verify(args) -> int:
                           "findings": [f.to_dict() for f in rep.findings]}, indent=2, sort_keys=True))
     else:
         print(rep.format())
+    if args.plot is not None:
+        if rep.chain_hash is None:
+            return _err(f"no loss curve drawn: the trajectory of {args.run} is not an intact chain (see above)")
+        from lockstep.fsio import atomic_write_bytes
+        from lockstep.train.trainer import loss_curve_png
+
+        from .audit.verify import read_trajectory_strict
+
+        png = loss_curve_png(read_trajectory_strict(args.run), f"{args.run.name}: training loss (verified chain)")
+        if png is None:
+            return _err("--plot needs matplotlib: pip install 'lockstep[io]'")
+        atomic_write_bytes(args.plot, png)
+        print(printable(f"loss curve from the verified trajectory: {args.plot}"))
     return EXIT_OK if rep.ok else EXIT_BAD
 
 
@@ -147,7 +180,7 @@ def _replay(args) -> int:
             return _err(f"{args.plan}: no auditor named {args.auditor!r}")
         steps = mine[0]["steps"]
         if not steps:
-            print(f"the plan gives {args.auditor} no step")
+            print(printable(f"the plan gives {args.auditor} no step"))
             return EXIT_OK
     elif args.step is None:
         return _err("give --step t (or --plan PLAN --auditor NAME)")
@@ -157,8 +190,8 @@ def _replay(args) -> int:
         from .audit.certificate import load_private_key
 
         load_private_key(args.key)  # fail before hours of replay, not after
-    log = None if args.quiet else (lambda msg: print(msg, file=sys.stderr, flush=True))
-    result = replay_steps(args.run, steps, args.backend, data=args.data, log=log)
+    log = None if args.quiet else (lambda msg: print(printable(msg), file=sys.stderr, flush=True))
+    result = replay_steps(args.run, steps, args.backend, data=args.data, log=log, from_earlier=args.from_earlier)
     print(result.format())
     if args.out is not None or args.key is not None:
         cert = make_certificate(result, auditor=args.auditor)
@@ -166,7 +199,7 @@ def _replay(args) -> int:
             cert = sign_certificate(cert, args.key)
         out = args.out or Path(f"certificate-{result.commitment[:12]}-steps-{steps[0]}-{steps[-1]}.json")
         write_certificate(out, cert)
-        print(f"certificate: {out}" + (" (signed)" if "signature" in cert else ""))
+        print(printable(f"certificate: {out}" + (" (signed)" if "signature" in cert else "")))
     return EXIT_OK if result.ok else EXIT_BAD
 
 
@@ -186,7 +219,7 @@ def _check(args) -> int:
         try:
             cert = load_certificate(path)
         except Exception as exc:  # noqa: BLE001 - report and go on with the next file
-            print(f"{path}: REJECTED: {exc}")
+            print(printable(f"{path}: REJECTED: {exc}"))
             bad += 1
             continue
         problems = []
@@ -197,17 +230,19 @@ def _check(args) -> int:
         if args.run is not None:
             problems += run_problems(cert, args.run)
             if args.recompute:
-                problems += recheck_certificate(cert, args.run, args.backend, args.data)
+                problems += recheck_certificate(cert, args.run, args.backend, args.data,
+                                                log=lambda msg: print(printable(msg), file=sys.stderr, flush=True),
+                                                from_earlier=args.from_earlier)
         signer = cert.get("signature", {}).get("public_key", "")
         head = f"{path}: outcome {cert['outcome']}, steps {[s['step'] for s in cert['steps']]}" + (
             f", signed by {signer[:16]}..." if signer else ", unsigned")
         if problems:
             bad += 1
-            print(f"{head}: REJECTED")
+            print(printable(f"{head}: REJECTED"))
             for pr in problems:
-                print(f"  {pr}")
+                print(printable(f"  {pr}"))
         else:
-            print(f"{head}: ok" + (" (recomputed)" if args.recompute and args.run else ""))
+            print(printable(f"{head}: ok" + (" (recomputed)" if args.recompute and args.run else "")))
     return EXIT_BAD if bad else EXIT_OK
 
 
@@ -221,7 +256,7 @@ def _plan(args) -> int:
     print(format_plan(plan))
     if args.out is not None:
         atomic_write_json(args.out, plan)
-        print(f"plan: {args.out}")
+        print(printable(f"plan: {args.out}"))
     return EXIT_OK
 
 
@@ -234,13 +269,13 @@ def _merge(args) -> int:
         plan = load_plan(args.plan)
         problems = check_plan(plan)
         if problems:
-            print(f"{args.plan}: not a valid plan: " + "; ".join(problems[:5]))
+            print(printable(f"{args.plan}: not a valid plan: " + "; ".join(problems[:5])))
             return EXIT_BAD
     report = merge_certificates(args.certs, plan, _trusted(args.pub))
     print(report.format())
     if args.png is not None:
         try:
-            print(f"coverage plot: {plot_coverage(report, args.png)}")
+            print(printable(f"coverage plot: {plot_coverage(report, args.png)}"))
         except RuntimeError as exc:
             return _err(str(exc))
     return EXIT_OK if report.ok else EXIT_BAD
@@ -250,5 +285,6 @@ def _keygen(args) -> int:
     from .audit.certificate import generate_keypair, public_key_hex
 
     priv, pub = generate_keypair(args.out)
-    print(f"private key: {priv} (keep it secret)\npublic key:  {pub} ({public_key_hex(pub)})")
+    print(printable(f"private key: {priv} (keep it secret)"))
+    print(printable(f"public key:  {pub} ({public_key_hex(pub)})"))
     return EXIT_OK

@@ -1,4 +1,5 @@
-"""The ``lockstep`` command: ``version``, ``conformance``, ``data``, ``train``, ``audit``."""
+"""The ``lockstep`` command: ``version``, ``conformance``, ``data``, ``train``, ``audit``, ``sample``,
+``eval``, ``export``."""
 
 from __future__ import annotations
 
@@ -39,6 +40,8 @@ def cmd_conformance(args) -> int:
     from lockstep.backends import BackendUnavailable, get_backend
     from lockstep.conformance.runner import all_passed, print_table, run_conformance
 
+    if args.report:
+        return conformance_report(args)
     try:
         backend = get_backend(args.backend)
     except (BackendUnavailable, ValueError) as e:
@@ -52,6 +55,26 @@ def cmd_conformance(args) -> int:
         return 1
     print_table(results, backend, args.level, args.seed)
     return 0 if all_passed(results) else 2
+
+
+def conformance_report(args) -> int:
+    """``--report FILE``: conformance, tiny training steps and the flush probe, written to FILE."""
+    from pathlib import Path
+
+    from lockstep.conformance.report import build_report, exit_status, write_report
+
+    path = Path(args.report)
+    if args.ops:
+        print("lockstep conformance: --report runs every op; drop --ops", file=sys.stderr)
+        return 1
+    if not path.parent.is_dir():
+        print(f"lockstep conformance: cannot write the report {path}: {path.parent} is not a folder", file=sys.stderr)
+        return 1
+    report = build_report(args.backend, level=args.level, seed=args.seed)
+    write_report(report, path)
+    print(f"{report['verdict']}")
+    print(f"report written to {path}: attach it to an issue")
+    return exit_status(report)
 
 
 def plain_help(docstring: str) -> str:
@@ -78,11 +101,14 @@ def build_parser() -> argparse.ArgumentParser:
     v.set_defaults(func=cmd_version)
 
     c = sub.add_parser("conformance", help="compare a backend with the spec, byte for byte")
-    c.add_argument("--backend", default="spec", help="spec, numba, cuda or metal (default: spec)")
+    c.add_argument("--backend", default="spec", help="spec, numba, opencl, cuda or metal (default: spec)")
     c.add_argument("--level", type=int, choices=(1, 2), default=1, help="1: boundary values and small random sets; 2: larger")
     c.add_argument("--seed", type=int, default=0, help="seed of the random inputs (the golden cases always use seed 0)")
     c.add_argument("--max-errors", type=int, default=10, help="mismatching elements to print in all")
     c.add_argument("--ops", default="", help="comma-separated op names (default: all)")
+    c.add_argument("--report", metavar="FILE", default="",
+                   help="also train tiny steps against the spec and run the flush probe, and write everything to "
+                        "FILE (Markdown, with the JSON at its end) to attach to an issue")
     c.set_defaults(func=cmd_conformance)
 
     try:
@@ -103,6 +129,12 @@ def build_parser() -> argparse.ArgumentParser:
         pass
     else:
         add_audit_parser(sub)
+    try:
+        from lockstep.use_cli import add_use_parsers
+    except ImportError:
+        pass
+    else:
+        add_use_parsers(sub)
     return p
 
 

@@ -2,7 +2,7 @@
 
     lockstep data ingest --out DIR [NAME=]PATH ... [--weight NAME=W ...]
                          [--tokenizer tokenizer.json [--eod-token TOKEN]]
-                         [--text-field text] [--shard-tokens N]
+                         [--text-field text] [--shard-tokens N] [--validation-documents N]
     lockstep data default --out DIR
     lockstep data verify DIR
 
@@ -12,7 +12,9 @@ file is one document; a .jsonl file holds one JSON object per line whose ``text`
 field (``--text-field``) is a document. ``--weight NAME=W`` sets a source's mixing
 weight (default 1; only ratios matter). The default tokenizer is bytes; with
 ``--tokenizer`` a Hugging Face ``tokenizer.json`` is used offline (needs the
-``tokenizers`` package) and copied into DIR.
+``tokenizers`` package) and copied into DIR. ``--validation-documents N``: each source
+holds out its last N documents (in sorted file order) for ``lockstep eval``; training
+never sees them.
 ``default``: the embedded synthetic corpus (math, code, text), built offline.
 ``verify``: check a data folder's digests, paths and token ids, and summarise it.
 """
@@ -43,6 +45,8 @@ def add_data_parser(subparsers) -> argparse.ArgumentParser:
     ing.add_argument("--eod-token", help="the tokenizer's end-of-document token (default: a new id)")
     ing.add_argument("--text-field", default="text", help="the text field of .jsonl lines (default: text)")
     ing.add_argument("--shard-tokens", type=int, default=DEFAULT_SHARD_TOKENS, help="tokens per shard at most")
+    ing.add_argument("--validation-documents", type=int, default=0, metavar="N",
+                     help="hold out the last N documents of each source for validation (default 0)")
 
     dfl = sub.add_parser("default", help="build the embedded synthetic corpus (no download)")
     dfl.add_argument("--out", required=True, type=Path, help="the new data folder")
@@ -78,7 +82,9 @@ def _summary(manifest_path: Path) -> str:
     m = Manifest.load(manifest_path)
     lines = [f"{m.path}  sha256 {m.sha256}", f"  tokenizer {m.tokenizer_identity}"]
     for s in m.sources:
-        lines.append(f"  {s.name}: weight {s.weight}, {s.documents} documents, {s.tokens} tokens, {len(s.shards)} shards")
+        held = f" ({s.validation_documents} held out for validation)" if s.validation_documents else ""
+        lines.append(f"  {s.name}: weight {s.weight}, {s.documents} documents{held}, {s.tokens} tokens, "
+                     f"{len(s.shards)} shards")
     return "\n".join(lines)
 
 
@@ -93,6 +99,7 @@ def run_data(args) -> int:
             path = ingest(
                 args.out, sources, tokenizer_file=args.tokenizer, eod_token=args.eod_token,
                 text_field=args.text_field, shard_tokens=args.shard_tokens, progress=progress,
+                validation_documents=args.validation_documents,
             )
         elif args.data_command == "default":
             from lockstep.train.corpus import build_default_corpus

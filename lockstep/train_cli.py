@@ -14,11 +14,14 @@ import sys
 import time
 from pathlib import Path
 
+from lockstep.backends import BACKEND_ALIASES, KNOWN_BACKENDS
+
 DEFAULT_STEPS = {"tiny": 100, "small": 100, "open-1b": 10}
 DEFAULT_PRESET = "small"
 DEFAULT_SEED = 42
 PRESETS = ("tiny", "small", "open-1b")
-BACKENDS = ("spec", "numba", "cuda", "metal")
+# every backend name get_backend knows, aliases included (cupy = cuda)
+BACKENDS = (*KNOWN_BACKENDS, *sorted(BACKEND_ALIASES))
 
 
 def positive_int(text: str) -> int:
@@ -60,6 +63,16 @@ def batch_ramp(text: str) -> tuple[tuple[int, int], ...]:
     return tuple(stages)
 
 
+def _non_negative_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{value} is negative")
+    return value
+
+
 def add_train_parser(subparsers) -> argparse.ArgumentParser:
     p = subparsers.add_parser(
         "train",
@@ -80,7 +93,7 @@ def add_train_parser(subparsers) -> argparse.ArgumentParser:
                                                       "with --resume: the run's recorded target)")
     g.add_argument("--tokens", type=positive_int, help="train until this many tokens are consumed")
     p.add_argument("--out", help="run directory (default: runs/<preset>-<time>)")
-    p.add_argument("--backend", choices=BACKENDS, help="spec or numba (default: numba; without it, say "
+    p.add_argument("--backend", choices=BACKENDS, help="spec, numba, opencl, cuda (alias cupy) or metal (default: numba; without it, say "
                                                        "--backend spec, about 60x slower)")
     p.add_argument("--seed", type=seed_int, help="seed of the initial weights and of the data order, an integer "
                                                  f"in [0, 2**64) (default: {DEFAULT_SEED})")
@@ -97,6 +110,9 @@ def add_train_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--resume", metavar="RUN", help="continue RUN from its last complete checkpoint (or its "
                                                    "initial state), to its recorded target unless --steps/--tokens")
     p.add_argument("--no-quantize", action="store_true", help="float32 linears instead of int8 W8A8")
+    p.add_argument("--eval-every", type=_non_negative_int, metavar="K",
+                   help="validation loss every K steps and at the end, into metrics.jsonl and loss.png "
+                        "(default: 50 for small, off for tiny; 0: off)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=run_train)
     return p
@@ -159,7 +175,7 @@ def run_train(args) -> int:
         if args.resume:
             summary = train(args.resume, resume=True, data=args.data, steps=args.steps, tokens=args.tokens,
                             backend_name=backend, checkpoint_every=args.checkpoint_every, progress=not args.quiet,
-                            check_recipe=recipe_checker(args))
+                            check_recipe=recipe_checker(args), eval_every=args.eval_every)
         else:
             name = args.preset or DEFAULT_PRESET
             cfg = preset(name, quantize=not args.no_quantize)
@@ -171,7 +187,8 @@ def run_train(args) -> int:
             run_dir = args.out or str(Path("runs") / f"{name}-{time.strftime('%Y%m%d-%H%M%S')}")
             summary = train(run_dir, cfg=cfg, tcfg=tcfg, data=args.data, steps=steps, tokens=args.tokens,
                             seed=DEFAULT_SEED if args.seed is None else args.seed, backend_name=backend,
-                            checkpoint_every=args.checkpoint_every, progress=not args.quiet)
+                            checkpoint_every=args.checkpoint_every, progress=not args.quiet,
+                            eval_every=args.eval_every)
     except (BackendUnavailable, RecipeMismatch, CheckpointError, DataError, NonFiniteError, AgreedError,
             OSError, ValueError) as e:
         if is_root:

@@ -119,7 +119,7 @@ def _forge_chain(run: Path, recs: list[dict], from_step: int) -> list[dict]:
 
     h = genesis(load_recipe(run)) if from_step == 1 else recs[from_step - 2]["chain_hash"]
     for r in recs[from_step - 1:]:
-        h = r["chain_hash"] = hashing.chain_hash(r["step"], h, r["state_root"], r["batch_digest"])
+        h = r["chain_hash"] = hashing.record_chain_hash(h, r)
     _write_traj(run, recs)
     com = json.loads((run / "commitment.json").read_text())
     com["chain_hash"] = h
@@ -171,7 +171,7 @@ def test_cli_verify_and_replay_exit_codes(run1, tmp_path, capsys):
     assert _cli("verify", run1) == 0
     assert "VALID" in capsys.readouterr().out
     assert _cli("verify", tmp_path / "nowhere") == 1
-    assert _cli("replay", run1, "--step", "9") == 1  # no such step: an error, not a mismatch
+    assert _cli("replay", run1, "--step", "9", "--backend", "spec") == 1  # no such step: an error, not a mismatch
     assert "steps 1..4" in capsys.readouterr().err
 
 
@@ -204,10 +204,13 @@ def test_flipped_bit_in_checkpoint(run1, tmp_path, capsys):
     assert _cli("verify", run, "--no-batches") == 2
     assert name in capsys.readouterr().out
 
-    # the replay refuses the corrupt checkpoint, says so, and still replays from the initial state
+    # the replay refuses the corrupt checkpoint and says so; only when asked does it start earlier
     res = replay_step(run, 3, "spec")
+    assert not res.ok and res.checks == []
+    assert any("step-00000002" in d and name in d for d in res.damaged)
+    res = replay_step(run, 3, "spec", from_earlier=True)
     assert res.ok, res.format()
-    assert res.checks[0].start == 0 and any("step-00000002 skipped" in n and name in n for n in res.notes)
+    assert res.checks[0].start == 0 and any("step-00000002" in d and name in d for d in res.skipped_damaged)
 
 
 def test_trajectory_edit_with_chain_recomputed(run1, tmp_path):
@@ -225,7 +228,7 @@ def test_trajectory_edit_with_chain_recomputed(run1, tmp_path):
     c = res.check(3)
     assert c.differs == ["state_root", "chain_hash"] and c.published["state_root"] == recs[2]["state_root"]
     assert "no checkpoint of step 3" in c.note
-    assert _cli("replay", run, "--step", "4", "--quiet") == 2  # from checkpoint 2: stops at step 3
+    assert _cli("replay", run, "--step", "4", "--quiet", "--backend", "spec") == 2  # from checkpoint 2: stops at step 3
 
     # (b) the same edit at a checkpointed step (4), the sidecar left alone: verify already sees it,
     #     and the replay shows the checkpoint agrees with the replay, not with the trajectory.
@@ -273,7 +276,7 @@ def test_swapped_data_shard(run1, corpus, tmp_path, capsys):
     assert len(bad) == 1 and "00000.tokens.npy" in bad[0].message and "SHA-256" in bad[0].message
     with pytest.raises(ReplayError, match="00000.tokens.npy"):
         replay_step(run1, 1, "spec", data=data)
-    assert _cli("replay", run1, "--step", "1", "--data", data) == 1
+    assert _cli("replay", run1, "--step", "1", "--data", data, "--backend", "spec") == 1
     capsys.readouterr()
 
     # a data folder that verifies in itself (shards listed in another order) is not the run's data
@@ -320,7 +323,7 @@ def test_certificate_claiming_unreproduced_hash(run1, tmp_path, capsys):
     assert any("did not reproduce" in p and "state_root" in p for p in problems)
     write_certificate(tmp_path / "lie.json", lie)
     assert _cli("check", tmp_path / "lie.json", "--pub", liar_pub) == 0  # signed, consistent ...
-    assert _cli("check", tmp_path / "lie.json", "--run", run, "--recompute") == 2  # ... and false
+    assert _cli("check", tmp_path / "lie.json", "--run", run, "--recompute", "--backend", "spec") == 2  # ... and false
     assert "did not reproduce" in capsys.readouterr().out
 
     # 3. a certificate claiming a match while listing different hashes contradicts itself
@@ -383,7 +386,9 @@ def test_paths_that_leave_the_run_directory(run1, tmp_path):
     bad = [f for f in rep.errors if f.check == "path"]
     assert len(bad) == 1 and "step-00000002" in bad[0].path and "leaves the run directory" in bad[0].message
     assert 2 not in [s for s, _ in ckpt.list_checkpoints(run2)]
-    res = replay_steps(run2, [3], "spec")  # not followed: the replay starts from the initial state
+    res = replay_steps(run2, [3], "spec")  # not followed, and said: no start for step 3
+    assert not res.ok and any("step-00000002" in d and "symlink" in d for d in res.damaged)
+    res = replay_steps(run2, [3], "spec", from_earlier=True)  # asked: from the initial state
     assert res.ok and res.checks[0].start == 0
 
 
@@ -434,7 +439,7 @@ def test_merge_reports_planted_disagreement(run1, tmp_path, capsys):
     report = merge_certificates([tmp_path / "good.json", tmp_path / "bad.json"])
     assert report.disagreements == [4]
     assert report.steps[3].status == "match" and report.steps[3].count == 2
-    assert report.missing == [1, 2] and not report.ok
+    assert report.missing_ranges == [(1, 2)] and not report.ok
     png = plot_coverage(report, tmp_path / "coverage.png")
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert _cli("merge", tmp_path / "good.json", tmp_path / "bad.json", "--png", tmp_path / "c2.png") == 2

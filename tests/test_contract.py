@@ -140,9 +140,9 @@ def test_opencl_is_a_known_backend_with_its_module():
 
 @pytest.mark.parametrize("name", ["opencl", "cuda", "cupy", "metal"])
 def test_absent_backend_module_says_one_line(name, monkeypatch):
-    from lockstep.backends import BACKEND_MODULES, _ALIASES
+    from lockstep.backends import BACKEND_ALIASES, BACKEND_MODULES
 
-    module = BACKEND_MODULES[_ALIASES.get(name, name)]
+    module = BACKEND_MODULES[BACKEND_ALIASES.get(name, name)]
     monkeypatch.setitem(sys.modules, module, None)  # import fails as if the module were not there
     with pytest.raises(BackendUnavailable) as e:
         get_backend(name)

@@ -70,10 +70,25 @@ def test_chain_and_genesis():
     z = "00" * 32
     h0 = hashing.genesis_hash("11" * 32, "22" * 32, "1")
     assert h0 != hashing.genesis_hash("11" * 32, "22" * 32, "2")
-    h1 = hashing.chain_hash(1, h0, "33" * 32, "44" * 32)
-    want = hashlib.sha256(b"lockstep.chain.v1\x00" + struct.pack("<Q", 1) + bytes.fromhex(h0)
-                          + bytes.fromhex("33" * 32) + bytes.fromhex("44" * 32)).hexdigest()
+    h1 = hashing.chain_hash(1, h0, "33" * 32, "44" * 32, 192, "0x40B0651B", "0x3FA00B4C", "0x3C23D70A")
+    # the link written out byte by byte (SPEC_VERSION 2): domain, step, H_0, root, batch, tokens, three float32 bits
+    want = hashlib.sha256(b"lockstep.chain.v2\x00" + struct.pack("<Q", 1) + bytes.fromhex(h0)
+                          + bytes.fromhex("33" * 32) + bytes.fromhex("44" * 32) + struct.pack("<Q", 192)
+                          + struct.pack("<III", 0x40B0651B, 0x3FA00B4C, 0x3C23D70A)).hexdigest()
     assert h1 == want
-    assert hashing.chain_hash(2, h0, "33" * 32, "44" * 32) != h1
+    args = [1, h0, "33" * 32, "44" * 32, 192, "0x40B0651B", "0x3FA00B4C", "0x3C23D70A"]
+    # every field is bound: the step, each hash, the tokens and each bit of loss, grad norm and lr
+    for i, other in [(0, 2), (4, 193), (5, "0x40B0651A"), (6, "0x3FA00B4D"), (7, "0x3C23D70B")]:
+        changed = list(args)
+        changed[i] = other
+        assert hashing.chain_hash(*changed) != h1, i
+    # floats are taken as float32 bits, whatever form they come in
+    assert hashing.chain_hash(1, h0, "33" * 32, "44" * 32, 192, np.float32(1.0), 1.0, "0x3F800000") == \
+        hashing.chain_hash(1, h0, "33" * 32, "44" * 32, 192, "0x3F800000", "0x3F800000", "0x3F800000")
+    rec = {"step": 1, "state_root": "33" * 32, "batch_digest": "44" * 32, "tokens": 192, "loss_bits": "0x40B0651B",
+           "grad_norm_bits": "0x3FA00B4C", "lr_bits": "0x3C23D70A"}
+    assert hashing.record_chain_hash(h0, rec) == h1
     with pytest.raises(ValueError):
-        hashing.chain_hash(1, z[:-2], z, z)
+        hashing.chain_hash(1, z[:-2], z, z, 0, 0.0, 0.0, 0.0)
+    with pytest.raises(ValueError):
+        hashing.chain_hash(1, z, z, z, -1, 0.0, 0.0, 0.0)

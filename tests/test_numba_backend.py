@@ -175,6 +175,54 @@ def test_attention_near_the_flush_range_and_with_nonfinite_inputs(be):
                 "bwd non-finite")
 
 
+@pytest.mark.parametrize("dh", [16, 64])
+def test_attention_register_tiles_and_their_fallbacks_give_the_spec_bits(be, dh):
+    """Head dims that tile (``numba_cpu.tiles``), T = 43 (a partial last block of queries), and
+    blocks that must leave the tiles: tiny values near the flush range in some query rows,
+    a key and a value that are infinite (zeros of masked pairs would meet them), and dO
+    small enough that dk/dv must be redone with every flush test."""
+    b, h, g, t = 1, 4, 2, 43
+    for window in (8, None):
+        q = _tiny_values(20, (b, h, t, dh), -2, 2)
+        k = _tiny_values(21, (b, g, t, dh), -2, 2)
+        v = _tiny_values(22, (b, g, t, dh), -2, 2)
+        do = _tiny_values(23, (b, h, t, dh), -12, -8)
+        fw = spec.attention_forward(q, k, v, window)
+        assert_same(fw, be.attention_forward(q, k, v, window), f"tiled fwd W={window}")
+        assert_same(spec.attention_backward(do, q, k, v, *fw, window), be.attention_backward(do, q, k, v, *fw, window),
+                    f"tiled bwd W={window}")
+        q[0, 1, 9:12] = _tiny_values(24, (3, dh), -70, -64)  # rows of one block near the flush range
+        v[0, 1, 30, 2] = np.inf
+        k[0, 0, 5, 1] = -np.inf
+        do[0, 2, 17] = _tiny_values(25, (dh,), -70, -64)
+        fw = spec.attention_forward(q, k, v, window)
+        assert_same(fw, be.attention_forward(q, k, v, window), f"fallback fwd W={window}")
+        assert_same(spec.attention_backward(do, q, k, v, *fw, window), be.attention_backward(do, q, k, v, *fw, window),
+                    f"fallback bwd W={window}")
+
+
+@pytest.mark.parametrize("n", [16, 32, 48, 64, 128, 256, 512, 1376])
+def test_hadamard_in_registers_along_rows_and_down_columns(n):
+    """The register butterflies (``numba_cpu.butterflies``) give ``spec.quant.hadamard_transform``'s bits,
+    along rows (blocks of 16..256) and down columns (radix 16, columns not a multiple of 16 included),
+    with values that take the register path and values near the flush range that must not."""
+    from lockstep.backends.numba_cpu import quant as nq
+    from lockstep.spec.quant import hadamard_block, hadamard_transform
+
+    for lo_exp, hi_exp in ((-20, 5), (-125, -110)):
+        x = _tiny_values(n + 200 + lo_exp, (4, n), lo_exp, hi_exp)
+        rows = x.copy()  # finite, no subnormals: already entered
+        for r in range(rows.shape[0]):
+            nq.hadamard_row(rows[r], hadamard_block(n))
+        assert rows.tobytes() == hadamard_transform(x, axis=1).tobytes()
+        m, c = (256, 40) if n <= 256 else (512, n // 16)
+        col_in = _tiny_values(n + 201 + lo_exp, (m, c), lo_exp, hi_exp)
+        dst = np.empty_like(col_in)
+        partial = np.empty((m // hadamard_block(m), c), dtype=np.uint32)
+        nq._cols_transform_max(col_in, dst, hadamard_block(m), True, partial)
+        assert dst.tobytes() == hadamard_transform(col_in, axis=0).tobytes()
+
+
 def test_matmul_rows_with_and_without_the_flush_tests(be):
     """Rows whose products reach the flush range take the flushed loop; the others skip it."""
     a = _tiny_values(1, (6, 40), -3, 3)
@@ -231,8 +279,12 @@ def test_no_fused_multiply_add_in_the_compiled_code():
     row, mat = np.ones(16, f32), np.ones((16, 16), f32)
     cases = [
         (reduce.contract_row.py_func, (row, mat, row.copy(), True)),
+        (reduce._tiled_rows.py_func, (np.ones((8, 16), f32), np.ones((16, 40), f32), np.zeros((16, 32), f32), 32,
+                                      np.ones((8, 40), f32), np.ones((8, 32), f32))),
         (attention._scores_row.py_func, (row, mat, 0, 16, True, f32(1), row.copy())),
-        (attention._rank1_rows.py_func, (mat.copy(), row, row)),
+        (attention._block_scores.py_func, (np.ones((8, 16), f32), np.ones((16, 64), f32), 0, 8, np.ones((8, 64), f32))),
+        (attention._block_keys_accumulate.py_func, (np.ones((8, 40), f32), 0, 8, np.ones((8, 64), f32),
+                                                    np.ones((12, 64), f32))),
         (transcendental.exp_diff_row.py_func, (row, f32(0), row.copy())),
         (optim._adamw_kernel.dispatcher.py_func, (0, 1, row, row, row, row, *(f32(0.5),) * 7, True, f32(1), f32(1),
                                                   row.copy(), row.copy(), row.copy())),

@@ -11,8 +11,12 @@
   final commitment; ``merge.merge_certificates``: coverage, disagreements, gaps.
 
 Nothing read from a run directory, a plan or a certificate is ever executed or
-unpickled; every path inside a run goes through ``lockstep.fsio.safe_join``, and
-every digest is checked before the thing it covers is used.
+unpickled. Files inside a run are opened by walking down from the run directory
+without following any symlink (``lockstep.fsio.open_regular``): regular files only,
+never a FIFO or a device, each within a stated size cap, read once. Every digest is
+checked before the thing it covers is used, every count is bounded before anything
+is sized by it, and every string from a file is escaped before it is printed. The
+threat model (who may be hostile, what each command promises) is in the README.
 """
 
 from .verify import Finding, Report, verify_run

@@ -2,7 +2,7 @@
 
 A certificate is a JSON object::
 
-    {"format": "lockstep.audit-certificate", "version": 1,
+    {"format": "lockstep.audit-certificate", "version": 2,
      "run": {"commitment": H_N, "last_step": N, "genesis": H_0, "recipe_sha256": ..., "preset": "tiny"},
      "targets": [t, ...],                 the steps asked for
      "steps": [{"step": s, "start": c, "match": true, "replayed": {...}, "published": {...},
@@ -14,12 +14,19 @@ A certificate is a JSON object::
      "backend": "spec", "backend_description": ..., "spec_version": ..., "lockstep_version": ...,
      "machine": {"cpu": ..., "cores": ..., "gpu": ..., "os": ..., "python": ..., "numpy": ...},
      "milliseconds": 1234, "created_utc": "2026-01-01T00:00:00Z", "auditor": "name" (optional),
+     "notes": [...] (optional), "problems": [...] (optional: what makes the run invalid; outcome "mismatch"),
      "signature": {"algorithm": "ed25519", "public_key": HEX32, "value": HEX64} (optional)}
+
+The ``steps`` are what one replay of the ``targets`` produces
+(``replay_shape_problems``): each step once, ascending, ``0 <= start < step``, the
+entries with one start consecutive from ``start + 1`` and ending at a target or a
+mismatch; claims of any other shape are refused, so nothing counts a step no replay
+of the targets reached.
 
 Numbers are integers only (times in milliseconds), so the canonical bytes are the
 same in every language. **Canonical bytes** (what is signed)::
 
-    b"lockstep.audit-certificate.v1\\0" || JSON of the certificate without "signature",
+    b"lockstep.audit-certificate.v2\\0" || JSON of the certificate without "signature",
     keys sorted, separators "," and ":", ASCII only (\\uXXXX escapes), no NaN
 
 A signature proves who made the claim and that it was not edited since; only a
@@ -41,12 +48,12 @@ from pathlib import Path
 import numpy as np
 
 import lockstep
-from lockstep.fsio import FileFormatError, atomic_write_bytes, json_bytes, read_json
+from lockstep.fsio import FileFormatError, atomic_write_bytes, json_bytes, read_json, read_named_file
 from lockstep.spec import SPEC_VERSION
 
 CERT_FORMAT = "lockstep.audit-certificate"
-CERT_VERSION = 1
-SIGNING_DOMAIN = b"lockstep.audit-certificate.v1\x00"
+CERT_VERSION = 2
+SIGNING_DOMAIN = b"lockstep.audit-certificate.v2\x00"
 MAX_KEY_BYTES = 64 << 10
 _HEX64 = re.compile(r"[0-9a-f]{64}")
 
@@ -137,8 +144,12 @@ def make_certificate(result, auditor: str | None = None) -> dict:
         "milliseconds": int(round(result.seconds * 1000)),
         "created_utc": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
     }
-    if result.notes:
-        cert["notes"] = list(result.notes)
+    notes = list(result.notes) + [f"damaged, replayed from an earlier state: {d}" for d in result.skipped_damaged]
+    if notes:
+        cert["notes"] = notes
+    problems = list(result.problems) + [f"damaged: {d}" for d in result.damaged]
+    if problems:
+        cert["problems"] = problems
     if auditor:
         cert["auditor"] = str(auditor)
     return cert
@@ -177,6 +188,9 @@ def _check_structure(cert, where: str) -> None:
         raise CertificateError(f"{where}: 'steps' must be a list of {{step, match, replayed, published}} objects")
     if not isinstance(cert.get("targets"), list) or not all(type(t) is int for t in cert["targets"]):
         raise CertificateError(f"{where}: 'targets' must be a list of integers")
+    extra = cert.get("problems", [])
+    if not isinstance(extra, list) or not all(isinstance(x, str) for x in extra):
+        raise CertificateError(f"{where}: 'problems' must be a list of strings")
     if cert.get("outcome") not in ("match", "mismatch"):
         raise CertificateError(f"{where}: outcome must be 'match' or 'mismatch'")
     sig = cert.get("signature")
@@ -195,9 +209,53 @@ def load_certificate(path: str | os.PathLike) -> dict:
     return cert
 
 
+def replay_shape_problems(cert: dict) -> list[str]:
+    """Step entries that no replay of the certificate's targets can have produced.
+
+    A replay of targets t_1 < t_2 < ... (``replay.replay_steps``) starts each target
+    from a checkpoint c < t (or the initial state, c = 0) and replays c+1, ..., t, or
+    goes on from the previous target's state; it stops a target's replay at its first
+    mismatch. So each step appears once, ``0 <= start < step <= the last target``,
+    the entries with one start are consecutive from start + 1, and a run of them ends
+    at a target or at a mismatch. Anything else is a claim without a replay behind it.
+    """
+    problems = []
+    targets = sorted(set(cert["targets"]))
+    last_target = targets[-1] if targets else 0
+    steps = [s["step"] for s in cert["steps"]]
+    seen: set[int] = set()
+    for s in cert["steps"]:
+        step, start = s["step"], s.get("start")
+        if step in seen:
+            problems.append(f"step {step}: claimed twice")
+        seen.add(step)
+        if type(start) is not int or not 0 <= start < step:
+            problems.append(f"step {step}: start {start!r} is not a checkpoint before it (0 <= start < {step})")
+        elif step > last_target:
+            problems.append(f"step {step}: beyond the certificate's last target {last_target}; a replay of its "
+                            "targets never reaches it")
+    if problems:
+        return problems
+    by_step = {s["step"]: s for s in cert["steps"]}
+    for s in cert["steps"]:
+        step, start = s["step"], s["start"]
+        gap = [u for u in range(start + 1, step) if by_step.get(u, {}).get("start") != start]
+        if gap:
+            problems.append(f"step {step}: replayed from {'checkpoint ' + str(start) if start else 'the initial state'}"
+                            f" without step {gap[0]} before it")
+        nxt = by_step.get(step + 1)
+        continues = nxt is not None and nxt["start"] == start
+        if not continues and step not in targets and s["match"]:
+            problems.append(f"step {step}: neither a target nor followed by step {step + 1}; a replay stops only at "
+                            "a target or a mismatch")
+    if steps != sorted(steps):
+        problems.append("the steps are not in ascending order")
+    return problems
+
+
 def consistency_problems(cert: dict) -> list[str]:
     """Claims inside one certificate that contradict each other (no replay needed)."""
-    problems = []
+    problems = replay_shape_problems(cert)
     all_match = True
     for s in cert["steps"]:
         rep, pub = s["replayed"], s["published"]
@@ -211,10 +269,12 @@ def consistency_problems(cert: dict) -> list[str]:
         all_match &= bool(s["match"])
     covered = {s["step"] for s in cert["steps"]}
     missing = [t for t in cert["targets"] if t not in covered]
+    if cert["outcome"] == "match" and cert.get("problems"):
+        problems.append("outcome 'match' but the certificate lists problems that make the run invalid")
     if cert["outcome"] == "match" and (not all_match or missing):
         problems.append("outcome 'match' but " + ("a step mismatched" if not all_match else f"targets {missing} "
                                                                                               "were not replayed"))
-    if cert["outcome"] == "mismatch" and all_match and not missing:
+    if cert["outcome"] == "mismatch" and all_match and not missing and not cert.get("problems"):
         problems.append("outcome 'mismatch' but every step matched")
     last = {s["step"]: s for s in cert["steps"]}.get(cert["run"]["last_step"])
     if last is not None and last["published"].get("chain_hash") != cert["run"]["commitment"]:
@@ -241,12 +301,10 @@ def _crypto():
 def _read_key_file(path: str | os.PathLike) -> bytes:
     path = Path(path)
     try:
-        if path.stat().st_size > MAX_KEY_BYTES:
-            raise CertificateError(f"{path}: larger than {MAX_KEY_BYTES} bytes; not a key file")
-        return path.read_bytes()
+        return read_named_file(path, "key file", MAX_KEY_BYTES)
     except FileNotFoundError:
         raise CertificateError(f"key file not found: {path}") from None
-    except OSError as exc:
+    except (OSError, ValueError) as exc:
         raise CertificateError(f"{path}: cannot read the key ({exc})") from None
 
 
@@ -261,10 +319,8 @@ def generate_keypair(prefix: str | os.PathLike) -> tuple[Path, Path]:
     priv = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
                              serialization.NoEncryption())
     pub = key.public_key().public_bytes(serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo)
-    fd = os.open(priv_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    with os.fdopen(fd, "wb") as f:
-        f.write(priv)
-    atomic_write_bytes(pub_path, pub)
+    atomic_write_bytes(priv_path, priv, mode=0o600, overwrite=False)
+    atomic_write_bytes(pub_path, pub, overwrite=False)
     return priv_path, pub_path
 
 
@@ -382,22 +438,43 @@ def run_problems(cert: dict, run_dir: str | os.PathLike) -> list[str]:
 
 
 def recheck_certificate(cert: dict, run_dir: str | os.PathLike, backend_name: str = "spec",
-                        data: str | os.PathLike | None = None, log=None) -> list[str]:
-    """Replay the certificate's targets here and compare with what it claims to have replayed."""
-    from .replay import replay_steps
+                        data: str | os.PathLike | None = None, log=None, from_earlier: bool = False) -> list[str]:
+    """Replay here every step the certificate claims (and its targets), and compare claim by claim.
 
-    result = replay_steps(run_dir, cert["targets"], backend_name, data, log=log)
+    Every claimed step is recomputed: its replayed hashes and its match/mismatch
+    verdict must be this replay's. A claimed step this replay did not reach (an
+    earlier step mismatched) cannot be vouched for, and is a problem too, as is a
+    claimed step outside the run. The certificate passes only when nothing differs.
+    """
+    from .replay import ReplayError, replay_steps
+
+    claimed = sorted({s["step"] for s in cert["steps"]} | set(cert["targets"]))
+    if not claimed:
+        return ["the certificate claims no step"]
+    try:
+        result = replay_steps(run_dir, claimed, backend_name, data, log=log, from_earlier=from_earlier)
+    except ReplayError as exc:
+        return [f"cannot recompute the claimed steps {claimed[:10]}{' ...' if len(claimed) > 10 else ''}: {exc}"]
     problems = []
     mine = {c.step: c for c in result.checks}
     for s in cert["steps"]:
         c = mine.get(s["step"])
         if c is None:
+            problems.append(f"step {s['step']}: claimed, but the recomputation here did not reach it (an earlier "
+                            "step mismatched); the certificate vouches for a step nobody can confirm")
             continue
-        for k in ("state_root", "chain_hash"):
-            if k in s["replayed"] and s["replayed"][k] != c.replayed.get(k):
-                problems.append(f"step {s['step']}: the certificate claims replayed {k} {s['replayed'][k]}, the "
+        for k in sorted(set(s["replayed"]) | {"state_root", "chain_hash"}):
+            if s["replayed"].get(k) != c.replayed.get(k):
+                problems.append(f"step {s['step']}: the certificate claims replayed {k} {s['replayed'].get(k)}, the "
                                 f"recomputation here gives {c.replayed.get(k)}: the certificate claims a hash it "
                                 "did not reproduce")
+        if s["match"] != c.match:
+            problems.append(f"step {s['step']}: the certificate says {'match' if s['match'] else 'mismatch'}, the "
+                            f"recomputation here says {'match' if c.match else 'mismatch'}")
+    found = result.problems + result.damaged
+    if found and not cert.get("problems"):
+        problems.append(f"the recomputation finds the run invalid or damaged and the certificate does not say so: "
+                        f"{found[0]}")
     if cert["outcome"] != result.outcome:
         problems.append(f"the certificate's outcome is {cert['outcome']!r}, the recomputation's {result.outcome!r}")
     return problems

@@ -1,7 +1,9 @@
 """``lockstep audit merge CERT...``: what a set of certificates says about a run, together.
 
 For each certificate: its structure, its internal consistency (a "match" must list
-equal hashes) and its signature (if signed; with ``--pub`` only certificates signed
+equal hashes, and its steps must be what one replay of its targets produces:
+``certificate.replay_shape_problems``, so a step no replay of the targets reached is
+never counted) and its signature (if signed; with ``--pub`` only certificates signed
 by the given keys count). Rejected certificates are listed and count for nothing.
 Certificates for another commitment than the first (or the plan's) are rejected too.
 
@@ -9,11 +11,19 @@ Then, per step of the run:
 
 * **coverage**: the distinct auditors (signing key, else ``auditor`` name, else the
   file) whose certificates replayed the step, and their outcomes;
+* **authentication**: only with ``--pub`` (``trusted_keys``) is every counted
+  certificate signed by a key someone vouched for. Without it the names and keys are
+  self-declared (anyone can make three keys), so the merge reports coverage as
+  claimed and its verdict says UNAUTHENTICATED: never a complete audit by distinct
+  auditors;
 * **disagreements**: two certificates for the same step with different replayed state
   roots or chain hashes, or different outcomes (one of them is wrong, or the run's
   state is not a function of its recipe);
 * **mismatches**: steps whose replay did not reproduce the published hashes (the run
   fails its audit there);
+* **run problems**: what certificates report as making the run invalid or damaged
+  (a broken chain, a checkpoint that contradicts the run or is damaged); any one
+  makes the merge inconsistent;
 * **missing**: steps no certificate covers; with ``--plan``, steps covered by fewer
   distinct auditors than the plan's redundancy, and planned (auditor, step) pairs
   that no certificate of that auditor delivered (auditors are matched by name).
@@ -24,9 +34,12 @@ Then, per step of the run:
 
 from __future__ import annotations
 
+import io
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from lockstep.fsio import atomic_write_bytes, printable
 
 from .certificate import (CertificateError, auditor_id, consistency_problems, load_certificate,
                           signature_problem)
@@ -64,10 +77,28 @@ class MergeReport:
     rejected: list[tuple[str, str]] = field(default_factory=list)  # (certificate, why)
     redundancy: int | None = None
     undelivered: list[tuple[str, int]] = field(default_factory=list)  # (planned auditor, step)
+    authenticated: bool = False  # every counted certificate is signed by a key given with --pub
+    run_problems: list[tuple[str, str]] = field(default_factory=list)  # (certificate, what makes the run invalid)
 
     @property
-    def missing(self) -> list[int]:
-        return [s for s, c in self.steps.items() if c.count == 0]
+    def missing_ranges(self) -> list[tuple[int, int]]:
+        """The steps of 1..last_step no accepted certificate covers, as inclusive ``(first, last)`` ranges.
+
+        ``steps`` holds only covered steps, so this costs the number of covered steps,
+        whatever ``last_step`` a certificate or plan names.
+        """
+        out, nxt = [], 1
+        for s in sorted(self.steps):
+            if s > nxt:
+                out.append((nxt, s - 1))
+            nxt = s + 1
+        if nxt <= self.last_step:
+            out.append((nxt, self.last_step))
+        return out
+
+    @property
+    def missing_count(self) -> int:
+        return sum(b - a + 1 for a, b in self.missing_ranges)
 
     @property
     def under_covered(self) -> list[int]:
@@ -83,9 +114,15 @@ class MergeReport:
         return [s for s, c in self.steps.items() if not c.disagreement and c.status == "MISMATCH"]
 
     @property
+    def consistent(self) -> bool:
+        """Every step covered k times, no disagreement, mismatch, rejection or undelivered assignment."""
+        return not (self.missing_ranges or self.under_covered or self.disagreements or self.mismatches
+                    or self.rejected or self.undelivered or self.run_problems)
+
+    @property
     def ok(self) -> bool:
-        return not (self.missing or self.under_covered or self.disagreements or self.mismatches or self.rejected
-                    or self.undelivered)
+        """A complete audit by distinct auditors: consistent, and every auditor's identity verified."""
+        return self.consistent and self.authenticated
 
     def format(self, max_rows: int = 60) -> str:
         k = self.redundancy
@@ -94,6 +131,8 @@ class MergeReport:
                  + (f", planned redundancy {k}" if k else "")]
         for name, why in self.rejected:
             lines.append(f"  rejected {name}: {why}")
+        for name, why in self.run_problems[:20]:
+            lines.append(f"  RUN INVALID OR DAMAGED according to {name}: {why}")
         lines.append(f"  {'step':>8}  {'auditors':>8}  status    detail")
         rows = []
         for s, c in self.steps.items():
@@ -113,29 +152,44 @@ class MergeReport:
             lines.append(f"  ... {len(rows) - len(shown)} fully covered matching step(s) not shown")
         if len(shown) > max_rows:
             lines.append(f"  ... {len(shown) - max_rows} more")
+        gaps = self.missing_ranges
+        for a, b in gaps[:max_rows]:
+            lines.append(f"  {a if a == b else f'{a}-{b}':>8}  {0:>8}  missing")
+        if len(gaps) > max_rows:
+            lines.append(f"  ... {len(gaps) - max_rows} more missing range(s)")
         for a, s in self.undelivered[:20]:
             lines.append(f"  planned but not delivered: {a} step {s}")
         if len(self.undelivered) > 20:
             lines.append(f"  ... {len(self.undelivered) - 20} more undelivered")
-        covered = self.last_step - len(self.missing)
-        lines.append(f"coverage {covered}/{self.last_step} step(s); missing {_ranges(self.missing)}; "
+        covered = self.last_step - self.missing_count
+        lines.append(f"coverage {covered}/{self.last_step} step(s); missing {_format_ranges(self.missing_ranges)}; "
                      f"disagreements {_ranges(self.disagreements)}; mismatches {_ranges(self.mismatches)}")
-        lines.append("COMPLETE AND CONSISTENT" if self.ok else "INCOMPLETE OR INCONSISTENT")
-        return "\n".join(lines)
+        if not self.authenticated:
+            lines.append(("coverage as claimed, " if self.consistent else "INCOMPLETE OR INCONSISTENT, and ")
+                         + "UNAUTHENTICATED: no --pub, so who made each certificate is not verified and "
+                           "self-named or self-signed certificates cannot count as distinct auditors; pass the "
+                           "auditors' public keys with --pub")
+        else:
+            lines.append("COMPLETE AND CONSISTENT" if self.ok else "INCOMPLETE OR INCONSISTENT")
+        return "\n".join(printable(line) for line in lines)  # untrusted names cannot add lines
+
+
+def _format_ranges(ranges: list[tuple[int, int]]) -> str:
+    if not ranges:
+        return "none"
+    out = [str(a) if a == b else f"{a}-{b}" for a, b in ranges[:20]]
+    return ", ".join(out) + (" ..." if len(ranges) > 20 else "")
 
 
 def _ranges(steps: list[int]) -> str:
-    if not steps:
-        return "none"
-    out, start, prev = [], steps[0], steps[0]
-    for s in steps[1:] + [None]:
-        if s is not None and s == prev + 1:
-            prev = s
-            continue
-        out.append(str(start) if start == prev else f"{start}-{prev}")
-        if s is not None:
-            start = prev = s
-    return ", ".join(out[:20]) + (" ..." if len(out) > 20 else "")
+    """``1-3, 7``: ascending steps as ranges."""
+    ranges: list[tuple[int, int]] = []
+    for s in sorted(steps):
+        if ranges and s == ranges[-1][1] + 1:
+            ranges[-1] = (ranges[-1][0], s)
+        else:
+            ranges.append((s, s))
+    return _format_ranges(ranges)
 
 
 def merge_certificates(paths: list[str | os.PathLike], plan: dict | None = None,
@@ -170,21 +224,22 @@ def merge_certificates(paths: list[str | os.PathLike], plan: dict | None = None,
         else:
             kept.append((name, cert))
 
-    steps = {s: StepCoverage(s) for s in range(1, last_step + 1)}
+    steps: dict[int, StepCoverage] = {}  # only covered steps: never one entry per step of last_step
     for name, cert in kept:
         who = auditor_id(cert, name)
         for s in cert["steps"]:
-            cov = steps.get(s["step"])
-            if cov is None:
+            if not 1 <= s["step"] <= last_step:
                 continue
+            cov = steps.setdefault(s["step"], StepCoverage(s["step"]))
             outcome = "match" if s["match"] else "mismatch"
             if who in cov.auditors and (cov.auditors[who] != outcome):
                 outcome = "mismatch"  # one auditor, two answers: count the worse
             cov.auditors[who] = outcome
             cov.roots[who] = (s["replayed"].get("state_root"), s["replayed"].get("chain_hash"))
 
-    report = MergeReport(commitment, last_step, steps, [n for n, _ in kept], rejected,
-                         plan["redundancy"] if plan else None)
+    report = MergeReport(commitment, last_step, dict(sorted(steps.items())), [n for n, _ in kept], rejected,
+                         plan["redundancy"] if plan else None, authenticated=bool(trusted_keys),
+                         run_problems=[(name, p) for name, cert in kept for p in cert.get("problems", [])])
     if plan:
         names_seen: dict[str, set[int]] = {}
         for name, cert in kept:
@@ -206,11 +261,13 @@ def plot_coverage(report: MergeReport, path: str | os.PathLike) -> Path:
     except ImportError:
         raise RuntimeError("the coverage PNG needs matplotlib: pip install 'lockstep[io]'") from None
     colours = {"match": "#2e7d32", "MISMATCH": "#c62828", "DISAGREE": "#ff8f00", "missing": "#9e9e9e"}
-    xs = list(report.steps)
+    xs = list(report.steps)  # covered steps only; missing ones are drawn as grey spans
     counts = [report.steps[s].count for s in xs]
     cols = [colours[report.steps[s].status] for s in xs]
     fig, ax = plt.subplots(figsize=(max(6, min(16, len(xs) / 20)), 3.5))
-    ax.bar(xs, [c if c else 0.15 for c in counts], color=cols, width=0.9 if len(xs) <= 100 else 1.0, linewidth=0)
+    for a, b in report.missing_ranges[:1000]:
+        ax.axvspan(a - 0.5, b + 0.5, color=colours["missing"], alpha=0.35, linewidth=0)
+    ax.bar(xs, counts, color=cols, width=0.9 if len(xs) <= 100 else 1.0, linewidth=0)
     if report.redundancy:
         ax.axhline(report.redundancy, color="black", linestyle="--", linewidth=1, label=f"planned k={report.redundancy}")
     from matplotlib.patches import Patch
@@ -227,13 +284,13 @@ def plot_coverage(report: MergeReport, path: str | os.PathLike) -> Path:
     ax.yaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_xlabel("step")
     ax.set_ylabel("distinct auditors")
-    ax.set_title(f"audit coverage of run {(report.commitment or '?')[:16]}...: {report.last_step - len(report.missing)}"
-                 f"/{report.last_step} steps covered")
-    ax.set_xlim(0.5, max(xs, default=1) + 0.5)
+    ax.set_title(f"audit coverage of run {(report.commitment or '?')[:16]}...: "
+                 f"{report.last_step - report.missing_count}/{report.last_step} steps covered")
+    ax.set_xlim(0.5, max(report.last_step, 1) + 0.5)
     fig.tight_layout()
-    path = Path(path)
-    tmp = path.with_name(f".{path.name}.tmp")
-    fig.savefig(tmp, format="png")
+    buf = io.BytesIO()  # rendered in memory, then written by the atomic writer (no fixed temporary name)
+    fig.savefig(buf, format="png")
     plt.close(fig)
-    os.replace(tmp, path)
+    path = Path(path)
+    atomic_write_bytes(path, buf.getvalue())
     return path

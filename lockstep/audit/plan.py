@@ -24,46 +24,73 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from lockstep.fsio import FileFormatError, read_json
+from lockstep.fsio import FileFormatError, printable, read_json
 from lockstep.spec.philox import PhiloxStream
 from lockstep.train.data import keyed_permutation
 
 PURPOSE = "lockstep.audit.plan"
 PLAN_FORMAT = "lockstep.audit-plan"
 PLAN_VERSION = 1
+# Stated maxima, checked before anything is allocated (a run of 4T tokens at 3M tokens per step has
+# 1.3M steps): the permutation of the steps costs about 24 bytes per step, the plan about 40 per assignment.
+MAX_PLAN_STEPS = 10_000_000
+MAX_PLAN_ASSIGNMENTS = 30_000_000  # steps x redundancy
+MAX_AUDITORS = 100_000
+MAX_PLAN_BYTES = 256 << 20
 
 
 class PlanError(ValueError):
     """A plan cannot be made or read; the message says why and what to do."""
 
 
-def _commitment_of(source) -> tuple[str, int]:
+def _commitment_of(source, where: str | None = None) -> tuple[str, int]:
     """``(H_N, N)`` from a run directory, a commitment.json, or a dict ``{chain_hash, last_step}``."""
-    from .verify import HEX64, RunFileError, read_commitment, read_trajectory_strict
+    from .verify import HEX64
 
     if isinstance(source, dict):
         c = source
     else:
         p = Path(source)
         if p.is_dir():
-            try:
-                c = read_commitment(p)
-                traj = read_trajectory_strict(p)
-            except RunFileError as exc:
-                raise PlanError(str(exc)) from None
-            if not traj or traj[-1]["chain_hash"] != c["chain_hash"] or len(traj) != c["last_step"]:
-                raise PlanError(f"{p}: commitment.json does not match the trajectory's last record; "
-                                "run `lockstep audit verify` first")
+            c = _intact_commitment(p)
         else:
             try:
-                c = read_json(p, "commitment")
+                c = read_json(p, "commitment", max_bytes=64 << 10)
             except (FileFormatError, OSError) as exc:
                 raise PlanError(str(exc)) from None
     if not isinstance(c, dict) or not isinstance(c.get("chain_hash"), str) or not HEX64.fullmatch(c["chain_hash"]):
-        raise PlanError(f"{source}: no 64-digit chain_hash (the run's commitment)")
+        raise PlanError(f"{where or source}: no 64-digit chain_hash (the run's commitment)")
     if type(c.get("last_step")) is not int or c["last_step"] < 1:
-        raise PlanError(f"{source}: last_step must be an integer >= 1")
+        raise PlanError(f"{where or source}: last_step must be an integer >= 1")
+    if c["last_step"] > MAX_PLAN_STEPS:
+        raise PlanError(f"{where or source}: last_step {c['last_step']} is beyond what an audit plan handles (at most "
+                        f"{MAX_PLAN_STEPS} steps); a real run's commitment names its own step count")
     return c["chain_hash"], c["last_step"]
+
+
+def _intact_commitment(run_dir: Path) -> dict:
+    """A run's commitment, checked here (not left to a separate ``audit verify``): it must be ``H_N`` of
+    the published chain, recomputed from ``H_0`` link by link, so no plan is drawn for a broken chain."""
+    from lockstep.spec import hashing
+    from lockstep.train.trainer import genesis
+
+    from .verify import RunFileError, load_run_recipe, read_commitment, read_trajectory_strict
+
+    try:
+        c = read_commitment(run_dir)
+        traj = read_trajectory_strict(run_dir)
+        h = genesis(load_run_recipe(run_dir))
+    except RunFileError as exc:
+        raise PlanError(str(exc)) from None
+    for rec in traj:
+        if hashing.record_chain_hash(h, rec) != rec["chain_hash"]:
+            raise PlanError(f"{run_dir}: the published chain is broken at step {rec['step']}; the run is invalid, "
+                            "so no audit plan is drawn for it (`lockstep audit verify` lists why)")
+        h = rec["chain_hash"]
+    if not traj or h != c["chain_hash"] or len(traj) != c["last_step"]:
+        raise PlanError(f"{run_dir}: commitment.json is not H_{len(traj)} of the trajectory; the run is invalid, "
+                        "so no audit plan is drawn for it")
+    return c
 
 
 def draw_assignment(commitment: str, last_step: int, auditors: int, redundancy: int) -> list[list[int]]:
@@ -74,6 +101,11 @@ def draw_assignment(commitment: str, last_step: int, auditors: int, redundancy: 
         raise PlanError(f"--redundancy must be >= 1, got {redundancy!r}")
     if redundancy > auditors:
         raise PlanError(f"redundancy {redundancy} needs at least {redundancy} distinct auditors, got {auditors}")
+    if auditors > MAX_AUDITORS:
+        raise PlanError(f"--auditors {auditors} is more than the {MAX_AUDITORS} a plan handles")
+    if not 1 <= last_step <= MAX_PLAN_STEPS or last_step * redundancy > MAX_PLAN_ASSIGNMENTS:
+        raise PlanError(f"{last_step} steps x redundancy {redundancy} is beyond what a plan handles (at most "
+                        f"{MAX_PLAN_STEPS} steps and {MAX_PLAN_ASSIGNMENTS} assignments)")
     key = bytes.fromhex(commitment)
     sigma = keyed_permutation(PhiloxStream(0, PURPOSE, key, "auditors"), auditors).tolist()
     pi = keyed_permutation(PhiloxStream(0, PURPOSE, key, "steps"), last_step).tolist()
@@ -112,20 +144,23 @@ def coverage(plan: dict) -> dict[int, list[int]]:
 
 
 def load_plan(path: str | os.PathLike) -> dict:
+    """Read a plan (strict JSON, at most ``MAX_PLAN_BYTES``) and check its shape and bounds."""
     try:
-        plan = read_json(path, "audit plan")
+        plan = read_json(path, "audit plan", max_bytes=MAX_PLAN_BYTES)
     except (FileFormatError, OSError) as exc:
         raise PlanError(str(exc)) from None
     if not isinstance(plan, dict) or plan.get("format") != PLAN_FORMAT or plan.get("version") != PLAN_VERSION:
         raise PlanError(f"{path}: not a lockstep audit plan ({PLAN_FORMAT} v{PLAN_VERSION})")
+    _commitment_of({"chain_hash": plan.get("commitment"), "last_step": plan.get("last_step")}, where=str(path))
     auditors = plan.get("auditors")
     if not (isinstance(auditors, list) and all(isinstance(a, dict) and type(a.get("index")) is int
                                                and isinstance(a.get("steps"), list)
                                                and all(type(s) is int for s in a["steps"]) for a in auditors)):
         raise PlanError(f"{path}: 'auditors' must be a list of {{index, name, steps}}")
-    _commitment_of({"chain_hash": plan.get("commitment"), "last_step": plan.get("last_step")})
-    if type(plan.get("redundancy")) is not int:
-        raise PlanError(f"{path}: 'redundancy' must be an integer")
+    k = plan.get("redundancy")
+    if type(k) is not int or not 1 <= k <= len(auditors) or plan["last_step"] * k > MAX_PLAN_ASSIGNMENTS:
+        raise PlanError(f"{path}: 'redundancy' must be an integer from 1 to the number of auditors "
+                        f"({len(auditors)}), with steps x redundancy at most {MAX_PLAN_ASSIGNMENTS}")
     return plan
 
 
@@ -155,4 +190,4 @@ def format_plan(plan: dict, max_steps: int = 20) -> str:
     for a in plan["auditors"]:
         shown = ", ".join(map(str, a["steps"][:max_steps])) + (" ..." if len(a["steps"]) > max_steps else "")
         lines.append(f"  {a['index']:>4}  {a.get('name', '')}: {len(a['steps'])} step(s): {shown}")
-    return "\n".join(lines)
+    return "\n".join(printable(line) for line in lines)  # untrusted names cannot add lines

@@ -8,16 +8,20 @@ For a target step t:
    recipe digest is the recipe's). A checkpoint that fails is skipped, and said; with
    none left the replay starts from step 0, ``init_params(cfg, seed)`` and ``H_0``.
 2. **Data.** The run's data folder (or ``--data DIR``), every shard verified by
-   ``Manifest.load``; the stream positioned by the checkpoint's resume record.
+   ``Manifest.load``. The stream is built from its start and each step's windows
+   come from the step plan (the recipe's batch schedule), never from a record a
+   checkpoint carries: a checkpoint's ``stream_state`` is only compared with the
+   derived position, and a difference makes the run invalid (``problems``).
 3. **Each step s = start+1 .. t** (``step.tree_step``): the global batch of step s,
    its micro-batches one after another (one micro-batch's activations alive at a
    time), added as the spec's tree says (``spec.tree.TreeFolder``: at most
    ceil(log2 M) + 1 gradient sums alive), clipping, AdamW, the state root; then
-   ``H_s = chain_hash(s, H_{s-1}, root_s, batch_digest_s)``. The tree does not
-   depend on how many ranks trained the run, so the replay needs no world size: it
-   matches runs made with any number, and with a number that changed on a resume.
-   The state root, chain hash, batch digest and the float bits of loss, gradient
-   norm and learning rate are compared with the trajectory's record of step s.
+   ``H_s = chain_hash(s, H_{s-1}, root_s, batch_digest_s, tokens_s, loss_bits_s,
+   grad_norm_bits_s, lr_bits_s)``. The tree does not depend on how many ranks
+   trained the run, so the replay needs no world size: it matches runs made with
+   any number, and with a number that changed on a resume. The state root, chain
+   hash, batch digest, token count and the float bits of loss, gradient norm and
+   learning rate are compared with the trajectory's record of step s.
 4. **On a mismatch** the replay of that target stops. When a checkpoint of step s
    exists, the replayed tensors are compared with its tensors: every tensor whose
    digest differs is named with its first differing Merkle chunk (1 MiB) and first
@@ -29,6 +33,7 @@ state when no newer checkpoint lies between them.
 
 from __future__ import annotations
 
+import io
 import os
 import time
 from dataclasses import dataclass, field
@@ -36,17 +41,18 @@ from pathlib import Path
 
 import numpy as np
 
-from lockstep.fsio import UnsafePath, read_json, safe_join
+from lockstep.fsio import UnsafePath, printable, read_json_regular
 from lockstep.spec import SPEC_VERSION, hashing
 from lockstep.train import checkpoint as ckpt
-from lockstep.train.data import DataError, GlobalStream, batch_digest
+from lockstep.train.data import GlobalStream, batch_digest
 from lockstep.train.rundir import recorded_world_sizes
 from lockstep.train.trainer import genesis, recipe_digest
 
 from .verify import (RunFileError, configs, float_bits, load_run_recipe, open_data, read_commitment,
-                     read_trajectory_strict)
+                     read_trajectory_strict, require_memory)
 
-COMPARED = ("state_root", "chain_hash", "batch_digest", "loss_bits", "grad_norm_bits", "lr_bits")
+FASTEST_FIRST = ("cuda", "metal", "numba")  # what --backend auto tries, before the spec itself
+COMPARED = ("state_root", "chain_hash", "batch_digest", "tokens", "loss_bits", "grad_norm_bits", "lr_bits")
 
 
 class ReplayError(RuntimeError):
@@ -126,6 +132,10 @@ class ReplayResult:
     recipe_sha256: str
     seconds: float
     notes: list[str] = field(default_factory=list)
+    problems: list[str] = field(default_factory=list)  # the run is invalid: never a MATCH
+    damaged: list[str] = field(default_factory=list)  # damaged or missing checkpoints met: never a MATCH
+    skipped_damaged: list[str] = field(default_factory=list)  # damaged starts passed over with --from-earlier
+    backend_choice: str | None = None  # why this backend, when it was chosen automatically
 
     @property
     def replayed_targets(self) -> list[int]:
@@ -133,7 +143,8 @@ class ReplayResult:
 
     @property
     def ok(self) -> bool:
-        return all(c.match for c in self.checks) and sorted(self.replayed_targets) == sorted(self.targets)
+        return (not self.problems and not self.damaged and all(c.match for c in self.checks)
+                and sorted(self.replayed_targets) == sorted(self.targets))
 
     @property
     def outcome(self) -> str:
@@ -148,6 +159,11 @@ class ReplayResult:
     def format(self) -> str:
         lines = [f"run {self.run_dir}: {self.preset}, {self.last_step} steps, "
                  f"commitment {self.commitment[:16]}...; backend {self.backend}"]
+        lines += [f"  RUN INVALID: {p}" for p in self.problems]
+        lines += [f"  DAMAGED: {d}" for d in self.damaged]
+        lines += [f"  DAMAGED, replayed from an earlier state (--from-earlier): {d}" for d in self.skipped_damaged]
+        if self.backend_choice:
+            lines.append(f"  backend: {self.backend_choice}")
         lines += [f"  note: {n}" for n in self.notes]
         for c in self.checks:
             tag = "target" if c.step in self.targets else "on the way"
@@ -167,9 +183,24 @@ class ReplayResult:
                 lines.append(f"      {c.note}")
         missing = [t for t in self.targets if t not in self.replayed_targets]
         if missing:
-            lines.append(f"  not replayed (an earlier step of their replay mismatched): steps {missing}")
-        lines.append(f"{self.outcome.upper()} ({self.seconds:.1f}s)")
-        return "\n".join(lines)
+            lines.append(f"  not replayed (a checkpoint on the way is damaged or contradicts the run, or an earlier "
+                         f"step of their replay mismatched): steps {missing}")
+        lines.append(self._verdict())
+        return "\n".join(printable(line) for line in lines)  # untrusted names cannot add lines
+
+
+    def _verdict(self) -> str:
+        took = f"({self.seconds:.1f}s)"
+        if self.problems:
+            return (f"MISMATCH: the run is invalid ({len(self.problems)} problem(s) listed at the top), whatever the "
+                    f"replayed steps gave {took}")
+        if self.damaged:
+            return (f"MISMATCH: {len(self.damaged)} damaged or missing checkpoint(s), listed at the top; "
+                    f"the replay cannot vouch for what they hold {took}")
+        if self.ok and self.skipped_damaged:
+            return (f"MATCH from an earlier state: {len(self.skipped_damaged)} damaged checkpoint(s) passed over "
+                    f"(listed at the top) {took}")
+        return f"{self.outcome.upper()} {took}"
 
 
 def _short(h: str | None) -> str:
@@ -215,7 +246,8 @@ def diff_tensors(replayed: dict[str, np.ndarray], published: dict[str, np.ndarra
     return out
 
 
-def _diagnose(run_dir: Path, step: int, replayed: dict[str, np.ndarray], replayed_root: str) -> tuple[list[TensorDiff], str]:
+def _diagnose(run_dir: Path, step: int, replayed: dict[str, np.ndarray], replayed_root: str,
+              max_bytes: int) -> tuple[list[TensorDiff], str]:
     """Compare a mismatching replayed state with the checkpoint of the same step, if there is one."""
     try:
         found = dict(ckpt.list_checkpoints(run_dir))
@@ -226,10 +258,10 @@ def _diagnose(run_dir: Path, step: int, replayed: dict[str, np.ndarray], replaye
                     "tensors differ cannot be told (replay a step that has a checkpoint to localise it)")
     folder = found[step]
     try:
-        c = ckpt.load_checkpoint(folder)
+        c = ckpt.load_checkpoint(folder, max_bytes=max_bytes)
     except ckpt.CheckpointError as exc:
         try:
-            side = read_json(safe_join(folder, ckpt.SIDECAR_FILE), "checkpoint sidecar")
+            side = read_json_regular(folder, ckpt.SIDECAR_FILE, "checkpoint sidecar", ckpt.MAX_SIDECAR_BYTES)
             want = side.get("tensor_digests") if isinstance(side, dict) else None
         except (OSError, ValueError):
             want = None
@@ -261,12 +293,16 @@ class _State:
 
 
 class _Replayer:
-    def __init__(self, run_dir: Path, backend_name: str, data, log):
-        from lockstep.backends import BackendUnavailable, get_backend
-
+    def __init__(self, run_dir: Path, backend_name: str, data, log, from_earlier: bool = False):
         self.run_dir = run_dir
         self.log = log or (lambda msg: None)
+        self.from_earlier = from_earlier
         self.notes: list[str] = []
+        self.damaged: list[str] = []
+        self.skipped_damaged: list[str] = []
+        self.passed_over: set[int] = set()  # steps of damaged checkpoints skipped with --from-earlier
+        self.backend_choice: str | None = None
+        self.last_state: _State | None = None
         try:
             self.recipe = load_run_recipe(run_dir)
             self.traj = read_trajectory_strict(run_dir)
@@ -277,30 +313,40 @@ class _Replayer:
                               f"{self.recipe['spec_version']!r}, this lockstep implements {SPEC_VERSION!r}; "
                               "install the lockstep release of that SPEC_VERSION to replay it")
         self.cfg, self.tcfg = configs(self.recipe)
+        try:
+            require_memory(self.cfg, self.tcfg, "replay a step")  # before anything is allocated
+        except RunFileError as exc:
+            raise ReplayError(str(exc)) from None
+        self.state_bound = ckpt.state_bytes_bound(self.cfg)  # a larger state file is refused unread
         self.h0 = genesis(self.recipe)
         self.digest = recipe_digest(self.recipe)
         try:
             self.manifest = open_data(run_dir, self.recipe, data)
         except RunFileError as exc:
             raise ReplayError(str(exc)) from None
-        try:
-            self.be = get_backend(backend_name)
-        except BackendUnavailable:
-            raise
-        except Exception as exc:  # noqa: BLE001 - a backend that fails to load is an error, not a crash
-            raise ReplayError(f"backend {backend_name!r} could not be loaded ({type(exc).__name__}: {exc}); "
-                              "check it with `lockstep conformance --backend NAME`, or replay with --backend spec")
+        self.backend_name = backend_name  # loaded by load_backend, once the steps asked for are known to exist
 
-        self.stream: GlobalStream | None = None
-        self.rejected: dict[int, str] = {}
+        # The data a step sees is a pure function of the recipe, the manifest and the step: the stream
+        # is built from its start and positioned by the step plan; a checkpoint's stream_state is only
+        # compared with it (``checkpoint.stream_state_problem``).
+        self.stream = GlobalStream(self.manifest, self.recipe["seed"], self.cfg.seq_len)
+        self.problems: list[str] = []  # what makes the run invalid, whatever the replayed steps give
+        try:
+            self.complete = dict(ckpt.list_checkpoints(run_dir))
+            self.incomplete = {ckpt.step_of_dirname(p.name): why for p, why in ckpt.incomplete_checkpoints(run_dir)
+                               if ckpt.step_of_dirname(p.name) is not None}
+        except UnsafePath as exc:
+            self.problems.append(f"checkpoints/ cannot be used: {exc}")
+            self.complete, self.incomplete = {}, {}
         try:
             self.commitment = read_commitment(run_dir)["chain_hash"]
             if self.traj and self.commitment != self.traj[-1]["chain_hash"]:
-                self.notes.append(f"commitment.json ({self.commitment}) is not the trajectory's last chain hash "
-                                  f"({self.traj[-1]['chain_hash']}); `lockstep audit verify` reports it")
+                self.problems.append(f"commitment.json ({self.commitment}) is not the trajectory's last chain hash "
+                                     f"({self.traj[-1]['chain_hash']})")
         except RunFileError as exc:
             self.commitment = self.traj[-1]["chain_hash"] if self.traj else self.h0
             self.notes.append(f"{exc}; the trajectory's last chain hash stands in for the commitment")
+        self._check_published_chain()
 
     # -- the starting state -------------------------------------------------------------
 
@@ -314,58 +360,151 @@ class _Replayer:
             return f"its chain hash {c.sidecar.get('chain_hash')} is not the trajectory's {rec['chain_hash']}"
         if c.sidecar.get("recipe_sha256") != self.digest:
             return f"its recipe digest {c.sidecar.get('recipe_sha256')} is not recipe.json's {self.digest}"
-        return None
+        return ckpt.stream_state_problem(c.sidecar, self.stream, self.tcfg, step)
 
-    def _published_chain_ok(self, upto: int) -> None:
+    def _check_published_chain(self) -> None:
+        """Every published link ``H_t`` recomputed from ``H_0`` (cheap: one SHA-256 per step).
+
+        A replay starts from a checkpoint whose chain hash is the published ``H_c``; that
+        is only evidence when the links before it hold, so a broken link anywhere makes
+        the run invalid (never a note under a MATCH).
+        """
         h = self.h0
-        for rec in self.traj[:upto]:
-            if hashing.chain_hash(rec["step"], h, rec["state_root"], rec["batch_digest"]) != rec["chain_hash"]:
-                note = (f"the published chain is broken at step {rec['step']} (before the replay's start); "
-                        "`lockstep audit verify` reports it")
-                if note not in self.notes:
-                    self.notes.append(note)
+        for rec in self.traj:
+            want = hashing.record_chain_hash(h, rec)
+            if want != rec["chain_hash"]:
+                self.problems.append(f"the published chain is broken at step {rec['step']}: its chain_hash is not "
+                                     f"H_{rec['step']} recomputed from the record and H_{rec['step'] - 1} "
+                                     "(`lockstep audit verify` lists every broken link)")
                 return
             h = rec["chain_hash"]
 
-    def start_state(self, target: int) -> _State:
-        from lockstep.train.model import init_params
-        from lockstep.train.optim import AdamWState
+    def load_backend(self) -> None:
+        from lockstep.backends import BackendUnavailable, get_backend
+
+        if self.backend_name == "auto":
+            self.be, self.backend_choice = choose_backend(self.log)
+            self.log(f"backend: {self.backend_choice}")
+            return
+        try:
+            self.be = get_backend(self.backend_name)
+        except BackendUnavailable:
+            raise
+        except Exception as exc:  # noqa: BLE001 - a backend that fails to load is an error, not a crash
+            raise ReplayError(f"backend {self.backend_name!r} could not be loaded ({type(exc).__name__}: {exc}); "
+                              "check it with `lockstep conformance --backend NAME`, or replay with --backend spec")
+
+    # -- checkpoints -----------------------------------------------------------------
+
+    def checkpoint_steps(self) -> list[int]:
+        """Every step with a checkpoint folder, complete or not (an incomplete one is damaged)."""
+        return sorted(set(self.complete) | set(self.incomplete))
+
+    def _load(self, step: int) -> tuple[ckpt.Checkpoint | None, str | None]:
+        """``(checkpoint, None)`` when the folder of ``step`` verifies, else ``(None, what is damaged)``."""
+        if step in self.incomplete:
+            return None, self.incomplete[step]
+        try:
+            return ckpt.load_checkpoint(self.complete[step], max_bytes=self.state_bound), None
+        except (ckpt.CheckpointError, ValueError, OSError) as exc:
+            return None, str(exc)
+
+    @staticmethod
+    def _once(kind: list[str], msg: str) -> None:
+        if msg not in kind:
+            kind.append(msg)
+
+    def _start_candidate(self, step: int):
+        """``((params, opt, checkpoint), None)`` if checkpoint ``step`` is a sound start, else ``(None, (kind, why))``."""
         from lockstep.train.step import split_state
 
-        try:
-            found = ckpt.list_checkpoints(self.run_dir)
-        except UnsafePath as exc:
-            self.notes.append(f"checkpoints/ not used: {exc}")
-            found = []
-        for step, folder in reversed(found):
-            if step >= target or step in self.rejected:
-                continue
+        c, damage = self._load(step)
+        if damage is not None:
+            return None, ("damaged", damage)
+        why = self._checkpoint_problem(step, c)
+        if why is None:
             try:
-                c = ckpt.load_checkpoint(folder)
-                why = self._checkpoint_problem(step, c)
-                if why is None:
-                    params, opt = split_state(c.tensors)
-                    if opt.step != step:
-                        why = f"its 'step' tensor holds {opt.step}"
-            except (ckpt.CheckpointError, ValueError, OSError) as exc:
+                params, opt = split_state(c.tensors)
+                if opt.step != step:
+                    why = f"its 'step' tensor holds {opt.step}"
+            except ValueError as exc:
                 why = str(exc)
-            if why is not None:
-                self.rejected[step] = why
-                self.notes.append(f"checkpoint {folder.name} skipped: {why}")
-                continue
-            self._published_chain_ok(step)
-            if self.stream is None:
-                try:
-                    self.stream = GlobalStream.from_state(self.manifest, self.recipe["seed"], self.cfg.seq_len,
-                                                          c.sidecar.get("stream_state"))
-                except (DataError, TypeError, KeyError, ValueError) as exc:
-                    self.notes.append(f"{folder / ckpt.SIDECAR_FILE}: stream_state not used ({exc}); "
-                                      "the data stream is rebuilt from its start")
-            self.log(f"starting from checkpoint {folder.name} (verified)")
-            return _State(step, params, opt, c.sidecar["chain_hash"], step)
-        self.log("starting from the initial state (step 0, H_0)")
+        if why is not None:
+            return None, ("contradicts", why)
+        return (params, opt, c), None
+
+    def start_state(self, target: int) -> _State | None:
+        """The newest sound checkpoint before ``target`` (or step 0); None when the replay must not go on.
+
+        A damaged checkpoint (or one that contradicts the run) at the natural start is
+        reported at the top of the result. Without ``from_earlier`` the target is not
+        replayed from an older state (that can be many more steps, and the user should
+        know first); with it the next older checkpoint is tried.
+        """
+        from lockstep.train.model import init_params
+        from lockstep.train.optim import AdamWState
+
+        for step in reversed([s for s in self.checkpoint_steps() if s < target]):
+            found, bad = self._start_candidate(step)
+            if found is not None:
+                params, opt, c = found
+                return _State(step, params, opt, c.sidecar["chain_hash"], step)
+            kind, why = bad
+            name = ckpt.step_dirname(step)
+            if kind == "contradicts":
+                self._once(self.problems, f"checkpoint {name} contradicts the run: {why}")
+            elif self.from_earlier:
+                self._once(self.skipped_damaged, f"checkpoint {name}: {why}")
+                self.passed_over.add(step)
+            else:
+                self._once(self.damaged, f"checkpoint {name}: {why}")
+            if not self.from_earlier:
+                older = [s for s in self.checkpoint_steps() if s < step]
+                more = f"checkpoint {ckpt.step_dirname(older[-1])}" if older else "the initial state"
+                self.notes.append(f"step {target} was not replayed: its start, checkpoint {name}, "
+                                  f"{'is damaged' if kind == 'damaged' else 'contradicts the run'}; `--from-earlier` "
+                                  f"replays it from {more} ({target - (older[-1] if older else 0)} steps)")
+                return None
         params = init_params(self.cfg, self.recipe["seed"])
         return _State(0, params, AdamWState.zeros(params), self.h0, 0)
+
+    def compare_with_checkpoint(self, check: StepCheck, s: int, res, chain: str, plan) -> None:
+        """The replayed state of step ``s`` against the checkpoint saved at ``s``, when there is one.
+
+        A damaged checkpoint there (or none at the run's last step, which the trainer
+        always saves) is reported; a verified one must hold the replayed state root,
+        chain hash, token count and the recipe's data position.
+        """
+        from lockstep.train.step import state_tensors
+
+        name = ckpt.step_dirname(s)
+        if s not in self.complete and s not in self.incomplete:
+            if s == len(self.traj):
+                self._once(self.damaged, f"no checkpoint of the last step {s} ({name}): the run's final weights "
+                                         "are not published (the trainer always saves the last step)")
+            return
+        if s in self.passed_over:
+            return  # damaged, reported, and replayed past at the user's request (--from-earlier)
+        c, damage = self._load(s)
+        if damage is not None:
+            self._once(self.damaged, f"checkpoint {name}, at replayed step {s}: {damage}")
+            return
+        why = ckpt.stream_state_problem(c.sidecar, self.stream, self.tcfg, s)
+        if why is not None:
+            self._once(self.problems, f"checkpoint {name} contradicts the run: {why}")
+        if c.sidecar.get("recipe_sha256") != self.digest:
+            self._once(self.problems, f"checkpoint {name} was made with recipe {c.sidecar.get('recipe_sha256')}, "
+                                      f"not recipe.json's {self.digest}")
+        for key, replayed, published in (("checkpoint_state_root", res.state_root, c.sidecar["state_root"]),
+                                         ("checkpoint_chain_hash", chain, c.sidecar.get("chain_hash")),
+                                         ("checkpoint_tokens", plan.tokens_after, c.sidecar.get("tokens"))):
+            check.replayed[key], check.published[key] = replayed, published
+            if replayed != published:
+                check.differs.append(key)
+        if res.state_root != c.sidecar["state_root"]:
+            check.tensor_diffs = diff_tensors(state_tensors(res.params, res.opt), c.tensors, f"checkpoint {name}")
+            why = f"the checkpoint saved at step {s} holds another state than the replay (the trajectory matches)"
+            check.note = why if check.note is None else f"{check.note}; {why}"
 
     # -- one step ----------------------------------------------------------------------
 
@@ -375,8 +514,6 @@ class _Replayer:
 
         s = st.step + 1
         t0 = time.perf_counter()
-        if self.stream is None:
-            self.stream = GlobalStream(self.manifest, self.recipe["seed"], self.cfg.seq_len)
         plan = plan_step(self.tcfg, self.cfg.seq_len, s)
         windows = self.stream.windows(plan.first_window, plan.n_windows)
         bd = batch_digest(windows)
@@ -389,41 +526,51 @@ class _Replayer:
                               note=f"the replay stopped: {exc} (the run published finite values)",
                               seconds=time.perf_counter() - t0)
             return check, None
-        chain = hashing.chain_hash(s, st.chain, res.state_root, bd)
-        replayed = {"state_root": res.state_root, "chain_hash": chain, "batch_digest": bd,
+        replayed = {"state_root": res.state_root, "batch_digest": bd, "tokens": plan.tokens_after,
                     "loss_bits": float_bits(res.loss), "grad_norm_bits": float_bits(res.grad_norm),
                     "lr_bits": float_bits(res.lr)}
+        chain = replayed["chain_hash"] = hashing.record_chain_hash(st.chain, {"step": s, **replayed})
         replayed = {k: v for k, v in replayed.items() if k in published or k in ("state_root", "chain_hash")}
         differs = [k for k in COMPARED if k in replayed and replayed[k] != published.get(k)]
         check = StepCheck(s, st.start, replayed, published, differs, seconds=time.perf_counter() - t0)
         if not differs:
-            return check, _State(s, res.params, res.opt, chain, st.start)
+            self.compare_with_checkpoint(check, s, res, chain, plan)
+            check.seconds = time.perf_counter() - t0
+            return check, (_State(s, res.params, res.opt, chain, st.start) if check.match else None)
         if "batch_digest" in differs:
             check.note = (f"the data gives windows {plan.first_window}..{plan.first_window + plan.n_windows - 1} "
                           "another digest than the trajectory's: the published step did not train on the recipe's data")
         if "state_root" in differs:
-            check.tensor_diffs, why = _diagnose(self.run_dir, s, state_tensors(res.params, res.opt), res.state_root)
+            check.tensor_diffs, why = _diagnose(self.run_dir, s, state_tensors(res.params, res.opt), res.state_root,
+                                                self.state_bound)
             check.note = why if check.note is None else f"{check.note}; {why}"
-        elif "chain_hash" in differs and "batch_digest" not in differs:
-            check.note = ("the state root matches but the chain hash does not: the published chain hash (or the "
-                          "previous one) was altered")
-        elif set(differs) <= {"loss_bits", "grad_norm_bits", "lr_bits"}:
-            check.note = "the state matches; the trajectory's published loss / gradient norm / learning rate do not"
+        elif differs == ["chain_hash"]:
+            check.note = ("the state root and every published value match but the chain hash does not: the "
+                          "published chain hash (or the previous one) was altered")
+        elif "batch_digest" not in differs:
+            fields = [k for k in differs if k != "chain_hash"]
+            check.note = (f"the state matches; the trajectory's published {', '.join(fields)} do not (the chain "
+                          "hash covers them, so it differs too)")
         return check, None
 
 
 def replay_steps(run_dir: str | os.PathLike, steps, backend_name: str = "spec", data: str | os.PathLike | None = None,
-                 log=None) -> ReplayResult:
+                 log=None, from_earlier: bool = False) -> ReplayResult:
     """Replay the given steps of the run in ``run_dir`` (module docstring) and compare each with the trajectory.
 
-    Raises ``ReplayError`` when the replay cannot run at all, and
-    ``lockstep.backends.BackendUnavailable`` for a backend that cannot run here.
+    ``backend_name="auto"`` picks the fastest installed backend that passes
+    conformance here (``choose_backend``). A damaged checkpoint at a target's start
+    stops that target unless ``from_earlier``. Before each run of steps ``log`` says
+    how many steps it will replay and from where, then one progress line per step
+    with an estimate of the time left. Raises ``ReplayError`` when the replay cannot
+    run at all, and ``lockstep.backends.BackendUnavailable`` for a backend that
+    cannot run here.
     """
     t0 = time.perf_counter()
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
         raise ReplayError(f"{run_dir}: not a directory; give the path of a run directory")
-    rp = _Replayer(run_dir, backend_name, data, log)
+    rp = _Replayer(run_dir, backend_name, data, log, from_earlier)
     n = len(rp.traj)
     try:
         targets = sorted({int(s) for s in steps})
@@ -434,37 +581,100 @@ def replay_steps(run_dir: str | os.PathLike, steps, backend_name: str = "spec", 
     bad = [t for t in targets if not 1 <= t <= n]
     if bad:
         raise ReplayError(f"{run_dir}: the run has steps 1..{n}; cannot replay step(s) {bad}")
+    rp.load_backend()
+    for p in rp.problems:
+        rp.log(f"RUN INVALID: {p}")
     checks: list[StepCheck] = []
     state: _State | None = None
     for t in targets:
         if state is None or state.step >= t or _newer_checkpoint(rp, state.step, t):
+            said = len(rp.damaged) + len(rp.skipped_damaged) + len(rp.problems)
             state = rp.start_state(t)
-        while state is not None and state.step < t:
-            rp.log(f"replaying step {state.step + 1} (backend {rp.be.name})")
-            check, state = rp.step(state)
-            checks.append(check)
+            for d in (rp.problems + rp.damaged + rp.skipped_damaged)[said:]:
+                rp.log(f"DAMAGED OR INVALID: {d}")
+            if state is None:
+                continue
+        _replay_run_of_steps(rp, state, t, checks)
+        state = rp.last_state
     trained_on = recorded_world_sizes(run_dir, [c.step for c in checks])
     for c in checks:
         c.world_size = trained_on.get(c.step)
     return ReplayResult(run_dir=run_dir, targets=targets, checks=checks, backend=rp.be.name,
                         backend_description=rp.be.description, preset=rp.cfg.name,
                         commitment=rp.commitment, last_step=n, genesis=rp.h0, recipe_sha256=rp.digest,
-                        seconds=time.perf_counter() - t0, notes=rp.notes)
+                        seconds=time.perf_counter() - t0, notes=rp.notes, problems=rp.problems,
+                        damaged=rp.damaged, skipped_damaged=rp.skipped_damaged, backend_choice=rp.backend_choice)
+
+
+def _replay_run_of_steps(rp: _Replayer, state: _State, target: int, checks: list[StepCheck]) -> None:
+    """Steps state.step+1 .. target: said first, then a progress line with an estimate after each."""
+    first, count = state.step + 1, target - state.step
+    origin = (f"checkpoint {ckpt.step_dirname(state.start)}" if state.start and state.step == state.start else
+              "the initial state" if state.step == 0 else f"the state replayed to step {state.step}")
+    rp.log(f"replaying {count} step(s), {first}..{target}, from {origin} on one process (the spec's micro-batch "
+           f"tree needs no world size), backend {rp.be.name}")
+    t0 = time.perf_counter()
+    done = 0
+    while state is not None and state.step < target:
+        check, state = rp.step(state)
+        checks.append(check)
+        done += 1
+        per_step = (time.perf_counter() - t0) / done
+        left = f", about {_duration(per_step * (count - done))} left" if done < count and state is not None else ""
+        rp.log(f"  step {check.step} ({done}/{count}): {'match' if check.match else 'MISMATCH'}, "
+               f"{check.seconds:.1f}s{left}")
+    rp.last_state = state
 
 
 def _newer_checkpoint(rp: _Replayer, have: int, target: int) -> bool:
-    """True when a usable checkpoint lies strictly between the replayed state and the target."""
-    try:
-        found = ckpt.list_checkpoints(rp.run_dir)
-    except UnsafePath:
-        return False
-    return any(have < s < target and s not in rp.rejected for s, _ in found)
+    """True when a complete checkpoint lies strictly between the replayed state and the target."""
+    return any(have < s < target for s in rp.complete)
+
+
+def _duration(seconds: float) -> str:
+    seconds = int(round(seconds))
+    if seconds < 60:
+        return f"{seconds}s"
+    if seconds < 3600:
+        return f"{seconds // 60}m{seconds % 60:02d}s"
+    return f"{seconds // 3600}h{seconds // 60 % 60:02d}m"
+
+
+def choose_backend(log=None) -> tuple[object, str]:
+    """The fastest installed backend that passes conformance here, and a line saying why it was chosen.
+
+    Tried in ``FASTEST_FIRST`` order: one that is not installed (or cannot load) is
+    passed over; one that loads must pass ``lockstep conformance`` level 1 (every op
+    against the spec, byte for byte) before a replay trusts it. The spec is the last
+    resort.
+    """
+    from lockstep.backends import get_backend, spec_backend
+    from lockstep.conformance.runner import all_passed, run_conformance
+
+    log = log or (lambda msg: None)
+    passed_over = []
+    for name in FASTEST_FIRST:
+        try:
+            be = get_backend(name)
+        except Exception as exc:  # noqa: BLE001 - not installed or not loadable here: try the next
+            first = str(exc).splitlines()[0][:100] if str(exc) else type(exc).__name__
+            passed_over.append(f"{name}: {first}")
+            continue
+        log(f"checking backend {name} against the spec (conformance level 1) before the replay trusts it ...")
+        t0 = time.perf_counter()
+        results = run_conformance(be, level=1, progress=False, out=io.StringIO())
+        if all_passed(results):
+            return be, (f"{name}, the fastest installed backend; it passed conformance level 1 here "
+                        f"({len(results)} ops, {time.perf_counter() - t0:.0f}s)")
+        failed = [r.op for r in results if r.status != "PASS"]
+        passed_over.append(f"{name}: failed conformance on {', '.join(failed[:5])}")
+    return spec_backend(), f"spec, the reference (no faster backend passed conformance here: {'; '.join(passed_over)})"
 
 
 def replay_step(run_dir: str | os.PathLike, step: int, backend_name: str = "spec",
-                data: str | os.PathLike | None = None, log=None) -> ReplayResult:
+                data: str | os.PathLike | None = None, log=None, from_earlier: bool = False) -> ReplayResult:
     """Replay step ``step`` (and the steps between its starting checkpoint and it); see ``replay_steps``."""
-    return replay_steps(run_dir, [step], backend_name, data, log)
+    return replay_steps(run_dir, [step], backend_name, data, log, from_earlier)
 
 
 __all__ = ["ReplayError", "ReplayResult", "StepCheck", "TensorDiff", "diff_tensors", "replay_step", "replay_steps"]

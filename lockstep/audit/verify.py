@@ -14,7 +14,8 @@ The checks, in order (each failure is one ``Finding``; all are collected):
    recipe's before any shard is read, then every shard's SHA-256 is checked.
 4. **Trajectory and chain.** Strict JSON lines, steps 1..N in order, hex digests;
    the chain is recomputed from ``H_0``: ``H_t = chain_hash(t, H_{t-1}, state_root_t,
-   batch_digest_t)`` must equal each record's ``chain_hash`` (a broken link is
+   batch_digest_t, tokens_t, loss_bits_t, grad_norm_bits_t, lr_bits_t)`` must equal
+   each record's ``chain_hash`` (so the loss curve people read is covered) (a broken link is
    reported and the next link is checked from the published value, so each broken
    link is reported once). Each record's ``tokens`` and ``lr`` bits are recomputed
    from the schedule, and its float bits must agree with its decimal values.
@@ -27,6 +28,10 @@ The checks, in order (each failure is one ``Finding``; all are collected):
    failure the tensors whose digests differ from the sidecar are named.
 7. **Commitment.** ``commitment.json`` holds the last chain hash (recomputed), the
    last step, ``H_0`` and the recipe digest.
+8. **Derived files.** ``metrics.jsonl`` and ``loss.png`` are not evidence (the chain
+   does not cover them): the metrics' losses are compared with the trajectory's and
+   a difference is a warning; ``lockstep audit verify RUN --plot PNG`` redraws the
+   loss curve from the verified trajectory.
 
 The helpers here (``load_run_recipe``, ``read_trajectory_strict``, ``open_data``) are
 shared with ``replay``: they read only through ``safe_join`` and strict JSON.
@@ -34,28 +39,36 @@ shared with ``replay``: they read only through ``safe_join`` and strict JSON.
 
 from __future__ import annotations
 
+import dataclasses
+import math
 import os
 import re
+import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from lockstep.fsio import FileFormatError, UnsafePath, parse_json, read_json, read_safetensors, safe_join
+from lockstep.fsio import (FileFormatError, UnsafePath, iter_lines, open_regular, parse_json, printable,
+                           read_json_regular, read_safetensors, safe_join)
+from lockstep.fsio import file_kind as fsio_kind
 from lockstep.spec import SPEC_VERSION, hashing
 from lockstep.train import checkpoint as ckpt
 from lockstep.train.config import ModelConfig, TrainConfig
 from lockstep.train.data import GlobalStream, Manifest, batch_digest
 from lockstep.train.rundir import TARGET_FILE, DataLocationError, open_run_data, run_data_folder
-from lockstep.train.trainer import (COMMITMENT_FILE, DATA_DIR, METRICS_FILE, RECIPE_FILE, RECIPE_FORMAT,
-                                    TRAJECTORY_FILE, genesis, recipe_configs, recipe_digest)
+from lockstep.train.trainer import (COMMITMENT_FILE, DATA_DIR, MAX_RECIPE_BYTES, METRICS_FILE, RECIPE_FILE,
+                                    RECIPE_FORMAT, TRAJECTORY_FILE, genesis, recipe_configs, recipe_digest)
 
 HEX64 = re.compile(r"[0-9a-f]{64}")
 BITS_RE = re.compile(r"0x[0-9A-F]{8}")
-MAX_TRAJECTORY_BYTES = 1 << 30  # a billion bytes is ~3M steps; refuse anything larger
-KNOWN_TOP_LEVEL = {RECIPE_FILE, TRAJECTORY_FILE, METRICS_FILE, COMMITMENT_FILE, DATA_DIR, ckpt.CHECKPOINTS_DIR,
-                   "loss.png", TARGET_FILE}
+MAX_TRAJECTORY_BYTES = 1 << 30  # a billion bytes is ~1.5M steps; refuse anything larger
+MAX_RECORD_BYTES = 4096  # one trajectory record is about 700 bytes
+MAX_COMMITMENT_BYTES = 64 << 10
+KNOWN_FILES = {RECIPE_FILE, TRAJECTORY_FILE, METRICS_FILE, COMMITMENT_FILE, "loss.png", TARGET_FILE}
+KNOWN_DIRS = {DATA_DIR, ckpt.CHECKPOINTS_DIR}
+KNOWN_TOP_LEVEL = KNOWN_FILES | KNOWN_DIRS
 RECORD_HEX_KEYS = ("state_root", "batch_digest", "chain_hash")
 RECORD_FLOAT_KEYS = ("lr", "loss", "grad_norm")
 
@@ -68,7 +81,7 @@ class RunFileError(ValueError):
 class Finding:
     """One problem: which check, which file, which step and tensor, what is wrong and what to do."""
 
-    check: str  # layout, recipe, data, trajectory, chain, batch, checkpoint, commitment, path
+    check: str  # layout, recipe, data, trajectory, chain, batch, checkpoint, commitment, metrics, path
     path: str
     message: str
     step: int | None = None
@@ -126,7 +139,7 @@ class Report:
             lines.append(f"  {f}")
         n_err = len(self.errors)
         lines.append("VALID" if self.ok else f"INVALID: {n_err} error(s)")
-        return "\n".join(lines)
+        return "\n".join(printable(line) for line in lines)  # untrusted names cannot add lines
 
 
 # ---------------------------------------------------------------------------
@@ -143,14 +156,145 @@ def run_path(run_dir: Path, rel: str) -> Path:
                            "remove the link or copy the file into the run") from None
 
 
+# Stated maxima for the numbers in a recipe, checked before anything is sized by them. Open-1B is
+# far inside every one (vocab 128,256, d_model 2048, 24 layers, seq_len 4096, 2304 sequences per step).
+RECIPE_INT_LIMITS = {
+    "vocab_size": 1 << 24, "d_model": 1 << 16, "n_layers": 1 << 10, "n_heads": 1 << 10, "n_kv_heads": 1 << 10,
+    "head_dim": 1 << 12, "ffn_dim": 1 << 20, "seq_len": 1 << 20, "sliding_window": 1 << 20,
+    "full_attention_every": 1 << 10, "warmup_tokens": 1 << 62, "total_tokens": 1 << 62, "micro_batch": 1 << 20,
+}
+MAX_BATCH_SEQUENCES = 1 << 20
+MAX_BATCH_BYTES = 1 << 32  # one step's windows as int32 (Open-1B: 38 MB)
+MAX_FLOAT_MAGNITUDE = 1e30
+
+
+def _field_problem(name: str, value: Any, default: Any) -> str | None:
+    """Why ``value`` cannot stand for the config field ``name`` whose default is ``default`` (or None)."""
+    if isinstance(default, bool):
+        return None if type(value) is bool else f"{name} must be true or false, got {value!r}"
+    if isinstance(default, int):
+        hi = RECIPE_INT_LIMITS.get(name, 1 << 62)
+        if type(value) is not int or not 1 <= value <= hi:
+            return f"{name} must be an integer from 1 to {hi}, got {value!r}"
+        return None
+    if isinstance(default, float):
+        if type(value) not in (int, float) or not math.isfinite(value) or abs(value) > MAX_FLOAT_MAGNITUDE:
+            return f"{name} must be a finite number, got {value!r}"
+        return None
+    if isinstance(default, str):
+        return None if isinstance(value, str) and len(value) <= 200 else f"{name} must be a short string"
+    return None
+
+
+def _ramp_problem(ramp: Any) -> str | None:
+    if not isinstance(ramp, list) or not 1 <= len(ramp) <= 1000:
+        return "batch_ramp must be a list of 1 to 1000 [from_tokens, sequences] pairs"
+    for pair in ramp:
+        if not (isinstance(pair, list) and len(pair) == 2 and all(type(v) is int for v in pair)
+                and 0 <= pair[0] < 1 << 62 and 1 <= pair[1] <= MAX_BATCH_SEQUENCES):
+            return (f"batch_ramp entry {pair!r} must be [from_tokens >= 0, sequences from 1 to "
+                    f"{MAX_BATCH_SEQUENCES}]")
+    if ramp[0][0] != 0:
+        return "batch_ramp must start at 0 tokens"
+    return None
+
+
+def recipe_value_problems(recipe: dict) -> list[str]:
+    """Every model/train value of a recipe with the wrong type, a non-finite number, or beyond a stated maximum.
+
+    Checked before a config is built or anything is sized by it: integers are JSON
+    integers within ``RECIPE_INT_LIMITS``, floats finite, flags true/false, and one
+    step's batch at most ``MAX_BATCH_BYTES`` of windows.
+    """
+    problems = []
+    for section, cls in (("model", ModelConfig), ("train", TrainConfig)):
+        values = recipe.get(section)
+        if not isinstance(values, dict):
+            problems.append(f"'{section}' must be a JSON object")
+            continue
+        defaults = {f.name: f.default for f in dataclasses.fields(cls)}
+        unknown = sorted(set(values) - set(defaults))
+        if unknown:
+            problems.append(f"unknown {section} key(s) {', '.join(map(repr, unknown[:5]))}")
+        for name, value in values.items():
+            if name == "batch_ramp":
+                why = _ramp_problem(value)
+            elif name in defaults:
+                why = _field_problem(name, value, defaults[name])
+            else:
+                continue
+            if why:
+                problems.append(f"{section}.{why}")
+    if problems:
+        return problems
+    seq_len = recipe["model"].get("seq_len", ModelConfig.seq_len)
+    biggest = max(n for _, n in recipe["train"].get("batch_ramp", [[0, 16]]))
+    if biggest * (seq_len + 1) * 4 > MAX_BATCH_BYTES:
+        problems.append(f"a step of {biggest} sequences of {seq_len + 1} tokens is "
+                        f"{biggest * (seq_len + 1) * 4 / 2**30:.1f} GiB of windows; at most "
+                        f"{MAX_BATCH_BYTES / 2**30:.0f} GiB is supported")
+    return problems
+
+
+def memory_estimate(cfg: ModelConfig, tcfg: TrainConfig) -> int:
+    """Bytes a replay (or a resume) of one step of this recipe needs, roughly (an order of magnitude).
+
+    The state (parameters and two AdamW moments), the gradient sums the step's
+    micro-batch tree keeps alive (``spec.tree.TreeFolder``: at most ``ceil(log2 M) + 1``
+    for the ramp's largest ``M``, plus the micro-batch being computed) and the new
+    state, all float32; plus one micro-batch's activations: per layer about
+    16 d_model + 4 ffn_dim values per token and the attention scores
+    (heads x seq_len^2, forward and backward), and the logits (3 x vocab per token).
+    The number of ranks that trained the run plays no part.
+    """
+    from lockstep.spec.tree import depth
+    from lockstep.train.model import param_specs
+
+    params = sum(math.prod(s.shape) for s in param_specs(cfg))
+    most = max(n for _, n in tcfg.batch_ramp)
+    levels = depth(-(-most // tcfg.micro_batch)) + 2
+    state = 4 * params * (3 + levels + 3)
+    tokens = tcfg.micro_batch * cfg.seq_len
+    per_layer = tokens * (16 * cfg.d_model + 4 * cfg.ffn_dim) + 2 * tcfg.micro_batch * cfg.n_heads * cfg.seq_len ** 2
+    acts = 4 * (cfg.n_layers * per_layer + 3 * tokens * cfg.vocab_size)
+    return state + acts
+
+
+def available_memory() -> int | None:
+    """Physical memory of this machine (and the address-space limit, if lower), or None if unknown."""
+    try:
+        phys = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return None
+    try:
+        import resource
+
+        soft, _ = resource.getrlimit(resource.RLIMIT_AS)
+        if soft != resource.RLIM_INFINITY:
+            phys = min(phys, soft)
+    except (ImportError, ValueError, OSError):
+        pass
+    return phys
+
+
+def require_memory(cfg: ModelConfig, tcfg: TrainConfig, what: str) -> None:
+    """``RunFileError`` when ``memory_estimate`` is beyond this machine's memory: refuse before allocating."""
+    need, have = memory_estimate(cfg, tcfg), available_memory()
+    if have is not None and need > have:
+        raise RunFileError(f"the recipe's model ({cfg.name}: d_model {cfg.d_model}, {cfg.n_layers} layers, seq_len "
+                           f"{cfg.seq_len}, vocab {cfg.vocab_size}) needs about {need / 2**30:,.1f} GiB to {what}; "
+                           f"this machine has {have / 2**30:,.1f} GiB: use a machine with more memory")
+
+
 def load_run_recipe(run_dir: Path) -> dict:
     """``recipe.json``, strictly parsed and structurally checked (``RunFileError`` otherwise)."""
-    path = run_path(run_dir, RECIPE_FILE)
-    if not path.is_file():
-        raise RunFileError(f"{path}: missing; this is not a lockstep run directory (or it was not copied whole)")
+    path = run_dir / RECIPE_FILE
     try:
-        recipe = read_json(path, "recipe")
-    except (FileFormatError, OSError) as exc:
+        recipe = read_json_regular(run_dir, RECIPE_FILE, "recipe", MAX_RECIPE_BYTES)
+    except FileNotFoundError:
+        raise RunFileError(f"{path}: missing; this is not a lockstep run directory (or it was not copied whole)") \
+            from None
+    except (FileFormatError, UnsafePath, OSError) as exc:
         raise RunFileError(f"{exc}; restore recipe.json from the run's publisher") from None
     if not isinstance(recipe, dict) or recipe.get("format") != RECIPE_FORMAT:
         raise RunFileError(f"{path}: not a lockstep recipe (format must be {RECIPE_FORMAT!r})")
@@ -165,9 +309,12 @@ def load_run_recipe(run_dir: Path) -> dict:
         raise RunFileError(f"{path}: seed must be an integer in [0, 2**64), got {recipe['seed']!r}")
     if not isinstance(recipe["spec_version"], str):
         raise RunFileError(f"{path}: spec_version must be a string")
+    bad = recipe_value_problems(recipe)
+    if bad:
+        raise RunFileError(f"{path}: " + "; ".join(bad[:5]) + (f" (and {len(bad) - 5} more)" if len(bad) > 5 else ""))
     try:
         cfg, tcfg = recipe_configs(recipe)
-    except (TypeError, ValueError) as exc:
+    except (TypeError, ValueError, ZeroDivisionError) as exc:
         raise RunFileError(f"{path}: bad model/train settings: {exc}") from None
     if recipe["micro_batch"] != tcfg.micro_batch:
         raise RunFileError(f"{path}: micro_batch {recipe['micro_batch']!r} differs from train.micro_batch "
@@ -230,52 +377,60 @@ def _check_record(rec: Any, lineno: int, path: Path) -> None:
         v = rec.get(key)
         if isinstance(v, bool) or not isinstance(v, (int, float)):
             raise RunFileError(f"{where} (step {step}): {key!r} must be a number")
-        bits = rec.get(f"{key}_bits")
-        if bits is not None and not (isinstance(bits, str) and BITS_RE.fullmatch(bits)):
+        bits = rec.get(f"{key}_bits")  # the chain binds these bits (SPEC_VERSION 2): required
+        if not (isinstance(bits, str) and BITS_RE.fullmatch(bits)):
             raise RunFileError(f"{where} (step {step}): '{key}_bits' must look like 0x3F800000, got {bits!r}")
 
 
-def read_trajectory_strict(run_dir: Path) -> list[dict]:
+def read_trajectory_strict(run_dir: Path, tolerate_torn_tail: bool = False, allow_missing: bool = False) -> list[dict]:
     """Every record of ``trajectory.jsonl``: strict JSON, steps 1..N in order, digests as hex.
 
-    Unlike the trainer's reader nothing is tolerated: a torn last line, a duplicate
-    key, a gap or a repeated step raises ``RunFileError`` naming the line.
+    The file must be a regular file inside the run (no symlink, FIFO or device) of at
+    most ``MAX_TRAJECTORY_BYTES``; it is streamed one line at a time with a cap of
+    ``MAX_RECORD_BYTES`` per line, so a blank, sparse or single-line file costs no
+    memory. Nothing is tolerated (a torn last line, a blank line, a duplicate key,
+    a gap or a repeated step raise ``RunFileError`` naming the line) except, with
+    ``tolerate_torn_tail`` (what ``train --resume`` repairs), a last line without its
+    newline. ``allow_missing`` returns [] for a run with no trajectory yet.
     """
-    path = run_path(run_dir, TRAJECTORY_FILE)
-    if not path.is_file():
-        raise RunFileError(f"{path}: missing; the run has no published trajectory")
-    if path.stat().st_size > MAX_TRAJECTORY_BYTES:
-        raise RunFileError(f"{path}: larger than {MAX_TRAJECTORY_BYTES} bytes; refusing it")
-    data = path.read_bytes()
-    lines = data.split(b"\n")
+    path = run_dir / TRAJECTORY_FILE
     records: list[dict] = []
-    for i, line in enumerate(lines):
-        if not line.strip():
-            continue
-        try:
-            rec = parse_json(line, "trajectory record", f"{path}:{i + 1}")
-        except FileFormatError as exc:
-            torn = i == len(lines) - 1 and not data.endswith(b"\n")
-            hint = (" (a torn last line: the run crashed mid-append; `lockstep train --resume` repairs it)"
-                    if torn else "")
-            raise RunFileError(f"{exc}{hint}") from None
-        _check_record(rec, i + 1, path)
-        want = len(records) + 1
-        if rec["step"] != want:
-            raise RunFileError(f"{path}:{i + 1}: step {rec['step']} where step {want} was expected "
-                               "(records must run 1, 2, 3 ... with no gap or repeat)")
-        records.append(rec)
+    try:
+        with open_regular(run_dir, TRAJECTORY_FILE, "trajectory", MAX_TRAJECTORY_BYTES) as f:
+            for lineno, line, ended in iter_lines(f, str(path), MAX_RECORD_BYTES):
+                try:
+                    rec = parse_json(line, "trajectory record", f"{path}:{lineno}")
+                except FileFormatError as exc:
+                    if not ended and tolerate_torn_tail:
+                        break
+                    hint = (" (a torn last line: the run crashed mid-append; `lockstep train --resume` repairs it)"
+                            if not ended else "")
+                    raise RunFileError(f"{exc}{hint}") from None
+                _check_record(rec, lineno, path)
+                want = len(records) + 1
+                if rec["step"] != want:
+                    raise RunFileError(f"{path}:{lineno}: step {rec['step']} where step {want} was expected "
+                                       "(records must run 1, 2, 3 ... with no gap or repeat)")
+                records.append(rec)
+    except FileNotFoundError:
+        if allow_missing:
+            return []
+        raise RunFileError(f"{path}: missing; the run has no published trajectory") from None
+    except (UnsafePath, FileFormatError) as exc:
+        raise RunFileError(f"{exc}") from None
+    except OSError as exc:
+        raise RunFileError(f"{path}: cannot be read ({exc})") from None
     return records
 
 
 def read_commitment(run_dir: Path) -> dict:
     """``commitment.json`` (strict JSON, checked shape)."""
-    path = run_path(run_dir, COMMITMENT_FILE)
-    if not path.is_file():
-        raise RunFileError(f"{path}: missing; the run did not finish, or its commitment was not published")
+    path = run_dir / COMMITMENT_FILE
     try:
-        c = read_json(path, "commitment")
-    except (FileFormatError, OSError) as exc:
+        c = read_json_regular(run_dir, COMMITMENT_FILE, "commitment", MAX_COMMITMENT_BYTES)
+    except FileNotFoundError:
+        raise RunFileError(f"{path}: missing; the run did not finish, or its commitment was not published") from None
+    except (FileFormatError, UnsafePath, OSError) as exc:
         raise RunFileError(str(exc)) from None
     if not isinstance(c, dict) or c.get("format") != "lockstep.commitment":
         raise RunFileError(f"{path}: not a lockstep commitment (format 'lockstep.commitment')")
@@ -291,16 +446,16 @@ def float_bits(x) -> str:
     return f"0x{int(np.asarray(np.float32(x)).view(np.uint32)):08X}"
 
 
-def checkpoint_tensor_diffs(folder: Path) -> list[str]:
+def checkpoint_tensor_diffs(folder: Path, max_bytes: int | None = None) -> list[str]:
     """Names of the tensors of a checkpoint whose digests differ from its sidecar (diagnosis only).
 
     Reads the safetensors file with the validating reader (never pickle); returns []
     when the file cannot even be parsed or the sidecar has no digests.
     """
     try:
-        side = read_json(safe_join(folder, ckpt.SIDECAR_FILE), "checkpoint sidecar")
+        side = read_json_regular(folder, ckpt.SIDECAR_FILE, "checkpoint sidecar", ckpt.MAX_SIDECAR_BYTES)
         want = side.get("tensor_digests") if isinstance(side, dict) else None
-        tensors, _ = read_safetensors(safe_join(folder, ckpt.STATE_FILE))
+        tensors, _ = read_safetensors(folder / ckpt.STATE_FILE, max_bytes, ckpt.MAX_HEADER_BYTES)
     except (OSError, ValueError):
         return []
     if not isinstance(want, dict):
@@ -318,13 +473,20 @@ def checkpoint_tensor_diffs(folder: Path) -> list[str]:
 def _check_layout(run_dir: Path, rep: Report) -> None:
     for entry in sorted(run_dir.iterdir()):
         name = entry.name
-        if entry.is_symlink():
+        mode = entry.lstat().st_mode
+        if stat.S_ISLNK(mode):
             try:
                 safe_join(run_dir, name)
-            except UnsafePath as exc:
-                rep.add("path", entry, f"{exc}; a run directory must hold its own files: replace the link "
-                                       "with the file it names, or refuse the run")
-                continue
+                where = "inside the run"
+            except UnsafePath:
+                where = f"out of the run, to {os.path.realpath(entry)}"
+            rep.add("path", entry, f"a symlink ({where}); a run directory must hold its own files, and lockstep "
+                                   "follows no symlink in it: replace the link with what it names, or refuse the run")
+            continue
+        if name in KNOWN_DIRS and not stat.S_ISDIR(mode) or name in KNOWN_FILES and not stat.S_ISREG(mode):
+            rep.add("path", entry, f"{fsio_kind(mode)}, where the run keeps a "
+                                   f"{'folder' if name in KNOWN_DIRS else 'regular file'}; it is not read")
+            continue
         if name not in KNOWN_TOP_LEVEL:
             rep.add("layout", entry, "unexpected entry (ignored by the audit)", severity="warning")
     for name in (RECIPE_FILE, TRAJECTORY_FILE, COMMITMENT_FILE):
@@ -333,13 +495,8 @@ def _check_layout(run_dir: Path, rep: Report) -> None:
             rep.add("layout", p, "missing" + ("; the run did not finish or was published without it"
                                              if name == COMMITMENT_FILE else ""))
     ckdir = run_dir / ckpt.CHECKPOINTS_DIR
-    if not ckdir.exists():
-        return
-    try:
-        safe_join(run_dir, ckpt.CHECKPOINTS_DIR)
-    except UnsafePath as exc:
-        rep.add("path", ckdir, f"{exc}; the checkpoints folder must be inside the run")
-        return
+    if not ckdir.is_dir() or ckdir.is_symlink():
+        return  # absent, or reported above
     for p, why in ckpt.incomplete_checkpoints(run_dir):
         if p.is_symlink():
             try:
@@ -351,10 +508,12 @@ def _check_layout(run_dir: Path, rep: Report) -> None:
             rep.add("path", p, msg)
         elif p.name.startswith(ckpt.TEMP_PREFIX):
             rep.add("layout", p, f"{why}; ignored", severity="warning")
-        elif ckpt.STEP_DIR_RE.fullmatch(p.name):
+        elif ckpt.step_of_dirname(p.name) is not None:
             rep.add("checkpoint", p, f"incomplete or altered checkpoint: {why}; a save never leaves one "
                                      "(it renames a finished folder into place): treat it as tampered",
-                    step=int(ckpt.STEP_DIR_RE.fullmatch(p.name).group(1)))
+                    step=ckpt.step_of_dirname(p.name))
+        elif ckpt.STEP_DIR_RE.fullmatch(p.name):
+            rep.add("checkpoint", p, f"{why}; a save never makes one: treat it as tampered (it is not read)")
         else:
             rep.add("layout", p, f"{why}; ignored", severity="warning")
 
@@ -390,23 +549,24 @@ def _check_chain(run_dir: Path, recipe: dict, traj: list[dict], rep: Report, tcf
     intact = True
     for rec, plan in zip(traj, step_plans(tcfg, cfg.seq_len, len(traj))):
         t = rec["step"]
-        want = hashing.chain_hash(t, h, rec["state_root"], rec["batch_digest"])
+        want = hashing.record_chain_hash(h, rec)
         if want != rec["chain_hash"]:
             intact = False
             rep.add("chain", path, f"chain_hash {rec['chain_hash']} is not H_{t} = chain_hash({t}, H_{t - 1}, "
-                                   f"state_root, batch_digest) = {want}; the record or an earlier one was "
-                                   "edited", step=t)
+                                   f"state_root, batch_digest, tokens, loss_bits, grad_norm_bits, lr_bits) = {want}; "
+                                   "this record (its loss, gradient norm, learning rate, tokens or hashes) or an "
+                                   "earlier one was edited", step=t)
         h = rec["chain_hash"]
         if rec["tokens"] != plan.tokens_after:
             rep.add("trajectory", path, f"tokens {rec['tokens']} but the recipe's batch schedule gives "
                                         f"{plan.tokens_after} after step {t}", step=t)
         lr_bits = float_bits(learning_rate(tcfg, plan.tokens_after))
-        if rec.get("lr_bits", lr_bits) != lr_bits or float_bits(rec["lr"]) != lr_bits:
-            rep.add("trajectory", path, f"learning rate {rec['lr']!r} ({rec.get('lr_bits')}) is not the "
+        if rec["lr_bits"] != lr_bits or float_bits(rec["lr"]) != lr_bits:
+            rep.add("trajectory", path, f"learning rate {rec['lr']!r} ({rec['lr_bits']}) is not the "
                                         f"schedule's {lr_bits} at {plan.tokens_after} tokens", step=t)
         for key in ("loss", "grad_norm"):
-            bits = rec.get(f"{key}_bits")
-            if bits is not None and float_bits(rec[key]) != bits:
+            bits = rec[f"{key}_bits"]
+            if float_bits(rec[key]) != bits:
                 rep.add("trajectory", path, f"{key} {rec[key]!r} does not round to its recorded bits {bits}",
                         step=t)
     rep.chain_hash = h if intact else None
@@ -438,16 +598,14 @@ def _check_checkpoints(run_dir: Path, recipe: dict, traj: list[dict], rep: Repor
         found = ckpt.list_checkpoints(run_dir)
     except UnsafePath:
         return  # reported by the layout check
-    plans = {}
-    if cfg is not None and found:
-        plans = {p.step: p for p in step_plans(tcfg, cfg.seq_len, max(s for s, _ in found))}
     digest = rep.recipe_sha256
+    bound = ckpt.state_bytes_bound(cfg) if cfg is not None else ckpt.DEFAULT_MAX_STATE_BYTES
     for step, folder in found:
         n_before = len(rep.errors)
         try:
-            c = ckpt.load_checkpoint(folder)
+            c = ckpt.load_checkpoint(folder, max_bytes=bound)
         except (ckpt.CheckpointError, UnsafePath, OSError) as exc:
-            names = checkpoint_tensor_diffs(folder)
+            names = checkpoint_tensor_diffs(folder, bound)
             tensor = names[0] if names else None
             more = f" (tensors whose digests differ from the sidecar: {names[:10]})" if len(names) > 1 else ""
             rep.add("checkpoint", folder / ckpt.STATE_FILE,
@@ -487,16 +645,55 @@ def _check_checkpoints(run_dir: Path, recipe: dict, traj: list[dict], rep: Repor
             rep.add("checkpoint", folder / ckpt.STATE_FILE, f"the 'step' tensor holds {opt.step}", step=step,
                     tensor="step")
         if stream is not None and cfg is not None:
-            plan = plans[step]
-            want = stream.state_at(plan.first_window + plan.n_windows)
-            if c.sidecar.get("stream_state") != want:
-                rep.add("checkpoint", side, "stream_state is not the data stream's position after this step; "
-                                            "a resume from it would read other data", step=step)
+            why = ckpt.stream_state_problem(c.sidecar, stream, tcfg, step)
+            if why is not None:
+                rep.add("checkpoint", side, why, step=step)
         if len(rep.errors) == n_before:
             rep.checkpoints_verified.append(step)
     if found and len(rep.checkpoints_verified) == len(found):
         rep.passed.append(f"checkpoints {len(found)} verified (steps {', '.join(map(str, rep.checkpoints_verified))})"
                           ": tensors, state roots" + (", chain hashes against the trajectory" if traj else ""))
+
+
+def _check_metrics(run_dir: Path, traj: list[dict], rep: Report) -> None:
+    """``metrics.jsonl`` is not evidence (not chained); say so, and warn where its losses are not the trajectory's.
+
+    The trainer writes each step's loss there too (a resumed run repeats the steps
+    after its checkpoint, with the same bits); a different value means the file was
+    edited, and only ``trajectory.jsonl`` counts.
+    """
+    path = run_dir / METRICS_FILE
+    differ: list[int] = []
+    try:
+        with open_regular(run_dir, METRICS_FILE, "metrics log", MAX_TRAJECTORY_BYTES) as f:
+            for lineno, line, _ in iter_lines(f, str(path), MAX_RECORD_BYTES):
+                try:
+                    m = parse_json(line, "metrics record", f"{path}:{lineno}")
+                except FileFormatError:
+                    m = None
+                step = m.get("step") if isinstance(m, dict) else None
+                loss = m.get("loss") if isinstance(m, dict) else None
+                if type(step) is not int or not 1 <= step <= len(traj) or isinstance(loss, bool) \
+                        or not isinstance(loss, (int, float)):
+                    rep.add("metrics", path, f"line {lineno} is not a metrics record of a published step",
+                            severity="warning")
+                    continue
+                if float_bits(loss) != traj[step - 1]["loss_bits"]:
+                    differ.append(step)
+    except FileNotFoundError:
+        return
+    except (UnsafePath, FileFormatError, OSError) as exc:
+        rep.add("metrics", path, f"{exc}; it is not read", severity="warning")
+        return
+    for step in differ[:10]:
+        rep.add("metrics", path, f"the loss here is not the trajectory's {traj[step - 1]['loss_bits']}: the file "
+                                 "was edited (metrics.jsonl is not evidence; only trajectory.jsonl is chained)",
+                step=step, severity="warning")
+    if len(differ) > 10:
+        rep.add("metrics", path, f"... and {len(differ) - 10} more steps whose loss differs", severity="warning")
+    if not differ:
+        rep.passed.append("metrics     losses agree with the trajectory (metrics.jsonl and loss.png are not "
+                          "evidence: `--plot PNG` redraws the curve from the verified trajectory)")
 
 
 def _check_commitment(run_dir: Path, recipe: dict, traj: list[dict], rep: Report) -> None:
@@ -574,4 +771,5 @@ def verify_run(run_dir: str | os.PathLike, data: str | os.PathLike | None = None
     _check_checkpoints(run_dir, recipe, traj, rep, tcfg, cfg, stream)
     if traj is not None:
         _check_commitment(run_dir, recipe, traj, rep)
+        _check_metrics(run_dir, traj, rep)
     return rep

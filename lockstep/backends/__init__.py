@@ -24,7 +24,7 @@ import numpy as np
 
 from .interface import OP_NAMES, BackendUnavailable
 
-__all__ = ["Backend", "BackendUnavailable", "BACKEND_MODULES", "KNOWN_BACKENDS", "get_backend", "spec_backend"]
+__all__ = ["Backend", "BackendUnavailable", "BACKEND_ALIASES", "BACKEND_MODULES", "KNOWN_BACKENDS", "get_backend", "spec_backend"]
 
 # name -> the module that builds it (its make_backend()); the extra of the same name installs its packages
 BACKEND_MODULES: dict[str, str] = {
@@ -34,7 +34,7 @@ BACKEND_MODULES: dict[str, str] = {
     "metal": "lockstep.backends.metal",
 }
 KNOWN_BACKENDS: tuple[str, ...] = ("spec", *BACKEND_MODULES)
-_ALIASES = {"numba_cpu": "numba", "cupy": "cuda", "cupy_cuda": "cuda"}
+BACKEND_ALIASES = {"numba_cpu": "numba", "cupy": "cuda", "cupy_cuda": "cuda"}
 
 
 @dataclass
@@ -94,7 +94,7 @@ def get_backend(name: str) -> Backend:
     Raises ``BackendUnavailable`` (one line: what is missing, what to do) when it cannot
     run here, and ``ValueError`` for an unknown name.
     """
-    key = _ALIASES.get(name, name)
+    key = BACKEND_ALIASES.get(name, name)
     if key == "spec":
         return spec_backend()
     if key not in BACKEND_MODULES:

@@ -20,12 +20,11 @@ from __future__ import annotations
 
 import argparse
 import hashlib
-import os
 import sys
-import tempfile
 from pathlib import Path
 
 from lockstep import spec
+from lockstep.fsio import atomic_write_text
 from lockstep.spec.hashing import canonical_bytes
 
 from .registry import all_records, as_outputs
@@ -107,12 +106,7 @@ def write_golden(path: Path | None = None) -> Path:
     path = path or golden_path()
     text = format_golden(compute_golden(progress=lambda op: print(f"  {op}", file=sys.stderr)))
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".golden-", suffix=".tmp")
-    with os.fdopen(fd, "w", encoding="utf-8") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    atomic_write_text(path, text)
     return path
 
 

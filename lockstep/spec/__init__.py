@@ -30,8 +30,10 @@ from .rope import rope_backward, rope_forward
 from .swiglu import swiglu_backward, swiglu_forward
 from lockstep.backends.interface import OP_NAMES  # noqa: E402 - the contract names the ops
 
-# Bump whenever what any op computes changes; regenerate the golden vectors with
+# Bump whenever what any op computes changes, or the hashes that publish it (``hashing``: the
+# state root, the chain); regenerate the golden vectors with
 # ``python -m lockstep.conformance.golden --write`` in the same commit.
+# 2: the chain link H_t binds the tokens and the bits of loss, grad norm and lr.
 SPEC_VERSION = "2"
 
 # The op table: every backend implements these names with the same signatures. It is

@@ -17,9 +17,13 @@ language can recompute it. Multi-byte integers are little-endian.
 * Tensor digest: ``SHA-256(header || u64 data_length || merkle_root)``.
 * State root: ``SHA-256(b"lockstep.state.v1\\0" || u32 n || (u32 len(name) || name ||
   tensor_digest) for each tensor in ascending order of UTF-8 name bytes)``.
-* Chain: ``H_t = SHA-256(b"lockstep.chain.v1\\0" || u64 t || H_{t-1} || state_root_t ||
-  batch_digest_t)``; ``H_0 = SHA-256(b"lockstep.genesis.v1\\0" || recipe_digest ||
-  manifest_digest || u32 len(SPEC_VERSION) || SPEC_VERSION)``.
+* Chain: ``H_t = SHA-256(b"lockstep.chain.v2\\0" || u64 t || H_{t-1} || state_root_t ||
+  batch_digest_t || u64 tokens_t || u32 loss_bits_t || u32 grad_norm_bits_t ||
+  u32 lr_bits_t)``, where ``tokens_t`` is the tokens consumed after step t and the
+  three ``*_bits`` are the float32 bit patterns of the step's loss, gradient norm
+  (before clipping) and learning rate: exactly what the trajectory record publishes,
+  so an edited loss curve breaks the chain. ``H_0 = SHA-256(b"lockstep.genesis.v1\\0"
+  || recipe_digest || manifest_digest || u32 len(SPEC_VERSION) || SPEC_VERSION)``.
 
 Leaves are hashed on a thread pool (hashlib releases the GIL on large buffers), so
 digests of big states use every core; the result does not depend on the thread count.
@@ -37,7 +41,7 @@ import numpy as np
 CHUNK_BYTES = 1 << 20
 TENSOR_DOMAIN = b"lockstep.tensor.v1\x00"
 STATE_DOMAIN = b"lockstep.state.v1\x00"
-CHAIN_DOMAIN = b"lockstep.chain.v1\x00"
+CHAIN_DOMAIN = b"lockstep.chain.v2\x00"  # v2 (SPEC_VERSION 2): binds tokens, loss, grad norm and lr
 GENESIS_DOMAIN = b"lockstep.genesis.v1\x00"
 LEAF_TAG = b"\x00"
 NODE_TAG = b"\x01"
@@ -167,12 +171,34 @@ def genesis_hash(recipe_digest: str | bytes, manifest_digest: str | bytes, spec_
     return hashlib.sha256(GENESIS_DOMAIN + body + struct.pack("<I", len(sv)) + sv).hexdigest()
 
 
-def chain_hash(step: int, prev: str | bytes, state_root_hex: str | bytes, batch_digest: str | bytes) -> str:
-    """``H_t = SHA-256(domain || u64 t || H_{t-1} || state_root_t || batch_digest_t)`` (hex)."""
+def float32_bits(x) -> int:
+    """The bit pattern of a float32 (a NumPy float32, a Python float rounded once, or ``"0x3F800000"``)."""
+    if isinstance(x, str):
+        if len(x) != 10 or not x.startswith("0x"):
+            raise ValueError(f"float32 bits must look like 0x3F800000, got {x!r}")
+        return int(x[2:], 16)
+    return int(np.asarray(np.float32(x)).view(np.uint32))
+
+
+def chain_hash(step: int, prev: str | bytes, state_root_hex: str | bytes, batch_digest: str | bytes, tokens: int,
+               loss_bits, grad_norm_bits, lr_bits) -> str:
+    """``H_t`` (hex): ``SHA-256(domain || u64 t || H_{t-1} || state_root_t || batch_digest_t || u64 tokens_t
+    || u32 loss_bits || u32 grad_norm_bits || u32 lr_bits)``; bits as ``float32_bits`` accepts them."""
     if not 0 <= int(step) < 2**64:
         raise ValueError(f"step out of range: {step}")
+    if type(tokens) is not int or not 0 <= tokens < 2**64:
+        raise ValueError(f"tokens must be an integer in [0, 2**64), got {tokens!r}")
     body = _b32(prev, "previous chain hash") + _b32(state_root_hex, "state root") + _b32(batch_digest, "batch digest")
-    return hashlib.sha256(CHAIN_DOMAIN + struct.pack("<Q", int(step)) + body).hexdigest()
+    floats = struct.pack("<III", float32_bits(loss_bits), float32_bits(grad_norm_bits), float32_bits(lr_bits))
+    return hashlib.sha256(CHAIN_DOMAIN + struct.pack("<Q", int(step)) + body + struct.pack("<Q", tokens)
+                          + floats).hexdigest()
+
+
+def record_chain_hash(prev: str | bytes, record: dict) -> str:
+    """``H_t`` of a trajectory record (``step``, ``state_root``, ``batch_digest``, ``tokens``, ``loss_bits``,
+    ``grad_norm_bits``, ``lr_bits``), given ``H_{t-1}``."""
+    return chain_hash(record["step"], prev, record["state_root"], record["batch_digest"], record["tokens"],
+                      record["loss_bits"], record["grad_norm_bits"], record["lr_bits"])
 
 
 def array_digest(x: np.ndarray) -> str:

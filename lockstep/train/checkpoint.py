@@ -22,10 +22,12 @@ the folder, the file, the tensor and what to do.
 from __future__ import annotations
 
 import hashlib
+import math
 import os
 import re
 import secrets
 import shutil
+import stat
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -40,8 +42,10 @@ from lockstep.fsio import (
     atomic_writer,
     fsync_dir,
     json_bytes,
+    open_regular,
     parse_json,
-    read_safetensors,
+    parse_safetensors,
+    read_regular,
     safe_join,
     safetensors_header,
     write_safetensors_to,
@@ -54,9 +58,12 @@ STATE_FILE = "state.safetensors"
 SIDECAR_FILE = "sidecar.json"
 COMPLETE_FILE = "COMPLETE"
 TEMP_PREFIX = ".tmp-"
-STEP_DIR_RE = re.compile(r"step-(\d{8,20})")
+STEP_DIR_RE = re.compile(r"step-(\d{8,20})")  # looks like a step folder; step_of_dirname says if it is one
 RESERVED_KEYS = ("step", "state_root", "tensor_digests", "file_sha256", "format")
-MAX_SIDECAR_BYTES = 16 << 20
+MAX_SIDECAR_BYTES = 4 << 20  # a sidecar is a few kB per hundred tensors
+MAX_MARKER_BYTES = 256  # 64 hex digits and a newline
+DEFAULT_MAX_STATE_BYTES = 1 << 40  # a stated maximum; callers that know the model pass state_bytes_bound(cfg)
+MAX_HEADER_BYTES = 1 << 20  # a checkpoint's safetensors header: about 110 bytes per tensor (Open-1B: ~75 kB)
 _HEX64 = re.compile(r"[0-9a-f]{64}")
 
 
@@ -77,6 +84,35 @@ def step_dirname(step: int) -> str:
     return f"step-{int(step):08d}"
 
 
+MAX_STEP = 2**63 - 1
+
+
+def step_of_dirname(name: str) -> int | None:
+    """The step of a checkpoint folder name, or None unless ``name`` is exactly ``step_dirname(step)``.
+
+    ``step-000000002`` or ``step-00000000000000000002`` look like step 2 but are not
+    its folder: one step has one name, so two folders can never both claim it.
+    """
+    m = STEP_DIR_RE.fullmatch(name)
+    if m is None:
+        return None
+    step = int(m.group(1))
+    return step if step <= MAX_STEP and step_dirname(step) == name else None
+
+
+def _anchor(folder: Path) -> tuple[Path, str]:
+    """Where reads of ``folder``'s files start, and the path from there to ``folder``.
+
+    The run directory when ``folder`` is in its ``checkpoints/``, else the folder's
+    parent: every read walks down from there without following a link, so neither
+    ``checkpoints/`` nor the step folder can be swapped for a symlink between the
+    check and the read.
+    """
+    if folder.parent.name == CHECKPOINTS_DIR:
+        return folder.parent.parent, f"{CHECKPOINTS_DIR}/{folder.name}"
+    return folder.parent, folder.name
+
+
 class _HashingFile:
     """A write-only file wrapper that SHA-256s everything written through it."""
 
@@ -86,14 +122,6 @@ class _HashingFile:
     def write(self, b) -> int:
         self.sha.update(b)
         return self.f.write(b)
-
-
-def _sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(8 << 20):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 # ---------------------------------------------------------------------------
@@ -121,10 +149,11 @@ def save_checkpoint(run_dir: str | os.PathLike, step: int, tensors: Mapping[str,
     run_dir = Path(run_dir)
     ckdir = run_dir / CHECKPOINTS_DIR
     ckdir.mkdir(parents=True, exist_ok=True)
-    safe_join(run_dir, CHECKPOINTS_DIR)  # refuse a checkpoints/ symlinked out of the run
+    if _folder_problem(ckdir) is not None:  # refuse a checkpoints/ symlinked elsewhere
+        raise UnsafePath(f"{ckdir} is {_folder_problem(ckdir)}; a run's checkpoints folder must be a real folder")
     final = ckdir / step_dirname(step)
 
-    tmp = ckdir / f"{TEMP_PREFIX}{step_dirname(step)}-{os.getpid()}-{secrets.token_hex(4)}"
+    tmp = ckdir / f"{TEMP_PREFIX}{step_dirname(step)}-{os.getpid()}-{secrets.token_hex(8)}"
     tmp.mkdir()
     try:
         digests = tensor_digests(tensors)
@@ -163,12 +192,48 @@ def save_checkpoint(run_dir: str | os.PathLike, step: int, tensors: Mapping[str,
     return final
 
 
+def state_bytes_bound(cfg) -> int:
+    """The largest ``state.safetensors`` a run of model ``cfg`` can write: its header bound, the parameters
+    and the two AdamW moments (float32) and the step counter. A larger file is refused unread."""
+    from .model import param_specs
+
+    params = sum(math.prod(s.shape) for s in param_specs(cfg))
+    return 8 + MAX_HEADER_BYTES + 3 * 4 * params + 8
+
+
+def stream_state_problem(sidecar: Mapping[str, Any], stream, tcfg, step: int) -> str | None:
+    """None when a checkpoint's ``stream_state`` is the data stream's position after ``step``; else why not.
+
+    The position is derived, never read: ``plan_step`` gives the windows steps 1..step
+    consumed under the recipe's batch schedule, and ``stream`` (a ``GlobalStream`` of
+    the recipe's manifest, seed and sequence length, built from its start) gives the
+    record for the next window. A checkpoint's record is only compared with it.
+    """
+    from .step import plan_step
+
+    if step == 0:
+        return None
+    plan = plan_step(tcfg, stream.seq_len, step)
+    want = stream.state_at(plan.first_window + plan.n_windows)
+    got = sidecar.get("stream_state")
+    if got == want:
+        return None
+    if not isinstance(got, dict):
+        differ = "it is missing" if got is None else f"it is a {type(got).__name__}, not a record"
+    else:
+        keys = sorted(k for k in set(want) | set(got) if want.get(k) != got.get(k))
+        differ = f"it differs in {', '.join(map(repr, keys[:8]))}"
+    return (f"its stream_state is not the recipe's data position after step {step} (window {want['window']}, "
+            f"derived from the batch schedule and the data): {differ}; a resume or replay from it would "
+            "train on other data")
+
+
 def _remove_tree(path: Path, ckdir: Path, why: str) -> None:
     """Rename ``path`` to a temporary name (atomic), then delete it."""
     if path.is_symlink():
         path.unlink()
         return
-    aside = ckdir / f"{TEMP_PREFIX}{why}-{path.name}-{os.getpid()}-{secrets.token_hex(4)}"
+    aside = ckdir / f"{TEMP_PREFIX}{why}-{path.name}-{os.getpid()}-{secrets.token_hex(8)}"
     os.rename(path, aside)
     fsync_dir(ckdir)
     shutil.rmtree(aside, ignore_errors=True)
@@ -179,34 +244,63 @@ def _remove_tree(path: Path, ckdir: Path, why: str) -> None:
 # ---------------------------------------------------------------------------
 
 
+def _folder_problem(folder: Path) -> str | None:
+    """None when ``folder`` is a real folder (not a symlink to one); else what it is."""
+    try:
+        mode = os.lstat(folder).st_mode
+    except FileNotFoundError:
+        return "missing"
+    if stat.S_ISLNK(mode):
+        return "a symlink, not a checkpoint folder"
+    if not stat.S_ISDIR(mode):
+        return "not a folder"
+    return None
+
+
+def _marked_sidecar(folder: Path) -> tuple[bytes | None, str | None]:
+    """``(sidecar bytes, None)`` when ``folder``'s COMPLETE marker matches its sidecar, else ``(None, why)``.
+
+    Both files are read as regular files inside the folder (no symlink, FIFO or
+    device), with size caps, by ``fsio.read_regular``.
+    """
+    why = _folder_problem(folder)
+    if why is not None:
+        return None, why
+    root, prefix = _anchor(folder)
+    try:
+        want = read_regular(root, f"{prefix}/{COMPLETE_FILE}", "checkpoint marker", MAX_MARKER_BYTES)
+    except FileNotFoundError:
+        return None, f"no {COMPLETE_FILE} marker (the save did not finish)"
+    except (UnsafePath, FileFormatError, OSError) as exc:
+        return None, str(exc)
+    try:
+        side = read_regular(root, f"{prefix}/{SIDECAR_FILE}", "checkpoint sidecar", MAX_SIDECAR_BYTES)
+    except FileNotFoundError:
+        return None, f"{COMPLETE_FILE} present but {SIDECAR_FILE} missing"
+    except (UnsafePath, FileFormatError, OSError) as exc:
+        return None, str(exc)
+    want_hex = want.decode("ascii", "replace").strip()
+    got = hashlib.sha256(side).hexdigest()
+    if want_hex != got:
+        return None, f"{COMPLETE_FILE} holds {want_hex[:16]}... but {SIDECAR_FILE} hashes to {got[:16]}..."
+    return side, None
+
+
 def _marker_problem(folder: Path) -> str | None:
     """None when ``folder`` is a real folder whose COMPLETE matches its sidecar; else why not."""
-    if folder.is_symlink():
-        return "a symlink, not a checkpoint folder"
-    if not folder.is_dir():
-        return "not a folder"
-    marker, side = folder / COMPLETE_FILE, folder / SIDECAR_FILE
-    if marker.is_symlink() or side.is_symlink():
-        return f"{COMPLETE_FILE} or {SIDECAR_FILE} is a symlink"
-    if not marker.is_file():
-        return f"no {COMPLETE_FILE} marker (the save did not finish)"
-    if not side.is_file():
-        return f"{COMPLETE_FILE} present but {SIDECAR_FILE} missing"
-    try:
-        want = marker.read_bytes()[:200].decode("ascii", "replace").strip()
-        got = hashlib.sha256(side.read_bytes()).hexdigest()
-    except OSError as exc:
-        return f"unreadable: {exc}"
-    if want != got:
-        return f"{COMPLETE_FILE} holds {want[:16]}... but {SIDECAR_FILE} hashes to {got[:16]}..."
-    return None
+    return _marked_sidecar(folder)[1]
 
 
 def _entries(run_dir: str | os.PathLike) -> list[Path]:
     ckdir = Path(run_dir) / CHECKPOINTS_DIR
-    if not ckdir.is_dir():
+    try:
+        mode = os.lstat(ckdir).st_mode
+    except FileNotFoundError:
         return []
-    safe_join(run_dir, CHECKPOINTS_DIR)
+    if stat.S_ISLNK(mode):
+        raise UnsafePath(f"{ckdir} is a symlink; a run's checkpoints folder must be a real folder inside it")
+    if not stat.S_ISDIR(mode):
+        return []
     return sorted(ckdir.iterdir())
 
 
@@ -218,9 +312,9 @@ def list_checkpoints(run_dir: str | os.PathLike) -> list[tuple[int, Path]]:
     """
     out = []
     for p in _entries(run_dir):
-        m = STEP_DIR_RE.fullmatch(p.name)
-        if m and _marker_problem(p) is None:
-            out.append((int(m.group(1)), p))
+        step = step_of_dirname(p.name)
+        if step is not None and _marker_problem(p) is None:
+            out.append((step, p))
     return sorted(out)
 
 
@@ -230,10 +324,13 @@ def incomplete_checkpoints(run_dir: str | os.PathLike) -> list[tuple[Path, str]]
     for p in _entries(run_dir):
         if p.name.startswith(TEMP_PREFIX):
             out.append((p, "temporary folder of a save that did not finish (or is running now)"))
-        elif STEP_DIR_RE.fullmatch(p.name):
+        elif step_of_dirname(p.name) is not None:
             why = _marker_problem(p)
             if why is not None:
                 out.append((p, why))
+        elif STEP_DIR_RE.fullmatch(p.name):
+            out.append((p, f"an alias of {step_dirname(int(p.name[5:]))}: not a checkpoint folder name (a step's "
+                           "folder is step-NNNNNNNN exactly, zero-padded to 8 digits)"))
         else:
             out.append((p, "not a checkpoint folder name (expected step-NNNNNNNN)"))
     return out
@@ -260,11 +357,7 @@ def latest_checkpoint(run_dir: str | os.PathLike, before_step: int | None = None
 # ---------------------------------------------------------------------------
 
 
-def _read_sidecar(folder: Path) -> dict[str, Any]:
-    path = safe_join(folder, SIDECAR_FILE)
-    data = path.read_bytes()
-    if len(data) > MAX_SIDECAR_BYTES:
-        raise CheckpointError(f"{path} is larger than {MAX_SIDECAR_BYTES} bytes; refusing it")
+def _parse_sidecar(data: bytes, path: Path) -> dict[str, Any]:
     try:
         record = parse_json(data, "checkpoint sidecar", str(path))
     except FileFormatError as exc:
@@ -274,12 +367,43 @@ def _read_sidecar(folder: Path) -> dict[str, Any]:
     return record
 
 
+def _read_sidecar(folder: Path) -> dict[str, Any]:
+    path = folder / SIDECAR_FILE
+    root, prefix = _anchor(folder)
+    try:
+        data = read_regular(root, f"{prefix}/{SIDECAR_FILE}", "checkpoint sidecar", MAX_SIDECAR_BYTES)
+    except (UnsafePath, FileFormatError, OSError) as exc:
+        raise CheckpointError(str(exc)) from None
+    return _parse_sidecar(data, path)
+
+
+def _read_state(folder: Path, max_bytes: int, earlier: str) -> bytearray:
+    """The bytes of ``state.safetensors``: a regular file in ``folder`` of at most ``max_bytes``, read once."""
+    root, prefix = _anchor(folder)
+    try:
+        with open_regular(root, f"{prefix}/{STATE_FILE}", "checkpoint state", max_bytes) as f:
+            size = os.fstat(f.fileno()).st_size
+            buf = bytearray(size)
+            got = f.readinto(buf)
+            extra = f.read(1)
+    except FileNotFoundError:
+        raise CheckpointError(f"checkpoint {folder} has no {STATE_FILE}; {earlier}") from None
+    except (UnsafePath, FileFormatError, OSError) as exc:
+        raise CheckpointError(f"{exc}; {earlier}") from None
+    if got != size or extra:
+        raise CheckpointError(f"{folder / STATE_FILE} changed size while being read; {earlier}")
+    return buf
+
+
 def _resolve(path_or_run_dir: str | os.PathLike, step: int | None) -> Path:
     p = Path(path_or_run_dir)
     if STEP_DIR_RE.fullmatch(p.name) and not (p / CHECKPOINTS_DIR).is_dir():
-        m = STEP_DIR_RE.fullmatch(p.name)
-        if step is not None and int(m.group(1)) != int(step):
-            raise CheckpointError(f"{p} is the checkpoint of step {int(m.group(1))}, not of step {step}")
+        folder_step = step_of_dirname(p.name)
+        if folder_step is None:
+            raise CheckpointError(f"{p}: not a checkpoint folder name (a step's folder is step-NNNNNNNN exactly, "
+                                  "zero-padded to 8 digits)")
+        if step is not None and folder_step != int(step):
+            raise CheckpointError(f"{p} is the checkpoint of step {folder_step}, not of step {step}")
         if not p.is_dir():
             raise CheckpointError(f"checkpoint folder {p} does not exist")
         return p
@@ -301,23 +425,27 @@ def _resolve(path_or_run_dir: str | os.PathLike, step: int | None) -> Path:
     return folder
 
 
-def load_checkpoint(path_or_run_dir: str | os.PathLike, step: int | None = None) -> Checkpoint:
+def load_checkpoint(path_or_run_dir: str | os.PathLike, step: int | None = None,
+                    max_bytes: int = DEFAULT_MAX_STATE_BYTES) -> Checkpoint:
     """Load and fully verify a checkpoint.
 
     ``path_or_run_dir`` is a ``step-NNNNNNNN`` folder, or a run directory (then
-    ``step`` picks the checkpoint, default the latest complete one). Raises
-    ``CheckpointError`` unless the marker, the file digest, every tensor digest and
-    the state root all match.
+    ``step`` picks the checkpoint, default the latest complete one). Every file is
+    read as a regular file inside the folder (no symlink, FIFO or device), the state
+    file once and only if it is at most ``max_bytes`` (``state_bytes_bound`` of the
+    run's model is a tight bound). Raises ``CheckpointError`` unless the marker, the
+    file digest, every tensor digest and the state root all match.
     """
     folder = _resolve(path_or_run_dir, step)
-    step_of_folder = int(STEP_DIR_RE.fullmatch(folder.name).group(1))
-    earlier = (f"load an earlier one (latest_checkpoint(run_dir, before_step={step_of_folder})) "
-               f"or re-run from it")
-    why = _marker_problem(folder)
+    step_of_folder = step_of_dirname(folder.name)
+    earlier = (f"this checkpoint cannot be used: get an intact copy of {folder.name} from the run's publisher, or go "
+               f"on from an earlier checkpoint (`lockstep audit replay RUN --step N --from-earlier`; for `lockstep "
+               f"train --resume`, move {folder.name} out of checkpoints/)")
+    side_bytes, why = _marked_sidecar(folder)
     if why is not None:
         raise CheckpointError(f"checkpoint {folder} is not complete: {why}; {earlier}")
-    record = _read_sidecar(folder)
     side = folder / SIDECAR_FILE
+    record = _parse_sidecar(side_bytes, side)
     if record.get("format") != FORMAT:
         raise CheckpointError(f"{side}: format {record.get('format')!r} is not {FORMAT}; "
                               f"this lockstep cannot read it (upgrade lockstep?)")
@@ -330,15 +458,11 @@ def load_checkpoint(path_or_run_dir: str | os.PathLike, step: int | None = None)
             and all(isinstance(v, str) and _HEX64.fullmatch(v) for v in want_digests.values())):
         raise CheckpointError(f"{side}: state_root, file_sha256 and tensor_digests must be 64-digit hex digests")
 
+    state_path = folder / STATE_FILE
+    buf = _read_state(folder, max_bytes, earlier)
+    file_sha = hashlib.sha256(buf).hexdigest()
     try:
-        state_path = safe_join(folder, STATE_FILE)
-    except UnsafePath as exc:
-        raise CheckpointError(str(exc)) from None
-    if not state_path.is_file():
-        raise CheckpointError(f"checkpoint {folder} has no {STATE_FILE}; {earlier}")
-    file_sha = _sha256_file(state_path)
-    try:
-        tensors, metadata = read_safetensors(state_path)
+        tensors, metadata = parse_safetensors(buf, str(state_path), MAX_HEADER_BYTES)
     except FileFormatError as exc:
         raise CheckpointError(f"{exc}; the checkpoint is corrupt: {earlier}") from None
 

@@ -18,6 +18,11 @@ Sources (equal weights, about 1 MB of ASCII each, one byte per token):
 All three have short-range regularities a small byte-level model learns within a few
 hundred steps (spelling, grammar, the format of facts and programs) and longer ones
 (carrying, running a program) that keep the loss falling for longer.
+
+Validation: each source holds out its last documents, the fewest whose tokens reach
+``VALIDATION_TOKENS`` (``validation_documents`` in the manifest, see
+``lockstep.train.data``): a fixed slice that the training stream never yields and
+``lockstep eval`` measures.
 """
 
 from __future__ import annotations
@@ -36,6 +41,7 @@ CORPUS_PURPOSE = "lockstep.default-corpus"
 SOURCE_BYTES = 1_000_000  # each source stops after the document that reaches this many bytes
 SHARD_TOKENS = 1 << 18  # about 4 shards a source, so shard order matters in the stream
 SOURCES = ("math", "code", "text")
+VALIDATION_TOKENS = 16_384  # per source: about 1.6% of it, ~64 windows of 257 tokens
 
 
 class Draws:
@@ -354,15 +360,28 @@ def documents(source: str, target_bytes: int = SOURCE_BYTES) -> Iterator[bytes]:
 def build_default_corpus(out_dir: str | Path, progress: Callable[[str], None] | None = None) -> Path:
     """Write the default corpus to a new folder ``out_dir``; returns the manifest path."""
     tok = ByteTokenizer()
-    desc = f"lockstep default corpus v{CORPUS_VERSION} (synthetic math, code and text; built offline)"
+    desc = (f"lockstep default corpus v{CORPUS_VERSION} (synthetic math, code and text; built offline; "
+            f"the last documents of each source, {VALIDATION_TOKENS}+ tokens, held out for validation)")
     with DataWriter(out_dir, tok, shard_tokens=SHARD_TOKENS, description=desc) as w:
         for name in SOURCES:
             sw = w.add_source(name, 1)
-            for doc in documents(name):
+            docs = list(documents(name))
+            for doc in docs:
                 sw.add_document(tok.encode(doc))
+            sw.validation_documents = held_out_count([len(d) for d in docs], VALIDATION_TOKENS)
             if progress:
-                progress(f"default corpus: {name}: {sw.documents} documents, {sw.tokens} tokens")
+                progress(f"default corpus: {name}: {sw.documents} documents, {sw.tokens} tokens, "
+                         f"the last {sw.validation_documents} held out for validation")
         return w.commit()
+
+
+def held_out_count(lengths: list[int], tokens: int) -> int:
+    """The fewest last documents whose lengths sum to at least ``tokens``."""
+    total, n = 0, 0
+    while total < tokens and n < len(lengths) - 1:
+        n += 1
+        total += lengths[-n]
+    return n
 
 
 def default_corpus(folder: str | Path, progress: Callable[[str], None] | None = None) -> Manifest:

@@ -9,13 +9,16 @@ On disk (a data folder)
 -----------------------
 ``manifest.json`` (UTF-8 JSON, read with duplicate keys, NaN and unknown keys refused)::
 
-    {"format": "lockstep.data-manifest", "version": 1,
+    {"format": "lockstep.data-manifest", "version": 2,
      "description": "...",                                   (optional)
      "tokenizer": {"kind": "bytes", "vocab_size": 257, "eod_id": 256},
      "sources": [{"name": "math", "weight": 1, "documents": D, "tokens": T,
+                  "validation_documents": V,
                   "shards": [{"tokens_file": "math/00000.tokens.npy", "tokens_sha256": HEX,
                               "offsets_file": "math/00000.offsets.npy", "offsets_sha256": HEX,
                               "documents": d, "tokens": t}, ...]}, ...]}
+
+Version 1 is version 2 without ``validation_documents`` (read as 0); lockstep writes 2.
 
 A shard is two ``.npy`` files (format 1.0, read with ``allow_pickle=False``): the
 flat token ids of its documents (1-D ``uint8``, ``uint16`` or ``uint32``, the smallest
@@ -24,6 +27,16 @@ holding every id of the shard) and the document offsets (1-D little-endian
 document ``i`` is ``tokens[offsets[i]:offsets[i+1]]``. Shards hold documents only;
 the separator is added by the stream. Paths are relative, inside the folder.
 The manifest's identity is the SHA-256 of its bytes (``Manifest.sha256``).
+
+Held-out (validation) documents
+-------------------------------
+Document ids of a source run shard by shard in manifest order (``0 .. D-1``). The
+last ``V = validation_documents`` of them (ids ``D-V .. D-1``, ``0 <= V < D``) are the
+source's *validation documents*: the training stream below never yields them, and
+``validation_windows`` cuts them into the held-out windows that ``lockstep eval``
+measures. The others are the source's *training documents*, ``N_s = D - V``; shard
+``k`` holds ``t_k`` of them, its first ``t_k`` documents (``t_k = d_k`` except in
+the shards at the end of the source).
 
 Weights
 -------
@@ -36,7 +49,7 @@ units must be below ``2**32``.
 The stream (the definition)
 ---------------------------
 Sources ``s = 0 .. S-1`` in manifest order, with reduced units ``w_s``, cumulative
-``C_s = w_0 + ... + w_s``, ``W = C_{S-1}``, ``N_s`` documents, and
+``C_s = w_0 + ... + w_s``, ``W = C_{S-1}``, ``N_s`` training documents, and
 ``name_sha_s = SHA-256(UTF-8 name)`` (32 raw bytes).
 
 1. Mix. ``mix = PhiloxStream(seed, "lockstep.data.mix")``. Document ``g`` (g = 0, 1,
@@ -49,9 +62,10 @@ Sources ``s = 0 .. S-1`` in manifest order, with reduced units ``w_s``, cumulati
    its next epoch, each epoch in a new order.
 3. Epoch order of source ``s``: shards in the order ``keyed_permutation(
    PhiloxStream(seed, "lockstep.data.shard-order", name_sha_s, e), n_shards)``; the
-   documents of shard ``k`` (``k`` = its index in the manifest list) in the order
-   ``keyed_permutation(PhiloxStream(seed, "lockstep.data.doc-order", name_sha_s, e, k),
-   d_k)``; the epoch order is these document lists concatenated.
+   training documents of shard ``k`` (``k`` = its index in the manifest list) in the
+   order ``keyed_permutation(PhiloxStream(seed, "lockstep.data.doc-order", name_sha_s,
+   e, k), t_k)``; the epoch order is these document lists concatenated. (With no
+   validation documents ``t_k = d_k``: the stream of a version-1 manifest.)
    ``keyed_permutation(stream, n)`` sorts ``0 .. n-1`` by the 64-bit key
    ``stream[2i] * 2**32 + stream[2i+1]`` ascending, ties by index.
 4. Documents are joined in stream order, each followed by the tokenizer's ``eod_id``,
@@ -96,7 +110,7 @@ from typing import Callable, Iterable, Iterator
 
 import numpy as np
 
-from lockstep.fsio import fsync_dir
+from lockstep.fsio import FileFormatError, UnsafePath, atomic_write_bytes, fsync_dir, open_regular, read_regular
 from lockstep.spec.philox import PhiloxStream, philox4x32
 
 from .tokenizer import (
@@ -109,8 +123,10 @@ from .tokenizer import (
 )
 
 MANIFEST_NAME = "manifest.json"
+MAX_MANIFEST_BYTES = 64 << 20  # about 200,000 shard entries
 MANIFEST_FORMAT = "lockstep.data-manifest"
-MANIFEST_VERSION = 1
+MANIFEST_VERSION = 2  # the version lockstep writes
+MANIFEST_VERSIONS = (1, 2)  # the versions it reads (1: no validation_documents)
 STATE_FORMAT = "lockstep.data-stream-state"
 STATE_VERSION = 1
 
@@ -135,29 +151,23 @@ class DataError(ValueError):
     """Bad data input; the message names the file and says what to do."""
 
 
+class ManifestMismatch(DataError):
+    """A manifest is not the one expected (by digest); checked before it is parsed or any shard is read."""
+
+    def __init__(self, path: Path, got: str, want: str):
+        self.path, self.got, self.want = path, got, want
+        super().__init__(f"{path}: manifest SHA-256 {got} is not the expected {want}; this is not the data the run "
+                         "was trained on: use the run's data folder")
+
+
 # ---------------------------------------------------------------------------------
 # Files: atomic writes and a byte-exact .npy writer
 # ---------------------------------------------------------------------------------
 
 
 def write_bytes_atomic(path: str | Path, data: bytes) -> None:
-    """Write ``data`` to ``path`` via a temporary file, fsync and rename: all or nothing."""
-    path = Path(path)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.chmod(tmp, FILE_MODE)  # mkstemp makes 0600; data folders are meant to be shared
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
-    fsync_dir(path.parent)
+    """Write ``data`` to ``path`` with lockstep's one atomic writer (``fsio.atomic_write_bytes``)."""
+    atomic_write_bytes(path, data, mode=FILE_MODE)
 
 
 def npy_bytes(a: np.ndarray) -> bytes:
@@ -289,6 +299,8 @@ def _strict_json(path: Path, text: str | bytes):
         ) from None
     except UnicodeDecodeError:
         raise DataError(f"{path}: not UTF-8 text; a manifest is a UTF-8 JSON file") from None
+    except RecursionError:
+        raise DataError(f"{path}: JSON nested too deeply; a manifest is a few levels deep: rebuild it") from None
 
 
 def _expect(obj, keys_required: tuple, keys_optional: tuple, where: str) -> None:
@@ -351,11 +363,68 @@ def _check_digest(path: Path, expected: str, manifest_path: Path) -> None:
         )
 
 
-def _load_npy(path: Path, mmap: bool) -> np.ndarray:
+def _npy_layout(f, path: Path) -> tuple[tuple[int, ...], np.dtype, int]:
+    """``(shape, dtype, data offset)`` from the ``.npy`` header of the open file ``f``.
+
+    Read before any array is made: the declared shape and dtype must account for
+    exactly the bytes after the header, so a header declaring a huge shape is refused
+    without anything being allocated. Object arrays (pickles) are refused.
+    """
     try:
-        return np.load(path, mmap_mode="r" if mmap else None, allow_pickle=False)
+        version = np.lib.format.read_magic(f)
+        if version == (1, 0):
+            shape, fortran, dtype = np.lib.format.read_array_header_1_0(f)
+        elif version == (2, 0):
+            shape, fortran, dtype = np.lib.format.read_array_header_2_0(f)
+        else:
+            raise DataError(f"{path}: unsupported .npy version {version}; rebuild the data folder")
     except (ValueError, OSError, EOFError) as e:
-        raise DataError(f"{path}: not a readable .npy array ({e}); rebuild the data folder") from None
+        raise DataError(f"{path}: not a readable .npy file ({e}); rebuild the data folder") from None
+    if dtype.hasobject:
+        raise DataError(f"{path}: an object array (lockstep never unpickles); rebuild the data folder")
+    if len(shape) != 1 or fortran and len(shape) > 1:
+        raise DataError(f"{path}: a shard array is 1-D, this one has shape {shape}; rebuild the data folder")
+    offset = f.tell()
+    need = math.prod(shape) * dtype.itemsize
+    have = os.fstat(f.fileno()).st_size - offset
+    if need != have:
+        raise DataError(f"{path}: its .npy header declares shape {shape} of {dtype} ({need} bytes) but the file holds "
+                        f"{have}; rebuild the data folder")
+    return shape, dtype, offset
+
+
+def _load_shard_file(folder: Path, rel: str, expected_sha256: str, manifest_path: Path, mmap: bool) -> np.ndarray:
+    """A shard's ``.npy`` array, from the very bytes whose SHA-256 was checked.
+
+    The file is opened once, walking down from ``folder`` without following a link
+    (``fsio.open_regular``: a regular file, never a FIFO or device); it is hashed, and
+    only if the digest is the manifest's is its header read and its array made (mapped
+    from the same open file when ``mmap``), so nothing can be swapped in between.
+    """
+    path = safe_child(folder, rel, manifest_path)
+    try:
+        with open_regular(folder, rel, "shard file") as f:
+            h = hashlib.sha256()
+            for block in iter(lambda: f.read(1 << 20), b""):
+                h.update(block)
+            if h.hexdigest() != expected_sha256:
+                raise DataError(
+                    f"{path}: SHA-256 {h.hexdigest()} does not match {expected_sha256} in {manifest_path}; the file was "
+                    "altered or truncated: restore it or rebuild the data folder"
+                )
+            f.seek(0)
+            shape, dtype, offset = _npy_layout(f, path)
+            if mmap and shape[0]:
+                return np.memmap(f, dtype=dtype, mode="r", offset=offset, shape=shape)
+            f.seek(offset)
+            return np.frombuffer(f.read(shape[0] * dtype.itemsize), dtype=dtype).reshape(shape)
+    except FileNotFoundError:
+        raise DataError(
+            f"{path}: file missing (named by {manifest_path}); restore it, or rebuild the data folder "
+            "with `lockstep data ingest` / `lockstep data default`"
+        ) from None
+    except (UnsafePath, FileFormatError) as e:
+        raise DataError(f"{e}; keep every shard a regular file inside the data folder") from None
 
 
 @dataclass(frozen=True)
@@ -377,6 +446,12 @@ class Source:
     documents: int
     tokens: int
     shards: tuple[Shard, ...]
+    validation_documents: int = 0  # the last ones by id: held out of the training stream
+
+    @property
+    def training_documents(self) -> int:
+        """``N_s``: the documents the training stream draws from (ids ``0 .. N_s - 1``)."""
+        return self.documents - self.validation_documents
 
 
 class Manifest:
@@ -402,17 +477,28 @@ class Manifest:
     # -- loading ---------------------------------------------------------------------
 
     @classmethod
-    def load(cls, path: str | Path) -> "Manifest":
-        """Load and verify ``path`` (a manifest.json, or the folder holding one)."""
+    def load(cls, path: str | Path, expected_sha256: str | None = None) -> "Manifest":
+        """Load and verify ``path`` (a manifest.json, or the folder holding one).
+
+        The manifest must be a regular file of at most ``MAX_MANIFEST_BYTES``. With
+        ``expected_sha256`` (a run's recipe names it), its digest is compared before
+        anything is parsed or any shard is read (``ManifestMismatch``).
+        """
         path = Path(path)
         if path.is_dir():
             path = path / MANIFEST_NAME
-        if not path.is_file():
+        try:
+            raw = read_regular(path.parent, path.name, "data manifest", MAX_MANIFEST_BYTES)
+        except FileNotFoundError:
             raise DataError(
                 f"{path}: no manifest here; build a data folder with `lockstep data ingest --out DIR ...` "
                 "or `lockstep data default --out DIR`"
-            )
-        raw = path.read_bytes()
+            ) from None
+        except (UnsafePath, FileFormatError, OSError) as exc:
+            raise DataError(f"{exc}") from None
+        got = hashlib.sha256(raw).hexdigest()
+        if expected_sha256 is not None and got != expected_sha256:
+            raise ManifestMismatch(path, got, expected_sha256)
         data = _strict_json(path, raw)
         m = cls(path, raw, data, cls._check_structure(path, data))
         m._verify_files()
@@ -422,11 +508,14 @@ class Manifest:
     def _check_structure(path: Path, data) -> list[Source]:
         """Check every field; returns the sources with their reduced weight units."""
         _expect(data, ("format", "version", "tokenizer", "sources"), ("description",), str(path))
-        if data["format"] != MANIFEST_FORMAT or data["version"] != MANIFEST_VERSION:
+        version = data["version"]
+        if data["format"] != MANIFEST_FORMAT or isinstance(version, bool) or version not in MANIFEST_VERSIONS:
             raise DataError(
                 f"{path}: format {data['format']!r} version {data['version']!r} is not "
-                f"{MANIFEST_FORMAT!r} version {MANIFEST_VERSION}; rebuild the folder with this lockstep"
+                f"{MANIFEST_FORMAT!r} version {' or '.join(map(str, MANIFEST_VERSIONS))}; "
+                "rebuild the folder with this lockstep"
             )
+        held_key = ("validation_documents",) if version >= 2 else ()
         tok = data["tokenizer"]
         where = f"{path}: tokenizer"
         if isinstance(tok, dict) and tok.get("kind") == ByteTokenizer.kind:
@@ -448,9 +537,10 @@ class Manifest:
             raise DataError(f"{path}: 'sources' must be a non-empty list; add at least one source")
         names: list[str] = []
         units: list[int] = []
+        files: set[str] = set()  # every shard file once: a repeated entry would be read (and hashed) again
         for i, s in enumerate(sources):
             where = f"{path}: sources[{i}]"
-            _expect(s, ("name", "weight", "documents", "tokens", "shards"), (), where)
+            _expect(s, ("name", "weight", "documents", "tokens", "shards") + held_key, (), where)
             name = s["name"]
             if not isinstance(name, str) or not SOURCE_NAME_RE.match(name):
                 raise DataError(f"{where}: source name {name!r} must match {SOURCE_NAME_RE.pattern}")
@@ -467,6 +557,13 @@ class Manifest:
             for k, sh in enumerate(s["shards"]):
                 w = f"{where} shard {k}"
                 _expect(sh, ("tokens_file", "tokens_sha256", "offsets_file", "offsets_sha256", "documents", "tokens"), (), w)
+                for key in ("tokens_file", "offsets_file"):
+                    if not isinstance(sh[key], str):
+                        continue  # refused with its path check
+                    norm = str(PurePosixPath(sh[key]))
+                    if norm in files:
+                        raise DataError(f"{w}: file {sh[key]!r} is listed twice; each shard file may appear once")
+                    files.add(norm)
                 _expect_hex(sh["tokens_sha256"], f"{w}.tokens_sha256")
                 _expect_hex(sh["offsets_sha256"], f"{w}.offsets_sha256")
                 sd += _expect_int(sh["documents"], f"{w}.documents")
@@ -478,6 +575,12 @@ class Manifest:
                 )
             if docs == 0:
                 raise DataError(f"{where}: the source is empty (no documents); remove it or give it documents")
+            held = _expect_int(s.get("validation_documents", 0), f"{where}.validation_documents")
+            if held >= docs:
+                raise DataError(
+                    f"{where}: validation_documents {held} leaves no training documents (the source has {docs}); "
+                    "hold out fewer documents"
+                )
         red = reduced_units(units, str(path))
         return [
             Source(
@@ -487,6 +590,7 @@ class Manifest:
                 name_sha256=hashlib.sha256(s["name"].encode("utf-8")).digest(),
                 documents=s["documents"],
                 tokens=s["tokens"],
+                validation_documents=s.get("validation_documents", 0),
                 shards=tuple(Shard(**sh) for sh in s["shards"]),
             )
             for s, u in zip(sources, red)
@@ -497,15 +601,13 @@ class Manifest:
             for k, sh in enumerate(src.shards):
                 opath = safe_child(self.folder, sh.offsets_file, self.path)
                 tpath = safe_child(self.folder, sh.tokens_file, self.path)
-                _check_digest(opath, sh.offsets_sha256, self.path)
-                _check_digest(tpath, sh.tokens_sha256, self.path)
-                off = _load_npy(opath, mmap=False)
+                off = _load_shard_file(self.folder, sh.offsets_file, sh.offsets_sha256, self.path, mmap=False)
                 if off.ndim != 1 or off.dtype.kind != "i" or off.dtype.itemsize != 8 or off.shape[0] != sh.documents + 1:
                     raise DataError(f"{opath}: offsets must be int64 of {sh.documents + 1} entries; rebuild the shard")
                 off = off.astype(np.int64)
                 if off[0] != 0 or off[-1] != sh.tokens or np.any(np.diff(off) < 0):
                     raise DataError(f"{opath}: offsets must rise from 0 to {sh.tokens}; rebuild the shard")
-                tok = _load_npy(tpath, mmap=sh.tokens > 0)
+                tok = _load_shard_file(self.folder, sh.tokens_file, sh.tokens_sha256, self.path, mmap=sh.tokens > 0)
                 if tok.ndim != 1 or tok.dtype.kind != "u" or tok.dtype.itemsize not in (1, 2, 4) or tok.shape[0] != sh.tokens:
                     raise DataError(f"{tpath}: tokens must be 1-D uint8/16/32 of length {sh.tokens}; rebuild the shard")
                 for a in range(0, sh.tokens, 1 << 24):
@@ -533,6 +635,13 @@ class Manifest:
             counts = [sh.documents for sh in self.sources[si].shards]
             self._bases[si] = np.concatenate([[0], np.cumsum(counts, dtype=np.int64)]).astype(np.int64)
         return self._bases[si]
+
+    def shard_training_counts(self, si: int) -> np.ndarray:
+        """``t_k``: how many training documents each shard of source ``si`` holds (its first
+        ``t_k``): int64 (n_shards,)."""
+        base = self.shard_bases(si)
+        n_train = self.sources[si].training_documents
+        return np.clip(n_train - base[:-1], 0, np.diff(base)).astype(np.int64)
 
     def document_lengths(self, si: int) -> np.ndarray:
         """Token count of every document of source ``si`` (without the separator): int64."""
@@ -582,6 +691,7 @@ class _SourceWriter:
         self._buffered = 0
         self.documents = 0
         self.tokens = 0
+        self.validation_documents = 0  # hold out the last this many documents (set before commit)
 
     def add_document(self, ids) -> None:
         ids = np.asarray(ids)
@@ -671,6 +781,11 @@ class DataWriter:
             s.flush()
             if s.documents == 0:
                 raise DataError(f"source {s.name!r} has no documents; check its input path (empty files are skipped)")
+            if not 0 <= s.validation_documents < s.documents:
+                raise DataError(
+                    f"source {s.name!r}: cannot hold out {s.validation_documents} of its {s.documents} documents "
+                    "for validation; hold out fewer (at least one document must stay for training)"
+                )
         if not self.sources:
             raise DataError("no sources given; name at least one input folder or file")
         reduced_units([weight_units(Decimal(repr(s.weight)), s.name) for s in self.sources], "weights")
@@ -679,7 +794,8 @@ class DataWriter:
             doc["description"] = self.description
         doc["tokenizer"] = self.tokenizer.identity()
         doc["sources"] = [
-            {"name": s.name, "weight": s.weight, "documents": s.documents, "tokens": s.tokens, "shards": s.shards}
+            {"name": s.name, "weight": s.weight, "documents": s.documents, "tokens": s.tokens,
+             "validation_documents": s.validation_documents, "shards": s.shards}
             for s in self.sources
         ]
         return (json.dumps(doc, indent=1, ensure_ascii=True) + "\n").encode("ascii")
@@ -779,12 +895,17 @@ def ingest(
     text_field: str = "text",
     shard_tokens: int = DEFAULT_SHARD_TOKENS,
     progress: Callable[[str], None] | None = None,
+    validation_documents: int = 0,
 ) -> Path:
     """Tokenize ``inputs`` ((name, path, weight) per source) into a new data folder.
 
     Returns the manifest path. Documents are read in sorted file order; empty
     documents are skipped. ``progress`` gets a status line about once a second.
+    ``validation_documents``: each source holds out its last this many documents
+    (in that order) for validation; the training stream never yields them.
     """
+    if isinstance(validation_documents, bool) or not isinstance(validation_documents, int) or validation_documents < 0:
+        raise DataError(f"--validation-documents must be a non-negative integer, got {validation_documents!r}")
     if tokenizer_file is None:
         if eod_token is not None:
             raise DataError("--eod-token applies only with --tokenizer; the byte tokenizer's separator is id 256")
@@ -820,6 +941,7 @@ def ingest(
             if sw.documents == 0:
                 where = dict((n, p) for n, p, _ in inputs)[name]
                 raise DataError(f"{where}: source {name!r} has no documents; give it .txt/.jsonl files with text")
+            sw.validation_documents = validation_documents
         return writer.commit()
 
 
@@ -838,12 +960,12 @@ class _EpochOrder:
     shard's document order when a position inside it is first asked for. Memory is
     O(shards + documents of the shards in use), not O(documents of the source)."""
 
-    def __init__(self, seed: int, src: Source, bases: np.ndarray, epoch: int):
-        self.seed, self.src, self.bases, self.epoch = seed, src, bases, epoch
+    def __init__(self, seed: int, src: Source, bases: np.ndarray, training: np.ndarray, epoch: int):
+        self.seed, self.src, self.bases, self.training, self.epoch = seed, src, bases, training, epoch
         self.shard_order = keyed_permutation(
             PhiloxStream(seed, SHARD_ORDER_PURPOSE, src.name_sha256, epoch), len(src.shards)
         )
-        counts = np.diff(bases)[self.shard_order]
+        counts = training[self.shard_order]
         self.starts = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)  # epoch position of each block
         self._perms: OrderedDict[int, np.ndarray] = OrderedDict()
 
@@ -852,7 +974,7 @@ class _EpochOrder:
             self._perms.move_to_end(k)
         else:
             stream = PhiloxStream(self.seed, DOC_ORDER_PURPOSE, self.src.name_sha256, self.epoch, k)
-            self._perms[k] = self.bases[k] + keyed_permutation(stream, self.src.shards[k].documents)
+            self._perms[k] = self.bases[k] + keyed_permutation(stream, int(self.training[k]))
             while len(self._perms) > _SHARD_PERM_CACHE:
                 self._perms.popitem(last=False)
         return self._perms[k]
@@ -919,7 +1041,8 @@ class GlobalStream:
         srcs = manifest.sources
         self._S = len(srcs)
         self._cum = np.cumsum([s.units for s in srcs]).astype(np.uint64)
-        self._n_docs = [s.documents for s in srcs]
+        self._n_docs = [s.training_documents for s in srcs]
+        self._training = [manifest.shard_training_counts(i) for i in range(self._S)]
         self._mix = PhiloxStream(self.seed, MIX_PURPOSE)
         # document lengths with the separator; int32 keeps this pass-over-lengths table small
         self._lengths = [(manifest.document_lengths(i) + 1).astype(np.int32) for i in range(self._S)]
@@ -942,7 +1065,8 @@ class GlobalStream:
         if key in self._epochs:
             self._epochs.move_to_end(key)
         else:
-            self._epochs[key] = _EpochOrder(self.seed, self.manifest.sources[si], self.manifest.shard_bases(si), int(epoch))
+            self._epochs[key] = _EpochOrder(self.seed, self.manifest.sources[si], self.manifest.shard_bases(si),
+                                            self._training[si], int(epoch))
             while len(self._epochs) > _EPOCH_CACHE:
                 self._epochs.popitem(last=False)
         return self._epochs[key]
@@ -956,14 +1080,15 @@ class GlobalStream:
             [PhiloxStream(self.seed, SHARD_ORDER_PURPOSE, src.name_sha256, e) for e in epochs], len(src.shards)
         )
         base = self.manifest.shard_bases(si)
+        training = self._training[si]
         doc_orders = [
             base[k]
             + keyed_permutations(
-                [PhiloxStream(self.seed, DOC_ORDER_PURPOSE, src.name_sha256, e, k) for e in epochs], sh.documents
+                [PhiloxStream(self.seed, DOC_ORDER_PURPOSE, src.name_sha256, e, k) for e in epochs], int(training[k])
             )
-            for k, sh in enumerate(src.shards)
+            for k in range(len(src.shards))
         ]
-        out = np.empty((len(epochs), src.documents), dtype=np.int64)
+        out = np.empty((len(epochs), src.training_documents), dtype=np.int64)
         for row in range(len(epochs)):
             out[row] = np.concatenate([doc_orders[k][row] for k in shard_order[row].tolist()])
         return out
@@ -1055,6 +1180,24 @@ class GlobalStream:
             self._copy_tokens(start * self.window_tokens, out)
         return out.reshape(count, self.window_tokens)
 
+    def document_ids(self, first_doc: int, count: int) -> tuple[np.ndarray, np.ndarray]:
+        """Which documents are stream documents ``first_doc .. first_doc+count-1`` (steps
+        1-3): ``(source index, document id within the source)``, two int64 arrays."""
+        first_doc, count = int(first_doc), int(count)
+        if first_doc < 0 or count < 0:
+            raise ValueError(f"document_ids needs first_doc >= 0 and count >= 0, got {first_doc}, {count}")
+        src = np.empty(count, dtype=np.int64)
+        doc = np.empty(count, dtype=np.int64)
+        pos = 0
+        while pos < count:
+            c, i = divmod(first_doc + pos, PLAN_CHUNK)
+            ch = self._chunk(c)
+            take = min(PLAN_CHUNK - i, count - pos)
+            src[pos : pos + take] = ch.src[i : i + take]
+            doc[pos : pos + take] = ch.doc[i : i + take]
+            pos += take
+        return src, doc
+
     def windows_at(self, indices) -> np.ndarray:
         """The windows with the given indices, in the given order: int32 ``(n, seq_len + 1)``."""
         idx = [int(m) for m in np.asarray(indices).reshape(-1).tolist()]
@@ -1087,8 +1230,8 @@ class GlobalStream:
                 {
                     "name": src.name,
                     "documents_consumed": int(c),
-                    "epoch": int(c) // src.documents,
-                    "position_in_epoch": int(c) % src.documents,
+                    "epoch": int(c) // src.training_documents,
+                    "position_in_epoch": int(c) % src.training_documents,
                 }
                 for src, c in zip(self.manifest.sources, consumed.tolist())
             ],
@@ -1140,7 +1283,7 @@ class GlobalStream:
         for x, src in zip(srcs, manifest.sources):
             _expect(x, ("name", "documents_consumed", "epoch", "position_in_epoch"), (), f"{where}.sources")
             c = _expect_int(x["documents_consumed"], f"{where}.sources[{src.name}].documents_consumed")
-            if x["epoch"] != c // src.documents or x["position_in_epoch"] != c % src.documents:
+            if x["epoch"] != c // src.training_documents or x["position_in_epoch"] != c % src.training_documents:
                 raise DataError(f"{where}: source {src.name!r} epoch/position disagree with its documents consumed")
             consumed.append(c)
         consumed_g = np.array(consumed, dtype=np.int64)
@@ -1189,3 +1332,51 @@ def batch_digest(windows) -> str:
         h.update(int(d).to_bytes(8, "little"))
     h.update(np.ascontiguousarray(a, dtype="<i4").tobytes())
     return h.hexdigest()
+
+
+# ---------------------------------------------------------------------------------
+# The validation windows
+# ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ValidationSplit:
+    """The held-out windows of one source (``validation_windows``)."""
+
+    source: str
+    documents: int  # validation documents of the source
+    tokens: int  # their tokens plus one separator each: the length of the source's buffer
+    windows: np.ndarray  # int32 (n, seq_len + 1); n = tokens // (seq_len + 1)
+
+    @property
+    def targets(self) -> int:
+        """Predicted tokens: ``seq_len`` per window."""
+        return int(self.windows.shape[0] * (self.windows.shape[1] - 1))
+
+
+def validation_windows(manifest: Manifest, seq_len: int) -> list[ValidationSplit]:
+    """The held-out windows of every source with validation documents, in manifest order.
+
+    Definition: for source ``s``, its validation documents (ids ``D-V .. D-1``) in id
+    order, each followed by the tokenizer's ``eod_id``, are joined into one buffer;
+    window ``m`` is ``buffer[m*(L+1) : (m+1)*(L+1)]`` (``L = seq_len``), as the training
+    stream cuts its windows; the last ``len(buffer) mod (L+1)`` tokens, too few for a
+    window, are not used. Nothing here is random, and the training stream never
+    yields these documents (module docstring).
+    """
+    if isinstance(seq_len, bool) or not isinstance(seq_len, (int, np.integer)) or int(seq_len) < 1:
+        raise ValueError(f"seq_len must be a positive integer, got {seq_len!r}")
+    width = int(seq_len) + 1
+    out = []
+    for si, src in enumerate(manifest.sources):
+        if src.validation_documents == 0:
+            continue
+        pieces = []
+        for doc in range(src.training_documents, src.documents):
+            pieces.append(manifest.document_tokens(si, doc).astype(np.int32))
+            pieces.append(np.array([manifest.eod_id], dtype=np.int32))
+        buf = np.concatenate(pieces)
+        n = buf.shape[0] // width
+        out.append(ValidationSplit(src.name, src.validation_documents, int(buf.shape[0]),
+                                   np.ascontiguousarray(buf[: n * width].reshape(n, width))))
+    return out

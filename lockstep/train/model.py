@@ -115,6 +115,83 @@ def _merge_heads(x):
     return x.transpose(0, 2, 1, 3).reshape(b, t, n * dh)
 
 
+def embed_forward(be, cfg: ModelConfig, P: dict, inputs):
+    """Embedding and its RMSNorm: ``(x0, x, r0)``, x of shape (B, T, D)."""
+    x0 = be.embedding_forward(P["embed"], inputs)                            # (B, T, D)
+    x, r0 = be.rmsnorm_forward(x0, P["embed_norm.gain"], cfg.norm_eps)
+    return x0, x, r0
+
+
+def training_attention(be):
+    """The ``attend`` of ``block_forward`` in training: causal attention over the T positions given."""
+    return lambda layer, qr, kr, v, window: be.attention_forward(qr, kr, v, window)
+
+
+def block_forward(be, cfg: ModelConfig, P: dict, layer: int, x, cos, sin, attend):
+    """Block ``layer`` on x (B, T, D): ``(x_out, saved)``.
+
+    ``cos``/``sin`` are the RoPE rows of the T positions; ``attend(layer, qr, kr, v,
+    window)`` returns ``(o, m, l)``: ``training_attention`` in training, a cached
+    attention when generating (``lockstep.use.generate``), so both run these ops.
+    ``saved`` holds what the backward needs.
+    """
+    h, g, dh, eps = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, cfg.norm_eps
+    p = f"layers.{layer:02d}."
+    a_in, r1 = be.rmsnorm_forward(x, P[p + "attn_norm.gain"], eps)
+    qkv = _linear_forward(be, cfg, a_in, P[p + "attn.wqkv"])                    # (B, T, (H+2G)Dh)
+    q = _split_heads(qkv[..., : h * dh], h, dh)                               # (B, H, T, Dh)
+    k = _split_heads(qkv[..., h * dh : (h + g) * dh], g, dh)                   # (B, G, T, Dh)
+    v = _split_heads(qkv[..., (h + g) * dh :], g, dh)
+    qn, rq = be.rmsnorm_forward(q, None, eps)                                  # QK-norm, no gain
+    kn, rk = be.rmsnorm_forward(k, None, eps)
+    qr = be.rope_forward(qn, cos, sin)
+    kr = be.rope_forward(kn, cos, sin)
+    o, m, l = attend(layer, qr, kr, v, cfg.window(layer))
+    o2 = _merge_heads(o)                                                      # (B, T, H Dh)
+    x_mid = be.add(x, _linear_forward(be, cfg, o2, P[p + "attn.wo"]))
+    f_in, r2 = be.rmsnorm_forward(x_mid, P[p + "ffn_norm.gain"], eps)
+    gu = _linear_forward(be, cfg, f_in, P[p + "ffn.w_gate_up"])                # (B, T, 2F)
+    hh = be.swiglu_forward(gu)                                                # (B, T, F)
+    x_out = be.add(x_mid, _linear_forward(be, cfg, hh, P[p + "ffn.w_down"]))
+    return x_out, (x, a_in, r1, q, k, v, rq, rk, qr, kr, o, m, l, o2, x_mid, f_in, r2, gu, hh)
+
+
+def head_forward(be, cfg: ModelConfig, P: dict, x):
+    """Final RMSNorm and LM head: ``(xf, rf, xf2, logits)``, logits of shape (B*T, V)."""
+    xf, rf = be.rmsnorm_forward(x, P["final_norm.gain"], cfg.norm_eps)
+    xf2 = xf.reshape(-1, cfg.d_model)
+    return xf, rf, xf2, be.matmul(xf2, P["lm_head"])                          # (N, V)
+
+
+def device_params(params: dict, backend) -> dict:
+    """The parameters moved onto the backend (``asarray``), by name."""
+    return {k: backend.asarray(v) for k, v in params.items()}
+
+
+def forward(P: dict, inputs, cfg: ModelConfig, backend):
+    """The training forward of inputs (B, T) with device parameters ``P``:
+    ``(logits (B*T, V), saved)``, ``saved`` being what ``loss_and_grads`` needs for the backward."""
+    be = backend
+    t = inputs.shape[1]
+    cos, sin = (be.asarray(a) for a in _rope(t, cfg.head_dim, cfg.rope_theta))
+    x0, x, r0 = embed_forward(be, cfg, P, inputs)
+    blocks = []
+    attend = training_attention(be)
+    for i in range(cfg.n_layers):
+        x, saved = block_forward(be, cfg, P, i, x, cos, sin, attend)
+        blocks.append(saved)
+    xf, rf, xf2, logits = head_forward(be, cfg, P, x)
+    return logits, (x0, r0, blocks, x, rf, xf2, cos, sin)
+
+
+def logits_forward(params: dict, inputs, cfg: ModelConfig, backend):
+    """Logits (B*T, V) of inputs (B, T): the training forward, no backward."""
+    inputs = np.ascontiguousarray(np.asarray(inputs))
+    if inputs.ndim != 2 or not 1 <= inputs.shape[1] <= cfg.seq_len:
+        raise ValueError(f"inputs must be (B, T) with 1 <= T <= {cfg.seq_len}, got {inputs.shape}")
+    return forward(device_params(params, backend), inputs, cfg, backend)[0]
+
+
 def loss_and_grads(params: dict, windows, cfg: ModelConfig, backend, n_global: int | None = None):
     """Loss and gradients of one micro-batch: ``(loss, grads)``.
 
@@ -135,39 +212,11 @@ def loss_and_grads(params: dict, windows, cfg: ModelConfig, backend, n_global: i
     bsz, t = inputs.shape
     n = bsz * t
     inv_n = fp.div(np.float32(1.0), np.float32(n if n_global is None else n_global))[()]
-    h, g, dh = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
-    cos, sin = (be.asarray(a) for a in _rope(t, dh, cfg.rope_theta))
-    P = {k: be.asarray(v) for k, v in params.items()}
-    eps = cfg.norm_eps
+    h, dh = cfg.n_heads, cfg.head_dim
+    P = device_params(params, be)
 
     # ---- forward
-    x0 = be.embedding_forward(P["embed"], inputs)                            # (B, T, D)
-    x, r0 = be.rmsnorm_forward(x0, P["embed_norm.gain"], eps)
-    saved = []
-    for i in range(cfg.n_layers):
-        p = f"layers.{i:02d}."
-        window = cfg.window(i)
-        a_in, r1 = be.rmsnorm_forward(x, P[p + "attn_norm.gain"], eps)
-        qkv = _linear_forward(be, cfg, a_in, P[p + "attn.wqkv"])                # (B, T, (H+2G)Dh)
-        q = _split_heads(qkv[..., : h * dh], h, dh)                           # (B, H, T, Dh)
-        k = _split_heads(qkv[..., h * dh : (h + g) * dh], g, dh)               # (B, G, T, Dh)
-        v = _split_heads(qkv[..., (h + g) * dh :], g, dh)
-        qn, rq = be.rmsnorm_forward(q, None, eps)                              # QK-norm, no gain
-        kn, rk = be.rmsnorm_forward(k, None, eps)
-        qr = be.rope_forward(qn, cos, sin)
-        kr = be.rope_forward(kn, cos, sin)
-        o, m, l = be.attention_forward(qr, kr, v, window)
-        o2 = _merge_heads(o)                                                  # (B, T, H Dh)
-        x_mid = be.add(x, _linear_forward(be, cfg, o2, P[p + "attn.wo"]))
-        f_in, r2 = be.rmsnorm_forward(x_mid, P[p + "ffn_norm.gain"], eps)
-        gu = _linear_forward(be, cfg, f_in, P[p + "ffn.w_gate_up"])            # (B, T, 2F)
-        hh = be.swiglu_forward(gu)                                            # (B, T, F)
-        x_out = be.add(x_mid, _linear_forward(be, cfg, hh, P[p + "ffn.w_down"]))
-        saved.append((x, a_in, r1, q, k, v, rq, rk, qr, kr, o, m, l, o2, x_mid, f_in, r2, gu, hh))
-        x = x_out
-    xf, rf = be.rmsnorm_forward(x, P["final_norm.gain"], eps)
-    xf2 = xf.reshape(n, cfg.d_model)
-    logits = be.matmul(xf2, P["lm_head"])                                     # (N, V)
+    logits, (x0, r0, saved, x, rf, xf2, cos, sin) = forward(P, inputs, cfg, be)
     loss_sum, lse = be.cross_entropy_forward(logits, targets, cfg.z_loss)
     loss = be.mul(loss_sum, inv_n)
 

@@ -24,14 +24,14 @@ recipe always has a target) and is not part of the chain.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 from pathlib import Path
 
-from lockstep.fsio import FileFormatError, UnsafePath, atomic_write_json, read_json, safe_join
+from lockstep.fsio import (FileFormatError, UnsafePath, atomic_write_json, iter_lines, open_regular, read_json,
+                           safe_join)
 
-from .data import MANIFEST_NAME, DataError, Manifest
+from .data import MANIFEST_NAME, DataError, Manifest, ManifestMismatch
 
 TARGET_FILE = "target.json"
 METRICS_FILE = "metrics.jsonl"
@@ -90,15 +90,13 @@ def open_run_data(run_dir: str | os.PathLike, recipe: dict, override: str | os.P
     size = manifest_path.stat().st_size
     if size > MAX_MANIFEST_BYTES:
         raise DataLocationError(f"{manifest_path}: {size} bytes, more than a manifest can be; {hint}")
-    got = hashlib.sha256(manifest_path.read_bytes()).hexdigest()
-    if got != want:  # compared before any shard is read
-        raise DataLocationError(f"{manifest_path}: SHA-256 {got} is not the recipe's; this is not the run's data: {hint}")
-    try:
-        manifest = Manifest.load(manifest_path)
+    try:  # Manifest.load compares the digest of the bytes it read before parsing or hashing any shard
+        manifest = Manifest.load(manifest_path, expected_sha256=want)
+    except ManifestMismatch as exc:
+        raise DataLocationError(f"{manifest_path}: SHA-256 {exc.got} is not the recipe's; this is not the run's "
+                                f"data: {hint}") from None
     except DataError as exc:
         raise DataLocationError(str(exc)) from None
-    if manifest.sha256 != want:  # the file changed between the two reads
-        raise DataLocationError(f"{manifest_path}: changed while being read; {hint}")
     return manifest
 
 
@@ -139,15 +137,8 @@ def recorded_world_sizes(run_dir: str | os.PathLike, steps) -> dict[int, int]:
     """
     wanted, found = {int(s) for s in steps}, {}
     try:
-        path = safe_join(run_dir, METRICS_FILE)
-        if not path.is_file():  # missing, or a folder or FIFO (whose open would block)
-            return {}
-        f = open(path, "rb")  # noqa: SIM115 - closed below
-    except (UnsafePath, OSError):
-        return {}
-    with f:
-        try:
-            for line in iter(lambda: f.readline(MAX_METRICS_LINE + 1), b""):
+        with open_regular(run_dir, METRICS_FILE, "metrics log") as f:  # a regular file, never a FIFO or link
+            for _, line, _ in iter_lines(f, str(Path(run_dir) / METRICS_FILE), MAX_METRICS_LINE):
                 try:
                     rec = json.loads(line)
                 except ValueError:
@@ -155,6 +146,6 @@ def recorded_world_sizes(run_dir: str | os.PathLike, steps) -> dict[int, int]:
                 step, ranks = (rec.get("step"), rec.get("world_size")) if isinstance(rec, dict) else (None, None)
                 if type(step) is int and step in wanted and type(ranks) is int and ranks >= 1:
                     found[step] = ranks
-        except OSError:
-            pass
+    except (UnsafePath, FileFormatError, OSError):  # missing, unsafe, or a line no trainer writes: stop there
+        pass
     return found

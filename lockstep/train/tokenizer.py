@@ -146,6 +146,25 @@ class HFTokenizer:
         ids = [int(t) for t in np.asarray(ids).reshape(-1).tolist() if int(t) != self.eod_id or self.eod_token]
         return self._tok.decode(ids, skip_special_tokens=False)
 
+    def unrepresentable(self, text: str) -> tuple[int, str] | None:
+        """The first character of ``text`` the tokenizer cannot represent, as ``(index, character)``:
+        one it encodes as its unknown token, or one no token covers (whitespace aside, which
+        pre-tokenizers drop). None when every character is represented."""
+        import json
+
+        enc = self._tok.encode(text, add_special_tokens=False)
+        unk_token = json.loads(self._tok.to_str()).get("model", {}).get("unk_token")
+        unk = self._tok.token_to_id(unk_token) if isinstance(unk_token, str) else None
+        covered = np.zeros(len(text), dtype=bool)
+        for tid, (a, b) in zip(enc.ids, enc.offsets):
+            if unk is not None and tid == unk:
+                return a, text[a:b] or text[a : a + 1]
+            covered[a:b] = True
+        for i, ch in enumerate(text):
+            if not covered[i] and not ch.isspace():
+                return i, ch
+        return None
+
 
 def tokenizer_from_identity(identity: dict, folder: Path):
     """The tokenizer a manifest names (``folder`` holds the manifest and its files)."""

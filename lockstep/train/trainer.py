@@ -6,12 +6,16 @@ Run directory::
     target.json          the step the run is to reach (``rundir``); not part of the chain
     data/                the embedded default corpus (manifest + shards), when used
     trajectory.jsonl     one record per step: step, tokens, lr, loss, grad_norm,
-                         state_root, batch_digest, chain_hash (+ exact float bits)
-    metrics.jsonl        facts about how each step ran (seconds, tokens/s, backend, world_size):
-                         not part of the chain
+                         state_root, batch_digest, chain_hash (+ exact float bits); H_t binds
+                         the tokens and the bits of loss, grad norm and lr (``hashing``)
+    metrics.jsonl        facts about how each step ran (seconds, tokens/s, backend, world_size),
+                         the loss again and validation losses (``--eval-every``): not part of
+                         the chain, not evidence (``audit verify`` compares its losses with the
+                         trajectory's and warns)
     checkpoints/         step-NNNNNNNN/ folders (lockstep.train.checkpoint)
     commitment.json      the last chain hash, written when the run ends
-    loss.png             the loss curve (if matplotlib is installed)
+    loss.png             training and validation loss over tokens (if matplotlib is installed):
+                         not evidence (``audit verify --plot PNG`` redraws it from a verified run)
 
 The loop, per step t: plan the global batch (``step.plan_step``), compute this
 rank's micro-batches as whole subtrees of the spec's tree (``collectives.rank_micro_batches``,
@@ -33,6 +37,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import io
 import json
 import os
 import sys
@@ -40,10 +45,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
-
 import lockstep
-from lockstep.fsio import atomic_write_bytes, atomic_write_json, json_bytes, read_json, safe_join
+from lockstep.fsio import append_line, atomic_write_bytes, atomic_write_json, check_regular_or_absent, json_bytes
 from lockstep.spec import SPEC_VERSION, hashing
 
 from . import checkpoint as ckpt
@@ -60,6 +63,7 @@ TRAJECTORY_FILE = "trajectory.jsonl"
 COMMITMENT_FILE = "commitment.json"
 DATA_DIR = "data"
 RECIPE_FORMAT = "lockstep.recipe"
+MAX_RECIPE_BYTES = 1 << 20  # a recipe is about 2 kB
 
 
 class RecipeMismatch(RuntimeError):
@@ -83,6 +87,19 @@ def make_recipe(cfg: ModelConfig, tcfg: TrainConfig, manifest: Manifest, data_fo
     }
 
 
+def step_record(t: int, plan, res, bdigest: str, prev_chain: str) -> dict:
+    """The trajectory record of step ``t`` (``plan``: its ``StepPlan``, ``res``: its ``StepResult``),
+    with its chain hash ``H_t`` computed from ``prev_chain`` = ``H_{t-1}``."""
+    rec = {
+        "step": t, "tokens": plan.tokens_after, "lr": float(res.lr), "loss": float(res.loss),
+        "grad_norm": float(res.grad_norm), "state_root": res.state_root, "batch_digest": bdigest,
+        "lr_bits": float_record(res.lr)["bits"], "loss_bits": float_record(res.loss)["bits"],
+        "grad_norm_bits": float_record(res.grad_norm)["bits"],
+    }
+    rec["chain_hash"] = hashing.record_chain_hash(prev_chain, rec)
+    return rec
+
+
 def recipe_digest(recipe: dict) -> str:
     """SHA-256 of the recipe's canonical JSON (sorted keys, no spaces, ASCII)."""
     return hashlib.sha256(json_bytes(recipe)).hexdigest()
@@ -93,10 +110,11 @@ def genesis(recipe: dict) -> str:
 
 
 def load_recipe(run_dir: Path) -> dict:
-    recipe = read_json(safe_join(run_dir, RECIPE_FILE), "recipe")
-    if not isinstance(recipe, dict) or recipe.get("format") != RECIPE_FORMAT:
-        raise ValueError(f"{run_dir / RECIPE_FILE}: not a lockstep recipe")
-    return recipe
+    """recipe.json, checked as ``audit verify`` checks it: a regular file inside the run, strict JSON, every
+    value of the right type and within the stated maxima (``audit.verify.load_run_recipe``)."""
+    from lockstep.audit.verify import load_run_recipe
+
+    return load_run_recipe(Path(run_dir))
 
 
 def recipe_configs(recipe: dict) -> tuple[ModelConfig, TrainConfig]:
@@ -106,30 +124,15 @@ def recipe_configs(recipe: dict) -> tuple[ModelConfig, TrainConfig]:
 # ---------------------------------------------------------------- trajectory
 
 def read_trajectory(run_dir: Path, tolerate_torn_tail: bool = False) -> list[dict]:
-    """Parse trajectory.jsonl. A torn last line (a crash mid-append) is dropped if tolerated."""
-    path = safe_join(run_dir, TRAJECTORY_FILE)
-    if not path.exists():
-        return []
-    lines = path.read_bytes().split(b"\n")
-    records = []
-    for i, line in enumerate(lines):
-        if not line.strip():
-            continue
-        try:
-            rec = json.loads(line)
-        except json.JSONDecodeError:
-            if tolerate_torn_tail and i >= len(lines) - 2:
-                break
-            raise ValueError(f"{path}:{i + 1}: malformed JSON line") from None
-        records.append(rec)
-    return records
+    """Every record of trajectory.jsonl, checked as ``audit verify`` checks them (a regular file inside
+    the run, streamed with a cap per line). A torn last line (a crash mid-append) is dropped if tolerated."""
+    from lockstep.audit.verify import read_trajectory_strict
+
+    return read_trajectory_strict(run_dir, tolerate_torn_tail=tolerate_torn_tail, allow_missing=True)
 
 
 def _append_line(path: Path, obj: dict) -> None:
-    with open(path, "ab") as f:
-        f.write(json.dumps(obj, sort_keys=True).encode() + b"\n")
-        f.flush()
-        os.fsync(f.fileno())
+    append_line(path, json.dumps(obj, sort_keys=True).encode() + b"\n")
 
 
 # ---------------------------------------------------------------- MPI
@@ -198,7 +201,13 @@ class RunSummary:
     world_size: int = 1
 
 
-def _plot_loss(run_dir: Path, trajectory: list[dict]) -> Path | None:
+def loss_curve_png(trajectory: list[dict], title: str) -> bytes | None:
+    """The loss curve of trajectory records as PNG bytes (None without matplotlib).
+
+    Drawn from the records' ``loss`` values; ``loss.png`` is derived from
+    ``trajectory.jsonl`` and is not evidence (``audit verify --plot`` redraws it from a
+    verified trajectory).
+    """
     try:
         import matplotlib
 
@@ -212,15 +221,20 @@ def _plot_loss(run_dir: Path, trajectory: list[dict]) -> Path | None:
     ax.plot(steps, losses)
     ax.set_xlabel("step")
     ax.set_ylabel("loss")
-    ax.set_title(f"{run_dir.name}: training loss")
+    ax.set_title(title)
     ax.grid(alpha=0.3)
     fig.tight_layout()
-    path = run_dir / "loss.png"
-    tmp = run_dir / ".loss.png.tmp"
-    fig.savefig(tmp, format="png")
+    buf = io.BytesIO()  # rendered in memory, then written by the atomic writer (no fixed temporary name)
+    fig.savefig(buf, format="png")
     plt.close(fig)
-    os.replace(tmp, path)
-    return path
+    return buf.getvalue()
+
+
+def _plot_loss(run_dir: Path, trajectory: list[dict]) -> Path | None:
+    """loss.png: training and validation loss over tokens (``lockstep.use.plots``); not evidence."""
+    from lockstep.use.plots import plot_run
+
+    return plot_run(run_dir, trajectory)
 
 
 @dataclass
@@ -241,7 +255,8 @@ class _Start:
 def train(run_dir: str | Path, *, cfg: ModelConfig | None = None, tcfg: TrainConfig | None = None,
           data: str | Path | None = None, seed: int = 42, steps: int | None = None, tokens: int | None = None,
           backend_name: str = "spec", checkpoint_every: int = 50, resume: bool = False,
-          progress: bool = True, log=print, check_recipe=None, handle_signals: bool = True) -> RunSummary:
+          progress: bool = True, log=print, check_recipe=None, handle_signals: bool = True,
+          eval_every: int | None = 0) -> RunSummary:
     """Train (or resume) the run in ``run_dir``; see the module docstring.
 
     A new run needs ``cfg``, ``tcfg``, ``seed``, ``steps`` or ``tokens``, and ``data``
@@ -255,6 +270,10 @@ def train(run_dir: str | Path, *, cfg: ModelConfig | None = None, tcfg: TrainCon
     found then is raised on all ranks together (``AgreedError`` under mpiexec). With
     ``handle_signals`` the first SIGINT/SIGTERM stops the run after the current step
     with a checkpoint (``RunSummary.stopped_by``), the second at once.
+
+    ``eval_every`` K > 0: every K steps and at the last, rank 0 saves a checkpoint and
+    records the validation loss in metrics.jsonl (``lockstep.use.evaluate``); None:
+    the preset's default (``evaluate.DEFAULT_EVAL_EVERY``); 0: never.
     """
     from .collectives import abort_on_exception, on_all_ranks
 
@@ -277,7 +296,7 @@ def train(run_dir: str | Path, *, cfg: ModelConfig | None = None, tcfg: TrainCon
             say(f"resuming {run_dir} from " + (f"step {st.start_step}" if st.start_step else
                                                 "its initial state (no checkpoint yet)"))
         with StopRequest(install=handle_signals, announce=is_root) as stop:
-            return _run_loop(comm, rank, world, run_dir, st, be, checkpoint_every, progress, say, stop)
+            return _run_loop(comm, rank, world, run_dir, st, be, checkpoint_every, progress, say, stop, eval_every)
 
 
 def _checked_backend(backend_name: str, checkpoint_every: int):
@@ -338,7 +357,10 @@ def _check_vocab(manifest: Manifest, cfg: ModelConfig) -> None:
 
 
 def _resume_start(run_dir: Path, data, steps, tokens, is_root, check_recipe, given_cfg, given_tcfg) -> _Start:
+    from lockstep.audit.verify import require_memory
+
     recipe = load_recipe(run_dir)
+    check_regular_or_absent(run_dir, METRICS_FILE, "metrics log")  # appended to: refuse a link now
     if recipe.get("spec_version") != SPEC_VERSION:
         raise RecipeMismatch(f"{run_dir}: run made with SPEC_VERSION {recipe.get('spec_version')}, "
                              f"this lockstep has {SPEC_VERSION}; replay it with a matching version")
@@ -348,21 +370,27 @@ def _resume_start(run_dir: Path, data, steps, tokens, is_root, check_recipe, giv
     if given_cfg is not None and given_cfg != cfg or given_tcfg is not None and given_tcfg != tcfg:
         raise RecipeMismatch(f"{run_dir}: the model/train settings given differ from recipe.json; "
                              "resume without changing them (or start a new run)")
+    require_memory(cfg, tcfg, "resume it")  # before anything is allocated
     manifest = open_run_data(run_dir, recipe, data)
     seed = recipe["seed"]
+    # the data a step sees is a function of the recipe, the manifest and the step: the stream is
+    # positioned from the step plan, and a checkpoint's record of it is only checked against that
+    stream = GlobalStream(manifest, seed, cfg.seq_len)
     found = ckpt.latest_checkpoint(run_dir)
     if found is None:  # stopped before its first checkpoint: the recipe and seed define the state
         params = init_params(cfg, seed)
         opt, start_step, prev_chain = AdamWState.zeros(params), 0, genesis(recipe)
-        stream = GlobalStream(manifest, seed, cfg.seq_len)
     else:
-        c = ckpt.load_checkpoint(found[1])
+        c = ckpt.load_checkpoint(found[1], max_bytes=ckpt.state_bytes_bound(cfg))
         if c.sidecar.get("recipe_sha256") != recipe_digest(recipe):
             raise RecipeMismatch(f"{run_dir / RECIPE_FILE} does not match the recipe checkpoint {c.step} was made "
                                  "with (it was edited); restore it or start a new run")
         params, opt = split_state(c.tensors)
         start_step, prev_chain = c.step, c.sidecar["chain_hash"]
-        stream = GlobalStream.from_state(manifest, seed, cfg.seq_len, c.sidecar["stream_state"])
+        why = ckpt.stream_state_problem(c.sidecar, stream, tcfg, start_step)
+        if why is not None:
+            raise ckpt.CheckpointError(f"{c.path / ckpt.SIDECAR_FILE}: {why}; the run is invalid "
+                                       "(lockstep audit verify reports it): it cannot be resumed")
     kept = None
     if is_root:
         kept = [r for r in read_trajectory(run_dir, tolerate_torn_tail=True) if r["step"] <= start_step]
@@ -383,17 +411,20 @@ def _write_start(run_dir: Path, st: _Start, resume: bool) -> None:
         run_dir.mkdir(parents=True, exist_ok=True)
         write_target(run_dir, st.last_step)
         atomic_write_bytes(run_dir / RECIPE_FILE, json.dumps(st.recipe, indent=2, sort_keys=True).encode() + b"\n")
-        (run_dir / TRAJECTORY_FILE).write_bytes(b"")
+        atomic_write_bytes(run_dir / TRAJECTORY_FILE, b"")
 
 
 def _run_loop(comm, rank, world, run_dir: Path, st: _Start, be, checkpoint_every: int, progress: bool, say,
-              stop) -> RunSummary:
+              stop, eval_every: int | None = 0) -> RunSummary:
     """Steps ``start_step + 1 .. last_step``; stops early, with a checkpoint, when a signal came."""
     from .collectives import check_state_agreement, max_over_ranks, rank_micro_batches, tree_allreduce
 
     is_root = rank == 0
     recipe, cfg, tcfg, params, opt, stream = st.recipe, st.cfg, st.tcfg, st.params, st.opt, st.stream
     prev_chain, last_step = st.prev_chain, st.last_step
+    from lockstep.use.evaluate import eval_interval, record_validation
+
+    eval_every = eval_interval(eval_every, cfg)
     say(f"run {run_dir}: preset {cfg.name}, backend {be.name}, {world} rank(s), steps {st.start_step + 1}..{last_step}"
         if last_step > st.start_step else f"run {run_dir} is already at its target step {last_step}; "
                                           "give --steps N (or --tokens) to extend it")
@@ -418,26 +449,24 @@ def _run_loop(comm, rank, world, run_dir: Path, st: _Start, be, checkpoint_every
         if comm is not None and world > 1:
             check_state_agreement(comm, res.state_root, t)
         params, opt = res.params, res.opt
-        prev_chain = hashing.chain_hash(t, prev_chain, res.state_root, bdigest)
+        rec = step_record(t, plan, res, bdigest, prev_chain)
+        prev_chain = rec["chain_hash"]
         dt = time.perf_counter() - t0
         summary_loss = float(res.loss)
         done = t
         stopped_by = max_over_ranks(comm, stop.signum) if comm is not None and world > 1 else stop.signum
         if is_root:
-            rec = {
-                "step": t, "tokens": plan.tokens_after, "lr": float(res.lr), "loss": float(res.loss),
-                "grad_norm": float(res.grad_norm), "state_root": res.state_root, "batch_digest": bdigest,
-                "chain_hash": prev_chain, "lr_bits": float_record(res.lr)["bits"],
-                "loss_bits": float_record(res.loss)["bits"], "grad_norm_bits": float_record(res.grad_norm)["bits"],
-            }
             _append_line(run_dir / TRAJECTORY_FILE, rec)
             _append_line(run_dir / METRICS_FILE, {"step": t, "seconds": dt, "tokens_per_s": plan.n_global / dt,
                                                   "backend": be.name, "world_size": world, "loss": float(res.loss)})
             bar.update(t, float(res.loss), plan.n_global / dt)
-            if t % checkpoint_every == 0 or t == last_step or stopped_by:
+            evaluating = eval_every > 0 and (t % eval_every == 0 or t == last_step)
+            if t % checkpoint_every == 0 or t == last_step or stopped_by or evaluating:
                 side = {"chain_hash": prev_chain, "stream_state": stream.state_at(plan.first_window + plan.n_windows),
                         "recipe_sha256": recipe_digest(recipe), "tokens": plan.tokens_after}
                 ckpt.save_checkpoint(run_dir, t, state_tensors(params, opt), side)
+            if evaluating:  # after the checkpoint, so `lockstep eval --step t` can reproduce it
+                record_validation(run_dir, t, plan.tokens_after, params, cfg, stream.manifest, be, tcfg.micro_batch, say)
         if stopped_by:
             break
     bar.close()

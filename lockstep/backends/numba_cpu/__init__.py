@@ -18,15 +18,24 @@ while fast:
   (``fp.safe_products``: same bits). ``exp`` keeps only the flush tests whose
   removal would change a result, checked on all 2**32 inputs
   (``transcendental.check_exp_fast``).
-* int8 GEMMs are exact and run as float32 BLAS on int8-valued operands, K in
-  chunks of 1024.
-* Attention visits only allowed (query, key) pairs: masked pairs are absent from
-  every sum in the spec (SPEC_VERSION 2), see ``attention``.
+* int8 GEMMs are exact, so they run on what this CPU does fastest
+  (``int8gemm``: AVX-512 VNNI ``vpdpbusd`` where present, four int8 multiply-adds
+  per int32 lane; else float32 BLAS on int8 values, K in exact chunks of 1024).
+* Attention visits only the allowed (query, key) pairs of each block of 8 queries:
+  masked pairs are absent from every sum in the spec (SPEC_VERSION 2); inside a
+  block's register tiles (``tiles``) they are zeros, which gives the same bits
+  wherever no flush can happen (see ``attention``).
+* Register micro-kernels written as Numba intrinsics (LLVM IR: vectors, one IEEE
+  operation per step, no fast-math flags): ``tiles`` (ascending contractions),
+  ``butterflies`` (Hadamard stages), ``int8gemm`` (VNNI).
 * Inputs are read canonically (``asarray`` canonicalizes; kernels also flush what
   they load), as the contract (``lockstep.backends.interface``) requires.
 
 Kernels are compiled on first use and cached on disk (``cache=True``, in
 ``__pycache__`` next to these files; set ``NUMBA_CACHE_DIR`` to move it).
+Numba keys each cached kernel on its own source file only: after editing a helper
+module (``fp``, ``tiles``, ``butterflies``, the intrinsics in ``int8gemm``), delete the
+``*.nbi``/``*.nbc`` files there, or kernels in other modules keep the old helper.
 """
 
 from __future__ import annotations

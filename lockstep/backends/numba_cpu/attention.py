@@ -9,20 +9,29 @@ allowed queries ``i in [j, j + W - 1]`` of each key, and nothing else:
 * The contractions (``o = p v``, ``dq = ds k``, ``dk = ds^T q``, ``dv = p^T do``)
   add the allowed terms only, in ascending order from +0.0.
 
-Contractions run vectorized across outputs with ascending order per output (see
-``reduce``), with the same never-flushes fast path (``fp.safe_products``). Tasks:
-(batch, head) in the forward; (batch, KV group) in the backward, one pass that
-makes each row of p and ds, finishes its dq row and adds it into dk and dv.
+Queries go in blocks of ``QB`` = 8 rows. Where ``fp.safe_products`` proves that no
+flush can happen (and the operand that meets padding zeros is finite), a block's
+contractions run as register tiles (``tiles``: scores and dp 8 queries x 32 keys over
+the head dim; o, dq, dk, dv 4 rows x 64 columns over keys or queries), with the
+block's masked pairs as zeros, which ``tiles`` shows is the same as leaving them out.
+Otherwise the block goes row by row, vectorized across outputs with ascending order
+per output and every flush test. Tasks: (batch, head) in the forward; (batch, KV
+group) in the backward, one pass that makes each block of p and ds, finishes its dq
+rows and adds it into dk and dv.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from .fp import (CANONICAL_NAN_BITS, ONE, ZERO, cn, entered, fl, from_bits, kernel, min_nonzero_abs,
-                 parallel_kernel, safe_products, total_key)
+from .fp import (CANONICAL_NAN_BITS, EXPONENT_MASK, ONE, ZERO, bits, cn, entered, fl, from_bits, kernel,
+                 min_nonzero_abs, parallel_kernel, safe_products, total_key)
 from .reduce import LANES, lane_tree
+from .tiles import tile_4x16, tile_4x64, tile_8x32
 from .transcendental import exp_diff_row
+
+QB = 8  # queries per block (the rows of a score tile)
+KEY_PAD = 32  # score tiles run over keys in steps of 32: key-indexed buffers carry this much slack
 
 @kernel
 def attention_scale(head_dim):
@@ -120,17 +129,6 @@ def _weighted_rows_sum(acc, w, rows, fast):
 
 
 @kernel
-def _rank1_rows(acc_rows, w, x):
-    """``acc_rows[j, d] = acc_rows[j, d] + w[j] * x[d]`` without flush tests (caller proved none fire)."""
-    dh = x.size
-    for j in range(w.size):
-        wj = w[j]
-        a = acc_rows[j]
-        for d in range(dh):
-            a[d] = a[d] + wj * x[d]
-
-
-@kernel
 def _lane_tree_keys(seg, first_key, lanes):
     """Lane-tree(32) sum of ``seg`` whose element jj is key ``first_key + jj`` (lane = key mod 32).
 
@@ -178,11 +176,93 @@ def _row_max(seg):
     return mx
 
 
+
+# ---------------------------------------------------------------- register-tiled blocks
+
+@kernel
+def _all_finite(x):
+    """True when no element of the 1-D array is inf or NaN."""
+    for i in range(x.size):
+        if (bits(x[i]) & EXPONENT_MASK) == EXPONENT_MASK:
+            return False
+    return True
+
+
+@kernel
+def _block_min(a, lo, hi):
+    """Smallest nonzero |a[r, lo:hi]| over the rows of a block (``fp.min_nonzero_abs``)."""
+    mn = np.inf
+    for r in range(a.shape[0]):
+        mn = min(mn, min_nonzero_abs(a[r, lo:hi]))
+    return mn
+
+
+@kernel
+def _tiled_width(dh):
+    """Columns per 4-row tile over the head dim: 64 or 16 (0: the head dim does not tile)."""
+    if dh % 64 == 0:
+        return 64
+    if dh % 16 == 0:
+        return 16
+    return 0
+
+
+@kernel
+def _block_scores(qblk, ktp, klo, n, out):
+    """``out[r, klo + c] = sum_d qblk[r, d] * ktp[d, klo + c]`` for r < QB and c < n rounded up to 32
+    (unscaled, no flush tests). qblk: QB contiguous rows; ktp: (Dh, T + KEY_PAD), zero past T."""
+    dh = qblk.shape[1]
+    for c0 in range(0, n, 32):
+        tile_8x32(out[0, klo + c0:].ctypes.data, out.shape[1], qblk.ctypes.data, dh, 1,
+                  ktp[0, klo + c0:].ctypes.data, ktp.shape[1], dh, False)
+
+
+@kernel
+def _block_rows(a, klo, n, rows, out):
+    """``out[r, :] = sum_{c < n ascending} a[r, klo + c] * rows[c, :]`` for r < QB (no flush tests).
+
+    rows: n contiguous rows of the head dim (values or keys from key klo on)."""
+    dh = out.shape[1]
+    w = _tiled_width(dh)
+    for r0 in range(0, QB, 4):
+        for d0 in range(0, dh, w):
+            if w == 64:
+                tile_4x64(out[r0, d0:].ctypes.data, dh, a[r0, klo:].ctypes.data, a.shape[1], 1,
+                          rows[0, d0:].ctypes.data, dh, n, False)
+            else:
+                tile_4x16(out[r0, d0:].ctypes.data, dh, a[r0, klo:].ctypes.data, a.shape[1], 1,
+                          rows[0, d0:].ctypes.data, dh, n, False)
+
+
+@kernel
+def _block_keys_accumulate(a, klo, n, rows, acc):
+    """``acc[klo + j, :] += a[r, klo + j] * rows[r, :]`` for r < QB ascending, j < n rounded up to 4.
+
+    The continuation of each key's ascending sum over (head, query), no flush tests;
+    acc has 4 spare rows, a is zero past the block's keys."""
+    dh = acc.shape[1]
+    w = _tiled_width(dh)
+    for j0 in range(0, n, 4):
+        for d0 in range(0, dh, w):
+            if w == 64:
+                tile_4x64(acc[klo + j0, d0:].ctypes.data, dh, a[0, klo + j0:].ctypes.data, 1, a.shape[1],
+                          rows[0, d0:].ctypes.data, dh, QB, True)
+            else:
+                tile_4x16(acc[klo + j0, d0:].ctypes.data, dh, a[0, klo + j0:].ctypes.data, 1, a.shape[1],
+                          rows[0, d0:].ctypes.data, dh, QB, True)
+
+
+
 # ---------------------------------------------------------------- forward
 
 @parallel_kernel(weight=16)
-def _forward_kernel(t0, t1, q, k, kt, v, window, o, m_out, l_out):
-    """q (B, H, T, Dh); k, v (B, G, T, Dh); kt (B, G, Dh, T) = k transposed."""
+def _forward_kernel(t0, t1, q, k, ktp, v, window, o, m_out, l_out):
+    """q (B, H, T, Dh); k, v (B, G, T, Dh); ktp (B, G, Dh, T + KEY_PAD) = k transposed, zero-padded.
+
+    Per block of QB queries [i0, i0 + QB): the allowed keys of the block's rows span
+    [klo, khi) = [max(0, i0 - W + 1), i0 + QB). Scores, p and o are made for the whole
+    block (tiles) where no flush can happen, else row by row (every flush test).
+    """
     nb, nh, t, dh = q.shape
     ng = k.shape[1]
     rep = nh // ng
@@ -190,43 +270,77 @@ def _forward_kernel(t0, t1, q, k, kt, v, window, o, m_out, l_out):
     if t0 < 0:
         return ntasks
     scale = attention_scale(dh)
+    tiled_width = _tiled_width(dh)
     min_k = np.empty(nb * ng)
     min_v = np.empty(nb * ng)
+    v_finite = np.empty(nb * ng, dtype=np.bool_)
     for bg in range(nb * ng):
         min_k[bg] = min_nonzero_abs(k[bg // ng, bg % ng].reshape(-1))
         min_v[bg] = min_nonzero_abs(v[bg // ng, bg % ng].reshape(-1))
+        v_finite[bg] = _all_finite(v[bg // ng, bg % ng].reshape(-1))
+    width = t + KEY_PAD
+    sc = np.zeros((QB, width), dtype=np.float32)  # scores, keys by absolute index
+    p = np.zeros((QB, width), dtype=np.float32)  # probabilities, zero at the block's masked keys
+    ob = np.empty((QB, dh), dtype=np.float32)
+    lanes = np.empty(LANES, dtype=np.float32)
     for bh in range(t0, min(t1, ntasks)):
         b = bh // nh
         h = bh % nh
         g = h // rep
-        sc = np.empty(t, dtype=np.float32)
-        s = np.empty(t, dtype=np.float32)
-        lanes = np.empty(LANES, dtype=np.float32)
-        acc = np.empty(dh, dtype=np.float32)
+        bg = b * ng + g
         qh = q[b, h]
-        kg = kt[b, g]
+        kg = ktp[b, g]
         vg = v[b, g]
-        for i in range(t):
-            lo = max(0, i - window + 1)
-            hi = i + 1
-            fast = safe_products(min_nonzero_abs(qh[i]), min_k[b * ng + g])
-            _scores_row(qh[i], kg, lo, hi, fast, scale, sc)
-            mx = _row_max(sc[lo:hi])  # masked -inf never wins
-            seg = s[lo:hi]
-            exp_diff_row(sc[lo:hi], mx, seg)  # (separate in/out arrays: in-place would not vectorize)
-            li = _lane_tree_keys(seg, lo, lanes)  # masked keys absent
-            for jj in range(seg.size):
-                seg[jj] = fl(seg[jj] / li)  # p
-            # o = sum_{j allowed} p[j] v[j, :], ascending j
-            for d in range(dh):
-                acc[d] = ZERO
-            fast_o = safe_products(min_nonzero_abs(seg), min_v[b * ng + g])
-            _weighted_rows_sum(acc, seg, vg[lo:hi], fast_o)
-            orow = o[b, h, i]
-            for d in range(dh):
-                orow[d] = cn(acc[d])
-            m_out[b, h, i] = cn(mx)
-            l_out[b, h, i] = cn(li)
+        for i0 in range(0, t, QB):
+            nr = min(QB, t - i0)
+            klo = max(0, i0 - window + 1)
+            khi = i0 + nr
+            n = khi - klo
+            q_min = min_nonzero_abs(qh[i0:khi].reshape(-1))
+            tiled = nr == QB and tiled_width > 0 and safe_products(q_min, min_k[bg])
+            if tiled:
+                _block_scores(qh[i0:khi], kg, klo, n, sc)
+            for r in range(nr):
+                i = i0 + r
+                lo = max(0, i - window + 1)
+                hi = i + 1
+                srow = sc[r, lo:hi]
+                if tiled:
+                    for jj in range(srow.size):
+                        srow[jj] = fl(srow[jj] * scale)
+                else:
+                    _scores_row(qh[i], kg, lo, hi, safe_products(min_nonzero_abs(qh[i]), min_k[bg]), scale, sc[r])
+                mx = _row_max(srow)
+                prow = p[r]
+                for jj in range(klo, lo):
+                    prow[jj] = ZERO  # masked keys of the block: zeros, the same as absent (see ``tiles``)
+                for jj in range(hi, khi + KEY_PAD):
+                    prow[jj] = ZERO
+                seg = prow[lo:hi]
+                exp_diff_row(srow, mx, seg)  # (separate in/out arrays: in-place would not vectorize)
+                li = _lane_tree_keys(seg, lo, lanes)  # masked keys absent
+                for jj in range(seg.size):
+                    seg[jj] = fl(seg[jj] / li)
+                m_out[b, h, i] = cn(mx)
+                l_out[b, h, i] = cn(li)
+            if tiled and v_finite[bg] and safe_products(_block_min(p, klo, khi), min_v[bg]):
+                _block_rows(p, klo, n, vg[klo:khi], ob)
+                for r in range(nr):
+                    orow = o[b, h, i0 + r]
+                    for d in range(dh):
+                        orow[d] = cn(ob[r, d])
+            else:
+                for r in range(nr):
+                    i = i0 + r
+                    lo = max(0, i - window + 1)
+                    seg = p[r, lo:i + 1]
+                    acc = ob[r]
+                    for d in range(dh):
+                        acc[d] = ZERO
+                    _weighted_rows_sum(acc, seg, vg[lo:i + 1], safe_products(min_nonzero_abs(seg), min_v[bg]))
+                    orow = o[b, h, i]
+                    for d in range(dh):
+                        orow[d] = cn(acc[d])
     return ntasks
 
 
@@ -250,8 +364,9 @@ def attention_forward(q, k, v, window: int | None = None):
     l = np.empty((b, h, t), dtype=np.float32)
     if o.size == 0:
         return o, m, l
-    kt = np.ascontiguousarray(k.transpose(0, 1, 3, 2))
-    _forward_kernel(q, k, kt, v, _window(window, t), o, m, l)
+    ktp = np.zeros((b, k.shape[1], dh, t + KEY_PAD), dtype=np.float32)
+    ktp[..., :t] = k.transpose(0, 1, 3, 2)
+    _forward_kernel(q, k, ktp, v, _window(window, t), o, m, l)
     return o, m, l
 
 
@@ -267,10 +382,12 @@ def _backward_kernel(t0, t1, do, q, k, v, o, m, l, window, dq, dk, dv):
     """One task per (batch, KV group g): dq rows of the group's heads, dk and dv of its keys.
 
     dk[j] and dv[j] sum over (head h ascending, query i ascending): the loop order
-    here, so each key's accumulator receives its terms in the spec's order while
-    the rows of p and ds are consumed as they are made (nothing is stored).
-    A first attempt leaves out the flush tests of the dk/dv updates; if some
-    product there could flush, the group is redone with them (``fast_kv`` False).
+    here (heads, then blocks of QB queries, then the block's rows), so each key's
+    accumulator receives its terms in the spec's order while the blocks of p and ds
+    are consumed as they are made (nothing else is stored). A first attempt adds
+    into dk/dv without flush tests (tiles, which also needs q and do finite); if some
+    product there could flush, the group is redone with them (``fast_kv`` False):
+    the no-flush argument of ``fp.safe_products`` holds only for a whole sum.
     (One flat function: Numba re-optimizes every callee inside each caller, so
     nesting this body in a helper would double its compile time.)
     """
@@ -281,35 +398,39 @@ def _backward_kernel(t0, t1, do, q, k, v, o, m, l, window, dq, dk, dv):
     if t0 < 0:
         return ntasks
     scale = attention_scale(dh)
+    tiled_width = _tiled_width(dh)
+    width = t + KEY_PAD
+    sc = np.zeros((QB, width), dtype=np.float32)
+    p = np.zeros((QB, width), dtype=np.float32)
+    ds = np.zeros((QB, width), dtype=np.float32)
+    d_rows = np.empty(t, dtype=np.float32)
+    lanes = np.empty(LANES, dtype=np.float32)
+    tmp = np.empty(dh, dtype=np.float32)
+    qb = np.empty((QB, dh), dtype=np.float32)
+    dk_acc = np.empty((t + 4, dh), dtype=np.float32)  # 4 spare rows: tiles of 4 keys may pass T
+    dv_acc = np.empty((t + 4, dh), dtype=np.float32)
     for task in range(t0, min(t1, ntasks)):
         b = task // ng
         g = task % ng
-        kt = np.ascontiguousarray(k[b, g].T)
-        vt = np.ascontiguousarray(v[b, g].T)
-        sc = np.empty(t, dtype=np.float32)
-        s = np.empty(t, dtype=np.float32)
-        dsr = np.empty(t, dtype=np.float32)
-        d_rows = np.empty(t, dtype=np.float32)
-        lanes = np.empty(LANES, dtype=np.float32)
-        tmp = np.empty(dh, dtype=np.float32)
-        acc = np.empty(dh, dtype=np.float32)
-        dk_acc = dk[b, g]
-        dv_acc = dv[b, g]
+        ktp = np.zeros((dh, width), dtype=np.float32)
+        ktp[:, :t] = k[b, g].T
+        vtp = np.zeros((dh, width), dtype=np.float32)
+        vtp[:, :t] = v[b, g].T
         kg = k[b, g]
         vg = v[b, g]
         min_k = min_nonzero_abs(kg.reshape(-1))
         min_v = min_nonzero_abs(vg.reshape(-1))
-        fast_kv = True
+        k_finite = _all_finite(kg.reshape(-1))
+        fast_kv = tiled_width > 0
+        for h in range(g * rep, (g + 1) * rep):
+            fast_kv = fast_kv and _all_finite(q[b, h].reshape(-1)) and _all_finite(do[b, h].reshape(-1))
         for attempt in range(2):
             ok = True
-            for j in range(t):
-                for d in range(dh):
-                    dk_acc[j, d] = ZERO
-                    dv_acc[j, d] = ZERO
-            for hh in range(rep):
+            dk_acc[:] = ZERO
+            dv_acc[:] = ZERO
+            for h in range(g * rep, (g + 1) * rep):
                 if not ok:
                     break
-                h = g * rep + hh
                 qh = q[b, h]
                 doh = do[b, h]
                 oh = o[b, h]
@@ -322,46 +443,91 @@ def _backward_kernel(t0, t1, do, q, k, v, o, m, l, window, dq, dk, dv):
                     for d in range(dh):
                         tmp[d] = fl(dor[d] * orow[d])
                     d_rows[i] = lane_tree(tmp, lanes)
-                for i in range(t):
-                    lo = max(0, i - window + 1)  # allowed keys [lo, hi): the rest are absent
-                    hi = i + 1
-                    mi = fl(m[b, h, i])
-                    li = fl(lh[i])
-                    d_i = d_rows[i]
-                    _scores_row(qh[i], kt, lo, hi, safe_products(min_nonzero_abs(qh[i]), min_k), scale, sc)
-                    pv = s[lo:hi]
-                    exp_diff_row(sc[lo:hi], mi, pv)
-                    for jj in range(pv.size):
-                        pv[jj] = fl(pv[jj] / li)  # p
-                    _scores_row(doh[i], vt, lo, hi, safe_products(min_nonzero_abs(doh[i]), min_v), ONE, dsr)  # dp
-                    dsv = dsr[lo:hi]
-                    for jj in range(dsv.size):
-                        dsv[jj] = fl(fl(pv[jj] * fl(dsv[jj] - d_i)) * scale)  # ds
+                for i0 in range(0, t, QB):
+                    nr = min(QB, t - i0)
+                    klo = max(0, i0 - window + 1)
+                    khi = i0 + nr
+                    n = khi - klo
+                    full = nr == QB and tiled_width > 0
+                    tiled_s = full and safe_products(min_nonzero_abs(qh[i0:khi].reshape(-1)), min_k)
+                    tiled_dp = full and safe_products(min_nonzero_abs(doh[i0:khi].reshape(-1)), min_v)
+                    if tiled_s:
+                        _block_scores(qh[i0:khi], ktp, klo, n, sc)
+                    if tiled_dp:
+                        _block_scores(doh[i0:khi], vtp, klo, n, ds)  # dp, unscaled
+                    for r in range(nr):
+                        i = i0 + r
+                        lo = max(0, i - window + 1)  # allowed keys [lo, hi): the rest are absent
+                        hi = i + 1
+                        mi = fl(m[b, h, i])
+                        li = fl(lh[i])
+                        d_i = d_rows[i]
+                        srow = sc[r, lo:hi]
+                        if tiled_s:
+                            for jj in range(srow.size):
+                                srow[jj] = fl(srow[jj] * scale)
+                        else:
+                            _scores_row(qh[i], ktp, lo, hi, safe_products(min_nonzero_abs(qh[i]), min_k), scale, sc[r])
+                        if not tiled_dp:
+                            _scores_row(doh[i], vtp, lo, hi, safe_products(min_nonzero_abs(doh[i]), min_v), ONE, ds[r])
+                        prow = p[r]
+                        dsrow = ds[r]
+                        for jj in range(klo, lo):
+                            prow[jj] = ZERO  # masked keys of the block: zeros, the same as absent (``tiles``)
+                            dsrow[jj] = ZERO
+                        for jj in range(hi, khi + 4):
+                            prow[jj] = ZERO
+                            dsrow[jj] = ZERO
+                        pv = prow[lo:hi]
+                        exp_diff_row(srow, mi, pv)
+                        for jj in range(pv.size):
+                            pv[jj] = fl(pv[jj] / li)  # p
+                        dsv = dsrow[lo:hi]
+                        for jj in range(dsv.size):
+                            dsv[jj] = fl(fl(pv[jj] * fl(dsv[jj] - d_i)) * scale)  # ds
                     # dq[i] = sum_{j allowed} ds[j] k[j, :], ascending j
-                    for d in range(dh):
-                        acc[d] = ZERO
-                    _weighted_rows_sum(acc, dsv, kg[lo:hi], safe_products(min_nonzero_abs(dsv), min_k))
-                    dqrow = dq[b, h, i]
-                    for d in range(dh):
-                        dqrow[d] = cn(acc[d])
-                    # dk[j] += ds[j] q[i], dv[j] += p[j] do[i] for this row's allowed keys
+                    ds_min = _block_min(ds[:nr], klo, khi)
+                    if full and k_finite and safe_products(ds_min, min_k):
+                        _block_rows(ds, klo, n, kg[klo:khi], qb)
+                        for r in range(nr):
+                            dqrow = dq[b, h, i0 + r]
+                            for d in range(dh):
+                                dqrow[d] = cn(qb[r, d])
+                    else:
+                        for r in range(nr):
+                            i = i0 + r
+                            lo = max(0, i - window + 1)
+                            dsv = ds[r, lo:i + 1]
+                            acc = qb[r]
+                            for d in range(dh):
+                                acc[d] = ZERO
+                            _weighted_rows_sum(acc, dsv, kg[lo:i + 1], safe_products(min_nonzero_abs(dsv), min_k))
+                            dqrow = dq[b, h, i]
+                            for d in range(dh):
+                                dqrow[d] = cn(acc[d])
+                    # dk[j] += ds[i, j] q[i], dv[j] += p[i, j] do[i] for the block's rows i ascending
                     if fast_kv:
-                        if not (safe_products(min_nonzero_abs(dsv), min_q) and safe_products(min_nonzero_abs(pv), min_do)):
+                        if not (full and safe_products(ds_min, min_q) and safe_products(_block_min(p[:nr], klo, khi),
+                                                                                         min_do)):
                             ok = False
                             break
-                        _rank1_rows(dk_acc[lo:hi], dsv, qh[i])
-                        _rank1_rows(dv_acc[lo:hi], pv, doh[i])
+                        _block_keys_accumulate(ds, klo, n, qh[i0:khi], dk_acc)
+                        _block_keys_accumulate(p, klo, n, doh[i0:khi], dv_acc)
                     else:
-                        for jj in range(dsv.size):
-                            _accumulate(dk_acc[lo + jj], dsv[jj], qh[i], False)
-                            _accumulate(dv_acc[lo + jj], pv[jj], doh[i], False)
+                        for r in range(nr):
+                            i = i0 + r
+                            for j in range(max(0, i - window + 1), i + 1):
+                                _accumulate(dk_acc[j], ds[r, j], qh[i], False)
+                                _accumulate(dv_acc[j], p[r, j], doh[i], False)
             if ok:
                 break
             fast_kv = False
+        dk_out = dk[b, g]
+        dv_out = dv[b, g]
         for j in range(t):
             for d in range(dh):
-                dk_acc[j, d] = cn(dk_acc[j, d])
-                dv_acc[j, d] = cn(dv_acc[j, d])
+                dk_out[j, d] = cn(dk_acc[j, d])
+                dv_out[j, d] = cn(dv_acc[j, d])
     return ntasks
 
 

@@ -270,18 +270,24 @@ def safe_products(min_a, min_b):
 
 @kernel
 def _scan(x):
-    """One pass over a flat float32 array: (any element not canonical, all finite, max |x| of the finite)."""
-    noncanonical = False
-    finite = True
+    """One pass over a flat float32 array: (any element not canonical, all finite, max |x| of the finite).
+
+    Branch-free (flags accumulated as integers), so the loop vectorizes.
+    """
+    bad = np.uint32(0)
+    special_seen = np.uint32(0)
     mx = np.uint32(0)
     for i in range(x.size):
         u = bits(x[i])
         e = u & EXPONENT_MASK
         a = u & ABS_MASK
-        noncanonical |= (e == 0 and a != 0) or (e == EXPONENT_MASK and a > EXPONENT_MASK and u != CANONICAL_NAN_BITS)
-        finite &= e != EXPONENT_MASK
-        mx = max(mx, np.uint32(a if e != EXPONENT_MASK else 0))
-    return noncanonical, finite, from_bits(mx)
+        subnormal = np.uint32(e == 0) & np.uint32(a != 0)
+        odd_nan = np.uint32(a > EXPONENT_MASK) & np.uint32(u != CANONICAL_NAN_BITS)
+        bad |= subnormal | odd_nan
+        special = np.uint32(e == EXPONENT_MASK)  # inf or NaN
+        special_seen |= special
+        mx = max(mx, a * (np.uint32(1) - special))
+    return bad != 0, special_seen == 0, from_bits(mx)
 
 
 def entered(x):

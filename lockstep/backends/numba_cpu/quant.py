@@ -1,15 +1,14 @@
 """The int8 W8A8 linear layer and its backward (``lockstep.spec.quant``).
 
 Every float step (scales, quantization, Hadamard butterflies, dequantization,
-rescaling) is a Numba kernel that follows the spec's order. The int8 GEMMs are
-exact, so they run as float32 BLAS on int8-valued operands (``reduce.int8_valued_matmul``:
-K in chunks of 1024, chunks summed in int32); the quantized operands are kept as
-float32 holding the integers -127..127, which is exactly what the spec's int8
-arrays hold.
+rescaling) is a Numba kernel that follows the spec's order. The quantized operands
+are int8 arrays, as in the spec, and the int8 GEMMs are exact, so they run on
+whatever this CPU does fastest (``int8gemm.matmul_rescaled``: AVX-512 VNNI, else
+float32 BLAS on int8 values), with the spec's rescale applied as the result is stored.
 
 Where the spec transposes (``dequantized_weight(w).T``, ``xdq.T``), the kernels
-work on the untransposed array along the other axis and BLAS reads the transpose
-for free.
+work on the untransposed array along the other axis and the GEMM takes the
+transposed view (it packs B in any layout, and copies a transposed A once).
 """
 
 from __future__ import annotations
@@ -18,6 +17,8 @@ import numpy as np
 
 from lockstep.spec.quant import HADAMARD_MAX_BLOCK
 
+from . import int8gemm
+from .butterflies import radix16_columns, transform16, transform32, transform64, transform128, transform256
 from .fp import (ABS_MASK, CANONICAL_NAN_BITS, ONE, ZERO, as_f32, bits, cn, fl, from_bits, inlined, kernel,
                  min_nonzero_abs, parallel_kernel)
 from .reduce import LANES
@@ -50,6 +51,12 @@ def quantize1(x, s):
     if r < NEG_QMAX:
         return NEG_QMAX
     return r
+
+
+@kernel
+def quantize_i8(x, s):
+    """``quantize1`` as the int8 the spec stores."""
+    return np.int8(np.int32(quantize1(x, s)))
 
 
 @kernel
@@ -157,45 +164,20 @@ def _quantize_rows_scalar(t0, t1, x, s, out):
         return ntasks
     for r in range(t0, min(t1, ntasks)):
         for j in range(k):
-            out[r, j] = quantize1(fl(x[r, j]), s)
+            out[r, j] = quantize_i8(fl(x[r, j]), s)
     return ntasks
 
 
-@kernel
-def _quantize_cols(w, sw, out):
-    """out[k, n] = quantize(f32(w[k, n]), sw[n])."""
-    k, n = w.shape
-    for r in range(k):
-        for j in range(n):
-            out[r, j] = quantize1(fl(w[r, j]), sw[j])
-
-
 @parallel_kernel
-def _rescale_kernel(t0, t1, acc, sa, sb, factor, fast):
-    """acc[m, n] = ((acc[m, n] * sa[m or 0]) * sb[n]) * factor in place, each product rounded and flushed.
-
-    ``acc`` is the int8 GEMM's exact integer result as float32. ``+ 0.0`` first turns
-    a -0.0 (which a BLAS may return for an all-zero sum) into the +0.0 that
-    ``float32(int32 0)`` is in the spec. ``factor`` is 1/block after a Hadamard
-    rotation (an exact power of two), else 1 (a product by 1 changes nothing, so the
-    spec's "no rescale" is the same bits). ``fast``: the caller proved that no product
-    can be subnormal or NaN (``_rescale_is_exact``), so the tests are left out.
-    In place: the GEMM's output pages are already mapped, a fresh array's are not.
-    """
-    m, n = acc.shape
-    per_row = sa.size > 1
-    ntasks = m
+def _quantize_cols(t0, t1, w, sw, out):
+    """out[k, n] = quantize(f32(w[k, n]), sw[n]) (int8), rows in parallel."""
+    k, n = w.shape
+    ntasks = k
     if t0 < 0:
         return ntasks
     for r in range(t0, min(t1, ntasks)):
-        a = sa[r] if per_row else sa[0]
-        row = acc[r]
-        if fast:
-            for j in range(n):
-                row[j] = (((row[j] + ZERO) * a) * sb[j]) * factor
-        else:
-            for j in range(n):
-                row[j] = cn(fl(fl(fl((row[j] + ZERO) * a) * sb[j]) * factor))
+        for j in range(n):
+            out[r, j] = quantize_i8(fl(w[r, j]), sw[j])
     return ntasks
 
 
@@ -215,47 +197,12 @@ def _rescale_is_exact(sa, sb, factor) -> bool:
     return bool(lo_a >= tiny and lo_a * lo_b >= tiny and lo_a * lo_b * float(factor) >= tiny)
 
 
-@parallel_kernel
-def _sum_chunks_kernel(t0, t1, chunks, out):
-    """out = float32(sum of the chunk products): exact integers summed in float64, rounded once
-    to float32 (round to nearest even, as the spec's ``int32 -> float32``)."""
-    nchunk, m, n = chunks.shape
-    ntasks = m
-    if t0 < 0:
-        return ntasks
-    for r in range(t0, min(t1, ntasks)):
-        dst = out[r]
-        for j in range(n):
-            acc = np.float64(0.0)
-            for c in range(nchunk):
-                acc += np.float64(chunks[c, r, j])
-            dst[j] = np.float32(acc)
-    return ntasks
-
-
 def _int8_gemm_rescaled(a, b, sa, sb, factor) -> np.ndarray:
-    """``rescale(float32(int8 GEMM of a and b))`` for int8-valued float32 operands (M, K) x (K, N).
-
-    K up to 1024 is one BLAS sgemm (every partial sum an integer below 2**24: exact in
-    any order). Longer K is cut into equal chunks of at most 1024, each an exact sgemm,
-    whose integer results are summed exactly in float64 and rounded once to float32.
-    """
-    m, k = a.shape
-    n = b.shape[1]
-    nchunk = max(1, -(-k // 1024))
-    if nchunk == 1:
-        acc = np.ascontiguousarray(np.matmul(a, b))
-    else:
-        step = -(-k // nchunk)
-        parts = np.empty((nchunk, m, n), dtype=np.float32)
-        for c in range(nchunk):
-            np.matmul(a[:, c * step:(c + 1) * step], b[c * step:(c + 1) * step], out=parts[c])
-        acc = np.empty((m, n), dtype=np.float32)
-        if acc.size:
-            _sum_chunks_kernel(parts, acc)
-    if acc.size:
-        _rescale_kernel(acc, sa, sb, factor, _rescale_is_exact(sa, sb, factor))
-    return acc
+    """``((float32(int8_matmul(a, b)) * sa[m]) * sb[n]) * factor`` for int8 operands (M, K) x (K, N),
+    any strides, each product rounded and flushed (``int8gemm.rescale1``): the spec's rescale.
+    ``factor`` is 1/block after a Hadamard rotation (an exact power of two), else 1 (a product
+    by 1 changes nothing, so the spec's "no rescale" is the same bits)."""
+    return int8gemm.matmul_rescaled(a, b, sa, sb, factor, _rescale_is_exact(sa, sb, factor))
 
 
 def int8_linear_forward(x, w) -> np.ndarray:
@@ -266,8 +213,8 @@ def int8_linear_forward(x, w) -> np.ndarray:
     x2 = as_f32(x).reshape(-1, x.shape[-1])
     sx = activation_scale(x2.reshape(-1))
     sw = weight_scale(w2)
-    xq = np.empty(x2.shape, dtype=np.float32)
-    wq = np.empty(w2.shape, dtype=np.float32)
+    xq = np.empty(x2.shape, dtype=np.int8)
+    wq = np.empty(w2.shape, dtype=np.int8)
     if xq.size:
         _quantize_rows_scalar(x2, sx, xq)
     if wq.size:
@@ -356,13 +303,34 @@ def _radix8_exact(v):
 
 
 @kernel
+def _vector_blocks(v, blk):
+    """Every block of ``blk`` (16..256) contiguous elements of v transformed in registers (no flush tests)."""
+    for b0 in range(0, v.size, blk):
+        addr = v[b0:].ctypes.data
+        if blk == 16:
+            transform16(addr)
+        elif blk == 32:
+            transform32(addr)
+        elif blk == 64:
+            transform64(addr)
+        elif blk == 128:
+            transform128(addr)
+        else:
+            transform256(addr)
+
+
+@kernel
 def hadamard_row(v, blk):
     """``spec.quant.hadamard_transform`` of one contiguous row (already entered), in place.
 
     Blocks are independent and the stages of a block run in the spec's order, so
     running each stage over all blocks before the next stage gives the same bits.
+    Where no flush can happen, blocks of 16 to 256 run whole in registers (``butterflies``).
     """
     fast = min_nonzero_abs(v) >= ADDITIVE_SAFE
+    if fast and 16 <= blk <= 256:
+        _vector_blocks(v, blk)
+        return
     h = 1
     if blk >= 8:
         if fast:
@@ -402,21 +370,21 @@ def _row_abs_max_scale(row):
 
 
 @kernel
-def _quantize_row(row, s):
+def _quantize_row(row, s, q):
     for j in range(row.size):
-        row[j] = quantize1(row[j], s)
+        q[j] = quantize_i8(row[j], s)
 
 
 @parallel_kernel(weight=4)
 def _rows_rotate_quantize(t0, t1, a, blk, rotate, q, sa):
     """Rows of a (M, C), contracted along C: enter (flush), rotate (optional),
-    ``sa[m] = max|.| / 127``, quantize. ``q`` receives the quantized rows."""
+    ``sa[m] = max|.| / 127``, quantize. ``q`` (int8) receives the quantized rows."""
     m, c = a.shape
     ntasks = m
     if t0 < 0:
         return ntasks
+    row = np.empty(c, dtype=np.float32)
     for r in range(t0, min(t1, ntasks)):
-        row = q[r]
         src = a[r]
         for j in range(c):
             row[j] = fl(src[j])
@@ -424,19 +392,22 @@ def _rows_rotate_quantize(t0, t1, a, blk, rotate, q, sa):
             hadamard_row(row, blk)
         s = _row_abs_max_scale(row)
         sa[r] = cn(s)
-        _quantize_row(row, s)
+        _quantize_row(row, s, q[r])
     return ntasks
 
 
-@kernel
-def _weight_rows_rotate_quantize(w, sw, blk, rotate, q, sb):
-    """Rows k of wdq = dequantized_weight(w) (K, N), rotated along N, scaled and quantized.
+@parallel_kernel(weight=4)
+def _weight_rows_rotate_quantize(t0, t1, w, sw, blk, rotate, q, sb):
+    """Rows k of wdq = dequantized_weight(w) (K, N), rotated along N, scaled and quantized (int8 q).
 
-    ``wdq[k, n] = quantize(w[k, n], sw[n]) * sw[n]`` (one rounded product).
+    ``wdq[k, n] = quantize(w[k, n], sw[n]) * sw[n]`` (one rounded product). Rows in parallel.
     """
     k, n = w.shape
-    for r in range(k):
-        row = q[r]
+    ntasks = k
+    if t0 < 0:
+        return ntasks
+    row = np.empty(n, dtype=np.float32)
+    for r in range(t0, min(t1, ntasks)):
         src = w[r]
         for j in range(n):
             row[j] = fl(quantize1(fl(src[j]), sw[j]) * sw[j])
@@ -444,7 +415,8 @@ def _weight_rows_rotate_quantize(w, sw, blk, rotate, q, sb):
             hadamard_row(row, blk)
         s = _row_abs_max_scale(row)
         sb[r] = cn(s)
-        _quantize_row(row, s)
+        _quantize_row(row, s, q[r])
+    return ntasks
 
 
 @parallel_kernel
@@ -465,13 +437,30 @@ def _dequantize_activation(t0, t1, x, sx, out):
 COL_CHUNK = 256  # columns per task of the column transform: a 256 x 256 tile stays in L2
 
 
+@kernel
+def _column_stages(dst, r0, blk, lo, hi, h, fast):
+    """Stages h, 2h, ... < blk of the transform down rows [r0, r0 + blk) on columns [lo, hi):
+    pairs of stages as four-row butterflies, vectorized across the columns."""
+    while 4 * h <= blk:
+        for g in range(r0, r0 + blk, 4 * h):
+            for i in range(g, g + h):
+                _butterfly4_run(dst[i, lo:hi], dst[i + h, lo:hi], dst[i + 2 * h, lo:hi], dst[i + 3 * h, lo:hi], fast)
+        h *= 4
+    while h < blk:
+        for g in range(r0, r0 + blk, 2 * h):
+            for i in range(g, g + h):
+                _butterfly_run(dst[i, lo:hi], dst[i + h, lo:hi], fast)
+        h *= 2
+
+
 @parallel_kernel(weight=4)
 def _cols_transform_max(t0, t1, src, dst, blk, rotate, partial):
     """dst = ``spec.quant.hadamard_transform(f32(src), axis=0)`` (or just f32(src)), and
     ``partial[row_block, c]`` = max over the block's rows of |dst[:, c]| (bit patterns).
 
-    Tasks are (block of ``blk`` rows) x (chunk of columns); a stage pair (h, 2h) is one
-    pass of four-row butterflies vectorized across the chunk's columns.
+    Tasks are (block of ``blk`` rows) x (chunk of columns). Where no flush can happen,
+    groups of 16 columns take four stages per pass in registers (``radix16_columns``);
+    the other stages and columns go through ``_column_stages``.
     """
     m, c = src.shape
     nrb = m // blk
@@ -492,19 +481,18 @@ def _cols_transform_max(t0, t1, src, dst, blk, rotate, partial):
                 drow[j] = fl(srow[j])
             mn = min(mn, min_nonzero_abs(drow))
         fast = mn >= ADDITIVE_SAFE
-        h = 1
         if rotate:
-            while 4 * h <= blk:
-                for g in range(r0, r0 + blk, 4 * h):
-                    for i in range(g, g + h):
-                        _butterfly4_run(dst[i, lo:hi], dst[i + h, lo:hi], dst[i + 2 * h, lo:hi], dst[i + 3 * h, lo:hi],
-                                        fast)
-                h *= 4
-            while h < blk:
-                for g in range(r0, r0 + blk, 2 * h):
-                    for i in range(g, g + h):
-                        _butterfly_run(dst[i, lo:hi], dst[i + h, lo:hi], fast)
-                h *= 2
+            c16 = lo + ((hi - lo) // 16) * 16 if (fast and blk >= 16) else lo
+            h = 1
+            if c16 > lo:
+                while 16 * h <= blk:
+                    for g in range(r0, r0 + blk, 16 * h):
+                        for i in range(g, g + h):
+                            for col in range(lo, c16, 16):
+                                radix16_columns(dst[i, col:].ctypes.data, c, h)
+                    h *= 16
+                _column_stages(dst, r0, blk, lo, c16, h, fast)
+            _column_stages(dst, r0, blk, c16, hi, 1, fast)
         pm = partial[rb, lo:hi]
         for j in range(pm.size):
             pm[j] = np.uint32(0)
@@ -529,21 +517,22 @@ def _col_scales(partial, s_out, sc):
 
 
 @parallel_kernel
-def _quantize_by_cols(t0, t1, a, sc):
+def _quantize_by_cols(t0, t1, a, sc, q):
     m, c = a.shape
     ntasks = m
     if t0 < 0:
         return ntasks
     for r in range(t0, min(t1, ntasks)):
         row = a[r]
+        qr = q[r]
         for j in range(c):
-            row[j] = quantize1(row[j], sc[j])
+            qr[j] = quantize_i8(row[j], sc[j])
     return ntasks
 
 
-def _cols_rotate_quantize(src, dst, blk, rotate, s_out):
-    """Columns of src (M, C), contracted along M, into dst: enter, rotate down the rows,
-    ``s[c] = max_m |.| / 127``, quantize each column by its scale (dst may be src)."""
+def _cols_rotate_quantize(src, dst, blk, rotate, s_out, q):
+    """Columns of src (M, C), contracted along M: enter into dst (float32 work, may be src),
+    rotate down the rows, ``s[c] = max_m |.| / 127``, quantize each column by its scale into q (int8)."""
     m, c = src.shape
     if not rotate:
         blk = max(1, min(256, m))
@@ -553,7 +542,7 @@ def _cols_rotate_quantize(src, dst, blk, rotate, s_out):
     _cols_transform_max(src, dst, blk, rotate, partial)
     sc = np.empty(c, dtype=np.float32)
     _col_scales(partial, s_out, sc)
-    _quantize_by_cols(dst, sc)
+    _quantize_by_cols(dst, sc, q)
 
 
 def int8_linear_backward(dy, x, w, hadamard: bool = True):
@@ -570,9 +559,9 @@ def int8_linear_backward(dy, x, w, hadamard: bool = True):
 
     # dx = int8_rotated_matmul(dy, wdq^T): contracted over N.
     blk_n = hadamard_block(n) if hadamard else 1
-    dyq = np.empty((m, n), dtype=np.float32)
+    dyq = np.empty((m, n), dtype=np.int8)
     sa = np.empty(m, dtype=np.float32)
-    wq_t = np.empty((kdim, n), dtype=np.float32)  # (wdq rotated, quantized) laid out (K, N) = b'^T
+    wq_t = np.empty((kdim, n), dtype=np.int8)  # (wdq rotated, quantized) laid out (K, N) = b'^T
     sb = np.empty(kdim, dtype=np.float32)
     if dyq.size:
         _rows_rotate_quantize(dy2, blk_n, hadamard, dyq, sa)
@@ -582,15 +571,17 @@ def int8_linear_backward(dy, x, w, hadamard: bool = True):
 
     # dw = int8_rotated_matmul(xdq^T, dy): contracted over the M rows.
     blk_m = hadamard_block(m) if hadamard else 1
-    xq_t = np.empty((m, kdim), dtype=np.float32)  # xdq, then rotated and quantized in place: a'^T
+    xdq = np.empty((m, kdim), dtype=np.float32)  # xdq, then rotated in place
+    xq_t = np.empty((m, kdim), dtype=np.int8)  # ... and quantized: a'^T
     s_x = np.empty(kdim, dtype=np.float32)
-    dyq_m = np.empty((m, n), dtype=np.float32)  # dy rotated along M and quantized: b'
+    dy_work = np.empty((m, n), dtype=np.float32)  # dy rotated along M
+    dyq_m = np.empty((m, n), dtype=np.int8)  # ... and quantized: b'
     s_dy = np.empty(n, dtype=np.float32)
     sx = activation_scale(x2.reshape(-1))  # raises on an empty x, as the spec's does
     if xq_t.size:
-        _dequantize_activation(x2, sx, xq_t)
-        _cols_rotate_quantize(xq_t, xq_t, blk_m, hadamard, s_x)
+        _dequantize_activation(x2, sx, xdq)
+        _cols_rotate_quantize(xdq, xdq, blk_m, hadamard, s_x, xq_t)
     if dyq_m.size:
-        _cols_rotate_quantize(dy2, dyq_m, blk_m, hadamard, s_dy)
+        _cols_rotate_quantize(dy2, dy_work, blk_m, hadamard, s_dy, dyq_m)
     dw = _int8_gemm_rescaled(xq_t.T, dyq_m, s_x, s_dy, np.float32(1.0 / blk_m))
     return dx.reshape(lead + (kdim,)), dw

@@ -6,11 +6,11 @@
   product and sum each rounded and flushed. The loop order is: for each output row
   (in parallel), for k ascending, for n vectorized: ``acc[n] += a[m, k] * b[k, n]``,
   which keeps every element's ascending order while SIMD runs across outputs.
-  A row whose products provably never flush (``fp.safe_products``) runs the same
-  loop without the flush tests (same bits, faster).
-* ``int8_matmul``: exact, so it may use any order: float32 BLAS on int8-valued
-  operands, K cut into chunks of ``INT8_CHUNK_K`` (every partial sum an integer
-  below 2**24, so exact), chunk results summed in int32.
+  A block of rows whose products provably never flush (``fp.safe_products``) runs
+  without the flush tests (same bits, faster), as register tiles of 8 rows x 32
+  columns (``tiles``) when the block is full.
+* ``int8_matmul``: exact, so it may use any order: ``int8gemm.matmul`` (AVX-512
+  VNNI where the CPU has it, else float32 BLAS on int8 values in exact K chunks).
 * ``max``/``argmax``: exact in the total order; rows in parallel.
 """
 
@@ -20,15 +20,12 @@ import numpy as np
 
 from lockstep.spec.reduce import check_int8_operands
 
+from . import int8gemm
+from .tiles import tile_8x32
 from .fp import (CANONICAL_NAN_BITS, ONE, ZERO, as_f32, cn, entered, fl, from_bits, kernel, min_nonzero_abs,
                  parallel_kernel, safe_products, total_key)
 
 LANES = 32
-# int8 x int8 products are at most 128*128 = 2**14 in magnitude, so a sum of up to
-# 1024 of them is an integer of magnitude <= 2**24: exact in float32 in any order.
-# (The spec's FLOAT32_EXACT_INT8_K = 1040 holds for symmetric [-127, 127] operands;
-# int8_matmul also takes -128.)
-INT8_CHUNK_K = 1024
 
 
 # ---------------------------------------------------------------- lane tree
@@ -172,10 +169,32 @@ def contract_rows(a_rows, b, acc_rows):
             acc[j] = cn(acc[j])
 
 
+@kernel
+def _tiled_rows(a_rows, b, b_tail, tail_col, out_rows, tile):
+    """``contract_rows`` for a full block of ROW_BLOCK rows with register tiles (``tiles.tile_8x32``):
+    32 columns per tile, read from b, or for a last partial chunk from b_tail (its columns
+    zero-padded to 32); no flush tests (the caller proved none can fire), canonical output."""
+    kk = a_rows.shape[1]
+    n = out_rows.shape[1]
+    for c0 in range(0, tail_col, 32):
+        tile_8x32(out_rows[0, c0:].ctypes.data, n, a_rows.ctypes.data, kk, 1, b[0, c0:].ctypes.data, n, kk, False)
+    if tail_col < n:
+        tile_8x32(tile.ctypes.data, 32, a_rows.ctypes.data, kk, 1, b_tail.ctypes.data, 32, kk, False)
+        out_rows[:, tail_col:] = tile[:, :n - tail_col]
+    for i in range(out_rows.shape[0]):
+        acc = out_rows[i]
+        for j in range(n):
+            acc[j] = cn(acc[j])
+
+
 @parallel_kernel(weight=16)
 def _matmul_kernel(t0, t1, a, b, out):
-    """a (Bt, M, K), b (Bt, K, N), both canonical; out (Bt, M, N). Tasks: blocks of output rows."""
-    nb, m, _ = a.shape
+    """a (Bt, M, K), b (Bt, K, N), both canonical; out (Bt, M, N). Tasks: blocks of output rows.
+
+    A block whose products provably never flush runs as register tiles (full blocks of
+    ROW_BLOCK rows) or ``contract_rows``; else row by row with the flush tests."""
+    nb, m, kk = a.shape
+    n = b.shape[2]
     blocks = (m + ROW_BLOCK - 1) // ROW_BLOCK
     ntasks = nb * blocks
     if t0 < 0:
@@ -183,6 +202,10 @@ def _matmul_kernel(t0, t1, a, b, out):
     min_b = np.empty(nb)
     for i in range(nb):
         min_b[i] = min_nonzero_abs(b[i].reshape(-1))
+    tail_col = n - n % 32
+    b_tail = np.zeros((kk, 32), dtype=np.float32)
+    tail_of = -1  # which batch element's tail b_tail holds
+    tile = np.empty((ROW_BLOCK, 32), dtype=np.float32)
     for task in range(t0, min(t1, ntasks)):
         bi = task // blocks
         r0 = (task % blocks) * ROW_BLOCK
@@ -190,7 +213,12 @@ def _matmul_kernel(t0, t1, a, b, out):
         fast = True
         for r in range(r0, r1):
             fast = fast and safe_products(min_nonzero_abs(a[bi, r]), min_b[bi])
-        if fast:
+        if fast and r1 - r0 == ROW_BLOCK:
+            if tail_col < n and tail_of != bi:
+                b_tail[:, :n - tail_col] = b[bi, :, tail_col:]
+                tail_of = bi
+            _tiled_rows(a[bi, r0:r1], b[bi], b_tail, tail_col, out[bi, r0:r1], tile)
+        elif fast:
             contract_rows(a[bi, r0:r1], b[bi], out[bi, r0:r1])
         else:
             for r in range(r0, r1):
@@ -247,25 +275,17 @@ def matmul(a, b) -> np.ndarray:
 
 # ---------------------------------------------------------------- int8 contraction
 
-def int8_valued_matmul(a, b) -> np.ndarray:
-    """Exact integer product of two float32 arrays holding int8 values: (..., M, K) x (..., K, N) -> int32.
-
-    BLAS sgemm per K-chunk of ``INT8_CHUNK_K`` (exact, order-free), chunks summed in int32.
-    """
-    k = a.shape[-1]
-    if k <= INT8_CHUNK_K:
-        return np.matmul(a, b).astype(np.int32)
-    acc = None
-    for s in range(0, k, INT8_CHUNK_K):
-        part = np.matmul(a[..., s:s + INT8_CHUNK_K], b[..., s:s + INT8_CHUNK_K, :]).astype(np.int32)
-        acc = part if acc is None else acc + part
-    return acc
-
-
 def int8_matmul(a, b) -> np.ndarray:
-    """``spec.reduce.int8_matmul``: exact (..., M, K) int8 x (..., K, N) int8 -> int32."""
+    """``spec.reduce.int8_matmul``: exact (..., M, K) int8 x (..., K, N) int8 -> int32 (leading dims broadcast)."""
     a, b = check_int8_operands(a, b)
-    return int8_valued_matmul(a.astype(np.float32), b.astype(np.float32))
+    batch = np.broadcast_shapes(a.shape[:-2], b.shape[:-2])
+    m, k, n = a.shape[-2], a.shape[-1], b.shape[-1]
+    a3 = np.broadcast_to(a, batch + (m, k)).reshape(-1, m, k)
+    b3 = np.broadcast_to(b, batch + (k, n)).reshape(-1, k, n)
+    out = np.empty((a3.shape[0], m, n), dtype=np.int32)
+    for i in range(out.shape[0]):
+        out[i] = int8gemm.matmul(a3[i], b3[i])
+    return out.reshape(batch + (m, n))
 
 
 # ---------------------------------------------------------------- max / argmax
@@ -341,5 +361,5 @@ def argmax(x, axis: int = -1) -> np.ndarray:
 
 
 # names the other modules share
-__all__ = ["lane_tree", "lane_tree_sum", "contract_row", "matmul", "int8_matmul", "int8_valued_matmul",
+__all__ = ["lane_tree", "lane_tree_sum", "contract_row", "matmul", "int8_matmul",
            "max", "argmax", "canonical_copy", "ONE", "ZERO"]

@@ -1,0 +1,410 @@
+"""Exact int8 GEMMs: ``C = A @ B``, int8 operands, int32 results (``spec.reduce.int8_matmul``).
+
+An integer sum is exact in any order, so this module may use any instructions and
+any blocking: nothing here can change a bit, as long as no int32 result overflows
+(the spec refuses a K that could, and ``int8_linear_*`` stay far below it).
+
+Two implementations, the same integers:
+
+* **VNNI** (x86 with AVX-512 VNNI: Intel Ice Lake and later, AMD Zen 4 and later):
+  ``vpdpbusd`` multiplies 64 unsigned bytes by 64 signed bytes and adds each group
+  of four products into one of 16 int32 lanes, four times the multiply-adds of a
+  float32 FMA per instruction. Its first operand is unsigned, so B enters as
+  ``B + 128`` (0..255) and each row's result is corrected by ``128 * sum_k A[i, k]``:
+  ``sum_k A*(B + 128) - 128 * sum_k A = sum_k A*B``. int32 arithmetic wraps, so the
+  corrected result is exact whenever the true one fits int32, whatever the biased
+  sum did on the way. B is packed once per call into panels of 32 columns,
+  each group of 4 consecutive k adjacent (``pack_b``); A is read in place, 4 bytes
+  of a row broadcast to all lanes. The micro-kernel (``vnni_tile``) keeps an
+  ``MR x 32`` tile of C in 16 AVX-512 registers over the whole K, starting from the
+  row's correction, and stores it in place (``vnni_tile_rescaled``: already rescaled
+  to float32 as the int8 layers need).
+* **BLAS** (everywhere else): float32 sgemm on int8-valued operands, K in chunks
+  of 1024 (every partial sum an integer below 2**24, so exact in any order), the
+  chunks summed in int32.
+
+``LOCKSTEP_INT8_GEMM=blas`` forces the second (tests compare the two).
+"""
+
+from __future__ import annotations
+
+import os
+
+import numba
+import numpy as np
+from llvmlite import ir
+from numba import types
+from numba.extending import intrinsic
+
+from .fp import cn, fl, inlined, kernel, parallel_kernel
+
+MR = 8  # rows of A per micro-kernel call: 8 x 2 accumulators = 16 of the 32 AVX-512 registers
+NR = 32  # columns of a B panel: two 16-lane int32 vectors
+BLAS_CHUNK_K = 1024  # sgemm on int8 values is exact while K * 127 * 127 < 2**24 (K <= 1040)
+A_BLOCK_BYTES = 1 << 18  # rows of A per L2 block: the block is reused across all panels
+
+
+def _host_has_vnni() -> bool:
+    """True when Numba compiles for this host and the host has AVX-512 F, BW and VNNI.
+
+    A target named by ``NUMBA_CPU_NAME``/``NUMBA_CPU_FEATURES`` (portable caches) may
+    lack them; compiling ``vpdpbusd`` for such a target would abort, so it gets BLAS.
+    """
+    if os.environ.get("LOCKSTEP_INT8_GEMM", "").lower() == "blas":
+        return False
+    if numba.config.CPU_NAME not in (None, "", "host") or numba.config.CPU_FEATURES not in (None, ""):
+        return False
+    try:
+        import llvmlite.binding as llvm
+
+        feats = llvm.get_host_cpu_features()
+    except Exception:  # noqa: BLE001 - a host llvmlite cannot describe gets the portable path
+        return False
+    return all(feats.get(f, False) for f in ("avx512f", "avx512bw", "avx512vnni"))
+
+
+HAVE_VNNI = _host_has_vnni()
+
+
+def implementation() -> str:
+    """Which implementation ``matmul`` uses on this machine: ``"vnni"`` or ``"blas"``."""
+    return "vnni" if HAVE_VNNI else "blas"
+
+
+# ---------------------------------------------------------------- the VNNI micro-kernel
+
+def _vnni_tile_codegen(builder, out_i, ldo_v, a_i, lda_v, b_i, k4_v, corr_i, epilogue):
+    """Emit the tile loop: accumulators start at ``-corr[r]`` (so the row correction costs nothing:
+    int32 wraps, the final value is the same), then ``k4`` steps of 2 x MR ``vpdpbusd``; the MR x 32
+    int32 results go to ``epilogue(r, h, vector) -> (vector, element type)``, stored at
+    ``out + r * ldo + 16 * h`` (elements)."""
+    i8, i32, i64 = ir.IntType(8), ir.IntType(32), ir.IntType(64)
+    v16 = ir.VectorType(i32, 16)
+    v64b = ir.VectorType(i8, 64)
+    name = "llvm.x86.avx512.vpdpbusd.512"
+    dpbusd = builder.module.globals.get(name) or ir.Function(builder.module, ir.FunctionType(v16, [v16, v64b, v64b]),
+                                                             name)
+    a_p = builder.inttoptr(a_i, i8.as_pointer())
+    b_p = builder.inttoptr(b_i, i8.as_pointer())
+    corr_p = builder.inttoptr(corr_i, i32.as_pointer())
+    zero_idx = ir.Constant(v16, None)
+
+    def splat(x, vec_type):
+        v = builder.insert_element(ir.Constant(vec_type, ir.Undefined), x, ir.Constant(i32, 0))
+        return builder.shuffle_vector(v, ir.Constant(vec_type, ir.Undefined), zero_idx)
+
+    init = []
+    for r in range(MR):
+        start = splat(builder.neg(builder.load(builder.gep(corr_p, [ir.Constant(i64, r)]), align=4)), v16)
+        init += [start, start]
+    entry = builder.block
+    loop = builder.append_basic_block("vnni.loop")
+    done = builder.append_basic_block("vnni.done")
+    builder.branch(loop)
+
+    builder.position_at_end(loop)  # one group of 4 k per iteration
+    g = builder.phi(i64)
+    g.add_incoming(ir.Constant(i64, 0), entry)
+    acc = []
+    for v in init:
+        phi = builder.phi(v16)
+        phi.add_incoming(v, entry)
+        acc.append(phi)
+    panel_off = builder.mul(g, ir.Constant(i64, 4 * NR))
+    b_vecs = [builder.load(builder.bitcast(builder.gep(b_p, [builder.add(panel_off, ir.Constant(i64, 64 * h))]),
+                                           v64b.as_pointer()), align=1) for h in range(2)]
+    a_off = builder.mul(g, ir.Constant(i64, 4))
+    new = []
+    for r in range(MR):
+        a_ptr = builder.gep(a_p, [builder.add(a_off, builder.mul(lda_v, ir.Constant(i64, r)))])
+        a4 = builder.load(builder.bitcast(a_ptr, i32.as_pointer()), align=1)  # 4 bytes of row r
+        a_all = builder.bitcast(splat(a4, v16), v64b)
+        for h in range(2):
+            new.append(builder.call(dpbusd, [acc[2 * r + h], b_vecs[h], a_all]))
+    g_next = builder.add(g, ir.Constant(i64, 1))
+    g.add_incoming(g_next, loop)
+    for phi, v in zip(acc, new):
+        phi.add_incoming(v, loop)
+    builder.cbranch(builder.icmp_signed("<", g_next, k4_v), loop, done)
+
+    builder.position_at_end(done)
+    for r in range(MR):
+        for h in range(2):
+            vec, elem = epilogue(r, h, new[2 * r + h])
+            base = builder.inttoptr(out_i, elem.as_pointer())
+            ptr = builder.gep(base, [builder.add(builder.mul(ldo_v, ir.Constant(i64, r)), ir.Constant(i64, 16 * h))])
+            builder.store(vec, builder.bitcast(ptr, vec.type.as_pointer()), align=4)
+
+
+@intrinsic
+def vnni_tile(typingctx, out_addr, ldo, a_addr, lda, b_addr, k4, corr_addr):
+    """``out[r, c] = sum_g dot4(a[r, 4g:4g+4], panel[g, c, 0:4]) - corr[r]`` for r < MR, c < 32 (int32).
+
+    ``a_addr``: MR rows of signed bytes, ``lda`` bytes apart; ``b_addr``: a packed
+    panel (k4, 32 columns, 4 bytes: ``B + 128`` as unsigned bytes); ``out_addr``: int32
+    rows ``ldo`` elements apart; ``corr_addr``: MR int32. The caller guarantees
+    ``k4 >= 1`` and the CPU features.
+    """
+    sig = types.void(types.uintp, types.intp, types.uintp, types.intp, types.uintp, types.intp, types.uintp)
+
+    def codegen(context, builder, sig, args):
+        _vnni_tile_codegen(builder, *args, epilogue=lambda r, h, v: (v, ir.IntType(32)))
+        return context.get_dummy_value()
+
+    return sig, codegen
+
+
+@intrinsic
+def vnni_tile_rescaled(typingctx, out_addr, ldo, a_addr, lda, b_addr, k4, corr_addr, sa_addr, sa_step, sb_addr,
+                       factor):
+    """``vnni_tile`` whose results are stored as ``((float32(v) * sa[r * sa_step]) * sb[c]) * factor``
+    (float32), each product one IEEE multiplication: ``rescale1`` without flush tests, for
+    callers that proved none can fire."""
+    sig = types.void(types.uintp, types.intp, types.uintp, types.intp, types.uintp, types.intp, types.uintp,
+                     types.uintp, types.intp, types.uintp, types.float32)
+
+    def codegen(context, builder, sig, args):
+        out_i, ldo_v, a_i, lda_v, b_i, k4_v, corr_i, sa_i, sa_step_v, sb_i, factor_v = args
+        f32, i32, i64 = ir.FloatType(), ir.IntType(32), ir.IntType(64)
+        vf = ir.VectorType(f32, 16)
+        sa_p = builder.inttoptr(sa_i, f32.as_pointer())
+        sb_p = builder.inttoptr(sb_i, f32.as_pointer())
+        zero_idx = ir.Constant(ir.VectorType(i32, 16), None)
+
+        def splat(x):
+            v = builder.insert_element(ir.Constant(vf, ir.Undefined), x, ir.Constant(i32, 0))
+            return builder.shuffle_vector(v, ir.Constant(vf, ir.Undefined), zero_idx)
+
+        factor_vec = splat(factor_v)
+        sb_vecs = [builder.load(builder.bitcast(builder.gep(sb_p, [ir.Constant(i64, 16 * h)]), vf.as_pointer()),
+                                align=4) for h in range(2)]
+
+        def epilogue(r, h, v):
+            sa_r = builder.load(builder.gep(sa_p, [builder.mul(sa_step_v, ir.Constant(i64, r))]), align=4)
+            x = builder.sitofp(v, vf)  # int32 -> float32, round to nearest even
+            x = builder.fmul(x, splat(sa_r))
+            x = builder.fmul(x, sb_vecs[h])
+            return builder.fmul(x, factor_vec), f32
+
+        _vnni_tile_codegen(builder, out_i, ldo_v, a_i, lda_v, b_i, k4_v, corr_i, epilogue)
+        return context.get_dummy_value()
+
+    return sig, codegen
+
+
+@parallel_kernel
+def _pack_b(t0, t1, b, bp):
+    """bp[p, g, jj, t] = b[4g + t, 32p + jj] + 128 as uint8 (0 + 128 past the edges); tasks are panels.
+
+    The padding's products meet zeros of A (K padding) or land in columns that are
+    never stored (N padding).
+    """
+    k, n = b.shape
+    npanel, k4 = bp.shape[0], bp.shape[1]
+    ntasks = npanel
+    if t0 < 0:
+        return ntasks
+    bias = np.int32(128)
+    for p in range(t0, min(t1, ntasks)):
+        j0 = p * NR
+        jn = min(NR, n - j0)
+        for g in range(k4):
+            dst = bp[p, g]
+            for t in range(4):
+                kk = 4 * g + t
+                if kk < k and jn == NR:
+                    src = b[kk, j0:j0 + NR]
+                    for jj in range(NR):
+                        dst[jj, t] = np.uint8(np.int32(src[jj]) + bias)
+                else:
+                    for jj in range(NR):
+                        v = np.int32(b[kk, j0 + jj]) if (kk < k and jj < jn) else np.int32(0)
+                        dst[jj, t] = np.uint8(v + bias)
+    return ntasks
+
+
+@kernel(nogil=True)
+def _row_corrections(a, corr):
+    """corr[i] = 128 * sum_k a[i, k] (int32, wrapping: it is subtracted from a wrapping sum)."""
+    for i in range(a.shape[0]):
+        s = np.int32(0)
+        row = a[i]
+        for kk in range(row.size):
+            s += np.int32(row[kk])
+        corr[i] = s * np.int32(128)
+
+
+@inlined
+def rescale1(v, sa, sb, factor, fast):
+    """``((float32(v) * sa) * sb) * factor``, each product rounded and flushed (``quant``'s rescale).
+
+    ``float32()`` of an int32 rounds to nearest even, as the spec's ``astype``; ``fast``:
+    the caller proved no product can be subnormal or NaN, so the tests are left out."""
+    x = np.float32(v)
+    if fast:
+        return ((x * sa) * sb) * factor
+    return cn(fl(fl(fl(x * sa) * sb) * factor))
+
+
+@parallel_kernel(weight=64)
+def _vnni_gemm(t0, t1, a, bp, corr, n, rows_per_block, out, rescale, sa, sb, factor, fast, out_f32):
+    """out (M, N) int32 = a (M, Kp) int8 @ B, B packed in bp; tasks are blocks of MR rows.
+
+    With ``rescale``, ``out_f32[i, j] = rescale1(C[i, j], sa[i or 0], sb[j], factor, fast)``
+    is written instead of ``out`` (in the micro-kernel when ``fast``). Within this call's
+    rows: blocks of ``rows_per_block`` rows of A (kept in L2) meet every panel of B in
+    turn. Full tiles are stored in place; edge tiles (last rows, last columns) go
+    through a zero-padded copy of A and a tile buffer.
+    """
+    m, kp = a.shape
+    k4 = kp // 4
+    npanel = bp.shape[0]
+    per_row = sa.size > 1
+    ntasks = (m + MR - 1) // MR
+    if t0 < 0:
+        return ntasks
+    tile = np.empty((MR, NR), dtype=np.int32)
+    tile_f = np.empty((MR, NR), dtype=np.float32)
+    spare = np.zeros((MR, kp), dtype=np.int8)
+    spare_corr = np.zeros(MR, dtype=np.int32)
+    spare_sa = np.ones(MR, dtype=np.float32)
+    sb_pad = np.zeros(npanel * NR, dtype=np.float32)
+    sb_pad[:n] = sb[:n]
+    t_end = min(t1, ntasks)
+    per_block = max(1, rows_per_block // MR)
+    for blk0 in range(t0, t_end, per_block):
+        blk1 = min(t_end, blk0 + per_block)
+        for p in range(npanel):
+            j0 = p * NR
+            jn = min(NR, n - j0)
+            panel = bp[p]
+            for rb in range(blk0, blk1):
+                i0 = rb * MR
+                rows = min(MR, m - i0)
+                a_addr = a[i0:].ctypes.data
+                c_addr = corr[i0:].ctypes.data
+                sa_addr = sa[i0:].ctypes.data if per_row else sa.ctypes.data
+                if rows < MR:
+                    spare[:rows] = a[i0:m]
+                    spare_corr[:rows] = corr[i0:m]
+                    a_addr = spare.ctypes.data
+                    c_addr = spare_corr.ctypes.data
+                    if per_row:
+                        spare_sa[:rows] = sa[i0:m]
+                        sa_addr = spare_sa.ctypes.data
+                edge = rows < MR or jn < NR
+                if rescale and fast:
+                    if edge:
+                        vnni_tile_rescaled(tile_f.ctypes.data, NR, a_addr, kp, panel.ctypes.data, k4, c_addr,
+                                           sa_addr, 1 if per_row else 0, sb_pad[j0:].ctypes.data, factor)
+                        out_f32[i0:i0 + rows, j0:j0 + jn] = tile_f[:rows, :jn]
+                    else:
+                        vnni_tile_rescaled(out_f32[i0, j0:].ctypes.data, n, a_addr, kp, panel.ctypes.data, k4,
+                                           c_addr, sa_addr, 1 if per_row else 0, sb_pad[j0:].ctypes.data, factor)
+                elif rescale:
+                    vnni_tile(tile.ctypes.data, NR, a_addr, kp, panel.ctypes.data, k4, c_addr)
+                    for r in range(rows):
+                        s_row = sa[i0 + r] if per_row else sa[0]
+                        dst_f = out_f32[i0 + r, j0:j0 + jn]
+                        src = tile[r]
+                        s_col = sb[j0:j0 + jn]
+                        for jj in range(jn):
+                            dst_f[jj] = rescale1(src[jj], s_row, s_col[jj], factor, False)
+                elif edge:
+                    vnni_tile(tile.ctypes.data, NR, a_addr, kp, panel.ctypes.data, k4, c_addr)
+                    out[i0:i0 + rows, j0:j0 + jn] = tile[:rows, :jn]
+                else:
+                    vnni_tile(out[i0, j0:].ctypes.data, n, a_addr, kp, panel.ctypes.data, k4, c_addr)
+    return ntasks
+
+
+def _vnni_matmul(a: np.ndarray, b: np.ndarray, scales=None) -> np.ndarray:
+    m, k = a.shape
+    n = b.shape[1]
+    kp = -(-k // 4) * 4
+    if k == kp:
+        a = np.ascontiguousarray(a)  # A's rows are read in place (a transposed A is copied once)
+    else:
+        padded = np.zeros((m, kp), dtype=np.int8)  # K padded with zeros: they meet B's padding
+        padded[:, :k] = a
+        a = padded
+    bp = np.empty((-(-n // NR), kp // 4, NR, 4), dtype=np.uint8)
+    _pack_b(b, bp)
+    corr = np.empty(m, dtype=np.int32)
+    _row_corrections(a, corr)
+    rows = max(MR, A_BLOCK_BYTES // kp)
+    if scales is None:
+        out = np.empty((m, n), dtype=np.int32)
+        one = np.ones(1, dtype=np.float32)
+        _vnni_gemm(a, bp, corr, n, rows, out, False, one, one, np.float32(1), True, np.empty((0, 0), np.float32))
+        return out
+    sa, sb, factor, fast = scales
+    out_f = np.empty((m, n), dtype=np.float32)
+    _vnni_gemm(a, bp, corr, n, rows, np.empty((0, 0), np.int32), True, sa, sb, factor, fast, out_f)
+    return out_f
+
+
+def _blas_matmul(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    k = a.shape[1]
+    acc = None
+    for s in range(0, k, BLAS_CHUNK_K):
+        part = np.matmul(a[:, s:s + BLAS_CHUNK_K].astype(np.float32), b[s:s + BLAS_CHUNK_K].astype(np.float32))
+        part = part.astype(np.int32)
+        acc = part if acc is None else acc + part
+    return acc
+
+
+def matmul(a: np.ndarray, b: np.ndarray, use_vnni: bool | None = None) -> np.ndarray:
+    """Exact (M, K) int8 x (K, N) int8 -> (M, N) int32, any strides.
+
+    ``use_vnni``: None picks this machine's fastest (``implementation()``); False forces
+    BLAS; True requires VNNI (an error where the CPU lacks it).
+    """
+    if a.dtype != np.int8 or b.dtype != np.int8:
+        raise TypeError(f"int8 GEMM needs int8 operands, got {a.dtype} and {b.dtype}")
+    m, k = a.shape
+    n = b.shape[1]
+    if use_vnni is None:
+        use_vnni = HAVE_VNNI
+    elif use_vnni and not HAVE_VNNI:
+        raise RuntimeError("this CPU (or NUMBA_CPU_NAME target) has no AVX-512 VNNI")
+    if m == 0 or n == 0 or k == 0:
+        return np.zeros((m, n), dtype=np.int32)
+    return _vnni_matmul(a, b) if use_vnni else _blas_matmul(a, b)
+
+
+@parallel_kernel
+def _rescale_kernel(t0, t1, acc, sa, sb, factor, fast, out):
+    """out[m, n] = rescale1(acc[m, n], sa[m or 0], sb[n], factor, fast), rows in parallel."""
+    m, n = acc.shape
+    per_row = sa.size > 1
+    ntasks = m
+    if t0 < 0:
+        return ntasks
+    for r in range(t0, min(t1, ntasks)):
+        a = sa[r] if per_row else sa[0]
+        row = acc[r]
+        dst = out[r]
+        for j in range(n):
+            dst[j] = rescale1(row[j], a, sb[j], factor, fast)
+    return ntasks
+
+
+def matmul_rescaled(a: np.ndarray, b: np.ndarray, sa: np.ndarray, sb: np.ndarray, factor: np.float32,
+                    fast: bool) -> np.ndarray:
+    """``rescale1(int8 GEMM)`` as float32 (M, N): the int8 layers' GEMM and dequantization in one pass.
+
+    ``sa`` has M entries or 1, ``sb`` N; with VNNI the rescale happens as each tile of C
+    is stored, so the int32 result never reaches memory.
+    """
+    if a.dtype != np.int8 or b.dtype != np.int8:
+        raise TypeError(f"int8 GEMM needs int8 operands, got {a.dtype} and {b.dtype}")
+    m, k = a.shape
+    n = b.shape[1]
+    if HAVE_VNNI and m and n and k:
+        return _vnni_matmul(a, b, (sa, sb, np.float32(factor), bool(fast)))
+    acc = matmul(a, b, use_vnni=False)
+    out = np.empty((m, n), dtype=np.float32)
+    if out.size:
+        _rescale_kernel(acc, sa, sb, np.float32(factor), bool(fast), out)
+    return out

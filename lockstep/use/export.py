@@ -1,0 +1,416 @@
+"""``lockstep export``: a checkpoint's weights for others, with the proof that ties them to the run.
+
+An export folder::
+
+    model.safetensors   float32 parameters under their lockstep names (below), and for
+                        every int8 W8A8 layer NAME also NAME.int8 (int8 codes, the
+                        weights' shape) and NAME.scale (float32 per output channel):
+                        what the model computed with
+    config.json         the model config, the tokenizer, the layout of the names
+    recipe.json         the run's recipe, as canonical JSON: its SHA-256 is recipe_sha256
+    tokenizer.json      (Hugging Face tokenizers only) the run's tokenizer file
+    proof.json          step, state root, chain hashes, every tensor digest of the
+                        checkpoint's state, the files' SHA-256
+    README.md           the model card: what it is, how it was trained, how to verify it
+
+Names and layout: ``embed`` (V, D) (row = token), ``embed_norm.gain`` (D,),
+``layers.NN.attn_norm.gain``, ``layers.NN.attn.wqkv`` (D, (H + 2G) Dh) (queries, then
+keys, then values, head-major), ``layers.NN.attn.wo`` (H Dh, D),
+``layers.NN.ffn_norm.gain``, ``layers.NN.ffn.w_gate_up`` (D, 2F) (gate, then up),
+``layers.NN.ffn.w_down`` (F, D), ``final_norm.gain`` (D,), ``lm_head`` (D, V). A
+linear layer computes ``y = x @ W`` (inputs along the first axis; PyTorch's
+``nn.Linear.weight`` is the transpose).
+
+Why the export can be trusted: each exported float32 tensor NAME is bit for bit the
+checkpoint's ``param/NAME``, and its lockstep digest (``hashing.tensor_digest("param/"
++ NAME, x)``) is the one in the checkpoint's sidecar; those digests, with the AdamW
+moments' and the step's, fold into the state root that the trajectory publishes at
+that step, which the chain hash commits to (``H_t = chain_hash(t, H_{t-1}, root,
+batch, tokens, loss bits, grad-norm bits, lr bits)``), up to the run's final commitment. ``verify_export`` checks every link it
+can: alone (the export's own consistency), and against the run directory (the
+trajectory's chain recomputed from the recipe's genesis, the commitment, the
+checkpoint's sidecar).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from lockstep.fsio import (FileFormatError, UnsafePath, atomic_write_bytes, fsync_dir, json_bytes, read_json,
+                           read_safetensors, safe_join, write_safetensors)
+from lockstep.spec import SPEC_VERSION, hashing
+from lockstep.spec.quant import quantize, weight_scale
+from lockstep.train.model import param_count, param_specs
+from lockstep.train.tokenizer import HF_TOKENIZER_FILE, HFTokenizer, file_sha256
+
+from .run import RunModel, UseError
+
+MODEL_FILE = "model.safetensors"
+CONFIG_FILE = "config.json"
+RECIPE_FILE = "recipe.json"
+PROOF_FILE = "proof.json"
+CARD_FILE = "README.md"
+PROOF_FORMAT = "lockstep.export-proof"
+CONFIG_FORMAT = "lockstep.export-config"
+EXPORT_VERSION = 1
+INT8_SUFFIX, SCALE_SUFFIX = ".int8", ".scale"
+QUANTIZED = ("attn.wqkv", "attn.wo", "ffn.w_gate_up", "ffn.w_down")  # the int8 W8A8 layers of a block
+
+
+def quantized_names(cfg) -> list[str]:
+    """The parameters that run as int8 W8A8 layers (none when the recipe does not quantize)."""
+    if not cfg.quantize:
+        return []
+    return [s.name for s in param_specs(cfg) if s.name.split(".", 2)[-1] in QUANTIZED]
+
+
+def int8_codes(w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The forward's int8 codes and per-output-channel scales of a weight (``spec.quant``)."""
+    scale = weight_scale(w)
+    return quantize(w, scale[None, :]), scale
+
+
+def export_tensors(params: dict, cfg) -> dict[str, np.ndarray]:
+    out = {name: np.ascontiguousarray(params[name], dtype=np.float32) for name in (s.name for s in param_specs(cfg))}
+    for name in quantized_names(cfg):
+        codes, scale = int8_codes(out[name])
+        out[name + INT8_SUFFIX], out[name + SCALE_SUFFIX] = codes, scale
+    return out
+
+
+# what a chain link binds besides H_{t-1}, the state root and the batch (``hashing.chain_hash``)
+LINK_FIELDS = ("tokens", "loss_bits", "grad_norm_bits", "lr_bits")
+
+
+def _chain_facts(model: RunModel) -> dict:
+    """The step's chain links from the trajectory, when the run has them."""
+    from lockstep.train.trainer import genesis, read_trajectory
+
+    traj = read_trajectory(model.run_dir, tolerate_torn_tail=True)
+    by_step = {r.get("step"): r for r in traj if isinstance(r, dict)}
+    rec = by_step.get(model.step)
+    if rec is None:
+        return {}
+    prev = genesis(model.recipe) if model.step == 1 else by_step.get(model.step - 1, {}).get("chain_hash")
+    return {"batch_digest": rec.get("batch_digest"), "previous_chain_hash": prev, "training_loss": rec.get("loss"),
+            **{k: rec.get(k) for k in LINK_FIELDS}}
+
+
+def _commitment(model: RunModel) -> dict | None:
+    from lockstep.audit.verify import RunFileError, read_commitment
+
+    try:
+        c = read_commitment(model.run_dir)
+    except RunFileError:
+        return None
+    return {"last_step": c["last_step"], "chain_hash": c["chain_hash"]}
+
+
+def make_export(model: RunModel, tokenizer, identity: dict, out: str | os.PathLike,
+                validation: dict | None = None) -> Path:
+    """Write the export of ``model`` (a verified checkpoint) to the new folder ``out``, all or nothing."""
+    from lockstep.train.trainer import genesis
+
+    out = Path(out).absolute()
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise UseError(f"{out} already exists and is not an empty folder; choose a new --out")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.partial-", dir=out.parent))
+    try:
+        os.chmod(staging, 0o755)  # mkdtemp makes 0700; an export is meant to be shared
+        tensors = export_tensors(model.params, model.cfg)
+        write_safetensors(staging / MODEL_FILE, tensors,
+                          {"format": "lockstep.export", "step": str(model.step), "spec_version": model.spec_version})
+        atomic_write_bytes(staging / CONFIG_FILE, json_bytes(_config(model, identity)))
+        recipe_bytes = json_bytes(model.recipe)
+        atomic_write_bytes(staging / RECIPE_FILE, recipe_bytes)
+        files = [MODEL_FILE, CONFIG_FILE, RECIPE_FILE]
+        if isinstance(tokenizer, HFTokenizer):  # the file whose digest the manifest names
+            shutil.copyfile(tokenizer.path, staging / HF_TOKENIZER_FILE)
+            if file_sha256(staging / HF_TOKENIZER_FILE) != tokenizer.sha256:
+                raise UseError(f"{tokenizer.path} changed while it was exported; export again")
+            files.append(HF_TOKENIZER_FILE)
+        proof = {
+            "format": PROOF_FORMAT, "version": EXPORT_VERSION,
+            "step": model.step, "tokens": model.tokens, "spec_version": model.spec_version,
+            "recipe_sha256": hashlib.sha256(recipe_bytes).hexdigest(),
+            "manifest_sha256": model.recipe["data"]["manifest_sha256"],
+            "genesis": genesis(model.recipe),
+            "state_root": model.sidecar["state_root"], "chain_hash": model.sidecar["chain_hash"],
+            **{k: v for k, v in _chain_facts(model).items() if k != "training_loss"},
+            "commitment": _commitment(model),
+            "tensor_digests": dict(sorted(model.sidecar["tensor_digests"].items())),
+            "int8_layers": quantized_names(model.cfg),
+            "files": {name: file_sha256(staging / name) for name in files},
+        }
+        atomic_write_bytes(staging / PROOF_FILE, json_bytes(proof))
+        atomic_write_bytes(staging / CARD_FILE, model_card(model, proof, identity, validation).encode("utf-8"))
+        fsync_dir(staging)
+        if out.exists():
+            out.rmdir()  # empty (checked above); fails loudly if someone filled it meanwhile
+        os.rename(staging, out)
+        fsync_dir(out.parent)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    return out
+
+
+def _config(model: RunModel, tokenizer: dict) -> dict:
+    cfg = model.cfg
+    return {
+        "format": CONFIG_FORMAT, "version": EXPORT_VERSION,
+        "model": cfg.to_dict(),
+        "parameters": param_count(cfg),
+        "tokenizer": tokenizer,
+        "layout": {
+            "linear": "y = x @ W, W of shape (in, out)",
+            "attn.wqkv": "columns: H query heads, then G key heads, then G value heads, each head_dim wide",
+            "ffn.w_gate_up": "columns: the F gate units, then the F up units; h = silu(gate) * up",
+            "int8": "NAME.int8 (int8, W's shape) and NAME.scale (float32, out): W ~ NAME.int8 * NAME.scale; "
+                    "activations quantized per tensor by max|x| / 127 at run time",
+            "attention": "GQA, QK-norm without gain, RoPE theta rope_theta on half-split pairs; sliding window "
+                         "sliding_window except every full_attention_every-th layer and the last",
+        },
+        "layers_with_full_attention": [i for i in range(cfg.n_layers) if cfg.is_full_attention(i)],
+        "int8_layers": quantized_names(cfg),
+    }
+
+
+def model_card(model: RunModel, proof: dict, tokenizer: dict, validation: dict | None) -> str:
+    cfg, t = model.cfg, model.tcfg
+    run = model.run_dir.name
+    val = (f"- validation loss at this step: {validation['nats_per_token']:.4f} nats/token, "
+           f"{validation['bits_per_byte']:.4f} bits/byte on the data's held-out documents "
+           f"(loss sum bits {validation['loss_sum_bits']}; reproduce with `lockstep eval RUN --step {model.step}`)\n"
+           if validation else "- validation loss: not recorded for this step (`lockstep eval RUN --step N`)\n")
+    train_loss = _chain_facts(model).get("training_loss")
+    quant = ("int8 W8A8 in every attention and feed-forward linear layer (weights per output channel, "
+             "`2 mean|w| / sqrt(127)`; activations per tensor, `max|x| / 127`); the export holds the float32 "
+             "weights and, for those layers, the int8 codes and scales the model computed with"
+             if cfg.quantize else "float32 in every layer (the run did not quantize)")
+    return f"""# {run}, step {model.step}
+
+A {cfg.name} decoder-only language model ({param_count(cfg):,} parameters) trained with
+lockstep as an auditable run: every training step is published as a hash of the whole
+training state, chained from the recipe to the final commitment, and can be replayed bit
+for bit on other hardware.
+
+## Model
+
+- {cfg.n_layers} layers, d_model {cfg.d_model}, {cfg.n_heads} query heads over {cfg.n_kv_heads} KV heads of
+  {cfg.head_dim}, SwiGLU width {cfg.ffn_dim}, vocabulary {cfg.vocab_size}, context {cfg.seq_len}
+- RMSNorm (eps {cfg.norm_eps}) on the embedding and before each block half; QK-norm without gain;
+  RoPE theta {cfg.rope_theta:g}; sliding window {cfg.sliding_window} except layers
+  {[i for i in range(cfg.n_layers) if cfg.is_full_attention(i)]} (fully causal); untied LM head; no biases
+- {quant}
+- tokenizer: `{tokenizer.get("kind")}` (end-of-document id {tokenizer.get("eod_id")}; a document starts after it)
+- names and layout: see `config.json` (`layout`); a linear layer computes `y = x @ W`
+
+## Training
+
+- {proof["tokens"]:,} tokens in {model.step} steps; peak learning rate {t.peak_lr:g}, AdamW
+  ({t.beta1}, {t.beta2}), weight decay {t.weight_decay}, z-loss {cfg.z_loss:g}
+- data manifest SHA-256 `{proof["manifest_sha256"]}`; recipe SHA-256 `{proof["recipe_sha256"]}`
+  (`recipe.json` here, whose SHA-256 is that value); SPEC_VERSION {proof["spec_version"]}
+- training loss at this step: {f"{train_loss:.4f}" if isinstance(train_loss, (int, float)) else "not in the trajectory"}
+{val}
+## Proof
+
+- state root at step {model.step}: `{proof["state_root"]}`
+- chain hash at step {model.step}: `{proof["chain_hash"]}`
+- run commitment: {f"`{proof['commitment']['chain_hash']}` (last step {proof['commitment']['last_step']})"
+                   if proof.get("commitment") else "none published when exported"}
+
+`proof.json` lists every tensor digest of the training state at this step (parameters,
+AdamW moments, step counter), which fold into that state root. To check this export:
+
+```sh
+lockstep audit verify-export THIS_FOLDER             # the export alone: files, tensors, digests, state root
+lockstep audit verify-export THIS_FOLDER RUN_DIR     # and against the run: the chain from the recipe's
+                                                     # genesis through this step to the commitment
+lockstep audit replay RUN_DIR --step {model.step}          # replay the step that made these weights
+```
+
+## Loading
+
+`model.safetensors` is a plain safetensors file (float32, int8): any safetensors reader
+loads it; `lockstep.fsio.read_safetensors` does without extra packages. To run the model
+exactly as trained, use lockstep (`lockstep sample`, `lockstep eval`).
+"""
+
+
+# ---------------------------------------------------------------- verification
+
+@dataclass
+class ExportReport:
+    folder: Path
+    run: Path | None
+    checks: list[tuple[str, bool, str]] = field(default_factory=list)
+
+    def add(self, name: str, ok: bool, detail: str = "") -> bool:
+        self.checks.append((name, bool(ok), detail))
+        return ok
+
+    @property
+    def ok(self) -> bool:
+        return all(ok for _, ok, _ in self.checks)
+
+    def format(self) -> str:
+        lines = [f"{'ok  ' if ok else 'FAIL'} {name}" + (f": {detail}" if detail else "") for name, ok, detail in self.checks]
+        verdict = "VALID" if self.ok else "INVALID"
+        against = f" against {self.run}" if self.run else " (alone; name the run directory to check the chain)"
+        return "\n".join(lines + [f"{self.folder}: {verdict}{against}"])
+
+
+def _read_export(folder: Path) -> tuple[dict, dict, dict]:
+    """proof.json, config.json, recipe.json of an export (strict JSON, inside the folder)."""
+    out = []
+    for name in (PROOF_FILE, CONFIG_FILE, RECIPE_FILE):
+        try:
+            obj = read_json(safe_join(folder, name), name)
+        except (FileNotFoundError, FileFormatError, UnsafePath, OSError) as exc:
+            raise UseError(f"{folder} is not a readable lockstep export: {exc}") from None
+        if not isinstance(obj, dict):
+            raise UseError(f"{folder / name}: must hold a JSON object")
+        out.append(obj)
+    proof, config, recipe = out
+    if proof.get("format") != PROOF_FORMAT or proof.get("version") != EXPORT_VERSION:
+        raise UseError(f"{folder / PROOF_FILE}: not a {PROOF_FORMAT} version {EXPORT_VERSION}")
+    for key in ("step", "tensor_digests", "files", "state_root", "chain_hash", "recipe_sha256", "genesis"):
+        if key not in proof:
+            raise UseError(f"{folder / PROOF_FILE}: key {key!r} missing")
+    if not isinstance(proof["tensor_digests"], dict) or not isinstance(proof["files"], dict):
+        raise UseError(f"{folder / PROOF_FILE}: tensor_digests and files must be objects")
+    return proof, config, recipe
+
+
+def verify_export(folder: str | os.PathLike, run: str | os.PathLike | None = None) -> ExportReport:
+    """Check an export alone and, with ``run``, against the run directory (module docstring)."""
+    from lockstep.train.config import ModelConfig
+    from lockstep.train.trainer import genesis
+
+    folder = Path(folder)
+    rep = ExportReport(folder, Path(run) if run is not None else None)
+    proof, config, recipe = _read_export(folder)
+    step = proof["step"]
+    # 1. files
+    for name, want in sorted(proof["files"].items()):
+        try:
+            path = safe_join(folder, name)
+            got = file_sha256(path) if path.is_file() else "missing"
+        except UnsafePath as exc:
+            got = f"refused ({exc})"
+        rep.add(f"file {name}", got == want, "" if got == want else f"sha256 {got}, proof says {want}")
+    # 2. recipe and config
+    rep.add("recipe.json is the proof's recipe", hashlib.sha256(json_bytes(recipe)).hexdigest() == proof["recipe_sha256"])
+    try:
+        rep.add("genesis H_0 from the recipe", genesis(recipe) == proof["genesis"])
+        cfg = ModelConfig.from_dict(recipe["model"])
+    except (KeyError, TypeError, ValueError) as exc:
+        rep.add("the recipe's model settings", False, str(exc))
+        return rep
+    rep.add("config.json model = the recipe's", config.get("model") == recipe["model"])
+    # 3. tensors
+    try:
+        tensors, _ = read_safetensors(safe_join(folder, MODEL_FILE))
+    except (FileFormatError, UnsafePath, OSError) as exc:
+        rep.add(MODEL_FILE, False, str(exc))
+        return rep
+    digests = proof["tensor_digests"]
+    bad, missing = [], []
+    for s in param_specs(cfg):
+        x = tensors.get(s.name)
+        if x is None or x.dtype != np.float32 or tuple(x.shape) != s.shape:
+            missing.append(s.name)
+        elif hashing.tensor_digest("param/" + s.name, x).hex() != digests.get("param/" + s.name):
+            bad.append(s.name)
+    rep.add("every parameter present, float32, its shape", not missing, f"missing or wrong: {missing[:5]}" if missing else "")
+    rep.add("every parameter's digest is the checkpoint's", not bad, f"differ: {bad[:5]}" if bad else "")
+    qbad = []
+    for name in quantized_names(cfg):
+        codes, scale = tensors.get(name + INT8_SUFFIX), tensors.get(name + SCALE_SUFFIX)
+        if name in missing or codes is None or scale is None:
+            qbad.append(name)
+            continue
+        want_codes, want_scale = int8_codes(tensors[name])
+        if not (codes.dtype == np.int8 and np.array_equal(codes, want_codes)
+                and scale.dtype == np.float32 and np.array_equal(scale.view(np.uint32), want_scale.view(np.uint32))):
+            qbad.append(name)
+    rep.add("int8 codes and scales are the forward's (spec.quant)", not qbad, f"differ: {qbad[:5]}" if qbad else "")
+    expected = {s.name for s in param_specs(cfg)} | {n + sfx for n in quantized_names(cfg) for sfx in (INT8_SUFFIX, SCALE_SUFFIX)}
+    extra = sorted(set(tensors) - expected)
+    rep.add("no other tensors", not extra, f"unexpected: {extra[:5]}" if extra else "")
+    # 4. digests -> state root -> chain link
+    try:
+        root = hashing.state_root_from_digests(digests)
+    except (ValueError, TypeError) as exc:
+        root = f"invalid ({exc})"
+    rep.add("state root from the tensor digests", root == proof["state_root"])
+    if proof.get("previous_chain_hash") and proof.get("batch_digest"):
+        try:
+            link = hashing.chain_hash(step, proof["previous_chain_hash"], proof["state_root"], proof["batch_digest"],
+                                      *(proof.get(k) for k in LINK_FIELDS))
+        except (ValueError, TypeError) as exc:
+            link = f"invalid ({exc})"
+        rep.add(f"chain hash H_{step} from H_{step - 1}, the state root, the batch, the tokens and the bits of "
+                "loss, grad norm and lr", link == proof["chain_hash"])
+    if run is not None:
+        _against_run(rep, Path(run), proof)
+    return rep
+
+
+def _against_run(rep: ExportReport, run: Path, proof: dict) -> None:
+    """The chain from the run's recipe through the export's step to the run's commitment."""
+    from lockstep.audit.verify import RunFileError, load_run_recipe, read_commitment, read_trajectory_strict
+    from lockstep.train import checkpoint as ckpt
+    from lockstep.train.trainer import genesis, recipe_digest
+
+    step = proof["step"]
+    try:
+        recipe = load_run_recipe(run)
+        traj = read_trajectory_strict(run)
+    except RunFileError as exc:
+        rep.add("the run directory", False, str(exc))
+        return
+    rep.add("the run's recipe is the export's", recipe_digest(recipe) == proof["recipe_sha256"])
+    prev = genesis(recipe)
+    broken = None
+    for r in traj:
+        h = hashing.record_chain_hash(prev, r)
+        if h != r["chain_hash"] and broken is None:
+            broken = r["step"]
+        prev = r["chain_hash"]
+    rep.add("the run's chain, recomputed from the genesis", broken is None,
+            f"breaks at step {broken}" if broken else f"{len(traj)} steps")
+    rec = traj[step - 1] if 1 <= step <= len(traj) else None
+    rep.add(f"step {step} in the run's trajectory: same state root and chain hash",
+            rec is not None and rec["state_root"] == proof["state_root"] and rec["chain_hash"] == proof["chain_hash"],
+            "" if rec is not None else f"the trajectory has {len(traj)} steps")
+    try:
+        c = read_commitment(run)
+        rep.add("the run's commitment is its last chain hash", bool(traj) and c["chain_hash"] == traj[-1]["chain_hash"]
+                and c["last_step"] == len(traj), f"last step {c['last_step']}")
+        if proof.get("commitment"):
+            rep.add("the export names the run's commitment", proof["commitment"] == {"last_step": c["last_step"],
+                                                                                     "chain_hash": c["chain_hash"]})
+    except RunFileError as exc:
+        rep.add("the run's commitment", False, str(exc))
+    try:
+        found = dict(ckpt.list_checkpoints(run))
+    except (UnsafePath, OSError):
+        found = {}
+    if step in found:
+        try:
+            c = ckpt.load_checkpoint(found[step])
+            same = c.sidecar.get("tensor_digests") == proof["tensor_digests"]
+            rep.add(f"checkpoint {step} of the run (verified) has the export's tensor digests", same)
+        except ckpt.CheckpointError as exc:
+            rep.add(f"checkpoint {step} of the run", False, str(exc))

@@ -1,0 +1,178 @@
+"""Opening a trained run for use: the recipe, a verified checkpoint, the data and tokenizer.
+
+A run directory may come from a stranger. ``open_model`` reads the recipe through
+``safe_join`` and strict JSON, loads the checkpoint with every digest checked
+(``checkpoint.load_checkpoint``: marker, file, each tensor, the state root), then
+requires that the checkpoint was made with this recipe and, where the trajectory has
+the step, that its state root and chain hash are the trajectory's. Anything else is a
+``UseError`` naming the file and what to do: a damaged or refused checkpoint never
+becomes text, a loss or an export.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from lockstep.fsio import FileFormatError, UnsafePath
+from lockstep.spec import SPEC_VERSION
+from lockstep.train import checkpoint as ckpt
+from lockstep.train.config import ModelConfig, TrainConfig
+from lockstep.train.data import DataError, Manifest
+from lockstep.train.model import param_specs
+from lockstep.train.step import split_state
+
+
+class UseError(ValueError):
+    """A run, checkpoint, export or argument that cannot be used; the message says why and what to do."""
+
+
+@dataclass
+class RunModel:
+    """The parameters of one verified checkpoint of a run, with the run's settings."""
+
+    run_dir: Path
+    recipe: dict
+    cfg: ModelConfig
+    tcfg: TrainConfig
+    step: int
+    params: dict[str, np.ndarray]
+    sidecar: dict
+    checkpoint: Path
+    trajectory_record: dict | None  # the trajectory's record of this step, if the run has one
+
+    @property
+    def tokens(self) -> int:
+        """Training tokens consumed when this checkpoint was taken."""
+        return int(self.sidecar.get("tokens", 0))
+
+    @property
+    def spec_version(self) -> str:
+        return str(self.recipe.get("spec_version"))
+
+    def spec_note(self) -> str | None:
+        """A line to show when the run was made under another SPEC_VERSION (bits may differ)."""
+        if self.spec_version == SPEC_VERSION:
+            return None
+        return (f"note: {self.run_dir} was trained under SPEC_VERSION {self.spec_version}, this lockstep computes "
+                f"SPEC_VERSION {SPEC_VERSION}; values can differ in the last bits from the run's own")
+
+
+def load_run_recipe(run_dir: Path) -> tuple[dict, ModelConfig, TrainConfig]:
+    """The recipe (strict JSON, read inside the run) and its two configs."""
+    from lockstep.train.trainer import load_recipe, recipe_configs
+
+    if not run_dir.is_dir():
+        raise UseError(f"{run_dir} is not a run directory (no such folder)")
+    try:
+        recipe = load_recipe(run_dir)
+        cfg, tcfg = recipe_configs(recipe)
+    except FileNotFoundError:
+        raise UseError(f"{run_dir}: no recipe.json; is this a lockstep run directory?") from None
+    except (FileFormatError, UnsafePath, KeyError, TypeError, ValueError) as exc:
+        raise UseError(f"{run_dir / 'recipe.json'}: cannot be used: {exc}") from None
+    return recipe, cfg, tcfg
+
+
+def _trajectory_record(run_dir: Path, step: int) -> dict | None:
+    from lockstep.train.trainer import read_trajectory
+
+    try:
+        records = read_trajectory(run_dir, tolerate_torn_tail=True)
+    except (ValueError, UnsafePath) as exc:
+        raise UseError(f"{run_dir}: trajectory.jsonl cannot be read ({exc}); run `lockstep audit verify {run_dir}`") \
+            from None
+    found = [r for r in records if isinstance(r, dict) and r.get("step") == step]
+    return found[-1] if found else None
+
+
+def open_model(run_dir: str | os.PathLike, step: int | None = None) -> RunModel:
+    """The parameters of checkpoint ``step`` (default: the latest complete one), verified."""
+    from lockstep.train.trainer import recipe_digest
+
+    run_dir = Path(run_dir)
+    recipe, cfg, tcfg = load_run_recipe(run_dir)
+    if step is not None and (isinstance(step, bool) or not isinstance(step, int) or step < 1):
+        raise UseError(f"--step must be a positive integer, got {step!r}")
+    try:
+        have = [s for s, _ in ckpt.list_checkpoints(run_dir)]
+    except (UnsafePath, OSError) as exc:
+        raise UseError(f"refused: {run_dir}/checkpoints cannot be listed: {exc}") from None
+    if step is not None and step not in have:
+        raise UseError(f"{run_dir} has no complete checkpoint of step {step} (complete ones: "
+                       f"{', '.join(map(str, have[-10:])) or 'none'})")
+    if not have:
+        raise UseError(f"{run_dir} has no complete checkpoint yet (train it, or wait for its first checkpoint)")
+    try:
+        c = ckpt.load_checkpoint(run_dir, step)
+    except ckpt.CheckpointError as exc:
+        raise UseError(f"refused: {exc}") from None
+    except (UnsafePath, OSError) as exc:
+        raise UseError(f"refused: checkpoint of {run_dir} cannot be read: {exc}") from None
+    where = c.path / ckpt.SIDECAR_FILE
+    if c.sidecar.get("recipe_sha256") != recipe_digest(recipe):
+        raise UseError(f"refused: {where} was made with another recipe than {run_dir / 'recipe.json'} "
+                       "(the recipe was edited, or the checkpoint comes from another run)")
+    record = _trajectory_record(run_dir, c.step)
+    if record is not None and (record.get("state_root") != c.sidecar.get("state_root")
+                               or record.get("chain_hash") != c.sidecar.get("chain_hash")):
+        raise UseError(f"refused: checkpoint {c.step} ({c.path}) disagrees with trajectory.jsonl at step {c.step} "
+                       f"(state root or chain hash); run `lockstep audit verify {run_dir}`")
+    try:
+        params, _ = split_state(c.tensors)
+    except ValueError as exc:
+        raise UseError(f"refused: {c.path}: {exc}") from None
+    want = {s.name: s.shape for s in param_specs(cfg)}
+    got = {k: tuple(v.shape) for k, v in params.items()}
+    if got != want or any(v.dtype != np.float32 for v in params.values()):
+        bad = sorted(set(want) ^ set(got)) or sorted(k for k in want if got.get(k) != want[k])
+        raise UseError(f"refused: {c.path}: the parameters do not fit the recipe's model (first difference: "
+                       f"{bad[:1] or 'a dtype other than float32'})")
+    return RunModel(run_dir, recipe, cfg, tcfg, c.step, params, c.sidecar, c.path, record)
+
+
+def open_tokenizer(run_dir: str | os.PathLike, recipe: dict, data: str | os.PathLike | None = None):
+    """The run's tokenizer, from its data manifest alone (no shard is read).
+
+    The manifest is the one in ``data`` (``--data DIR``) or in the recipe's data folder,
+    which must be inside the run (a recipe from elsewhere never makes lockstep read a
+    path it names); its SHA-256 must be the recipe's. A Hugging Face tokenizer file is
+    checked against the manifest's digest of it. Returns ``(tokenizer, identity)``.
+    """
+    import hashlib
+
+    from lockstep.fsio import parse_json, safe_join
+    from lockstep.train.data import MANIFEST_NAME
+    from lockstep.train.tokenizer import TokenizerError, tokenizer_from_identity
+
+    run_dir = Path(run_dir)
+    want = recipe["data"]["manifest_sha256"]
+    hint = f"pass --data DIR, the run's data folder (its manifest.json has SHA-256 {want})"
+    try:
+        folder = Path(data) if data is not None else safe_join(run_dir, recipe["data"]["folder"])
+        path = folder / MANIFEST_NAME if folder.is_dir() else folder
+        raw = path.read_bytes()
+    except UnsafePath:
+        raise UseError(f"the run's data folder {recipe['data']['folder']!r} is outside {run_dir}; {hint}") from None
+    except OSError as exc:
+        raise UseError(f"the run's data manifest cannot be read ({exc.strerror or exc}: {exc.filename}); {hint}") from None
+    if hashlib.sha256(raw).hexdigest() != want:
+        raise UseError(f"{path}: not the manifest the run was trained on (SHA-256 differs); {hint}")
+    try:
+        identity = parse_json(raw, "data manifest", str(path))["tokenizer"]
+        return tokenizer_from_identity(identity, path.parent), identity
+    except (FileFormatError, TokenizerError, KeyError, TypeError) as exc:
+        raise UseError(f"{path}: the run's tokenizer cannot be used: {exc}") from None
+
+
+def open_data(run_dir: str | os.PathLike, recipe: dict, data: str | os.PathLike | None = None) -> Manifest:
+    """The run's data folder, verified against the recipe's manifest digest (``--data DIR`` overrides)."""
+    from lockstep.train.trainer import open_run_data
+
+    try:
+        return open_run_data(Path(run_dir), recipe, data)
+    except (DataError, UnsafePath, FileNotFoundError, ValueError) as exc:
+        raise UseError(f"the run's data cannot be used: {exc}") from None

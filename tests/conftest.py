@@ -1,0 +1,40 @@
+"""Shared fixtures: one small honest run that the hostile-input tests copy and attack."""
+
+from __future__ import annotations
+
+import dataclasses
+import shutil
+from pathlib import Path
+
+import pytest
+
+
+@pytest.fixture(scope="session")
+def honest_run(tmp_path_factory) -> Path:
+    """A 4-step single-rank ``tiny`` run, its data inside it (``data/``), checkpoints at 2 and 4.
+
+    Trained in this process on the spec backend. Tests never change it: they attack a
+    copy (``copy_run``).
+    """
+    from lockstep.train.config import preset, train_preset
+    from lockstep.train.trainer import train
+
+    out = tmp_path_factory.mktemp("honest") / "run"
+    tcfg = dataclasses.replace(train_preset("tiny"), micro_batch=2, batch_ramp=((0, 6),))
+    train(out, cfg=preset("tiny"), tcfg=tcfg, data="default", steps=4, checkpoint_every=2, progress=False,
+          log=lambda *a, **k: None)
+    return out
+
+
+@pytest.fixture
+def copy_run(honest_run, tmp_path):
+    """``copy_run()``: a fresh copy of the honest run under this test's tmp_path (symlinks kept)."""
+    count = [0]
+
+    def make() -> Path:
+        count[0] += 1
+        dst = tmp_path / f"run{count[0]}"
+        shutil.copytree(honest_run, dst, symlinks=True)
+        return dst
+
+    return make

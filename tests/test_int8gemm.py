@@ -1,0 +1,106 @@
+"""The numba backend's exact int8 GEMM (``numba_cpu.int8gemm``): both implementations against int64 NumPy.
+
+Integer results have a closed form, so each case compares with ``a.astype(int64) @ b``
+exactly; shapes cover the micro-kernel's edges (rows not a multiple of MR, columns
+not a multiple of a 32-column panel, K not a multiple of 4), strided operands, the
+int8 extremes and a K whose biased VNNI sums wrap int32 on the way.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+pytest.importorskip("numba")
+
+from lockstep import spec  # noqa: E402
+from lockstep.backends.numba_cpu import int8gemm, quant  # noqa: E402
+
+IMPLEMENTATIONS = [False, pytest.param(True, marks=pytest.mark.skipif(
+    not int8gemm.HAVE_VNNI, reason="this CPU has no AVX-512 VNNI (the BLAS path is tested)"))]
+
+
+def _int8(seed, shape, lo=-128, hi=127):
+    return np.random.default_rng(seed).integers(lo, hi + 1, shape, dtype=np.int8)
+
+
+@pytest.mark.parametrize("use_vnni", IMPLEMENTATIONS)
+@pytest.mark.parametrize("m,k,n", [(1, 1, 1), (3, 5, 7), (8, 4, 32), (9, 13, 33), (17, 4, 31), (40, 1100, 70),
+                                   (130, 256, 97)])
+def test_exact_on_edge_shapes(use_vnni, m, k, n):
+    a, b = _int8(m * 1000 + k, (m, k)), _int8(n * 1000 + k, (k, n))
+    got = int8gemm.matmul(a, b, use_vnni=use_vnni)
+    assert got.dtype == np.int32
+    assert np.array_equal(got, a.astype(np.int64) @ b.astype(np.int64))
+
+
+@pytest.mark.parametrize("use_vnni", IMPLEMENTATIONS)
+def test_strided_operands_and_extremes(use_vnni):
+    a = np.full((24, 64), -128, dtype=np.int8)
+    a[::3] = 127
+    b = np.full((64, 40), -128, dtype=np.int8)
+    b[:, ::2] = 127
+    want = a.astype(np.int64) @ b.astype(np.int64)
+    for aa, bb in ((a, b), (np.asfortranarray(a), np.asfortranarray(b)), (a.T.copy().T, b.T.copy().T)):
+        assert np.array_equal(int8gemm.matmul(aa, bb, use_vnni=use_vnni), want)
+    wide = _int8(5, (12, 200))[:, ::2]  # a non-contiguous view
+    tall = _int8(6, (100, 50))
+    assert np.array_equal(int8gemm.matmul(wide, tall, use_vnni=use_vnni), wide.astype(np.int64) @ tall)
+
+
+@pytest.mark.parametrize("use_vnni", IMPLEMENTATIONS)
+def test_biased_sums_that_wrap_int32_still_give_the_exact_result(use_vnni):
+    """K = 2**17 (the spec's limit): with B + 128 = 255 the biased sum is 2**17 * 127 * 255 > 2**31."""
+    k = 2**17
+    a = np.full((2, k), 127, dtype=np.int8)
+    a[1, ::2] = -127
+    b = np.full((k, 3), 127, dtype=np.int8)
+    b[:, 1] = -128
+    want = a.astype(np.int64) @ b.astype(np.int64)
+    assert np.abs(want).max() < 2**31
+    assert np.array_equal(int8gemm.matmul(a, b, use_vnni=use_vnni), want)
+
+
+def test_empty_and_wrong_dtypes():
+    assert int8gemm.matmul(np.zeros((0, 4), np.int8), np.zeros((4, 3), np.int8)).shape == (0, 3)
+    assert not int8gemm.matmul(np.zeros((2, 0), np.int8), np.zeros((0, 3), np.int8)).any()
+    with pytest.raises(TypeError, match="int8"):
+        int8gemm.matmul(np.zeros((2, 2), np.float32), np.zeros((2, 2), np.int8))
+
+
+def test_int8_linear_layers_give_the_spec_bits_with_either_gemm(monkeypatch):
+    """The quantized layers run their GEMMs through ``int8gemm.matmul``; both paths give the spec's bits."""
+    from lockstep.conformance import inputs as gen
+
+    m, k, n = 64, 48, 40
+    x = gen.random_uniform(0, ("i8gemm", "x"), (m, k), -2, 2)
+    w = gen.random_uniform(0, ("i8gemm", "w"), (k, n), -0.1, 0.1)
+    dy = gen.random_uniform(0, ("i8gemm", "dy"), (m, n), -1e-3, 1e-3)
+    want_y = spec.int8_linear_forward(x, w)
+    want_dx, want_dw = spec.int8_linear_backward(dy, x, w)
+    for have_vnni in (False, True) if int8gemm.HAVE_VNNI else (False,):
+        monkeypatch.setattr(int8gemm, "HAVE_VNNI", have_vnni)
+        assert quant.int8_linear_forward(x, w).tobytes() == want_y.tobytes()
+        dx, dw = quant.int8_linear_backward(dy, x, w)
+        assert dx.tobytes() == want_dx.tobytes() and dw.tobytes() == want_dw.tobytes()
+
+
+@pytest.mark.parametrize("use_vnni", IMPLEMENTATIONS)
+@pytest.mark.parametrize("m,k,n", [(8, 64, 32), (13, 20, 45), (64, 256, 96)])
+def test_rescaled_gemm_is_the_spec_rescale(monkeypatch, use_vnni, m, k, n):
+    """``matmul_rescaled`` = the spec's ``((float32(acc) * sa) * sb) * factor``, with per-row and scalar
+    ``sa``, on the fast path (scales that cannot flush) and the tested one (scales near 2**-126)."""
+    from lockstep.spec import fp
+
+    monkeypatch.setattr(int8gemm, "HAVE_VNNI", use_vnni)
+    a, b = _int8(m + 7, (m, k)), _int8(n + 9, (k, n))
+    acc = (a.astype(np.int64) @ b.astype(np.int64)).astype(np.float32)
+    rng = np.random.default_rng(m * n)
+    factor = np.float32(1 / 64)
+    for sa, sb, fast in ((rng.uniform(1e-3, 1, m).astype(np.float32), rng.uniform(1e-3, 1, n).astype(np.float32), True),
+                         (np.array([0.25], np.float32), rng.uniform(1e-3, 1, n).astype(np.float32), True),
+                         (rng.uniform(1e-3, 1, m).astype(np.float32) * np.float32(2.0**-60),
+                          rng.uniform(1e-3, 1, n).astype(np.float32) * np.float32(2.0**-60), False)):
+        want = fp.mul(fp.mul(fp.mul(acc, sa[:, None] if sa.size > 1 else sa[0]), sb[None, :]), factor)
+        got = int8gemm.matmul_rescaled(a, b, sa, sb, factor, fast)
+        assert got.tobytes() == want.tobytes()

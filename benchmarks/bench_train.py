@@ -80,6 +80,12 @@ def hash_share(preset_name: str, backend: str, steps: int, corpus: Path) -> dict
 ROOT = Path(__file__).resolve().parents[1]
 
 
+def _step_records(run: Path) -> list[dict]:
+    """metrics.jsonl's per-step records (validation records, which have no tokens/s, left out)."""
+    recs = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    return [r for r in recs if "tokens_per_s" in r]
+
+
 def _train(preset_name: str, backend: str, steps: int, ranks: int, corpus: Path, tree: Path,
            extra: tuple[str, ...]) -> tuple[list[dict], float]:
     """``lockstep train`` of ``steps`` steps on ``ranks`` ranks from the source tree ``tree``:
@@ -91,13 +97,13 @@ def _train(preset_name: str, backend: str, steps: int, ranks: int, corpus: Path,
             env["MPIR_CVAR_ENABLE_HEAVY_YIELD"] = "1"
         cmd = ["mpiexec", "-n", str(ranks), sys.executable, "-m", "lockstep.cli", "train", "--preset", preset_name,
                "--backend", backend, "--steps", str(steps), "--data", str(corpus), "--out", str(out), "--quiet",
-               "--checkpoint-every", "1000", *extra]
+               "--checkpoint-every", "1000", "--eval-every", "0", *extra]
         proc = subprocess.Popen(cmd, env=env, cwd=tree, stdout=subprocess.DEVNULL)
         _, status, usage = os.wait4(proc.pid, 0)  # mpiexec and every rank below it (each waited for by its parent)
         proc.returncode = os.waitstatus_to_exitcode(status)
         if proc.returncode != 0:
             raise SystemExit(f"{cmd} failed ({proc.returncode})")
-        recs = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+        recs = _step_records(out)
         return recs, usage.ru_utime + usage.ru_stime
 
 
@@ -205,7 +211,7 @@ def cold_throughput(preset_name: str, backend: str, steps: int, ranks: int, corp
                "--checkpoint-every", "1000"]
         load0 = os.getloadavg()[0]
         proc = subprocess.run(cmd, check=True, env=env, capture_output=True, text=True)
-        recs = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+        recs = _step_records(out)
         compiled = re.search(r"compiled (\d+) kernels? in ([0-9.]+) s", proc.stdout)
         return {"ranks": ranks, "tokens_per_s": statistics.median(r["tokens_per_s"] for r in recs[1:]),
                 "step_s": statistics.median(r["seconds"] for r in recs[1:]), "first_step_s": recs[0]["seconds"],

@@ -51,8 +51,8 @@ rules on top of the spec's tree and a conforming elementwise ``add``:
    each exchanged as above: chunking bounds temporaries and never changes a bit.
 
 Only ``Sendrecv`` moves floats, and nothing but the backend's ``add`` ever adds them
-(MPICH's ``Alltoallv``/``Allgatherv`` would only move bytes too, but measured here they
-were about 10x slower than these pairwise rounds): ``MPI_Allreduce`` is never used on
+(MPICH's ``Alltoallv``/``Allgatherv`` would only move bytes too, but measured here, 3 and 4
+ranks on 2 cores, they were 4-21x slower than these pairwise rounds): ``MPI_Allreduce`` is never used on
 floats (its order belongs to the MPI library). Every message's size is checked on
 arrival, so ranks that disagree on the vector's length fail instead of adding short
 data. Integer ``Allreduce``/``Allgather`` (state digests, stop signals) are exact and

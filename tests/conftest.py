@@ -1,4 +1,10 @@
-"""Shared fixtures: one small honest run that the hostile-input tests copy and attack."""
+"""Shared test settings and fixtures.
+
+Hypothesis profiles (``lockstep.conformance.search.register_profiles``): the suite runs
+``lockstep-suite`` (derandomized, no example database, no deadline); ``deep`` is for
+``python3 -m tools.conformance_search`` and ``pytest --hypothesis-profile=deep``.
+``honest_run``: one small honest run that the hostile-input tests copy and attack.
+"""
 
 from __future__ import annotations
 
@@ -7,6 +13,12 @@ import shutil
 from pathlib import Path
 
 import pytest
+from hypothesis import settings
+
+from lockstep.conformance.search import SUITE_PROFILE, register_profiles
+
+register_profiles()
+settings.load_profile(SUITE_PROFILE)
 
 
 @pytest.fixture(scope="session")

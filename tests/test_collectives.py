@@ -103,7 +103,9 @@ needs_mpi = pytest.mark.skipif(
 def _mpirun(r: int, mode: str, timeout: float = 60.0) -> subprocess.CompletedProcess:
     # MPICH's hydra oversubscribes by default (4 ranks on 2 cores is fine)
     cmd = [MPIEXEC, "-n", str(r), sys.executable, os.path.abspath(__file__), mode]
-    env = dict(os.environ)
+    # this checkout's lockstep, not whatever an installed copy points at (the script's own folder is tests/)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+        [os.path.dirname(os.path.dirname(os.path.abspath(__file__)))] + [p for p in [os.environ.get("PYTHONPATH")] if p]))
     env.setdefault("MPIR_CVAR_ENABLE_HEAVY_YIELD", "1")  # oversubscribed: yield instead of spinning
     # a script's own folder comes first on sys.path: point the workers at this checkout's lockstep
     env["PYTHONPATH"] = os.pathsep.join(p for p in (REPO_ROOT, env.get("PYTHONPATH")) if p)

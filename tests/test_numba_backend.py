@@ -324,3 +324,32 @@ def test_exp_without_its_needless_flush_tests_equals_the_line_by_line_port():
     assert check_exp_fast(first=0x2E000000, count=1 << 20) == 0  # x ~ 2.9e-11
     assert check_exp_fast(first=0xAE000000, count=1 << 20) == 0  # x ~ -2.9e-11
     assert check_exp_fast(first=0xC2AE0000, count=1 << 20) == 0  # x ~ -87 .. -88.8
+
+
+def test_kernel_cache_folder_is_keyed_by_every_source_the_kernels_reach(tmp_path):
+    """Numba keys a cached kernel on its own file only: an edit to a helper module or a spec
+    constant must still give a fresh cache folder (``numba_cpu._cache``)."""
+    import os
+    import shutil
+
+    import numba
+
+    from lockstep.backends.numba_cpu import _cache
+
+    folders = []
+    for name in ("numba_cpu", "spec"):
+        dst = tmp_path / name
+        shutil.copytree(_cache.BACKEND_DIR if name == "numba_cpu" else _cache.SPEC_DIR, dst,
+                        ignore=shutil.ignore_patterns("__pycache__"))
+        folders.append(dst)
+    before = _cache.source_digest(tuple(folders))
+    assert before == _cache.source_digest((_cache.BACKEND_DIR, _cache.SPEC_DIR))
+    for edited in ("numba_cpu/tiles.py", "spec/fp.py"):
+        path = tmp_path / edited
+        original = path.read_bytes()
+        path.write_bytes(original + b"\n# edited\n")
+        assert _cache.source_digest(tuple(folders)) != before, edited
+        path.write_bytes(original)
+    assert _cache.source_digest(tuple(folders)) == before
+    if not os.environ.get("NUMBA_CACHE_DIR"):
+        assert numba.config.CACHE_DIR.endswith(f"numba-{before}")

@@ -13,7 +13,7 @@ kinds (``tests/test_contract.py``).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable
 
 import numpy as np
@@ -53,8 +53,18 @@ def register(record: OpRecord) -> OpRecord:
         raise ValueError(f"conformance record {record.name!r}: tolerance must be 0 (bit-exact)")
     if record.name in _REGISTRY:
         raise ValueError(f"conformance record {record.name!r} registered twice")
+    record = replace(record, cases=_with_search_regressions(record.name, record.cases))
     _REGISTRY[record.name] = record
     return record
+
+
+def _with_search_regressions(op: str, cases: Callable[[int, int], list[Case]]) -> Callable[[int, int], list[Case]]:
+    """The record's cases plus the conformance search's regressions of this op
+    (``inputs.search_regressions``), at every seed and level."""
+    def all_cases(seed: int, level: int) -> list[Case]:
+        found = [Case(label, args, kwargs) for label, args, kwargs in gen.search_regressions().get(op, [])]
+        return cases(seed, level) + found
+    return all_cases
 
 
 def all_records() -> list[OpRecord]:

@@ -42,6 +42,30 @@ def attention_scale(head_dim: int) -> np.float32:
     return fp.div(np.float32(1.0), fp.sqrt(np.float32(head_dim)))[()]
 
 
+def check_attention_shapes(q, k, v, do=None, o=None, m=None, l=None) -> None:
+    """ValueError unless the shapes fit: q (B, H, T, Dh), k and v (B, G, T, Dh) with G >= 1,
+    H a multiple of G and Dh >= 1; for the backward, do and o like q, m and l (B, H, T).
+
+    Every backend calls this before it reads anything, so a bad shape is refused the
+    same way everywhere (never read out of bounds, never broadcast by accident).
+    """
+    shapes = {name: np.shape(a) for name, a in (("q", q), ("k", k), ("v", v))}
+    if any(len(s) != 4 for s in shapes.values()):
+        raise ValueError(f"attention needs 4-d q (B, H, T, Dh), k and v (B, G, T, Dh); got {shapes}")
+    b, h, t, dh = shapes["q"]
+    g = shapes["k"][1]
+    if g == 0 or h % g:
+        raise ValueError(f"query heads {h} are not a multiple of KV heads {g}")
+    if dh == 0:
+        raise ValueError("attention needs a head dimension Dh >= 1, got 0")
+    for name in ("k", "v"):
+        if shapes[name] != (b, g, t, dh):
+            raise ValueError(f"attention: {name} has shape {shapes[name]}, expected {(b, g, t, dh)} (q is {(b, h, t, dh)})")
+    for name, a, want in (("do", do, (b, h, t, dh)), ("o", o, (b, h, t, dh)), ("m", m, (b, h, t)), ("l", l, (b, h, t))):
+        if a is not None and np.shape(a) != want:
+            raise ValueError(f"attention_backward: {name} has shape {np.shape(a)}, expected {want}")
+
+
 def attention_mask(seq_len: int, window: int | None) -> np.ndarray:
     """Boolean (T, T): True where query i may attend key j."""
     i = np.arange(seq_len)[:, None]
@@ -106,9 +130,8 @@ def attention_forward(q, k, v, window: int | None = None):
     which never wins the max, and masked e to +0.0, which a lane of non-negative
     values adds as nothing: the same bits as skipping them.)
     """
+    check_attention_shapes(q, k, v)
     q, k, v = fp.f32(q), fp.f32(k), fp.f32(v)
-    if q.shape[1] % k.shape[1]:
-        raise ValueError(f"query heads {q.shape[1]} are not a multiple of KV heads {k.shape[1]}")
     s, allowed = _scores(q, k, window)
     m = row_max(s, axis=-1)
     e = np.where(allowed, exp(fp.sub(s, m[..., None])), np.float32(0.0))
@@ -147,6 +170,7 @@ def attention_backward(do, q, k, v, o, m, l, window: int | None = None):
 
     Masked pairs are absent from every sum (module docstring).
     """
+    check_attention_shapes(q, k, v, do, o, m, l)
     do, q, k, v, o = (fp.f32(a) for a in (do, q, k, v, o))
     h, dh = q.shape[1], q.shape[3]
     g = k.shape[1]

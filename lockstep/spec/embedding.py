@@ -19,6 +19,16 @@ def _check_ids(ids: np.ndarray, vocab_size: int) -> np.ndarray:
     return ids.astype(np.int64)
 
 
+def gradient_rows(dout: np.ndarray, n_ids: int) -> np.ndarray:
+    """dout (..., D) as (positions, D); ValueError unless it has one row per id (D may be 0)."""
+    if dout.ndim < 1:
+        raise ValueError(f"embedding_backward: dout needs a last axis D, got shape {dout.shape}")
+    rows = int(np.prod(dout.shape[:-1], dtype=np.int64))
+    if rows != n_ids:
+        raise ValueError(f"embedding_backward: {rows} gradient rows for {n_ids} ids")
+    return dout.reshape(rows, dout.shape[-1])
+
+
 def embedding_forward(table, ids) -> np.ndarray:
     """``out[b, t, :] = table[ids[b, t], :]``: (V, D), (B, T) -> (B, T, D). Exact (a copy)."""
     table = fp.f32(table)
@@ -38,8 +48,8 @@ def embedding_backward(dout, ids, vocab_size: int) -> np.ndarray:
     """
     dout = fp.f32(dout)
     ids = _check_ids(ids, vocab_size).reshape(-1)
-    d = dout.shape[-1]
-    rows = dout.reshape(-1, d)
+    rows = gradient_rows(dout, ids.size)
+    d = rows.shape[1]
     grad = np.zeros((vocab_size, d), dtype=np.float32)
     order = np.argsort(ids, kind="stable")  # positions grouped by id, ascending within an id
     sorted_ids = ids[order]

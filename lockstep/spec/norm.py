@@ -21,7 +21,7 @@ def column_sum(x) -> np.ndarray:
     contraction over tokens.
     """
     x = fp.f32(x)
-    rows = x.reshape(-1, x.shape[-1])
+    rows = x.reshape(int(np.prod(x.shape[:-1], dtype=np.int64)), x.shape[-1])  # (not -1: D may be 0)
     acc = np.zeros(x.shape[-1], dtype=np.float32)
     for r in rows:
         acc = fp.add(acc, r)

@@ -62,6 +62,16 @@ def activation_scale(x) -> np.float32:
     return _nonzero_scale(fp.div(amax, QMAX))[()]
 
 
+def check_linear_shapes(x, w, dy=None) -> None:
+    """ValueError unless x is (..., K), w is (K, N) and dy (for the backward) is (..., N) with
+    x's leading shape. Shared with the backends, so a bad shape is refused alike."""
+    xs, ws = np.shape(x), np.shape(w)
+    if len(xs) < 1 or len(ws) != 2 or xs[-1] != ws[0]:
+        raise ValueError(f"int8 linear: x {xs} and w {ws} do not fit (x (..., K), w (K, N))")
+    if dy is not None and np.shape(dy) != xs[:-1] + (ws[1],):
+        raise ValueError(f"int8_linear_backward: dy has shape {np.shape(dy)}, expected {xs[:-1] + (ws[1],)}")
+
+
 def int8_linear_forward(x, w) -> np.ndarray:
     """W8A8 forward: (..., K), (K, N) -> (..., N).
 
@@ -74,6 +84,7 @@ def int8_linear_forward(x, w) -> np.ndarray:
 
     (``float32(acc)`` is exact while |acc| <= 2**24, i.e. always for K <= 1040.)
     """
+    check_linear_shapes(x, w)
     x = fp.f32(x)
     w = fp.f32(w)
     lead = x.shape[:-1]
@@ -168,6 +179,7 @@ def int8_linear_backward(dy, x, w, hadamard: bool = True):
     ``dw = int8_rotated_matmul(xdq^T, dy)`` (contracted over the M rows), with
     ``wdq = dequantized_weight(w)`` and ``xdq = dequantized_activation(x)``.
     """
+    check_linear_shapes(x, w, dy)
     dy = fp.f32(dy)
     x = fp.f32(x)
     lead = x.shape[:-1]

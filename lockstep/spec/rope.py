@@ -28,6 +28,23 @@ def rope_tables(seq_len: int, head_dim: int, theta: float) -> tuple[np.ndarray, 
     return fp.f32(hostmath.cos(angle)), fp.f32(hostmath.sin(angle))  # host-only float64 tables, rounded once
 
 
+def check_rope_shapes(x, cos, sin) -> None:
+    """ValueError unless x is (..., T, Dh) with Dh even and both tables broadcast to
+    x's (..., T, Dh/2) without enlarging it (the contract's tables are (T, Dh/2)).
+    Shared with the backends, so a bad shape is refused alike."""
+    shape = np.shape(x)
+    if len(shape) < 2 or shape[-1] % 2:
+        raise ValueError(f"RoPE needs x (..., T, Dh) with an even head dimension Dh, got shape {shape}")
+    half = shape[:-1] + (shape[-1] // 2,)
+    for name, table in (("cos", cos), ("sin", sin)):
+        try:
+            fits = np.broadcast_shapes(half, np.shape(table)) == half
+        except ValueError:
+            fits = False
+        if not fits:
+            raise ValueError(f"RoPE table {name} has shape {np.shape(table)}; x of shape {shape} needs ({shape[-2]}, {shape[-1] // 2})")
+
+
 def rope_forward(x, cos, sin) -> np.ndarray:
     """Rotate (..., T, Dh) by the tables (T, P)::
 
@@ -35,7 +52,9 @@ def rope_forward(x, cos, sin) -> np.ndarray:
         y2 = x2 * cos + x1 * sin
 
     with ``x1 = x[..., :P]``, ``x2 = x[..., P:]``; each product rounded, then the sum.
+    Bad shapes (an odd Dh, tables that do not fit) are refused with ValueError (``check_rope_shapes``).
     """
+    check_rope_shapes(x, cos, sin)
     x = fp.f32(x)
     half = x.shape[-1] // 2
     x1, x2 = x[..., :half], x[..., half:]
@@ -50,6 +69,7 @@ def rope_backward(dy, cos, sin) -> np.ndarray:
         dx1 = dy1 * cos + dy2 * sin
         dx2 = dy2 * cos - dy1 * sin
     """
+    check_rope_shapes(dy, cos, sin)
     dy = fp.f32(dy)
     half = dy.shape[-1] // 2
     d1, d2 = dy[..., :half], dy[..., half:]

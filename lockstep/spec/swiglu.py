@@ -14,8 +14,19 @@ from .transcendental import sigmoid, silu
 ONE = np.float32(1.0)
 
 
+def check_swiglu_shapes(gu, dh=None) -> None:
+    """ValueError unless gu is (..., 2F) with an even last axis and dh (for the backward) is (..., F)
+    with gu's leading shape. Shared with the backends, so a bad shape is refused alike."""
+    shape = np.shape(gu)
+    if len(shape) < 1 or shape[-1] % 2:
+        raise ValueError(f"swiglu needs an even fused width 2F on the last axis, got shape {shape}")
+    if dh is not None and np.shape(dh) != shape[:-1] + (shape[-1] // 2,):
+        raise ValueError(f"swiglu_backward: dh has shape {np.shape(dh)}, expected {shape[:-1] + (shape[-1] // 2,)}")
+
+
 def swiglu_forward(gu) -> np.ndarray:
     """``h = silu(gate) * up``: (..., 2F) -> (..., F); silu as in ``transcendental.silu``."""
+    check_swiglu_shapes(gu)
     gu = fp.f32(gu)
     f = gu.shape[-1] // 2
     return fp.mul(silu(gu[..., :f]), gu[..., f:])
@@ -32,6 +43,7 @@ def swiglu_backward(dh, gu) -> np.ndarray:
 
     and the result is ``[dgate, dup]`` along the last axis.
     """
+    check_swiglu_shapes(gu, dh)
     dh = fp.f32(dh)
     gu = fp.f32(gu)
     f = gu.shape[-1] // 2

@@ -18,6 +18,7 @@ import math
 import weakref
 
 import numpy as np
+from numpy.lib.array_utils import normalize_axis_index
 
 from lockstep.spec import fp as spec_fp
 from lockstep.spec.optim import CLIP_EPS, SUM_OF_SQUARES_BLOCK
@@ -265,7 +266,7 @@ class KernelOps:
         """x with ``axis`` moved last, contiguous, as (rows, n); and the leading shape."""
         if x.ndim == 0:
             raise ValueError("a reduction needs at least one axis")
-        axis = axis % x.ndim
+        axis = normalize_axis_index(axis, x.ndim)  # AxisError out of range, as the spec's moveaxis
         order = [d for d in range(x.ndim) if d != axis] + [axis]
         moved = self.contiguous(x.transpose(order))
         lead = moved.shape[:-1]
@@ -295,7 +296,7 @@ class KernelOps:
     def argmax(self, x, axis: int = -1):
         """spec reduce.argmax: ``ls_max_rows_kernel``."""
         rows = self._f32(x)
-        if rows.ndim and rows.shape[axis % rows.ndim] == 0:
+        if rows.ndim and rows.shape[normalize_axis_index(axis, rows.ndim)] == 0:
             raise ValueError("argmax of an empty axis")
         return self._max_rows(rows, axis)[1]
 
@@ -372,6 +373,8 @@ class KernelOps:
         batch = np.broadcast_shapes(a.shape[:-2], b.shape[:-2])
         m, n = a.shape[-2], b.shape[-1]
         out = self.empty(batch + (m, n), np.int32)
+        if out.size == 0:  # nothing to compute (and reshape(-1, m, n) cannot infer -1 when m or n is 0)
+            return out
         ab = a.broadcast_to(batch + a.shape[-2:])
         bb = b.broadcast_to(batch + b.shape[-2:])
         flat = out.reshape(-1, m, n)
@@ -480,14 +483,20 @@ class KernelOps:
     # ------------------------------------------------------------------ rope (rope.kc)
 
     def _rope(self, x, cos, sin, backward: int):
+        from lockstep.spec.rope import check_rope_shapes
+
         x = self.contiguous(self._f32(x))
-        cos, sin = self.contiguous(self._f32(cos)), self.contiguous(self._f32(sin))
-        if x.ndim < 2 or x.shape[-1] % 2:
-            raise ValueError(f"RoPE needs (..., T, Dh) with Dh even, got {x.shape}")
+        cos, sin = self._f32(cos), self._f32(sin)
+        check_rope_shapes(x, cos, sin)  # the spec's refusals, alike on every backend
         t, half = x.shape[-2], x.shape[-1] // 2
-        if cos.shape != (t, half) or sin.shape != (t, half):
-            raise ValueError(f"RoPE tables {cos.shape}/{sin.shape} for x {x.shape}: need ({t}, {half})")
         rows = x.size // x.shape[-1] if x.size else 0
+        if cos.shape != (t, half) or sin.shape != (t, half):
+            # tables that only broadcast to x's rows (a single row, leading axes): one table row per row
+            # of x, so the kernel's row index modulo t becomes the row itself
+            full = x.shape[:-1] + (half,)
+            cos, sin = cos.broadcast_to(full), sin.broadcast_to(full)
+            t = rows
+        cos, sin = self.contiguous(cos), self.contiguous(sin)
         out = self.empty(x.shape, F32)
         self._ew("ls_rope_kernel", rows * half, out, x, cos, sin, np.int32(rows), np.int32(t), np.int32(half),
                  np.int32(backward))
@@ -537,16 +546,12 @@ class KernelOps:
 
     # ------------------------------------------------------------------ attention (attention.kc + contractions)
 
-    def _attention_shapes(self, q, k, v):
-        if q.ndim != 4 or k.ndim != 4 or v.ndim != 4:
-            raise ValueError(f"attention needs (B, H, T, Dh) tensors, got {q.shape}, {k.shape}, {v.shape}")
+    def _attention_shapes(self, q, k, v, *backward):
+        from lockstep.spec.attention import check_attention_shapes
+
+        check_attention_shapes(q, k, v, *backward)  # the spec's refusals, alike on every backend
         b, h, t, dh = q.shape
-        g = k.shape[1]
-        if g == 0 or h % g:
-            raise ValueError(f"query heads {h} are not a multiple of KV heads {g}")
-        if k.shape != (b, g, t, dh) or v.shape != (b, g, t, dh):
-            raise ValueError(f"attention: k {k.shape} and v {v.shape} must be {(b, g, t, dh)} for q {q.shape}")
-        return b, h, g, t, dh
+        return b, h, k.shape[1], t, dh
 
     def _scores(self, q, k, b, h, g, t, dh, window, scale, out=None):
         """s[b, h, i, j] = (q[b,h,i,:] . k[b,h//R,j,:]) * scale for allowed (i, j); (B*H, T, T)."""
@@ -584,11 +589,9 @@ class KernelOps:
         from lockstep.spec.attention import attention_scale
 
         q, k, v = (self.contiguous(self._f32(a)) for a in (q, k, v))
-        b, h, g, t, dh = self._attention_shapes(q, k, v)
         do, o = self.contiguous(self._f32(do)), self.contiguous(self._f32(o))
         m, l = self.contiguous(self._f32(m)), self.contiguous(self._f32(l))
-        if do.shape != q.shape or o.shape != q.shape or m.shape != (b, h, t) or l.shape != (b, h, t):
-            raise ValueError(f"attention_backward: do {do.shape}, o {o.shape}, m {m.shape}, l {l.shape} do not fit q {q.shape}")
+        b, h, g, t, dh = self._attention_shapes(q, k, v, do, o, m, l)
         w = int(window) if window is not None and window > 0 else 0
         scale = attention_scale(dh)
         r = h // g
@@ -620,7 +623,10 @@ class KernelOps:
 
     def swiglu_forward(self, gu):
         """spec swiglu.swiglu_forward: ``ls_swiglu_forward_kernel``."""
+        from lockstep.spec.swiglu import check_swiglu_shapes
+
         gu = self.contiguous(self._f32(gu))
+        check_swiglu_shapes(gu)
         f = gu.shape[-1] // 2
         rows = gu.size // gu.shape[-1] if gu.size else 0
         out = self.empty(gu.shape[:-1] + (f,), F32)
@@ -629,11 +635,12 @@ class KernelOps:
 
     def swiglu_backward(self, dh, gu):
         """spec swiglu.swiglu_backward: ``ls_swiglu_backward_kernel``."""
+        from lockstep.spec.swiglu import check_swiglu_shapes
+
         gu = self.contiguous(self._f32(gu))
         dh = self.contiguous(self._f32(dh))
+        check_swiglu_shapes(gu, dh)
         f = gu.shape[-1] // 2
-        if dh.shape != gu.shape[:-1] + (f,):
-            raise ValueError(f"swiglu_backward: dh {dh.shape} does not fit gu {gu.shape}")
         rows = gu.size // gu.shape[-1] if gu.size else 0
         out = self.empty(gu.shape, F32)
         self._ew("ls_swiglu_backward_kernel", rows * f, out, dh, gu, np.int32(rows), np.int32(f))

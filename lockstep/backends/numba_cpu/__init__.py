@@ -31,11 +31,14 @@ while fast:
 * Inputs are read canonically (``asarray`` canonicalizes; kernels also flush what
   they load), as the contract (``lockstep.backends.interface``) requires.
 
-Kernels are compiled on first use and cached on disk (``cache=True``, in
-``__pycache__`` next to these files; set ``NUMBA_CACHE_DIR`` to move it).
-Numba keys each cached kernel on its own source file only: after editing a helper
-module (``fp``, ``tiles``, ``butterflies``, the intrinsics in ``int8gemm``), delete the
-``*.nbi``/``*.nbc`` files there, or kernels in other modules keep the old helper.
+Kernels are compiled on first use and cached on disk (``cache=True``) in
+``numba-<digest>`` under lockstep's cache root (``$LOCKSTEP_CACHE_DIR``, else
+``$XDG_CACHE_HOME/lockstep``, else ``~/.cache/lockstep``), where the digest covers every
+source file of this backend and of the spec (``source_digest``). Why: Numba keys a cached
+kernel on its own file only, and freezes the globals it reads, so an edit to a helper
+module (``fp``, ``tiles``, ``butterflies``, the intrinsics in ``int8gemm``) or to a spec
+constant would otherwise leave kernels of other modules running the old code. A set
+``NUMBA_CACHE_DIR`` is used as it is (the user then owns that rule).
 """
 
 from __future__ import annotations
@@ -55,6 +58,10 @@ except ImportError as e:  # pragma: no cover - exercised only without numba
     raise BackendUnavailable("backend 'numba' needs the Python package 'numba': pip install 'lockstep[numba]'") from e
 
 from numba.core import event as numba_event  # noqa: E402 - after the BackendUnavailable guard above
+
+from ._cache import use_source_keyed_cache  # noqa: E402 - must run before the kernel modules are imported
+
+use_source_keyed_cache()
 
 from lockstep import spec
 from lockstep.backends.interface import OP_NAMES

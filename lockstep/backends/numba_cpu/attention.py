@@ -24,6 +24,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from lockstep.spec.attention import check_attention_shapes
+
 from .fp import (CANONICAL_NAN_BITS, EXPONENT_MASK, ONE, ZERO, bits, cn, entered, fl, from_bits, kernel,
                  min_nonzero_abs, parallel_kernel, safe_products, total_key)
 from .reduce import LANES, lane_tree
@@ -348,17 +350,11 @@ def _window(window, t: int) -> int:
     return int(window) if window is not None and window > 0 else t
 
 
-def _check_heads(q, k):
-    if q.shape[1] % k.shape[1]:
-        raise ValueError(f"query heads {q.shape[1]} are not a multiple of KV heads {k.shape[1]}")
-
-
 def attention_forward(q, k, v, window: int | None = None):
     """``spec.attention.attention_forward``: returns ``(o, m, l)``."""
+    check_attention_shapes(q, k, v)
     (q, _, _), (k, _, _), (v, _, _) = (entered(a) for a in (q, k, v))
-    _check_heads(q, k)
     b, h, t, dh = q.shape
-    _check_width(dh)
     o = np.empty(q.shape, dtype=np.float32)
     m = np.empty((b, h, t), dtype=np.float32)
     l = np.empty((b, h, t), dtype=np.float32)
@@ -368,11 +364,6 @@ def attention_forward(q, k, v, window: int | None = None):
     ktp[..., :t] = k.transpose(0, 1, 3, 2)
     _forward_kernel(q, k, ktp, v, _window(window, t), o, m, l)
     return o, m, l
-
-
-def _check_width(dh: int):
-    if dh == 0:
-        raise ValueError("attention with head dimension 0 is not supported by the numba backend")
 
 
 # ---------------------------------------------------------------- backward
@@ -533,11 +524,10 @@ def _backward_kernel(t0, t1, do, q, k, v, o, m, l, window, dq, dk, dv):
 
 def attention_backward(do, q, k, v, o, m, l, window: int | None = None):
     """``spec.attention.attention_backward``: returns ``(dq, dk, dv)``."""
+    check_attention_shapes(q, k, v, do, o, m, l)
     do, q, k, v, o = (entered(a)[0] for a in (do, q, k, v, o))
-    _check_heads(q, k)
     b, h, t, dh = q.shape
-    m, l = (entered(np.broadcast_to(np.asarray(a, np.float32), (b, h, t)))[0] for a in (m, l))
-    _check_width(dh)
+    m, l = (entered(a)[0] for a in (m, l))
     dq = np.empty(q.shape, dtype=np.float32)
     dk = np.empty(k.shape, dtype=np.float32)
     dv = np.empty(v.shape, dtype=np.float32)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from lockstep.spec.embedding import _check_ids  # the same input checks as the spec
+from lockstep.spec.embedding import _check_ids, gradient_rows  # the same input checks as the spec
 
 from .fp import ZERO, cn, fl, num_threads, parallel_kernel
 
@@ -68,10 +68,8 @@ def embedding_backward(dout, ids, vocab_size: int) -> np.ndarray:
     """``spec.embedding.embedding_backward``: (B, T, D), (B, T) -> (V, D)."""
     dout = np.ascontiguousarray(np.asarray(dout, dtype=np.float32))
     ids = _check_ids(ids, vocab_size).reshape(-1)
-    d = dout.shape[-1]
-    rows = dout.reshape(-1, d)
-    if rows.shape[0] != ids.size:
-        raise ValueError(f"embedding_backward: {rows.shape[0]} gradient rows for {ids.size} ids")
+    rows = gradient_rows(dout, ids.size)
+    d = rows.shape[1]
     grad = np.empty((int(vocab_size), d), dtype=np.float32)
     if grad.size:
         _scatter_add_rows(rows, np.ascontiguousarray(ids), grad, max(8, -(-d // num_threads())))

@@ -16,7 +16,7 @@ from .reduce import LANES, canonical_copy, lane_tree
 def _rows(x):
     x = np.asarray(x, dtype=np.float32)
     d = x.shape[-1]
-    return as_f32(x).reshape(-1, d), x.shape
+    return as_f32(x).reshape(int(np.prod(x.shape[:-1], dtype=np.int64)), d), x.shape  # (not -1: D may be 0)
 
 
 def _gain_rows(gain, shape):

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from lockstep.spec.quant import HADAMARD_MAX_BLOCK
+from lockstep.spec.quant import HADAMARD_MAX_BLOCK, check_linear_shapes
 
 from . import int8gemm
 from .butterflies import radix16_columns, transform16, transform32, transform64, transform128, transform256
@@ -207,6 +207,7 @@ def _int8_gemm_rescaled(a, b, sa, sb, factor) -> np.ndarray:
 
 def int8_linear_forward(x, w) -> np.ndarray:
     """``spec.quant.int8_linear_forward``: (..., K), (K, N) -> (..., N)."""
+    check_linear_shapes(x, w)
     x = np.asarray(x, dtype=np.float32)
     w2 = as_f32(w)
     lead = x.shape[:-1]
@@ -547,6 +548,7 @@ def _cols_rotate_quantize(src, dst, blk, rotate, s_out, q):
 
 def int8_linear_backward(dy, x, w, hadamard: bool = True):
     """``spec.quant.int8_linear_backward``: straight-through ``(dx, dw)``, both int8 GEMMs."""
+    check_linear_shapes(x, w, dy)
     x = np.asarray(x, dtype=np.float32)
     lead = x.shape[:-1]
     kdim = x.shape[-1]

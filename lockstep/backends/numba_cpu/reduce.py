@@ -280,9 +280,10 @@ def int8_matmul(a, b) -> np.ndarray:
     a, b = check_int8_operands(a, b)
     batch = np.broadcast_shapes(a.shape[:-2], b.shape[:-2])
     m, k, n = a.shape[-2], a.shape[-1], b.shape[-1]
-    a3 = np.broadcast_to(a, batch + (m, k)).reshape(-1, m, k)
-    b3 = np.broadcast_to(b, batch + (k, n)).reshape(-1, k, n)
-    out = np.empty((a3.shape[0], m, n), dtype=np.int32)
+    nb = int(np.prod(batch, dtype=np.int64))  # not -1: reshape cannot infer it when K (or M, N) is 0
+    a3 = np.broadcast_to(a, batch + (m, k)).reshape(nb, m, k)
+    b3 = np.broadcast_to(b, batch + (k, n)).reshape(nb, k, n)
+    out = np.empty((nb, m, n), dtype=np.int32)
     for i in range(out.shape[0]):
         out[i] = int8gemm.matmul(a3[i], b3[i])
     return out.reshape(batch + (m, n))

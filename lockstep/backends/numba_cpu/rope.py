@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from lockstep.spec.rope import check_rope_shapes  # the same shape checks as the spec
+
 from .fp import as_f32, cn, fl, parallel_kernel
 
 
@@ -38,11 +40,13 @@ def _rotate_kernel(t0, t1, x, cos, sin, out, sign):
 
 
 def _rotate(x, cos, sin, sign):
+    check_rope_shapes(x, cos, sin)
     x = np.asarray(x, dtype=np.float32)
-    if x.shape[-1] % 2:
-        raise ValueError(f"RoPE needs an even last dimension, got {x.shape[-1]}")
     t, dh = x.shape[-2], x.shape[-1]
     p = dh // 2
+    out = np.empty(x.shape, dtype=np.float32)
+    if out.size == 0:  # reshape(-1, t, dh) is ambiguous for an empty array
+        return out
     x3 = as_f32(x).reshape(-1, t, dh)
     tables = []
     for tab in (cos, sin):
@@ -51,9 +55,7 @@ def _rotate(x, cos, sin, sign):
             tables.append(as_f32(np.broadcast_to(tab, (t, p))).reshape(1, t, p))
         except ValueError:
             tables.append(as_f32(np.broadcast_to(tab, x.shape[:-1] + (p,))).reshape(-1, t, p))
-    out = np.empty(x.shape, dtype=np.float32)
-    if out.size:
-        _rotate_kernel(x3, tables[0], tables[1], out.reshape(x3.shape), sign)
+    _rotate_kernel(x3, tables[0], tables[1], out.reshape(x3.shape), sign)
     return out
 
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from lockstep.spec.swiglu import check_swiglu_shapes  # the same shape checks as the spec
+
 from .fp import ONE, as_f32, cn, fl, parallel_kernel
 from .transcendental import sigmoid_row, silu_from_sigmoid
 
@@ -50,31 +52,24 @@ def _swiglu_backward_kernel(t0, t1, dh, gu, out):
     return ntasks
 
 
-def _check_even(gu):
-    if gu.shape[-1] % 2:
-        raise ValueError(f"swiglu needs an even fused width 2F, got {gu.shape[-1]}")
-
-
 def swiglu_forward(gu) -> np.ndarray:
     """``spec.swiglu.swiglu_forward``: (..., 2F) -> (..., F), ``silu(gate) * up``."""
+    check_swiglu_shapes(gu)
     gu = np.asarray(gu, dtype=np.float32)
-    _check_even(gu)
     f = gu.shape[-1] // 2
-    g2 = as_f32(gu).reshape(-1, gu.shape[-1])
     h = np.empty(gu.shape[:-1] + (f,), dtype=np.float32)
-    if h.size:
-        _swiglu_forward_kernel(g2, h.reshape(-1, f))
+    if h.size:  # (reshape(-1, 0) of an empty array is ambiguous, so only here)
+        _swiglu_forward_kernel(as_f32(gu).reshape(-1, gu.shape[-1]), h.reshape(-1, f))
     return h
 
 
 def swiglu_backward(dh, gu) -> np.ndarray:
     """``spec.swiglu.swiglu_backward``: (..., F), (..., 2F) -> (..., 2F) = ``[dgate, dup]``."""
+    check_swiglu_shapes(gu, dh)
     gu = np.asarray(gu, dtype=np.float32)
-    _check_even(gu)
     f = gu.shape[-1] // 2
-    g2 = as_f32(gu).reshape(-1, gu.shape[-1])
-    d2 = as_f32(np.broadcast_to(np.asarray(dh, dtype=np.float32), gu.shape[:-1] + (f,))).reshape(-1, f)
+    d = np.asarray(dh, dtype=np.float32)
     out = np.empty(gu.shape, dtype=np.float32)
-    if out.size:
-        _swiglu_backward_kernel(d2, g2, out.reshape(-1, 2 * f))
+    if out.size:  # (reshape(-1, 0) of an empty array is ambiguous, so only here)
+        _swiglu_backward_kernel(as_f32(d).reshape(-1, f), as_f32(gu).reshape(-1, gu.shape[-1]), out.reshape(-1, 2 * f))
     return out

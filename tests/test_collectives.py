@@ -17,7 +17,6 @@ from lockstep.spec import tree
 from lockstep.train.collectives import RankDisagreement, exchange_cost, rank_micro_batches, rank_subtrees
 
 F32 = np.float32
-REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 # (M, R) pairs the MPI worker checks: M < R, M = R, powers of two that do and do not divide M,
 # and R = 3 with many micro-batches (several subtrees per rank)
@@ -107,8 +106,6 @@ def _mpirun(r: int, mode: str, timeout: float = 60.0) -> subprocess.CompletedPro
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(
         [os.path.dirname(os.path.dirname(os.path.abspath(__file__)))] + [p for p in [os.environ.get("PYTHONPATH")] if p]))
     env.setdefault("MPIR_CVAR_ENABLE_HEAVY_YIELD", "1")  # oversubscribed: yield instead of spinning
-    # a script's own folder comes first on sys.path: point the workers at this checkout's lockstep
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (REPO_ROOT, env.get("PYTHONPATH")) if p)
     return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
 
 

@@ -38,6 +38,11 @@ symlink out of the run, the manifest included). A run trained on a folder elsewh
 user names the folder with ``--data DIR``. Either way the manifest's digest is
 compared with the recipe's before any shard is read (``open_run_data``).
 
+**Ranks.** How many ranks trained a step changes none of its bits (``spec.tree``), so
+neither the recipe nor the chain records it; ``metrics.jsonl`` does, per step, as a
+fact about the run that nothing checks (``recorded_world_sizes``, which audit
+certificates quote).
+
 **Target.** ``target.json`` records the last step the run is to reach, so that
 ``train --resume RUN`` without ``--steps`` continues to it; ``--steps``/``--tokens``
 on a resume move it. It is written before ``recipe.json`` (a run directory with a
@@ -69,6 +74,7 @@ RECIPE_FILE = "recipe.json"
 TARGET_FILE = "target.json"
 TRAJECTORY_FILE = "trajectory.jsonl"
 METRICS_FILE = "metrics.jsonl"
+MAX_METRICS_LINE = 4096  # a metrics record is ~200 bytes
 COMMITMENT_FILE = "commitment.json"
 LOSS_PLOT_FILE = "loss.png"
 DATA_DIR = "data"
@@ -115,8 +121,8 @@ def _shown(text: str) -> str:
 # ---------------------------------------------------------------- recipe
 
 
-def make_recipe(cfg: ModelConfig, tcfg: TrainConfig, manifest: Manifest, data_folder: str, seed: int,
-                world_size: int) -> dict:
+def make_recipe(cfg: ModelConfig, tcfg: TrainConfig, manifest: Manifest, data_folder: str, seed: int) -> dict:
+    """Everything that defines the run's bits (not the number of ranks: it changes none)."""
     return {
         "format": RECIPE_FORMAT,
         "version": 1,
@@ -124,7 +130,6 @@ def make_recipe(cfg: ModelConfig, tcfg: TrainConfig, manifest: Manifest, data_fo
         "train": tcfg.to_dict(),
         "data": {"manifest_sha256": manifest.sha256, "folder": data_folder},
         "seed": int(seed),
-        "world_size": int(world_size),
         "micro_batch": int(tcfg.micro_batch),
         "spec_version": SPEC_VERSION,
         "lockstep_version": lockstep.__version__,
@@ -243,16 +248,13 @@ def load_recipe(run_dir: str | os.PathLike) -> dict:
         raise RunFileError(f"{exc}; restore recipe.json from the run's publisher") from None
     if not isinstance(recipe, dict) or recipe.get("format") != RECIPE_FORMAT:
         raise RunFileError(f"{path}: not a lockstep recipe (format must be {RECIPE_FORMAT!r})")
-    for key in ("model", "train", "data", "seed", "world_size", "micro_batch", "spec_version"):
+    for key in ("model", "train", "data", "seed", "micro_batch", "spec_version"):
         if key not in recipe:
             raise RunFileError(f"{path}: key {key!r} missing")
     data = recipe["data"]
     if not (isinstance(data, dict) and isinstance(data.get("folder"), str)
             and isinstance(data.get("manifest_sha256"), str) and HEX64.fullmatch(data["manifest_sha256"])):
         raise RunFileError(f"{path}: 'data' must hold a folder and a 64-digit manifest_sha256")
-    ws = recipe["world_size"]
-    if type(ws) is not int or not 1 <= ws <= 1 << 20:
-        raise RunFileError(f"{path}: world_size must be an integer >= 1, got {ws!r}")
     if type(recipe["seed"]) is not int or not 0 <= recipe["seed"] < 2**64:
         raise RunFileError(f"{path}: seed must be an integer in [0, 2**64), got {recipe['seed']!r}")
     if not isinstance(recipe["spec_version"], str):
@@ -480,3 +482,28 @@ def read_target(run_dir: str | os.PathLike) -> int | None:
 def write_target(run_dir: str | os.PathLike, last_step: int) -> None:
     """Record (atomically) that the run is to reach ``last_step``."""
     atomic_write_json(Path(run_dir) / TARGET_FILE, {"format": TARGET_FORMAT, "version": 1, "last_step": int(last_step)})
+
+
+def recorded_world_sizes(run_dir: str | os.PathLike, steps) -> dict[int, int]:
+    """``{step: ranks}`` for the given steps, as the run's ``metrics.jsonl`` records them.
+
+    The file is the publisher's word, not checked by anything: a step it does not
+    name (or names in a malformed line) is left out, and a missing or unsafe file
+    gives ``{}``. A step trained twice (killed after it, resumed from a checkpoint
+    before it) has two lines: the last counts. Read line by line, so a huge file
+    costs time, not memory.
+    """
+    wanted, found = {int(s) for s in steps}, {}
+    try:
+        with open_regular(run_dir, METRICS_FILE, "metrics log") as f:  # a regular file, never a FIFO or link
+            for _, line, _ in iter_lines(f, str(Path(run_dir) / METRICS_FILE), MAX_METRICS_LINE):
+                try:
+                    rec = json.loads(line)
+                except ValueError:
+                    continue
+                step, ranks = (rec.get("step"), rec.get("world_size")) if isinstance(rec, dict) else (None, None)
+                if type(step) is int and step in wanted and type(ranks) is int and ranks >= 1:
+                    found[step] = ranks
+    except (UnsafePath, FileFormatError, OSError):  # missing, unsafe, or a line no trainer writes: stop there
+        pass
+    return found

@@ -4,9 +4,12 @@ The run directory's files, their names and their one reader and writer are
 ``lockstep.train.rundir``.
 
 The loop, per step t: plan the global batch (``step.plan_step``), compute this
-rank's contribution (``step.rank_contribution``), combine with the fixed butterfly
-(``collectives.allreduce_dict``), clip + AdamW (``step.apply_update``), compare
+rank's micro-batches as whole subtrees of the spec's tree (``collectives.rank_micro_batches``,
+``step.subtree_sums``), combine the ranks' subtree sums as the tree says
+(``collectives.tree_allreduce``), clip + AdamW (``step.apply_update``), compare
 state roots across ranks, extend the chain, record, checkpoint every K steps.
+Nothing published depends on the number of ranks: the recipe does not record it,
+a run resumes on any number, and only ``metrics.jsonl`` says how many trained each step.
 
 Before the loop every argument is checked on every rank and nothing is written
 until all agree (``collectives.on_all_ranks``). A resume starts from the last
@@ -39,7 +42,7 @@ from .rundir import (COMMITMENT_FILE, DATA_DIR, METRICS_FILE, RECIPE_FILE, TARGE
                      step_record, write_recipe, write_target, write_trajectory)
 from .rundir import append_record as _append_line
 from .rundir import read_trajectory as read_run_trajectory
-from .step import apply_update, plan_step, rank_contribution, split_state, state_tensors
+from .step import GradLayout, apply_update, plan_step, split_state, state_tensors, subtree_sums
 from .stop import StopRequest
 
 class RecipeMismatch(RuntimeError):
@@ -175,10 +178,10 @@ def train(run_dir: str | Path, *, cfg: ModelConfig | None = None, tcfg: TrainCon
     with ctx:
         be = on_all_ranks(comm, lambda: _checked_backend(backend_name, checkpoint_every))
         if resume:
-            st = on_all_ranks(comm, lambda: _resume_start(run_dir, data, steps, tokens, world, is_root, check_recipe,
+            st = on_all_ranks(comm, lambda: _resume_start(run_dir, data, steps, tokens, is_root, check_recipe,
                                                           cfg, tcfg))
         else:
-            st = _new_run_start(comm, run_dir, cfg, tcfg, data, seed, steps, tokens, world, is_root, say)
+            st = _new_run_start(comm, run_dir, cfg, tcfg, data, seed, steps, tokens, is_root, say)
         # every argument is checked: now write (rank 0), and make sure it worked everywhere
         on_all_ranks(comm, lambda: _write_start(run_dir, st, resume) if is_root else None)
         if resume:
@@ -196,7 +199,7 @@ def _checked_backend(backend_name: str, checkpoint_every: int):
     return get_backend(backend_name)
 
 
-def _new_run_start(comm, run_dir: Path, cfg, tcfg, data, seed, steps, tokens, world, is_root, say) -> _Start:
+def _new_run_start(comm, run_dir: Path, cfg, tcfg, data, seed, steps, tokens, is_root, say) -> _Start:
     from .collectives import on_all_ranks
 
     if cfg is None or tcfg is None:
@@ -231,7 +234,7 @@ def _new_run_start(comm, run_dir: Path, cfg, tcfg, data, seed, steps, tokens, wo
         if m is None:
             m = Manifest.load(run_dir / DATA_DIR)
             _check_vocab(m, cfg)
-        recipe = make_recipe(cfg, tcfg, m, folder, seed, world)
+        recipe = make_recipe(cfg, tcfg, m, folder, seed)
         params = init_params(cfg, seed)
         return _Start(recipe, cfg, tcfg, params, AdamWState.zeros(params), 0, genesis(recipe),
                       GlobalStream(m, seed, cfg.seq_len), last_step, None)
@@ -245,7 +248,7 @@ def _check_vocab(manifest: Manifest, cfg: ModelConfig) -> None:
                          f"{cfg.vocab_size}; raise vocab_size")
 
 
-def _resume_start(run_dir: Path, data, steps, tokens, world, is_root, check_recipe, given_cfg, given_tcfg) -> _Start:
+def _resume_start(run_dir: Path, data, steps, tokens, is_root, check_recipe, given_cfg, given_tcfg) -> _Start:
     from lockstep.audit.verify import require_memory
 
     recipe = load_recipe(run_dir)
@@ -255,14 +258,11 @@ def _resume_start(run_dir: Path, data, steps, tokens, world, is_root, check_reci
                              f"this lockstep has {SPEC_VERSION}; replay it with a matching version")
     if check_recipe is not None:
         check_recipe(recipe)
-    if recipe["world_size"] != world:
-        raise RecipeMismatch(f"{run_dir}: recorded world size {recipe['world_size']}, launched with {world}; "
-                             f"resume with mpiexec -n {recipe['world_size']}")
     cfg, tcfg = recipe_configs(recipe)
     if given_cfg is not None and given_cfg != cfg or given_tcfg is not None and given_tcfg != tcfg:
         raise RecipeMismatch(f"{run_dir}: the model/train settings given differ from recipe.json; "
                              "resume without changing them (or start a new run)")
-    require_memory(cfg, tcfg, world, "resume it")  # before anything is allocated
+    require_memory(cfg, tcfg, "resume it")  # before anything is allocated
     manifest = open_run_data(run_dir, recipe, data)
     seed = recipe["seed"]
     # the data a step sees is a function of the recipe, the manifest and the step: the stream is
@@ -308,7 +308,7 @@ def _write_start(run_dir: Path, st: _Start, resume: bool) -> None:
 def _run_loop(comm, rank, world, run_dir: Path, st: _Start, be, checkpoint_every: int, progress: bool, say,
               stop, eval_every: int | None = 0) -> RunSummary:
     """Steps ``start_step + 1 .. last_step``; stops early, with a checkpoint, when a signal came."""
-    from .collectives import allreduce_dict, check_state_agreement, max_over_ranks
+    from .collectives import check_state_agreement, max_over_ranks, rank_micro_batches, tree_allreduce
 
     is_root = rank == 0
     recipe, cfg, tcfg, params, opt, stream = st.recipe, st.cfg, st.tcfg, st.params, st.opt, st.stream
@@ -319,6 +319,8 @@ def _run_loop(comm, rank, world, run_dir: Path, st: _Start, be, checkpoint_every
     say(f"run {run_dir}: preset {cfg.name}, backend {be.name}, {world} rank(s), steps {st.start_step + 1}..{last_step}"
         if last_step > st.start_step else f"run {run_dir} is already at its target step {last_step}; "
                                           "give --steps N (or --tokens) to extend it")
+    _say_idle_ranks(tcfg, cfg.seq_len, st.start_step + 1, last_step, world, say)
+    layout = GradLayout.of(cfg)
     bar = Progress(last_step, progress and is_root)
     summary_loss = float("nan")
     stopped_by = 0
@@ -330,9 +332,10 @@ def _run_loop(comm, rank, world, run_dir: Path, st: _Start, be, checkpoint_every
             plan = plan_step(tcfg, cfg.seq_len, t)
             windows = stream.windows(plan.first_window, plan.n_windows)
             bdigest = batch_digest(windows)
-            mine = windows[plan.rank_windows(rank, world) - plan.first_window]
-            contrib = rank_contribution(params, mine, cfg, tcfg, plan.n_global, be, step=t)
-            summed = allreduce_dict(comm, contrib, add=be.add) if comm is not None and world > 1 else contrib
+            m = len(plan.micro_batches(tcfg.micro_batch))
+            lo, hi = rank_micro_batches(m, world, rank)
+            parts = subtree_sums(params, windows, plan, lo, hi, cfg, tcfg, be)
+            summed = tree_allreduce(comm, parts, m, layout.size, be.add) if world > 1 else parts[0][2]
             res = apply_update(params, opt, summed, plan, cfg, tcfg, be)
         if comm is not None and world > 1:
             check_state_agreement(comm, res.state_root, t)
@@ -371,6 +374,16 @@ def _run_loop(comm, rank, world, run_dir: Path, st: _Start, be, checkpoint_every
         say(f"done: {run_dir} step {last_step}, loss {summary_loss:.4f}, chain {prev_chain}"
             + (f", loss curve {png}" if png else ""))
     return summary
+
+
+def _say_idle_ranks(tcfg: TrainConfig, seq_len: int, first: int, last: int, world: int, say) -> None:
+    """Ranks beyond a step's micro-batch count wait (the tree, not the world size, decides the work): say so."""
+    if last < first:
+        return
+    m = len(plan_step(tcfg, seq_len, first).micro_batches(tcfg.micro_batch))
+    if m < world:
+        say(f"note: step {first} has {m} micro-batch(es) of {tcfg.micro_batch} sequences for {world} ranks, so "
+            f"{world - m} rank(s) wait; a run with a smaller --micro-batch (a new recipe) keeps them busy")
 
 
 @contextlib.contextmanager

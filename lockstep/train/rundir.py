@@ -382,6 +382,14 @@ def read_trajectory(run_dir: str | os.PathLike, strictness: Strictness) -> list[
 # ---------------------------------------------------------------- commitment
 
 
+def write_commitment(run_dir: str | os.PathLike, recipe: dict, last_step: int, chain_hash: str) -> None:
+    """``commitment.json``: the run's last step and chain hash ``H_last``, its genesis and recipe digest (atomic)."""
+    atomic_write_json(Path(run_dir) / COMMITMENT_FILE, {
+        "format": COMMITMENT_FORMAT, "version": 1, "last_step": int(last_step), "chain_hash": chain_hash,
+        "genesis": genesis(recipe), "recipe_sha256": recipe_digest(recipe), "spec_version": SPEC_VERSION,
+    })
+
+
 def read_commitment(run_dir: str | os.PathLike) -> dict:
     """``commitment.json`` (strict JSON, checked shape); ``RunFileError`` otherwise."""
     run_dir = Path(run_dir)

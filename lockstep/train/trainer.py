@@ -28,7 +28,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from lockstep.fsio import atomic_write_json, check_regular_or_absent
+from lockstep.fsio import check_regular_or_absent
 from lockstep.spec import SPEC_VERSION
 
 from . import checkpoint as ckpt
@@ -37,23 +37,17 @@ from .manifest import Manifest
 from .stream import GlobalStream, batch_digest
 from .model import init_params
 from .optim import AdamWState
-from .rundir import (COMMITMENT_FILE, DATA_DIR, METRICS_FILE, RECIPE_FILE, TARGET_FILE, TRAJECTORY_FILE, Strictness,
+from .rundir import (DATA_DIR, METRICS_FILE, RECIPE_FILE, TARGET_FILE, TRAJECTORY_FILE, Strictness,
                      genesis, load_recipe, make_recipe, open_run_data, read_target, recipe_configs, recipe_digest,
-                     step_record, write_recipe, write_target, write_trajectory)
-from .rundir import append_record as _append_line
-from .rundir import read_trajectory as read_run_trajectory
+                     read_trajectory, step_record, write_commitment, write_recipe, write_target,
+                     write_trajectory)
+from .rundir import append_record
 from .step import GradLayout, apply_update, plan_step, split_state, state_tensors, subtree_sums
 from .stop import StopRequest
 
+
 class RecipeMismatch(RuntimeError):
     """A resume was asked with settings that differ from the run's recipe."""
-
-
-# ---------------------------------------------------------------- trajectory
-
-def read_trajectory(run_dir: Path) -> list[dict]:
-    """The trajectory as the trainer reads it: ``rundir.read_trajectory`` with ``Strictness.LIVE``."""
-    return read_run_trajectory(run_dir, Strictness.LIVE)
 
 
 # ---------------------------------------------------------------- MPI
@@ -285,7 +279,7 @@ def _resume_start(run_dir: Path, data, steps, tokens, is_root, check_recipe, giv
                                        "(lockstep audit verify reports it): it cannot be resumed")
     kept = None
     if is_root:
-        kept = [r for r in read_trajectory(run_dir) if r["step"] <= start_step]
+        kept = [r for r in read_trajectory(run_dir, Strictness.LIVE) if r["step"] <= start_step]
         if len(kept) != start_step or (kept and kept[-1]["chain_hash"] != prev_chain):
             raise ValueError(f"{run_dir}: trajectory.jsonl does not agree with checkpoint {start_step}")
     last_step = _last_step(tcfg, cfg.seq_len, start_step, steps, tokens, read_target(run_dir))
@@ -347,8 +341,8 @@ def _run_loop(comm, rank, world, run_dir: Path, st: _Start, be, checkpoint_every
         done = t
         stopped_by = max_over_ranks(comm, stop.signum) if comm is not None and world > 1 else stop.signum
         if is_root:
-            _append_line(run_dir / TRAJECTORY_FILE, rec)
-            _append_line(run_dir / METRICS_FILE, {"step": t, "seconds": dt, "tokens_per_s": plan.n_global / dt,
+            append_record(run_dir / TRAJECTORY_FILE, rec)
+            append_record(run_dir / METRICS_FILE, {"step": t, "seconds": dt, "tokens_per_s": plan.n_global / dt,
                                                   "backend": be.name, "world_size": world, "loss": float(res.loss)})
             bar.update(t, float(res.loss), plan.n_global / dt)
             evaluating = eval_every > 0 and (t % eval_every == 0 or t == last_step)
@@ -366,11 +360,8 @@ def _run_loop(comm, rank, world, run_dir: Path, st: _Start, be, checkpoint_every
         summary.stopped_by = stopped_by
         return summary
     if is_root:
-        atomic_write_json(run_dir / COMMITMENT_FILE, {
-            "format": "lockstep.commitment", "version": 1, "last_step": last_step, "chain_hash": prev_chain,
-            "genesis": genesis(recipe), "recipe_sha256": recipe_digest(recipe), "spec_version": SPEC_VERSION,
-        })
-        png = _plot_loss(run_dir, read_trajectory(run_dir))
+        write_commitment(run_dir, recipe, last_step, prev_chain)
+        png = _plot_loss(run_dir, read_trajectory(run_dir, Strictness.LIVE))
         say(f"done: {run_dir} step {last_step}, loss {summary_loss:.4f}, chain {prev_chain}"
             + (f", loss curve {png}" if png else ""))
     return summary

@@ -10,6 +10,7 @@ from lockstep import spec
 from lockstep.backends import Backend, BackendUnavailable, get_backend
 from lockstep.cli import main
 from lockstep.conformance import golden
+from lockstep.conformance.inputs import search_refusal_regressions
 from lockstep.conformance.registry import all_records
 from lockstep.conformance.runner import all_passed, print_table, run_conformance
 
@@ -71,6 +72,33 @@ def test_runner_reports_wrong_and_missing_ops():
     out = io.StringIO()
     print_table(list(results.values()), wrong, 1, 0, out=out)
     assert "1 passed, 1 failed, 1 missing" in out.getvalue()
+
+
+def test_runner_compares_refusals():
+    """The runner runs each op's refusal cases (conformance/inputs.py): a backend that raises
+    another exception type than the spec, or answers, fails that op; the spec refuses alike."""
+    sp = get_backend("spec")
+    refusing_ops = sorted({op for op, _, _, _ in search_refusal_regressions()})
+    results = {r.op: r for r in run_conformance(sp, ops=refusing_ops, progress=False)}
+    assert all(r.status == "PASS" and r.refusals >= 1 for r in results.values()), results
+    ops = dict(sp.ops)
+
+    def swiglu_forward_raises_index_error(gu):
+        if np.shape(gu)[-1] % 2:
+            raise IndexError("odd width")
+        return spec.swiglu_forward(gu)
+
+    def rope_forward_answers(x, cos, sin):
+        return spec.fp.f32(x)
+
+    ops["swiglu_forward"] = swiglu_forward_raises_index_error
+    ops["rope_forward"] = rope_forward_answers
+    wrong = Backend("wrong-refusals", ops)
+    results = {r.op: r for r in run_conformance(wrong, ops=["swiglu_forward", "rope_forward"], progress=False)}
+    assert results["swiglu_forward"].status == "FAIL"
+    assert any("search-odd-width (a refusal): raised IndexError" in m for m in results["swiglu_forward"].messages)
+    assert results["rope_forward"].status == "FAIL"
+    assert any("(a refusal): returned a result; the spec raises ValueError" in m for m in results["rope_forward"].messages)
 
 
 def test_cli_conformance_and_version(capsys):

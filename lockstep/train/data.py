@@ -111,7 +111,7 @@ from typing import Callable, Iterable, Iterator
 import numpy as np
 
 from lockstep.fsio import FileFormatError, UnsafePath, atomic_write_bytes, fsync_dir, open_regular, read_regular
-from lockstep.spec.philox import PhiloxStream, philox4x32
+from lockstep.spec.philox import PhiloxStream, keyed_permutation, philox4x32
 
 from .tokenizer import (
     HF_TOKENIZER_FILE,
@@ -222,16 +222,6 @@ def reduced_units(units: list[int], where: str) -> list[int]:
             f"{where}: the weights' ratios need a total of {sum(red)} units, over 2**32; use simpler ratios"
         )
     return red
-
-
-def keyed_permutation(stream: PhiloxStream, n: int) -> np.ndarray:
-    """``0 .. n-1`` sorted by the 64-bit key ``stream[2i] * 2**32 + stream[2i+1]``,
-    ascending, ties by index (a stable sort): int64 (n,)."""
-    if n == 0:
-        return np.zeros(0, dtype=np.int64)
-    u = stream.uint32(0, 2 * n).astype(np.uint64)
-    keys = (u[0::2] << _U32) | u[1::2]
-    return np.argsort(keys, kind="stable").astype(np.int64)
 
 
 def stream_values(streams: list[PhiloxStream], count: int) -> np.ndarray:

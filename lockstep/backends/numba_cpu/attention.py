@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from lockstep.spec.attention import check_attention_shapes
+from lockstep.spec.checks import check_attention_shapes
 
 from .fp import (CANONICAL_NAN_BITS, EXPONENT_MASK, ONE, ZERO, bits, cn, entered, fl, from_bits, kernel,
                  min_nonzero_abs, parallel_kernel, safe_products, total_key)

@@ -12,18 +12,20 @@
 * ``int8_matmul``: exact, so it may use any order: ``int8gemm.matmul`` (AVX-512
   VNNI where the CPU has it, else float32 BLAS on int8 values in exact K chunks).
 * ``max``/``argmax``: exact in the total order; rows in parallel.
+* ``column_sum``: rows added in ascending order from +0.0, so threads split the
+  columns instead, each visiting every row in order.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from lockstep.spec.reduce import check_int8_operands
+from lockstep.spec.checks import check_int8_operands, check_matmul_shapes
 
 from . import int8gemm
 from .tiles import tile_8x32
 from .fp import (CANONICAL_NAN_BITS, ONE, ZERO, as_f32, cn, entered, fl, from_bits, kernel, min_nonzero_abs,
-                 parallel_kernel, safe_products, total_key)
+                 num_threads, parallel_kernel, safe_products, total_key)
 
 LANES = 32
 
@@ -256,8 +258,7 @@ def matmul(a, b) -> np.ndarray:
     """``spec.reduce.matmul``: (..., M, K) x (..., K, N) -> (..., M, N), leading dims broadcast."""
     a = np.asarray(a, dtype=np.float32)
     b = np.asarray(b, dtype=np.float32)
-    if a.ndim < 2 or b.ndim < 2 or a.shape[-1] != b.shape[-2]:
-        raise ValueError(f"matmul shapes do not contract: {a.shape} x {b.shape}")
+    check_matmul_shapes(a, b)
     batch = np.broadcast_shapes(a.shape[:-2], b.shape[:-2])
     m, k = a.shape[-2:]
     n = b.shape[-1]
@@ -361,6 +362,49 @@ def argmax(x, axis: int = -1) -> np.ndarray:
     return out.reshape(lead)
 
 
+# ---------------------------------------------------------------- column sum
+
+@parallel_kernel
+def _column_sum_kernel(t0, t1, x, out, col_block):
+    n, d = x.shape
+    nblocks = (d + col_block - 1) // col_block
+    ntasks = nblocks
+    if t0 < 0:
+        return ntasks
+    for c in range(t0, min(t1, ntasks)):
+        lo = c * col_block
+        hi = min(d, lo + col_block)
+        acc = np.zeros(hi - lo, dtype=np.float32)
+        for r in range(n):
+            xr = x[r, lo:hi]
+            for j in range(acc.size):
+                acc[j] = fl(acc[j] + fl(xr[j]))
+        ob = out[lo:hi]
+        for j in range(acc.size):
+            ob[j] = cn(acc[j])
+    return ntasks
+
+
+def column_block(d: int) -> int:
+    """Columns per task: one contiguous share per thread (rows stay long runs)."""
+    share = -(-d // num_threads())
+    return share if share > 8 else 8  # (not max(): this module's max is the op)
+
+
+def column_sum(x) -> np.ndarray:
+    """``spec.reduce.column_sum``: (..., D) -> (D,), rows added in ascending order from +0.0."""
+    x = np.asarray(x, dtype=np.float32)
+    x2 = as_f32(x).reshape(int(np.prod(x.shape[:-1], dtype=np.int64)), x.shape[-1])  # (not -1: D may be 0)
+    out = np.empty(x2.shape[1], dtype=np.float32)
+    if out.size:
+        if x2.shape[0]:
+            _column_sum_kernel(x2, out, column_block(x2.shape[1]))
+        else:
+            out[...] = 0.0
+    return out
+
+
 # names the other modules share
 __all__ = ["lane_tree", "lane_tree_sum", "contract_row", "matmul", "int8_matmul",
-           "max", "argmax", "canonical_copy", "ONE", "ZERO"]
+           "max", "argmax", "column_sum", "column_block", "canonical_copy", "ONE", "ZERO"]
+

@@ -4,28 +4,13 @@ from __future__ import annotations
 
 import numpy as np
 
-from .fp import CANONICAL_NAN_BITS, ONE, as_f32, canon_scalar, cn, fl, from_bits, kernel, parallel_kernel, total_key
-from .reduce import LANES, lane_tree, lane_tree_value
-from .transcendental import exp_diff_row, log_value
 from lockstep.spec.checks import check_targets  # the same input checks as the spec
 
+from .fp import ONE, as_f32, canon_scalar, cn, fl, parallel_kernel
+from .reduce import LANES, lane_tree, lane_tree_value, row_max_total
+from .transcendental import exp_diff_row, log_value
+
 TWO = np.float32(2.0)
-
-
-@kernel
-def row_max_total(row):
-    """``spec.reduce.max`` of one row (elements flushed on entry): total order, NaN -> canonical NaN."""
-    best = fl(row[0])
-    bk = total_key(best)
-    for j in range(row.size):
-        v = fl(row[j])
-        if v != v:
-            return from_bits(CANONICAL_NAN_BITS)
-        kv = total_key(v)
-        if kv > bk:
-            best = v
-            bk = kv
-    return best
 
 
 @parallel_kernel(weight=8)

@@ -89,44 +89,53 @@ def lane_tree_sum(x, axis: int = -1) -> np.ndarray:
 # ---------------------------------------------------------------- float32 contraction
 
 @kernel
-def contract_row(a_row, b, acc, fast):
-    """``acc[n] = sum_k a_row[k] * b[k, n]``, ascending k from +0.0, canonical output.
+def accumulate_rows(acc, w, rows, fast):
+    """``acc[d] = acc[d] + w[j] * rows[j, d]`` for j ascending: THE ascending contraction
+    (every product and sum rounded and flushed; never an FMA), which ``contract_row``
+    and attention's ``o = p v``, ``dq = ds k`` use.
 
-    ``fast``: the caller proved (``safe_products``) that nothing flushes, so the
-    flush tests are left out; the bits are the same. The fast loop also takes four
-    k per pass over acc (each element still adds its terms one at a time in
-    ascending k, every product and sum rounded), so acc is loaded and stored a
+    ``fast``: the caller proved (``safe_products``) that nothing flushes, so the flush
+    tests are left out; the bits are the same. The fast loop takes four j per pass
+    over acc (unroll-and-jam): each element still gets its terms one at a time in
+    ascending j, with every product and sum rounded, but acc is loaded and stored a
     quarter as often.
     """
-    n = acc.size
-    for j in range(n):
-        acc[j] = ZERO
-    kk = a_row.size
+    dh = acc.size
+    n = w.size
+    n4 = n - n % 4
     if fast:
-        k4 = kk - kk % 4
-        for k in range(0, k4, 4):
-            a0 = a_row[k]
-            a1 = a_row[k + 1]
-            a2 = a_row[k + 2]
-            a3 = a_row[k + 3]
-            b0 = b[k]
-            b1 = b[k + 1]
-            b2 = b[k + 2]
-            b3 = b[k + 3]
-            for j in range(n):
-                acc[j] = (((acc[j] + a0 * b0[j]) + a1 * b1[j]) + a2 * b2[j]) + a3 * b3[j]
-        for k in range(k4, kk):
-            av = a_row[k]
-            bk = b[k]
-            for j in range(n):
-                acc[j] = acc[j] + av * bk[j]
+        for j in range(0, n4, 4):
+            w0 = w[j]
+            w1 = w[j + 1]
+            w2 = w[j + 2]
+            w3 = w[j + 3]
+            x0 = rows[j]
+            x1 = rows[j + 1]
+            x2 = rows[j + 2]
+            x3 = rows[j + 3]
+            for d in range(dh):
+                acc[d] = (((acc[d] + w0 * x0[d]) + w1 * x1[d]) + w2 * x2[d]) + w3 * x3[d]
+        for j in range(n4, n):
+            wj = w[j]
+            x = rows[j]
+            for d in range(dh):
+                acc[d] = acc[d] + wj * x[d]
     else:
-        for k in range(kk):
-            av = a_row[k]
-            bk = b[k]
-            for j in range(n):
-                acc[j] = fl(acc[j] + fl(av * bk[j]))
-    for j in range(n):
+        for j in range(n):
+            wj = w[j]
+            x = rows[j]
+            for d in range(dh):
+                acc[d] = fl(acc[d] + fl(wj * x[d]))
+
+
+@kernel
+def contract_row(a_row, b, acc, fast):
+    """``acc[n] = sum_k a_row[k] * b[k, n]``, ascending k from +0.0, canonical output
+    (``accumulate_rows`` from a zeroed acc)."""
+    for j in range(acc.size):
+        acc[j] = ZERO
+    accumulate_rows(acc, a_row, b, fast)
+    for j in range(acc.size):
         acc[j] = cn(acc[j])
 
 
@@ -292,27 +301,34 @@ def int8_matmul(a, b) -> np.ndarray:
 
 # ---------------------------------------------------------------- max / argmax
 
-@parallel_kernel
+@kernel
+def row_max_total(row):
+    """``spec.reduce.max`` of one non-empty row, elements flushed on entry: the exact max in
+    the total order (-0.0 < +0.0); any NaN -> canonical NaN. THE row max: ``max``, the loss's
+    row max and attention's score max use it."""
+    best = fl(row[0])
+    bk = total_key(best)
+    nan = False
+    for j in range(row.size):
+        v = fl(row[j])
+        nan |= v != v
+        kv = total_key(v)
+        if kv > bk:
+            best = v
+            bk = kv
+    if nan:
+        return from_bits(CANONICAL_NAN_BITS)
+    return best
+
+
+def _rows_of(*args) -> int:
+    return args[0].shape[0]
+
+
+@parallel_kernel(tasks=_rows_of)
 def _max_rows(t0, t1, x, out):
-    rows, n = x.shape
-    ntasks = rows
-    if t0 < 0:
-        return ntasks
-    for r in range(t0, min(t1, ntasks)):
-        best = cn(x[r, 0])
-        bk = total_key(best)
-        nan = False
-        for j in range(n):
-            v = cn(x[r, j])
-            if v != v:
-                nan = True
-            else:
-                kv = total_key(v)
-                if kv > bk:
-                    best = v
-                    bk = kv
-        out[r] = from_bits(CANONICAL_NAN_BITS) if nan else best
-    return ntasks
+    for r in range(t0, t1):
+        out[r] = row_max_total(x[r])
 
 
 @parallel_kernel
@@ -405,6 +421,6 @@ def column_sum(x) -> np.ndarray:
 
 
 # names the other modules share
-__all__ = ["lane_tree", "lane_tree_sum", "contract_row", "matmul", "int8_matmul",
+__all__ = ["lane_tree", "lane_tree_sum", "accumulate_rows", "contract_row", "row_max_total", "matmul", "int8_matmul",
            "max", "argmax", "column_sum", "column_block", "canonical_copy", "ONE", "ZERO"]
 

@@ -9,7 +9,7 @@ Every kernel in this backend is built from the helpers here:
   kernel stores into an op's output. Intermediate NaNs need no canonicalizing: a
   NaN's payload never changes a later ``+ - * / sqrt`` result's NaN-ness, and the
   output is canonicalized anyway.
-* ``fadd``, ``fsub``, ``fmul``, ``fdiv``, ``fsqrt``: one IEEE operation, then ``fl``.
+* ``fadd``, ``fsub``, ``fmul``, ``fdiv``: one IEEE operation, then ``fl``.
 * Inputs are read canonically (spec SPEC_VERSION 2: a subnormal input is a zero of
   its sign): ``asarray`` canonicalizes (``canonical``: one scan, no copy when nothing
   changes), and the kernels still ``fl`` every value they load from an argument
@@ -176,12 +176,6 @@ def fl(r):
 
 
 @scalar
-def is_nan(r):
-    u = bits(r)
-    return (u & EXPONENT_MASK) == EXPONENT_MASK and (u & MANTISSA_MASK) != 0
-
-
-@scalar
 def cn(r):
     """``fl`` and the canonical NaN: what every stored output element goes through."""
     u = bits(r)
@@ -211,11 +205,6 @@ def fmul(a, b):
 @scalar
 def fdiv(a, b):
     return fl(a / b)
-
-
-@scalar
-def fsqrt(a):
-    return fl(np.sqrt(a))
 
 
 @scalar

@@ -263,10 +263,10 @@ def log_value(x):
     return log1(x)
 
 
-_exp_kernel = elementwise(exp1, 1, "_exp_kernel", weight=8)
-_log_kernel = elementwise(log1, 1, "_log_kernel", weight=8)
-_sigmoid_kernel = elementwise(sigmoid1, 1, "_sigmoid_kernel", weight=8)
-_silu_kernel = elementwise(silu1, 1, "_silu_kernel", weight=8)
+_exp_kernel = elementwise(exp1, "1, then cn", "_exp_kernel", weight=8)
+_log_kernel = elementwise(log1, "1, then cn", "_log_kernel", weight=8)
+_sigmoid_kernel = elementwise(sigmoid1, "1, then cn", "_sigmoid_kernel", weight=8)
+_silu_kernel = elementwise(silu1, "1, then cn", "_silu_kernel", weight=8)
 
 
 def _apply(kern, x) -> np.ndarray:

@@ -1,19 +1,32 @@
-"""The fixed-butterfly all-reduce against MPI_Allreduce, 1 KiB to 256 MiB, 2 and 4 ranks.
+"""The micro-batch tree's exchange (``tree_allreduce``) against MPI_Allreduce, 1 MiB to 256 MiB.
 
-    python benchmarks/bench_allreduce.py [--ranks 2 4] [--max-mib 256] [--append benchmarks/RESULTS.md]
+    python benchmarks/bench_allreduce.py [--ranks 2 3 4] [--max-mib 256] [--append benchmarks/RESULTS.md]
+    python benchmarks/bench_allreduce.py --patterns --ranks 3 4 --max-mib 64
+    python benchmarks/bench_allreduce.py --cost --ranks 2 3 4 5 6
 
-The driver starts ``mpiexec -n R`` of this file for each R and prints one
-markdown table. Timed, per size (median of several runs, each the slowest rank):
+The driver starts ``mpiexec -n R`` of this file for each R and prints one markdown
+table. Timed, per vector size (median of several runs, each the slowest rank's time),
+with every rank already holding its subtree sums:
 
-* ``butterfly``: ``butterfly_allreduce`` with the spec's ``fp.add`` (round, then
-  flush subnormals and canonicalise NaN: the add every rank must agree on);
-* ``butterfly np.add``: the same exchanges with NumPy's plain add, to show how much
-  of the time is the add (a faster conforming add comes from the Numba backend);
+* ``tree, M = R``: ``tree_allreduce`` with the Numba backend's conforming ``add``, one
+  micro-batch per rank (each rank holds one subtree: the butterfly for powers of two,
+  the segment-owner fold for other R);
+* ``tree, M = 4R + 1`` (R not a power of two): several subtrees per rank, the traffic
+  ``exchange_cost`` predicts;
+* ``owner fold, M = R`` (R a power of two): the segment-owner exchange forced where the
+  butterfly would run, to compare the two exchanges on the same work;
+* ``np.add``: the ``M = R`` exchange with NumPy's plain add (not conforming: no
+  flush), to separate the add from the communication;
 * ``MPI_Allreduce``: ``Allreduce(MPI.SUM)`` on float32, the non-reproducible baseline.
 
-As in llm.c's dev/cuda, only what passed validation is timed: before timing, every
-rank's butterfly result must equal ``tree_fold`` of all ranks' buffers (computed on
-rank 0 with the streaming ``TreeFolder``), and all ranks must hold the same bits.
+The variants are timed in turn within each repetition, so a change in the machine's
+load (it is shared) hits all of them alike. Each rank's Numba add gets
+``cores // R`` threads (at least 1; ``NUMBA_NUM_THREADS``), as ranks sharing a
+machine should: more threads than cores made single rows up to 5x slower here.
+
+As in llm.c's dev/cuda, only what passed validation is timed: first every variant's
+result must equal, bit for bit, ``spec.tree.tree_sum`` of all M micro-batch vectors
+(computed on rank 0 with the same add), on every rank.
 """
 
 from __future__ import annotations
@@ -22,7 +35,6 @@ import argparse
 import hashlib
 import json
 import os
-import platform
 import shutil
 import statistics
 import subprocess
@@ -33,7 +45,7 @@ from pathlib import Path
 
 import numpy as np
 
-SIZES = [1 << (10 + 2 * k) for k in range(10)]  # 1 KiB, 4 KiB, ..., 256 MiB
+SIZES = [1 << (20 + 2 * k) for k in range(5)]  # 1 MiB, 4 MiB, ..., 256 MiB
 
 
 def _human(nbytes: int) -> str:
@@ -43,79 +55,177 @@ def _human(nbytes: int) -> str:
     return f"{nbytes} B"
 
 
-def _rank_buffer(rank: int, n: int) -> np.ndarray:
-    """A cheap, deterministic, order-sensitive buffer: mixed magnitudes and signs."""
+def _leaf(j: int, n: int) -> np.ndarray:
+    """Micro-batch j's vector: cheap, deterministic, order-sensitive (mixed magnitudes and signs)."""
     i = np.arange(n, dtype=np.int64)
-    mant = ((i * 2654435761 + rank * 40503) % 65521).astype(np.float32)  # < 2**16, exact
-    scale = np.float32(2.0 ** (-(rank % 3) * 5 - 8))
-    sign = np.where((i + rank) % 3 == 0, np.float32(-1), np.float32(1))
+    mant = ((i * 2654435761 + j * 40503) % 65521).astype(np.float32)  # < 2**16, exact
+    scale = np.float32(2.0 ** (-(j % 3) * 5 - 8))
+    sign = np.where((i + j) % 3 == 0, np.float32(-1), np.float32(1))
     return (mant * scale * sign).astype(np.float32)  # exact: products by powers of two and signs
 
 
 def _reps(nbytes: int) -> int:
-    return 9 if nbytes <= 1 << 20 else 5 if nbytes <= 16 << 20 else 3
+    return 15 if nbytes <= 1 << 20 else 9 if nbytes <= 16 << 20 else 7
 
 
-def _timed(comm, fn, reps: int) -> float:
+def _once(comm, fn) -> float:
+    """One timed call, every rank starting together; the slowest rank's time."""
     from mpi4py import MPI
 
-    times = []
-    for _ in range(reps):
-        comm.Barrier()
-        t0 = time.perf_counter()
-        fn()
-        dt = time.perf_counter() - t0
-        times.append(comm.allreduce(dt, op=MPI.MAX))  # a timing, not published state
-    return statistics.median(times)
+    comm.Barrier()
+    t0 = time.perf_counter()
+    fn()
+    return comm.allreduce(time.perf_counter() - t0, op=MPI.MAX)  # a timing, not published state
+
+
+def _parts(m: int, size: int, rank: int, n: int, add) -> list:
+    from lockstep.spec import tree
+    from lockstep.train.collectives import rank_micro_batches
+
+    lo, hi = rank_micro_batches(m, size, rank)
+    folder = tree.TreeFolder(m, add, start=lo)
+    for j in range(lo, hi):
+        folder.push_leaf(_leaf(j, n))
+    return folder.parts()
+
+
+def _variants(size: int) -> list[tuple[str, int, str, bool]]:
+    """(label, M, add, force the owner fold)."""
+    power = size & (size - 1) == 0
+    out = [("tree, M = R", size, "numba", False)]
+    out.append(("owner fold, M = R", size, "numba", True) if power else ("tree, M = 4R + 1", 4 * size + 1, "numba", False))
+    out.append(("np.add, M = R", size, "numpy", False))
+    return out
 
 
 def worker(max_bytes: int, out_json: str) -> None:
     from mpi4py import MPI
 
-    from lockstep.spec import fp
-    from lockstep.train.collectives import TreeFolder, abort_on_exception, butterfly_allreduce, fold_order
+    from lockstep.backends import get_backend
+    from lockstep.spec import tree
+    from lockstep.train import collectives
+    from lockstep.train.collectives import abort_on_exception, tree_allreduce
 
     comm = MPI.COMM_WORLD
     rank, size = comm.Get_rank(), comm.Get_size()
+    adds = {"numba": get_backend("numba").add, "numpy": np.add}
+    real_fits = collectives._power_of_two_fits
     rows = []
+
+    def exchange(m, parts, n, add, force_owner):
+        if force_owner:  # the butterfly's case, exchanged by segment owners instead (same assignment)
+            collectives._power_of_two_fits = lambda m, r: False
+        try:
+            return tree_allreduce(comm, parts, m, n, add)
+        finally:
+            collectives._power_of_two_fits = real_fits
+
     with abort_on_exception(comm):
         for nbytes in [s for s in SIZES if s <= max_bytes]:
             n = nbytes // 4
-            buf = _rank_buffer(rank, n)
-            results = {}
-            for name, add in (("butterfly", fp.add), ("butterfly np.add", np.add)):
-                got = butterfly_allreduce(comm, buf, add)
-                digests = comm.allgather(hashlib.sha256(got.tobytes()).hexdigest())
-                if len(set(digests)) != 1:
-                    raise AssertionError(f"{name} {_human(nbytes)}: ranks hold different bits")
-                if rank == 0:
-                    folder = TreeFolder(size, add)
-                    for r in fold_order(size):
-                        folder.push(_rank_buffer(r, n), rank=r)
-                    if folder.result().tobytes() != got.tobytes():
-                        raise AssertionError(f"{name} {_human(nbytes)}: differs from tree_fold")
+            calls = {}
+            for label, m, add_name, force_owner in _variants(size):
+                add = adds[add_name]
+                parts = _parts(m, size, rank, n, add)
+                got = exchange(m, parts, n, add, force_owner)
+                if len(set(comm.allgather(hashlib.sha256(got.tobytes()).hexdigest()))) != 1:
+                    raise AssertionError(f"{label} {_human(nbytes)}: ranks hold different bits")
+                if rank == 0 and tree.tree_sum((_leaf(j, n) for j in range(m)), add, m).tobytes() != got.tobytes():
+                    raise AssertionError(f"{label} {_human(nbytes)}: differs from the spec's tree_sum")
                 del got
-                results[name] = _timed(comm, lambda add=add: butterfly_allreduce(comm, buf, add), _reps(nbytes))
-            out = np.empty_like(buf)
-            results["MPI_Allreduce"] = _timed(comm, lambda: comm.Allreduce(buf, out, op=MPI.SUM), _reps(nbytes))
-            del out
+                calls[label] = lambda m=m, parts=parts, add=add, f=force_owner: exchange(m, parts, n, add, f)
+            buf, out = _leaf(rank, n), np.empty(n, dtype=np.float32)
+            calls["MPI_Allreduce"] = lambda: comm.Allreduce(buf, out, op=MPI.SUM)
+            times = {label: [] for label in calls}
+            for _ in range(_reps(nbytes)):  # interleaved, so a change in the machine's load hits every variant
+                for label, fn in calls.items():
+                    times[label].append(_once(comm, fn))
+            results = {label: statistics.median(t) for label, t in times.items()}
+            results.update({f"{label} (min)": min(t) for label, t in times.items()})
+            del calls, buf, out
             if rank == 0:
                 rows.append({"ranks": size, "bytes": nbytes, **results})
-                print(f"R={size} {_human(nbytes):>8}: " + ", ".join(f"{k} {v * 1e3:.3f} ms" for k, v in results.items()),
-                      file=sys.stderr, flush=True)
+                print(f"R={size} {_human(nbytes):>8}: " + ", ".join(f"{k} {v * 1e3:.1f} ms" for k, v in results.items()
+                                                                 if "(min)" not in k), file=sys.stderr, flush=True)
     if rank == 0:
         Path(out_json).write_text(json.dumps(rows))
 
 
-def _table(rows: list[dict]) -> str:
-    lines = [
-        "| ranks | buffer | butterfly (fp.add) ms | butterfly (np.add) ms | MPI_Allreduce ms | butterfly / MPI | np.add variant / MPI |",
-        "|---:|---:|---:|---:|---:|---:|---:|",
-    ]
+def patterns_worker(max_bytes: int, out_json: str) -> None:
+    """``--patterns``: the segment-owner exchange's data movement only (no add), MPICH's
+    ``Alltoallv`` + ``Allgatherv`` against the pairwise ``Sendrecv`` rounds lockstep uses."""
+    from mpi4py import MPI
+
+    comm = MPI.COMM_WORLD
+    rank, size = comm.Get_rank(), comm.Get_size()
+    rows = []
+    for nbytes in [s for s in SIZES if s <= max_bytes]:
+        n = nbytes // 4
+        v, out = _leaf(rank, n), np.empty(n, dtype=np.float32)
+        seg = [s * n // size for s in range(size + 1)]
+        lens = [seg[s + 1] - seg[s] for s in range(size)]
+        w = lens[rank]
+        recv = np.empty(size * w, dtype=np.float32)
+
+        def collectives():
+            comm.Alltoallv([v, (lens, seg[:-1]), MPI.FLOAT], [recv, ([w] * size, [i * w for i in range(size)]), MPI.FLOAT])
+            comm.Allgatherv([recv[:w], MPI.FLOAT], [out, (lens, seg[:-1]), MPI.FLOAT])
+
+        def pairwise():
+            for i in range(1, size):
+                dst, src = (rank + i) % size, (rank - i) % size
+                comm.Sendrecv(v[seg[dst] : seg[dst + 1]], dest=dst, recvbuf=recv[src * w : (src + 1) * w], source=src)
+            for i in range(1, size):
+                dst, src = (rank + i) % size, (rank - i) % size
+                comm.Sendrecv(out[seg[rank] : seg[rank + 1]], dest=dst, recvbuf=out[seg[src] : seg[src + 1]],
+                              source=src)
+
+        calls = {"Alltoallv + Allgatherv": collectives, "pairwise Sendrecv": pairwise}
+        times = {k: [] for k in calls}
+        for _ in range(_reps(nbytes)):
+            for label, fn in calls.items():
+                times[label].append(_once(comm, fn))
+        if rank == 0:
+            rows.append({"ranks": size, "bytes": nbytes, **{k: statistics.median(t) for k, t in times.items()}})
+    if rank == 0:
+        Path(out_json).write_text(json.dumps(rows))
+
+
+def _patterns_table(rows: list[dict]) -> str:
+    lines = ["| ranks | vector | Alltoallv + Allgatherv (ms) | pairwise Sendrecv (ms) | ratio |", "|---:|---:|---:|---:|---:|"]
     for r in rows:
-        b, bn, m = r["butterfly"], r["butterfly np.add"], r["MPI_Allreduce"]
-        lines.append(f"| {r['ranks']} | {_human(r['bytes'])} | {b * 1e3:.3f} | {bn * 1e3:.3f} | {m * 1e3:.3f} "
-                     f"| {b / m:.1f}x | {bn / m:.1f}x |")
+        a, p = r["Alltoallv + Allgatherv"], r["pairwise Sendrecv"]
+        lines.append(f"| {r['ranks']} | {_human(r['bytes'])} | {a * 1e3:.1f} | {p * 1e3:.1f} | {a / p:.1f}x |")
+    return "\n".join(lines)
+
+
+def cost_table(ranks: list[int]) -> str:
+    """``--cost``: load imbalance and traffic of the assignment (``exchange_cost``: exact counts, no timing)."""
+    from lockstep.train.collectives import exchange_cost
+
+    lines = ["| R | M | imbalance (most / mean micro-batches) | subtree sums K | most on one rank "
+             "| floats one rank sends (x n) | vs the butterfly's 2(R-1)/R |", "|---:|---:|---:|---:|---:|---:|---:|"]
+    for r in ranks:
+        for m in sorted({r, 2 * r, 4 * r + 1, 64, 576}):
+            c = exchange_cost(m, r)
+            lines.append(f"| {r} | {m} | {c['imbalance']:.2f} | {c['total_subtrees']} | {c['max_subtrees']} | "
+                         f"{c['traffic']:.2f} | {c['traffic'] / (2 * (r - 1) / r):.1f}x |")
+    return "\n".join(lines)
+
+
+def _table(rows: list[dict]) -> str:
+    """Medians (and the ratio of the fastest runs, which the shared machine's load disturbs least)."""
+    lines = ["| ranks | vector | tree, M = R (ms) | / MPI (median; fastest) | second variant | ms | / MPI "
+             "(median; fastest) | np.add, M = R (ms) | MPI_Allreduce (ms) |",
+             "|---:|---:|---:|---:|---|---:|---:|---:|---:|"]
+    for r in rows:
+        mpi, mpi_min = r["MPI_Allreduce"], r["MPI_Allreduce (min)"]
+        second = "owner fold, M = R" if "owner fold, M = R" in r else "tree, M = 4R + 1"
+        first = "tree, M = R"
+        lines.append(f"| {r['ranks']} | {_human(r['bytes'])} | {r[first] * 1e3:.1f} | "
+                     f"{r[first] / mpi:.2f}x; {r[first + ' (min)'] / mpi_min:.2f}x | {second} | {r[second] * 1e3:.1f} | "
+                     f"{r[second] / mpi:.2f}x; {r[second + ' (min)'] / mpi_min:.2f}x | "
+                     f"{r['np.add, M = R'] * 1e3:.1f} | {mpi * 1e3:.1f} |")
     return "\n".join(lines)
 
 
@@ -128,48 +238,42 @@ def driver(args) -> None:
         for r in args.ranks:
             out = os.path.join(tmp, f"r{r}.json")
             cmd = [mpiexec, "-n", str(r), sys.executable, os.path.abspath(__file__),
-                   "--worker", "--max-mib", str(args.max_mib), "--json", out]
+                   "--patterns-worker" if args.patterns else "--worker", "--max-mib", str(args.max_mib), "--json", out]
             env = dict(os.environ)
+            env["PYTHONPATH"] = os.pathsep.join(p for p in (str(Path(__file__).resolve().parents[1]),
+                                                            env.get("PYTHONPATH")) if p)
             if r > (os.cpu_count() or 1):
                 # oversubscribed: let a waiting rank give up its core instead of spinning
                 env.setdefault("MPIR_CVAR_ENABLE_HEAVY_YIELD", "1")
+            # the ranks share the machine's cores: a threaded add on every rank would fight over them
+            env.setdefault("NUMBA_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // r)))
             subprocess.run(cmd, check=True, env=env)
             rows += json.loads(Path(out).read_text())
-    table = _table(rows)
+    table = _patterns_table(rows) if args.patterns else _table(rows)
     print(table)
     if args.append:
-        path = Path(args.append)
-        cores = os.cpu_count()
-        ranks = " and ".join(str(r) for r in args.ranks)
-        section = (
-            "\n## Butterfly all-reduce vs MPI_Allreduce\n\n"
-            f"Command: `python benchmarks/bench_allreduce.py --ranks {' '.join(map(str, args.ranks))} "
-            f"--max-mib {args.max_mib}` (it runs `mpiexec -n R` for each R).\n"
-            f"Machine: {cores}-core {platform.machine()}, {platform.python_implementation()} "
-            f"{platform.python_version()}, NumPy {np.__version__}, MPICH (PyPI wheel) over shared memory; "
-            f"{ranks} ranks; ranks beyond {cores} are oversubscribed and run with "
-            "`MPIR_CVAR_ENABLE_HEAVY_YIELD=1` (a waiting rank yields its core instead of spinning). "
-            "Median of 3-9 runs, each the slowest rank's time; every variant was first checked "
-            "bit for bit against `tree_fold`.\n\n"
-            f"{table}\n\n{args.note}\n"
-        )
-        if not path.exists():
-            path.write_text("# Benchmark results\n")
-        with open(path, "a", encoding="utf-8") as f:
-            f.write(section)
+        with open(args.append, "a", encoding="utf-8") as f:
+            f.write(f"\n{table}\n")
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--ranks", type=int, nargs="+", default=[2, 4])
+    ap.add_argument("--ranks", type=int, nargs="+", default=[2, 3, 4])
     ap.add_argument("--max-mib", type=int, default=256)
-    ap.add_argument("--append", help="append the section to this markdown file")
-    ap.add_argument("--note", default="", help="interpretation paragraph for --append")
+    ap.add_argument("--append", help="append the table to this markdown file")
+    ap.add_argument("--cost", action="store_true", help="print the load and traffic of the assignment, no MPI")
+    ap.add_argument("--patterns", action="store_true",
+                    help="time only the segment-owner exchange's data movement: MPICH collectives vs pairwise rounds")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--patterns-worker", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--json", help=argparse.SUPPRESS)
     args = ap.parse_args()
-    if args.worker:
+    if args.cost:
+        print(cost_table(args.ranks))
+    elif args.worker:
         worker(args.max_mib << 20, args.json)
+    elif args.patterns_worker:
+        patterns_worker(args.max_mib << 20, args.json)
     else:
         driver(args)
 

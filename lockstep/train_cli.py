@@ -44,6 +44,25 @@ def seed_int(text: str) -> int:
     return value
 
 
+def batch_ramp(text: str) -> tuple[tuple[int, int], ...]:
+    """``FROM_TOKENS:SEQUENCES,...`` (``0:16,1048576:32``): ascending token counts, the first 0."""
+    stages = []
+    for part in text.split(","):
+        start, sep, size = part.partition(":")
+        try:
+            stages.append((int(start), int(size)))
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{part!r} is not FROM_TOKENS:SEQUENCES (for example 0:16,1048576:32)")\
+                from None
+        if not sep or stages[-1][0] < 0 or stages[-1][1] < 1:
+            raise argparse.ArgumentTypeError(f"{part!r}: give FROM_TOKENS:SEQUENCES with FROM_TOKENS >= 0 and "
+                                             "SEQUENCES >= 1")
+    starts = [a for a, _ in stages]
+    if starts[0] != 0 or starts != sorted(set(starts)):
+        raise argparse.ArgumentTypeError(f"{text!r}: the stages' token counts must start at 0 and increase")
+    return tuple(stages)
+
+
 def _non_negative_int(text: str) -> int:
     try:
         value = int(text)
@@ -59,8 +78,9 @@ def add_train_parser(subparsers) -> argparse.ArgumentParser:
         "train",
         help="train an auditable run (one process, or under mpiexec -n R)",
         description="Train an auditable run. With no arguments: the small preset on the embedded default "
-                    "corpus for a few minutes. Under mpiexec -n R lockstep train ... the ranks combine "
-                    "gradients with the fixed butterfly and compare state roots every step. Ctrl-C (or "
+                    "corpus for a few minutes. Under mpiexec -n R lockstep train ... the ranks share the "
+                    "step's micro-batches, combine their sums as the spec's fixed tree says and compare "
+                    "state roots every step: any R gives the same trajectory, and --resume may use another R. Ctrl-C (or "
                     "SIGTERM) finishes the current step, writes a checkpoint and says how to resume; a "
                     "second Ctrl-C stops at once (the run then resumes from its last checkpoint).",
     )
@@ -77,8 +97,14 @@ def add_train_parser(subparsers) -> argparse.ArgumentParser:
                                                        "--backend spec, about 60x slower)")
     p.add_argument("--seed", type=seed_int, help="seed of the initial weights and of the data order, an integer "
                                                  f"in [0, 2**64) (default: {DEFAULT_SEED})")
-    p.add_argument("--micro-batch", type=positive_int, help="sequences per micro-batch (default: the preset's)")
-    p.add_argument("--batch", type=positive_int, help="global batch in sequences, fixed (default: the preset's ramp)")
+    p.add_argument("--micro-batch", type=positive_int,
+                   help="sequences per micro-batch (default: the preset's); it shapes the step's reduction "
+                        "tree, so it is part of the recipe, unlike the number of ranks")
+    batch = p.add_mutually_exclusive_group()
+    batch.add_argument("--batch", type=positive_int, help="global batch in sequences, fixed (default: the preset's ramp)")
+    batch.add_argument("--batch-ramp", type=batch_ramp, metavar="TOKENS:SEQS,...",
+                       help="global batch that grows with the tokens consumed, e.g. 0:16,1048576:32 "
+                            "(default: the preset's ramp)")
     p.add_argument("--checkpoint-every", type=positive_int, default=50,
                    help="checkpoint every K steps, at the end and when stopped (default: 50)")
     p.add_argument("--resume", metavar="RUN", help="continue RUN from its last complete checkpoint (or its "
@@ -119,6 +145,7 @@ def recipe_checker(args):
             "--seed": (args.seed, recipe.get("seed")),
             "--micro-batch": (args.micro_batch, train.get("micro_batch")),
             "--batch": (args.batch and [[0, args.batch]], train.get("batch_ramp")),
+            "--batch-ramp": (args.batch_ramp and [list(x) for x in args.batch_ramp], train.get("batch_ramp")),
             "--no-quantize": (False if args.no_quantize else None, model.get("quantize")),
         }
         for flag, (given, theirs) in recorded.items():
@@ -153,8 +180,8 @@ def run_train(args) -> int:
             name = args.preset or DEFAULT_PRESET
             cfg = preset(name, quantize=not args.no_quantize)
             overrides = {"micro_batch": args.micro_batch} if args.micro_batch else {}
-            if args.batch:
-                overrides["batch_ramp"] = ((0, args.batch),)
+            if args.batch or args.batch_ramp:
+                overrides["batch_ramp"] = args.batch_ramp or ((0, args.batch),)
             tcfg = train_preset(name, **overrides)
             steps = args.steps if args.steps is not None or args.tokens is not None else DEFAULT_STEPS[name]
             run_dir = args.out or str(Path("runs") / f"{name}-{time.strftime('%Y%m%d-%H%M%S')}")

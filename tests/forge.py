@@ -62,13 +62,13 @@ def train_on_other_windows(run: Path, at_step: int, window: int) -> int:
     The checkpoint's ``stream_state`` is rewritten so that a stream positioned by it
     gives the content of window ``window`` where the recipe's next window is (its
     ``window`` and ``token`` fields keep the honest values, the rest describe
-    ``window``'s place in the stream); every later step is recomputed on those windows (one rank, TreeFold),
+    ``window``'s place in the stream); every later step is recomputed on those windows (one process, the spec's micro-batch tree),
     with its record, chain hash, checkpoint (and its stream record) and the commitment
     redone, so everything but the data position is consistent. Returns the last step.
     """
     from lockstep.backends import get_backend
     from lockstep.train.data import GlobalStream, Manifest, batch_digest
-    from lockstep.train.step import emulate_step, plan_step, split_state, state_tensors
+    from lockstep.train.step import plan_step, split_state, state_tensors, tree_step
     from lockstep.train.trainer import load_recipe, recipe_configs, recipe_digest, step_record
 
     recipe = load_recipe(run)
@@ -91,7 +91,7 @@ def train_on_other_windows(run: Path, at_step: int, window: int) -> int:
         plan = plan_step(tcfg, cfg.seq_len, t)
         windows = stream.windows(pos, plan.n_windows)
         pos += plan.n_windows
-        res = emulate_step(params, opt, windows, plan, cfg, tcfg, be, recipe["world_size"])
+        res = tree_step(params, opt, windows, plan, cfg, tcfg, be)
         params, opt = res.params, res.opt
         recs[t - 1] = step_record(t, plan, res, batch_digest(windows), prev)
         prev = recs[t - 1]["chain_hash"]

@@ -1,5 +1,6 @@
-"""The fixed reduction tree: tree_fold against a hand-written tree, and the MPI butterfly
-against tree_fold under ``mpiexec -n R`` (this file is also the MPI worker script)."""
+"""The step's tree across ranks: the assignment of micro-batches to ranks, and ``tree_allreduce``
+against the spec's one-process ``tree_sum`` under ``mpiexec -n R`` (this file is also the MPI
+worker script)."""
 
 from __future__ import annotations
 
@@ -12,59 +13,22 @@ import sys
 import numpy as np
 import pytest
 
-from lockstep.train.collectives import (
-    RankDisagreement,
-    TreeFolder,
-    fold_order,
-    tree_expression,
-    tree_fold,
-    tree_shape,
-)
+from lockstep.spec import tree
+from lockstep.train.collectives import RankDisagreement, exchange_cost, rank_micro_batches, rank_subtrees
 
 F32 = np.float32
 
-# The tree written out by hand for R = 1..9 (module docstring of collectives):
-# extra rank P+j folds into rank j, then a balanced tree over 0..P-1, lower ranks left.
-HAND_TREES = {
-    1: "v0",
-    2: "v0 + v1",
-    3: "(v0 + v2) + v1",
-    4: "(v0 + v1) + (v2 + v3)",
-    5: "((v0 + v4) + v1) + (v2 + v3)",
-    6: "((v0 + v4) + (v1 + v5)) + (v2 + v3)",
-    7: "((v0 + v4) + (v1 + v5)) + ((v2 + v6) + v3)",
-    8: "((v0 + v1) + (v2 + v3)) + ((v4 + v5) + (v6 + v7))",
-    9: "(((v0 + v8) + v1) + (v2 + v3)) + ((v4 + v5) + (v6 + v7))",
-}
+# (M, R) pairs the MPI worker checks: M < R, M = R, powers of two that do and do not divide M,
+# and R = 3 with many micro-batches (several subtrees per rank)
+EXCHANGE_CASES = [1, 2, 3, 4, 5, 6, 8, 12, 13, 31]
 
 
-def _spec_add():
-    from lockstep.spec import fp
-
-    return fp.add
-
-
-def _eval_hand_tree(expr: str, values: list[np.ndarray]) -> np.ndarray:
-    """Evaluate a HAND_TREES expression with float32 adds (round, flush, canonical NaN)."""
-    from lockstep.spec import fp
-
-    class V:
-        def __init__(self, a):
-            self.a = a
-
-        def __add__(self, other):
-            return V(fp.add(self.a, other.a))
-
-    env = {f"v{i}": V(v) for i, v in enumerate(values)}
-    return eval(expr, {"__builtins__": {}}, env).a  # noqa: S307 - our own literal table
-
-
-def _order_sensitive(seed: int, rank: int, n: int) -> np.ndarray:
-    """Philox uniforms, centred and scaled by 2**(4*(rank % 3)): sums depend on the order."""
+def _order_sensitive(seed: int, j: int, n: int) -> np.ndarray:
+    """Philox uniforms, centred and scaled by 2**(4*(j % 3)): sums depend on the grouping."""
     from lockstep.spec.philox import PhiloxStream
 
-    u = PhiloxStream(seed, "test", rank).uniform(0, n)
-    return ((u - F32(0.5)) * F32(2.0 ** (4 * (rank % 3)))).astype(F32)  # both steps exact
+    u = PhiloxStream(seed, "test", j).uniform(0, n)
+    return ((u - F32(0.5)) * F32(2.0 ** (4 * (j % 3)))).astype(F32)  # both steps exact
 
 
 def _bits(x: np.ndarray) -> bytes:
@@ -72,101 +36,40 @@ def _bits(x: np.ndarray) -> bytes:
 
 
 # ---------------------------------------------------------------------------
-# single process
+# single process: who computes what
 # ---------------------------------------------------------------------------
 
 
-def test_tree_shape_and_expression():
-    assert [tree_shape(r) for r in (1, 2, 3, 4, 5, 8, 9)] == [(1, 0), (2, 0), (2, 1), (4, 0), (4, 1), (8, 0), (8, 1)]
-    for r, expr in HAND_TREES.items():
-        assert tree_expression(r) == expr
-        assert sorted(fold_order(r)) == list(range(r))
-    assert fold_order(6) == [0, 4, 1, 5, 2, 3]
-    with pytest.raises(ValueError):
-        tree_shape(0)
-
-
 @pytest.mark.parametrize("r", range(1, 10))
-def test_tree_fold_closed_form(r):
-    # rank k holds k+1 everywhere: every partial sum is a small integer, so the result is exact
-    bufs = [np.full(37, k + 1, dtype=F32) for k in range(r)]
-    out = tree_fold(bufs)
-    assert out.dtype == F32 and out.shape == (37,)
-    assert np.all(out == r * (r + 1) / 2)
+def test_assignment_is_contiguous_balanced_and_whole_subtrees(r):
+    for m in range(1, 80):
+        ranges = [rank_micro_batches(m, r, k) for k in range(r)]
+        assert ranges[0][0] == 0 and ranges[-1][1] == m
+        assert all(b == c for (_, b), (c, _) in zip(ranges, ranges[1:]))
+        counts = [hi - lo for lo, hi in ranges]
+        assert max(counts) - min(counts) <= 1, (m, counts)
+        subtrees = rank_subtrees(m, r)
+        spans = [s for rank_spans in subtrees for s in rank_spans]
+        assert [a for a, _ in spans] == [0] + [b for _, b in spans[:-1]] and spans[-1][1] == m
+        if r & (r - 1) == 0 and r <= m:  # the butterfly's case: one depth-k node per rank
+            assert ranges == tree.level(m, r.bit_length() - 1)
+            assert all(len(spans) == 1 for spans in subtrees)
+            assert exchange_cost(m, r)["butterfly"]
 
 
-@pytest.mark.parametrize("r", range(1, 10))
-def test_tree_fold_matches_hand_tree(r):
-    n = 4099
-    values = [_order_sensitive(7, k, n) for k in range(r)]
-    # boundary values where the order changes the bits: 1 + 2**-24 + 2**-24 vs 1 + (2**-24 + 2**-24)
-    values[0][:3] = [1.0, 3.0e38, 2.0**-125]
-    for k in range(1, r):
-        values[k][:3] = [2.0**-24, 3.0e38 if k == r - 1 else -3.0e38, -1.5 * 2.0**-126]
-    want = _eval_hand_tree(HAND_TREES[r], values)
-    got = tree_fold(values)
-    assert _bits(got) == _bits(want)
-    if r >= 3:  # the data is order sensitive: a left-to-right sum gives other bits
-        add = _spec_add()
-        seq = values[0]
-        for v in values[1:]:
-            seq = add(seq, v)
-        assert _bits(seq) != _bits(want)
+def test_exchange_cost_of_three_ranks():
+    cost = exchange_cost(12, 3)  # ranks 0..3, 4..7, 8..11 of ((0-2, 3-5), (6-8, 9-11))
+    assert rank_subtrees(12, 3) == [[(0, 3), (3, 4)], [(4, 5), (5, 6), (6, 8)], [(8, 9), (9, 12)]]
+    assert cost["imbalance"] == 1.0 and cost["max_subtrees"] == 3 and cost["total_subtrees"] == 7
+    assert cost["traffic"] == pytest.approx(4 * 2 / 3) and not cost["butterfly"]
+    assert exchange_cost(8, 4)["traffic"] == pytest.approx(2 * 3 / 4)
 
 
-@pytest.mark.parametrize("r", [3, 5, 6, 7, 9, 13])
-def test_tree_folder_streaming_orders_and_memory(r):
-    n = 513
-    values = [_order_sensitive(11, k, n) for k in range(r)]
-    want = tree_fold(values)
-    p, e = tree_shape(r)
-    # fold order: at most log2(P) + 1 partial sums plus the buffer being pushed
-    f = TreeFolder(r)
-    for k in fold_order(r):
-        f.push(values[k], rank=k)
-    assert _bits(f.result()) == _bits(want)
-    assert f.max_alive <= p.bit_length() + 1
-    # rank order from a generator, and a reversed order: same bits
-    assert _bits(tree_fold((v for v in values), world_size=r)) == _bits(want)
-    f = TreeFolder(r)
-    for k in reversed(range(r)):
-        f.push(values[k], rank=k)
-    assert _bits(f.result()) == _bits(want)
-    # inputs are never modified
-    assert _bits(values[0]) == _bits(_order_sensitive(11, 0, n))
-
-
-def test_tree_fold_dicts_and_custom_add():
-    r = 5
-    dicts = [{"b": _order_sensitive(1, k, 10).reshape(2, 5), "a": _order_sensitive(2, k, 3)} for k in range(r)]
-    got = tree_fold(dicts)
-    assert list(got) == ["a", "b"]
-    for name in ("a", "b"):
-        assert _bits(got[name]) == _bits(tree_fold([d[name] for d in dicts]))
-    calls = []
-
-    def logging_add(a, b):
-        calls.append((float(a[0]), float(b[0])))
-        return (a + b).astype(F32)
-
-    tree_fold([np.full(1, k, dtype=F32) for k in range(6)], logging_add)
-    # (v0+v4), (v1+v5), (w0+w1), (v2+v3), (w01+w23)
-    assert calls == [(0, 4), (1, 5), (4, 6), (2, 3), (10, 5)]
-
-
-def test_tree_fold_rejects_bad_input():
-    with pytest.raises(TypeError):
-        tree_fold([np.zeros(3, dtype=np.float64)])
+def test_assignment_refuses_a_rank_outside_the_world():
     with pytest.raises(ValueError):
-        tree_fold([np.zeros(3, dtype=F32), np.zeros(4, dtype=F32)])
+        rank_micro_batches(4, 2, 2)
     with pytest.raises(ValueError):
-        tree_fold([{"a": np.zeros(1, F32)}, {"b": np.zeros(1, F32)}])
-    f = TreeFolder(3)
-    f.push(np.zeros(2, F32))
-    with pytest.raises(ValueError, match="missing"):
-        f.result()
-    with pytest.raises(ValueError, match="twice"):
-        f.push(np.zeros(2, F32), rank=0)
+        rank_micro_batches(4, 0, 0)
 
 
 def test_rank_disagreement_message():
@@ -199,18 +102,20 @@ needs_mpi = pytest.mark.skipif(
 def _mpirun(r: int, mode: str, timeout: float = 60.0) -> subprocess.CompletedProcess:
     # MPICH's hydra oversubscribes by default (4 ranks on 2 cores is fine)
     cmd = [MPIEXEC, "-n", str(r), sys.executable, os.path.abspath(__file__), mode]
-    env = dict(os.environ)
+    # this checkout's lockstep, not whatever an installed copy points at (the script's own folder is tests/)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+        [os.path.dirname(os.path.dirname(os.path.abspath(__file__)))] + [p for p in [os.environ.get("PYTHONPATH")] if p]))
     env.setdefault("MPIR_CVAR_ENABLE_HEAVY_YIELD", "1")  # oversubscribed: yield instead of spinning
     return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
 
 
 @pytest.mark.mpi
 @needs_mpi
-@pytest.mark.parametrize("r", [1, 2, 3, 4])
-def test_butterfly_matches_tree_fold(r):
-    res = _mpirun(r, "allreduce")
+@pytest.mark.parametrize("r", [1, 2, 3, 4, 5])
+def test_tree_allreduce_matches_the_spec_tree(r):
+    res = _mpirun(r, "allreduce", timeout=600)
     assert res.returncode == 0, res.stdout + res.stderr
-    assert res.stdout.count("butterfly ok") == r, res.stdout + res.stderr
+    assert res.stdout.count("tree ok") == r, res.stdout + res.stderr
 
 
 @pytest.mark.mpi
@@ -219,6 +124,16 @@ def test_disagreement_and_mismatches_are_raised_on_every_rank():
     res = _mpirun(3, "disagree")
     assert res.returncode == 0, res.stdout + res.stderr
     assert res.stdout.count("disagreement ok") == 3, res.stdout + res.stderr
+
+
+@pytest.mark.mpi
+@needs_mpi
+@pytest.mark.parametrize("r", [3, 4])
+def test_ranks_that_disagree_on_the_length_end_the_job(r):
+    # every message's size is checked on arrival: a rank that expects other sizes fails (and aborts the job)
+    res = _mpirun(r, "lengths", timeout=600)
+    assert res.returncode != 0 and "returned" not in res.stdout, res.stdout + res.stderr
+    assert "aborting" in res.stderr and "disagree on the gradient's length" in res.stderr, res.stderr
 
 
 @pytest.mark.mpi
@@ -241,33 +156,27 @@ def test_failing_rank_ends_the_job(mode):
 def _worker(mode: str) -> None:
     from mpi4py import MPI
 
-    from lockstep.train.collectives import (
-        abort_on_exception,
-        allreduce_dict,
-        butterfly_allreduce,
-        check_state_agreement,
-    )
+    from lockstep.train.collectives import abort_on_exception, check_state_agreement, tree_allreduce
 
     comm = MPI.COMM_WORLD
     rank, size = comm.Get_rank(), comm.Get_size()
     with abort_on_exception(comm):
         if mode == "allreduce":
-            # sizes include 0, 1, primes not divisible by R, and a buffer cut into 5 chunks
-            cases = [(0, None), (1, None), (7, None), (1031, None), (65537, None), (10007, 8192)]
-            for n, chunk in cases:
-                mine = _order_sensitive(100 + n, rank, n)
-                kw = {} if chunk is None else {"chunk_bytes": chunk}
-                got = butterfly_allreduce(comm, mine, **kw)
-                want = tree_fold([_order_sensitive(100 + n, k, n) for k in range(size)])
-                assert _bits(got) == _bits(want), f"n={n}: butterfly differs from tree_fold"
-                digests = comm.allgather(hashlib.sha256(_bits(got)).hexdigest())
-                assert len(set(digests)) == 1, f"n={n}: ranks disagree"
-            tensors = {"w": _order_sensitive(5, rank, 30).reshape(5, 6), "b": _order_sensitive(6, rank, 3)}
-            got = allreduce_dict(comm, tensors, chunk_bytes=40)
-            want = tree_fold([{"w": _order_sensitive(5, k, 30).reshape(5, 6), "b": _order_sensitive(6, k, 3)}
-                              for k in range(size)])
-            assert sorted(got) == ["b", "w"] and all(_bits(got[k]) == _bits(want[k]) for k in want)
-            print(f"rank {rank}: butterfly ok", flush=True)
+            # lengths 0, 1, primes not divisible by R, and a vector cut into several element ranges
+            for m in EXCHANGE_CASES:
+                for n, chunk in [(0, None), (1, None), (7, None), (1031, None), (10007, 8192)]:
+                    values = [_order_sensitive(100 + n, j, n) for j in range(m)]
+                    lo, hi = rank_micro_batches(m, size, rank)
+                    folder = tree.TreeFolder(m, start=lo)
+                    for j in range(lo, hi):
+                        folder.push_leaf(values[j])
+                    kw = {} if chunk is None else {"chunk_bytes": chunk}
+                    got = tree_allreduce(comm, folder.parts(), m, n, **kw)
+                    want = tree.tree_sum(values)
+                    assert _bits(got) == _bits(want), f"M={m} n={n}: differs from the spec's tree_sum"
+                    digests = comm.allgather(hashlib.sha256(_bits(got)).hexdigest())
+                    assert len(set(digests)) == 1, f"M={m} n={n}: ranks disagree"
+            print(f"rank {rank}: tree ok", flush=True)
         elif mode == "disagree":
             check_state_agreement(comm, "11" * 32, step=4)  # all agree: no error
             root = "22" * 32 if rank == 1 else "11" * 32
@@ -278,18 +187,17 @@ def _worker(mode: str) -> None:
                 print(f"rank {rank}: disagreement ok", flush=True)
             else:
                 raise AssertionError("disagreement not detected")
-            try:  # a rank with a different buffer length is refused on every rank
-                butterfly_allreduce(comm, np.ones(5 + (rank == 2), dtype=F32))
+            try:  # and a rank that holds other subtrees than the assignment gives it
+                tree_allreduce(comm, [(0, 2, np.ones(2, dtype=F32))], size, 2)  # no rank holds [0, 2) of M = R
             except ValueError as exc:
-                assert "counts differ" in str(exc), str(exc)
+                assert "the assignment" in str(exc), str(exc)
             else:
-                raise AssertionError("length mismatch not detected")
-            try:
-                allreduce_dict(comm, {"a": np.ones(2, F32), ("b" if rank else "c"): np.ones(1, F32)})
-            except ValueError as exc:
-                assert "names/shapes differ" in str(exc), str(exc)
-            else:
-                raise AssertionError("name mismatch not detected")
+                raise AssertionError("a wrong subtree was not detected")
+        elif mode == "lengths":  # rank 2 thinks the vector is longer: some rank must fail, none hang
+            n = 7 + (rank == 2)
+            lo, hi = rank_micro_batches(size, size, rank)
+            tree_allreduce(comm, [(lo, hi, np.ones(n, dtype=F32))], size, n)
+            print(f"rank {rank}: returned", flush=True)
         elif mode in ("raise", "sigkill"):
             if rank == 1:
                 for other in (0, 2):  # fail only once the others are about to block in the all-reduce
@@ -298,7 +206,8 @@ def _worker(mode: str) -> None:
                     os.kill(os.getpid(), 9)
                 raise RuntimeError("deliberate failure")
             comm.send(b"entering", dest=1, tag=77)
-            butterfly_allreduce(comm, np.ones(10, dtype=F32))  # blocks for ever without rank 1
+            lo, hi = rank_micro_batches(size, size, rank)
+            tree_allreduce(comm, [(lo, hi, np.ones(10, dtype=F32))], size, 10)  # blocks for ever without rank 1
             raise AssertionError("the all-reduce returned without rank 1")
         else:
             raise SystemExit(f"unknown mode {mode}")

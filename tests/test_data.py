@@ -30,7 +30,6 @@ from lockstep.train.data import (
     batch_digest,
     ingest,
     npy_bytes,
-    rank_window_indices,
     validation_windows,
 )
 from lockstep.train.tokenizer import hf_tokenizers_available
@@ -201,19 +200,18 @@ def test_every_token_once_per_epoch(integer_folder):
     assert len(per_source["gamma"]) // 3 > 20  # the tiny source wrapped around many times
 
 
-@pytest.mark.parametrize("world_size", range(1, 9))
-def test_rank_interleaving_equals_one_rank(default_folder, world_size):
+@pytest.mark.parametrize("stride", [1, 2, 3, 5, 8])
+def test_any_windows_from_a_fresh_stream_equal_the_sequential_ones(default_folder, stride):
+    """Random access (``windows_at``): a process may fetch any set of windows, in any order."""
     manifest = Manifest.load(default_folder)
     single = GlobalStream(manifest, 11, 64)
-    batch = 24  # a multiple of some world sizes and not of others
+    batch = 24
     for first in (0, 24, 5 * 24, 1000 * 24 + 3):
         want = single.windows(first, batch)
         got = np.full_like(want, -1)
-        for rank in range(world_size):
-            stream = GlobalStream(manifest, 11, 64)  # a rank holds only its own stream
-            idx = rank_window_indices(first, batch, rank, world_size)
-            assert np.all(idx % world_size == rank)
-            got[idx - first] = stream.rank_windows(first, batch, rank, world_size)
+        for offset in range(stride):
+            idx = np.arange(first + offset, first + batch, stride, dtype=np.int64)[::-1]
+            got[idx - first] = GlobalStream(manifest, 11, 64).windows_at(idx)
         assert np.array_equal(got, want)
 
 
@@ -315,12 +313,6 @@ def test_batch_digest_is_canonical():
     assert batch_digest(w) == batch_digest(w.astype(np.uint16)) == batch_digest(w.astype(np.int32))
     assert batch_digest(w) != batch_digest(w.reshape(4, 3))
     assert batch_digest(w) != batch_digest(w[::-1])
-
-
-def test_rank_window_indices():
-    assert rank_window_indices(10, 7, 1, 3).tolist() == [10, 13, 16]
-    assert rank_window_indices(10, 7, 0, 3).tolist() == [12, 15]
-    assert rank_window_indices(0, 8, 3, 4).tolist() == [3, 7]
 
 
 # ---------------------------------------------------------------------------------

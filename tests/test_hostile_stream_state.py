@@ -40,7 +40,7 @@ def _forgers_certificate(run, step=3):
                                      "lr_bits")}
     honest = replay_step(run, 1, "spec")  # only for the run's identity fields
     forged = ReplayResult(run_dir=run, targets=[step], checks=[StepCheck(step, 2, dict(published), published)],
-                          backend="spec", backend_description="", world_size=1, preset="tiny",
+                          backend="spec", backend_description="", preset="tiny",
                           commitment=honest.commitment, last_step=honest.last_step, genesis=honest.genesis,
                           recipe_sha256=honest.recipe_sha256, seconds=1.0)
     return make_certificate(forged, auditor="forger")

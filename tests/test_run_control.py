@@ -218,6 +218,7 @@ def run3(tmp_path, corpus):
     (["--seed", "7"], "--seed"),
     (["--micro-batch", "3"], "--micro-batch"),
     (["--batch", "4"], "--batch"),
+    (["--batch-ramp", "0:6,100:8"], "--batch-ramp"),
     (["--no-quantize"], "--no-quantize"),
     (["--out", "elsewhere"], "--out"),
 ])
@@ -261,6 +262,22 @@ def test_bad_flags_are_one_line_exit_1_and_write_nothing(tmp_path, capsys, flags
     assert main(["train", *TINY, "--steps", "3", "--out", str(out), *flags]) == 1  # the last value of a flag wins
     err = capsys.readouterr().err
     assert len(err.strip().splitlines()) == 1 and named in err and "Traceback" not in err, err
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("ramp, says", [
+    ("5:8", "must start at 0"),
+    ("0:8,0:9", "increase"),
+    ("0:0", "SEQUENCES >= 1"),
+    ("0-8", "FROM_TOKENS:SEQUENCES"),
+    ("0:8,x:9", "FROM_TOKENS:SEQUENCES"),
+])
+def test_bad_batch_ramps_are_one_line_exit_1_and_write_nothing(tmp_path, capsys, ramp, says):
+    out = tmp_path / "run"
+    assert main(["train", "--preset", "tiny", "--backend", "spec", "--batch-ramp", ramp, "--steps", "2",
+                 "--out", str(out)]) == 1
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and "--batch-ramp" in err and says in err, err
     assert not out.exists()
 
 

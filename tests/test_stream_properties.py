@@ -4,7 +4,9 @@ For random manifests (1-4 sources, weights from 10**-6 to 1000, 1-3 shards per s
 shards without documents, empty documents and documents longer than a window), seeds,
 sequence lengths, world sizes and resume points:
 
-* the windows all ranks read, put together, are the single-rank stream;
+* the micro-batches all ranks compute, each rank reading the step's batch from its own
+  stream at the step's first window, put together, are the single-rank stream read
+  straight through (ranks take whole micro-batches, ``collectives.rank_micro_batches``);
 * a stream resumed from ``state_at(m)`` (through JSON, in a new object, on any number
   of ranks) gives the windows of reading straight through, and the same records;
 * within an epoch of a source no token is skipped or repeated, and no document is cut
@@ -32,7 +34,9 @@ from hypothesis import Phase, given, note, settings
 from hypothesis import strategies as st
 
 from lockstep.spec.philox import PhiloxStream
-from lockstep.train.data import PLAN_CHUNK, GlobalStream, Manifest, npy_bytes, rank_window_indices
+from lockstep.spec.tree import micro_batch_bounds
+from lockstep.train.collectives import rank_micro_batches
+from lockstep.train.data import PLAN_CHUNK, GlobalStream, Manifest, npy_bytes
 
 # Weights as JSON numbers: integers, decimals with up to 6 places, and extremes.
 WEIGHTS = (1, 2, 3, 7, 1000, 0.5, 0.25, 1.5, 2.125, 0.000001)
@@ -141,33 +145,37 @@ def window_positions(draw, stream: GlobalStream) -> int:
     return max(0, first_window_of_chunk(stream, 1) + draw(st.integers(-2, 2)))
 
 
-RANKS = dict(stream=streams(), world_size=st.integers(1, 8), count=st.integers(0, 40), data=st.data())
+RANKS = dict(stream=streams(), world_size=st.integers(1, 8), micro_batch=st.integers(1, 8),
+             count=st.integers(1, 40), data=st.data())
 
 
 @given(**RANKS)
-def test_all_ranks_together_read_the_single_rank_stream(stream, world_size, count, data):
-    check_ranks_read_the_single_rank_stream(stream, world_size, count, data)
+def test_all_ranks_together_read_the_single_rank_stream(stream, world_size, micro_batch, count, data):
+    check_ranks_read_the_single_rank_stream(stream, world_size, micro_batch, count, data)
 
 
-def check_ranks_read_the_single_rank_stream(stream, world_size, count, data):
+def check_ranks_read_the_single_rank_stream(stream, world_size, micro_batch, count, data):
     folder, seed, seq_len = stream
     with tempfile.TemporaryDirectory() as tmp:
         manifest = write_folder(folder, Path(tmp))
         single = GlobalStream(manifest, seed, seq_len)
         first = data.draw(window_positions(single), label="first window")
-        want = single.windows(first, count)
+        want = single.windows(0, first + count)[first:]  # read straight through from the start
+        bounds = micro_batch_bounds(count, micro_batch)
         got = np.full_like(want, -1)
         seen = np.zeros(count, dtype=int)
         for rank in range(world_size):
-            idx = rank_window_indices(first, count, rank, world_size)
-            seen[idx - first] += 1
             rank_stream = GlobalStream(manifest, seed, seq_len)  # a rank holds only its own stream
-            got[idx - first] = rank_stream.rank_windows(first, count, rank, world_size)
-    assert np.all(seen == 1), "every window goes to exactly one rank"
+            batch = rank_stream.windows(first, count)  # positioned by the step plan, not by what it read before
+            lo, hi = rank_micro_batches(len(bounds), world_size, rank)
+            for start, stop in bounds[lo:hi]:
+                seen[start:stop] += 1
+                got[start:stop] = batch[start:stop]
+    assert np.all(seen == 1), "every window belongs to exactly one rank's micro-batches"
     assert np.array_equal(got, want)
 
 
-RESUME = dict(stream=streams(), count=st.integers(1, 30), world_size=st.integers(1, 8), data=st.data())
+RESUME = dict(stream=streams(), count=st.integers(1, 30), world_size=st.integers(1, 4), data=st.data())
 
 
 @given(**RESUME)
@@ -188,13 +196,10 @@ def check_resume_reads_straight_through(stream, count, world_size, data):
         resumed = GlobalStream.from_state(manifest, seed, seq_len, state)
         assert np.array_equal(resumed.windows(resume_at, count), want)
         assert resumed.state_at(resume_at + count - 1) == straight.state_at(resume_at + count - 1)
-        # and on another number of ranks: each rank resumes from the same record
-        got = np.full_like(want, -1)
+        # and on any number of ranks: each rank resumes from the same record and reads the step's batch
         for rank in range(world_size):
             rank_stream = GlobalStream.from_state(manifest, seed, seq_len, json.loads(json.dumps(record)))
-            idx = rank_window_indices(resume_at, count, rank, world_size)
-            got[idx - resume_at] = rank_stream.rank_windows(resume_at, count, rank, world_size)
-        assert np.array_equal(got, want)
+            assert np.array_equal(rank_stream.windows(resume_at, count), want), f"rank {rank} of {world_size}"
 
 
 def mix_sources_by_definition(folder: Folder, seed: int, n_docs: int) -> list[int]:
@@ -293,14 +298,15 @@ def _forget_partial_document(monkeypatch):
     return check_resume_reads_straight_through, RESUME
 
 
-def _blocked_rank_split(monkeypatch):
-    """Rank r reads a contiguous block of the windows instead of every R-th window."""
-    def rank_windows(self, first_window, count, rank, world_size):
-        per = -(-count // world_size)
-        n = len(rank_window_indices(first_window, count, rank, world_size))
-        return self.windows(first_window + rank * per, n)
+def _random_access_off_by_one(monkeypatch):
+    """A stream that, read at a window other than 0, starts one window early (a rank that
+    positions its own stream for a step would read its neighbour's window)."""
+    original = GlobalStream.windows
 
-    monkeypatch.setattr(GlobalStream, "rank_windows", rank_windows)
+    def windows(self, first_window, count):
+        return original(self, first_window - 1 if first_window > 0 else 0, count)
+
+    monkeypatch.setattr(GlobalStream, "windows", windows)
     return check_ranks_read_the_single_rank_stream, RANKS
 
 
@@ -335,8 +341,8 @@ def _assertion_errors(e: BaseException) -> list[AssertionError]:
     return [e] if isinstance(e, AssertionError) else []
 
 
-@pytest.mark.parametrize("plant", [_forget_partial_document, _blocked_rank_split, _epoch_repeats_a_document],
-                         ids=["resume-forgets-partial-document", "blocked-rank-split", "epoch-repeats-a-document"])
+@pytest.mark.parametrize("plant", [_forget_partial_document, _random_access_off_by_one, _epoch_repeats_a_document],
+                         ids=["resume-forgets-partial-document", "random-access-off-by-one", "epoch-repeats-a-document"])
 def test_properties_catch_a_planted_defect(monkeypatch, plant):
     """Each property fails on a stream with a plausible defect (found without shrinking, to stay quick)."""
     check, strategies = plant(monkeypatch)

@@ -1,5 +1,7 @@
-"""The training runtime: MPI runs vs TreeFold, kill -9 and resume, recipe binding, non-finite stops."""
+"""The training runtime: one trajectory for any number of ranks, elastic resume, kill -9 and resume, recipe
+binding, non-finite stops."""
 
+import dataclasses
 import json
 import os
 import shutil
@@ -19,7 +21,7 @@ from lockstep.train.config import preset, train_preset
 from lockstep.train.data import GlobalStream, Manifest
 from lockstep.train.model import init_params
 from lockstep.train.optim import AdamWState, NonFiniteError
-from lockstep.train.step import emulate_step, plan_step
+from lockstep.train.step import plan_step, tree_step
 from lockstep.train.trainer import (RecipeMismatch, genesis, load_recipe, make_recipe, read_trajectory,
                                     recipe_configs, train)
 
@@ -50,36 +52,120 @@ def _run(args, timeout=600, **kw):
     return r
 
 
-def _emulated_roots(run_dir: Path, world_size: int, steps: int) -> list[str]:
+def _mpiexec(world: int) -> list[str]:
+    return ["mpiexec", "-n", str(world)]
+
+
+# oversubscribed ranks: yield instead of spinning while waiting (changes timing, never bits)
+MPI_ENV = dict(os.environ, MPIR_CVAR_ENABLE_HEAVY_YIELD="1")
+# the batch ramp changes M within the run: 6 windows (M = 3) for steps 1-2, then 10 (M = 5)
+RAMP_ARGS = ["--preset", "tiny", "--backend", "spec", "--batch-ramp", "0:6,384:10", "--micro-batch", "2", "--quiet",
+             "--checkpoint-every", "2"]
+RAMP_STEPS = 6
+needs_mpi = pytest.mark.skipif(not _have_mpi(), reason="needs mpi4py and mpiexec (pip install 'lockstep[mpi]')")
+
+
+def _one_process_roots(run_dir: Path, steps: int) -> list[str]:
+    """State roots of the run's steps computed on one process with the spec's tree (``tree_step``)."""
     recipe = load_recipe(run_dir)
     cfg, tcfg = recipe_configs(recipe)
-    manifest = Manifest.load(recipe["data"]["folder"])
-    stream = GlobalStream(manifest, recipe["seed"], cfg.seq_len)
+    stream = GlobalStream(Manifest.load(recipe["data"]["folder"]), recipe["seed"], cfg.seq_len)
     be = get_backend("spec")
     params = init_params(cfg, recipe["seed"])
     opt = AdamWState.zeros(params)
     roots = []
     for t in range(1, steps + 1):
         plan = plan_step(tcfg, cfg.seq_len, t)
-        res = emulate_step(params, opt, stream.windows(plan.first_window, plan.n_windows), plan, cfg, tcfg, be, world_size)
+        res = tree_step(params, opt, stream.windows(plan.first_window, plan.n_windows), plan, cfg, tcfg, be)
         params, opt = res.params, res.opt
         roots.append(res.state_root)
     return roots
 
 
+@pytest.fixture(scope="module")
+def ramp_runs(tmp_path_factory, corpus):
+    """The same recipe trained with mpiexec -n 1, 2, 3, 4 (``RAMP_STEPS`` steps, checkpoints every 2)."""
+    if not _have_mpi():
+        pytest.skip("needs mpi4py and mpiexec (pip install 'lockstep[mpi]')")
+    runs = {}
+    for world in (1, 2, 3, 4):
+        out = tmp_path_factory.mktemp(f"ramp-r{world}") / "run"
+        _run([*_mpiexec(world), *LOCKSTEP, "train", *RAMP_ARGS, "--steps", str(RAMP_STEPS), "--data", str(corpus),
+              "--out", str(out)], env=MPI_ENV)
+        runs[world] = out
+    return runs
+
+
 @pytest.mark.mpi
-@pytest.mark.skipif(not _have_mpi(), reason="needs mpi4py and mpiexec (pip install 'lockstep[mpi]')")
-@pytest.mark.parametrize("world", [1, 2, 3, 4])
-def test_mpi_run_matches_tree_fold_emulation(tmp_path, corpus, world):
-    out = tmp_path / f"r{world}"
-    # oversubscribed ranks: yield instead of spinning while waiting (changes timing, never bits)
-    env = dict(os.environ, MPIR_CVAR_ENABLE_HEAVY_YIELD="1")
-    _run(["mpiexec", "-n", str(world), *LOCKSTEP, "train", *TINY_ARGS, "--steps", "2", "--data", str(corpus),
-          "--out", str(out)], env=env)
-    traj = read_trajectory(out)
-    assert [r["step"] for r in traj] == [1, 2]
-    assert load_recipe(out)["world_size"] == world
-    assert [r["state_root"] for r in traj] == _emulated_roots(out, world, 2)
+@needs_mpi
+def test_any_number_of_ranks_gives_the_same_trajectory(ramp_runs):
+    want = (ramp_runs[1] / "trajectory.jsonl").read_bytes()
+    for world, out in ramp_runs.items():
+        assert (out / "trajectory.jsonl").read_bytes() == want, f"{world} ranks: another trajectory"
+        assert "world_size" not in load_recipe(out)
+        sizes = [json.loads(x)["world_size"] for x in (out / "metrics.jsonl").read_text().splitlines()]
+        assert sizes == [world] * RAMP_STEPS
+    traj = read_trajectory(ramp_runs[1])
+    assert [r["tokens"] for r in traj] == [192, 384, 704, 1024, 1344, 1664]  # M = 3, 3, 5, 5, 5, 5
+    assert [r["state_root"] for r in traj] == _one_process_roots(ramp_runs[1], RAMP_STEPS)
+
+
+@pytest.mark.mpi
+@pytest.mark.slow
+@needs_mpi
+def test_small_on_any_number_of_ranks_gives_the_same_trajectory(tmp_path, corpus):
+    """``small`` on the Numba backend, two steps whose batch grows from 2 to 3 micro-batches."""
+    args = ["--preset", "small", "--backend", "numba", "--batch-ramp", "0:2,512:3", "--micro-batch", "1",
+            "--steps", "2", "--quiet", "--data", str(corpus)]
+    trajectories = {}
+    for world in (1, 2, 3, 4):
+        out = tmp_path / f"small-r{world}"
+        _run([*_mpiexec(world), *LOCKSTEP, "train", *args, "--out", str(out)], env=MPI_ENV)
+        trajectories[world] = (out / "trajectory.jsonl").read_bytes()
+    assert len(trajectories[1].splitlines()) == 2
+    assert all(t == trajectories[1] for t in trajectories.values()), "the world size changed a trajectory"
+
+
+def _launch_killed(argv: list[str], world: int, nth_update: int) -> None:
+    """``lockstep argv`` on ``world`` ranks; rank 0 SIGKILLs itself before its ``nth_update``-th update
+    (``step.apply_update``), and hydra then ends the other ranks."""
+    proc = killpoint.launch("lockstep.train.trainer:apply_update", "before", nth_update, "", argv,
+                            launcher=_mpiexec(world), env=MPI_ENV, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    _, err = proc.communicate(timeout=killpoint.HANG_GUARD_S)
+    assert proc.returncode != 0, f"not killed:\n{err.decode()[-3000:]}"
+
+
+@pytest.mark.mpi
+@needs_mpi
+def test_elastic_resume_on_another_number_of_ranks_ends_with_the_same_chain(tmp_path, corpus, ramp_runs):
+    """Started on 4 ranks and killed in step 3; resumed on 2 (killed again in step 5, then resumed on 3),
+    on 3 and on 1: every ending is the uninterrupted 4-rank run, file for file."""
+    ref = ramp_runs[4]
+    want = (ref / "trajectory.jsonl").read_bytes()
+    chain = json.loads((ref / "commitment.json").read_text())["chain_hash"]
+
+    killed = tmp_path / "killed-on-4"
+    _launch_killed(["train", *RAMP_ARGS, "--steps", str(RAMP_STEPS), "--data", str(corpus), "--out", str(killed)],
+                   world=4, nth_update=3)
+    assert [r["step"] for r in read_trajectory(killed)] == [1, 2]
+    assert [s for s, _ in ckpt.list_checkpoints(killed)] == [2]
+
+    resume = ["train", "--resume", None, "--data", str(corpus), "--backend", "spec", "--quiet", "--checkpoint-every", "2"]
+    ends = {}
+    for name, hops in (("2 then 3", [2, 3]), ("3", [3]), ("1", [1])):
+        run = tmp_path / name.replace(" ", "-")
+        shutil.copytree(killed, run)
+        argv = [str(run) if a is None else a for a in resume]
+        for world in hops[:-1]:  # killed before the update of step 5 (the third of this resume)
+            _launch_killed(argv, world, nth_update=3)
+            assert [r["step"] for r in read_trajectory(run)] == [1, 2, 3, 4]
+        _run([*_mpiexec(hops[-1]), *LOCKSTEP, *argv], env=MPI_ENV)
+        ends[name] = run
+    for name, run in ends.items():
+        assert (run / "trajectory.jsonl").read_bytes() == want, f"resumed on {name} rank(s): another trajectory"
+        assert json.loads((run / "commitment.json").read_text())["chain_hash"] == chain, name
+    sizes = [json.loads(x)["world_size"] for x in (ends["2 then 3"] / "metrics.jsonl").read_text().splitlines()]
+    assert sizes == [4, 4, 2, 2, 3, 3]  # steps 1-2 on 4 ranks, 3-4 on 2 (killed in 5), 5-6 on 3
 
 
 def _train_cmd(out, corpus, steps):
@@ -159,10 +245,10 @@ def test_kill_9_and_resume_reproduces_the_trajectory(tmp_path, corpus):
 def test_genesis_binds_seed_data_and_recipe(tmp_path, corpus):
     m = Manifest.load(corpus)
     cfg, tcfg = preset("tiny"), train_preset("tiny")
-    base = make_recipe(cfg, tcfg, m, "data", 42, 1)
+    base = make_recipe(cfg, tcfg, m, "data", 42)
     h = genesis(base)
-    assert genesis(make_recipe(cfg, tcfg, m, "data", 43, 1)) != h
-    assert genesis(make_recipe(cfg, tcfg, m, "data", 42, 2)) != h
+    assert genesis(make_recipe(cfg, tcfg, m, "data", 43)) != h
+    assert genesis(make_recipe(cfg, dataclasses.replace(tcfg, micro_batch=2), m, "data", 42)) != h  # the tree's shape
     # a changed shard changes the manifest (it records every shard's SHA-256), hence H_0
     copy = tmp_path / "data2"
     shutil.copytree(corpus, copy)
@@ -175,7 +261,7 @@ def test_genesis_binds_seed_data_and_recipe(tmp_path, corpus):
 
     shard["tokens_sha256"] = hashlib.sha256((copy / shard["tokens_file"]).read_bytes()).hexdigest()
     (copy / "manifest.json").write_text(json.dumps(man, indent=1))
-    assert genesis(make_recipe(cfg, tcfg, Manifest.load(copy), "data", 42, 1)) != h
+    assert genesis(make_recipe(cfg, tcfg, Manifest.load(copy), "data", 42)) != h
 
 
 def test_changed_recipe_is_refused_on_resume(tmp_path, corpus):
@@ -215,3 +301,17 @@ def test_non_finite_loss_stops_and_keeps_the_last_checkpoint(tmp_path, corpus, m
     step, folder = ckpt.latest_checkpoint(out)
     assert step == 2
     ckpt.load_checkpoint(folder)  # verifies every digest
+
+
+def test_recorded_world_sizes_take_the_last_record_of_a_step_and_skip_bad_lines(tmp_path):
+    from lockstep.train.rundir import recorded_world_sizes
+
+    lines = [json.dumps({"step": 1, "world_size": 4}), "{torn", json.dumps({"step": 2, "world_size": 4}),
+             json.dumps({"step": 2, "world_size": 2}),  # step 2 again, after a resume on 2 ranks
+             json.dumps({"step": 3, "world_size": "4"}), json.dumps({"step": [3], "world_size": 3}), "[]"]
+    (tmp_path / "metrics.jsonl").write_text("\n".join(lines) + "\n")
+    assert recorded_world_sizes(tmp_path, [1, 2, 3, 9]) == {1: 4, 2: 2}
+    assert recorded_world_sizes(tmp_path / "elsewhere", [1]) == {}
+    (tmp_path / "metrics.jsonl").unlink()
+    (tmp_path / "metrics.jsonl").mkdir()
+    assert recorded_world_sizes(tmp_path, [1]) == {}

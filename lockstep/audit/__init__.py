@@ -4,8 +4,8 @@
   the recipe and H_0, the chain, every checkpoint's tensors and state root against
   the trajectory, the data shards, the commitment).
 * ``replay.replay_step`` / ``replay_steps``: recompute steps from the newest verified
-  checkpoint before them, emulating all R ranks of the run on one process
-  (TreeFold), and compare state roots and chain hashes with the trajectory.
+  checkpoint before them on one process (the spec's micro-batch tree needs no
+  world size), and compare state roots and chain hashes with the trajectory.
 * ``certificate``: the signed JSON record an auditor publishes for a replay.
 * ``plan.plan_audit``: who replays which step, drawn with Philox from the run's
   final commitment; ``merge.merge_certificates``: coverage, disagreements, gaps.

@@ -3,12 +3,13 @@
 A certificate is a JSON object::
 
     {"format": "lockstep.audit-certificate", "version": 2,
-     "run": {"commitment": H_N, "last_step": N, "genesis": H_0, "recipe_sha256": ...,
-             "world_size": R, "preset": "tiny"},
+     "run": {"commitment": H_N, "last_step": N, "genesis": H_0, "recipe_sha256": ..., "preset": "tiny"},
      "targets": [t, ...],                 the steps asked for
      "steps": [{"step": s, "start": c, "match": true, "replayed": {...}, "published": {...},
-                "differs": [...], "tensor_diffs": [...], "note": ...}, ...],
-                                          every replayed step (targets and the steps before them)
+                "differs": [...], "tensor_diffs": [...], "note": ..., "world_size": R}, ...],
+                                          every replayed step (targets and the steps before them);
+                                          world_size: the ranks that trained it, as the run's
+                                          metrics.jsonl says (a fact no hash binds; absent if unsaid)
      "outcome": "match" | "mismatch",
      "backend": "spec", "backend_description": ..., "spec_version": ..., "lockstep_version": ...,
      "machine": {"cpu": ..., "cores": ..., "gpu": ..., "os": ..., "python": ..., "numpy": ...},
@@ -131,7 +132,7 @@ def make_certificate(result, auditor: str | None = None) -> dict:
         "format": CERT_FORMAT,
         "version": CERT_VERSION,
         "run": {"commitment": result.commitment, "last_step": result.last_step, "genesis": result.genesis,
-                "recipe_sha256": result.recipe_sha256, "world_size": result.world_size, "preset": result.preset},
+                "recipe_sha256": result.recipe_sha256, "preset": result.preset},
         "targets": list(result.targets),
         "steps": [c.to_dict() for c in result.checks],
         "outcome": result.outcome,

@@ -12,14 +12,16 @@ For a target step t:
    come from the step plan (the recipe's batch schedule), never from a record a
    checkpoint carries: a checkpoint's ``stream_state`` is only compared with the
    derived position, and a difference makes the run invalid (``problems``).
-3. **Each step s = start+1 .. t** (TreeFold, ``step.emulate_step``): the global batch
-   of step s, every virtual rank of the recorded world size R in turn (one rank's
-   micro-batch activations alive at a time), their sums pushed into the fixed tree
-   (``collectives.TreeFolder``: at most log2(R) + 1 partial sums alive), clipping,
-   AdamW, the state root; then ``H_s = chain_hash(s, H_{s-1}, root_s, batch_digest_s,
-   tokens_s, loss_bits_s, grad_norm_bits_s, lr_bits_s)``. The state root, chain hash,
-   batch digest, token count and the float bits of loss, gradient norm and learning
-   rate are compared with the trajectory's record of step s.
+3. **Each step s = start+1 .. t** (``step.tree_step``): the global batch of step s,
+   its micro-batches one after another (one micro-batch's activations alive at a
+   time), added as the spec's tree says (``spec.tree.TreeFolder``: at most
+   ceil(log2 M) + 1 gradient sums alive), clipping, AdamW, the state root; then
+   ``H_s = chain_hash(s, H_{s-1}, root_s, batch_digest_s, tokens_s, loss_bits_s,
+   grad_norm_bits_s, lr_bits_s)``. The tree does not depend on how many ranks
+   trained the run, so the replay needs no world size: it matches runs made with
+   any number, and with a number that changed on a resume. The state root, chain
+   hash, batch digest, token count and the float bits of loss, gradient norm and
+   learning rate are compared with the trajectory's record of step s.
 4. **On a mismatch** the replay of that target stops. When a checkpoint of step s
    exists, the replayed tensors are compared with its tensors: every tensor whose
    digest differs is named with its first differing Merkle chunk (1 MiB) and first
@@ -43,6 +45,7 @@ from lockstep.fsio import UnsafePath, printable, read_json_regular
 from lockstep.spec import SPEC_VERSION, hashing
 from lockstep.train import checkpoint as ckpt
 from lockstep.train.data import GlobalStream, batch_digest
+from lockstep.train.rundir import recorded_world_sizes
 from lockstep.train.trainer import genesis, recipe_digest
 
 from .verify import (RunFileError, configs, float_bits, load_run_recipe, open_data, read_commitment,
@@ -97,6 +100,7 @@ class StepCheck:
     tensor_diffs: list[TensorDiff] = field(default_factory=list)
     note: str | None = None
     seconds: float = 0.0
+    world_size: int | None = None  # ranks that trained the step, as metrics.jsonl says (not in the chain)
 
     @property
     def match(self) -> bool:
@@ -109,6 +113,8 @@ class StepCheck:
             d["tensor_diffs"] = [t.to_dict() for t in self.tensor_diffs]
         if self.note:
             d["note"] = self.note
+        if self.world_size is not None:
+            d["world_size"] = self.world_size
         return d
 
 
@@ -119,7 +125,6 @@ class ReplayResult:
     checks: list[StepCheck]
     backend: str
     backend_description: str
-    world_size: int
     preset: str
     commitment: str  # the run's last chain hash (commitment.json, else the trajectory's)
     last_step: int
@@ -152,7 +157,7 @@ class ReplayResult:
         return None
 
     def format(self) -> str:
-        lines = [f"run {self.run_dir}: {self.preset}, world size {self.world_size}, {self.last_step} steps, "
+        lines = [f"run {self.run_dir}: {self.preset}, {self.last_step} steps, "
                  f"commitment {self.commitment[:16]}...; backend {self.backend}"]
         lines += [f"  RUN INVALID: {p}" for p in self.problems]
         lines += [f"  DAMAGED: {d}" for d in self.damaged]
@@ -162,7 +167,8 @@ class ReplayResult:
         lines += [f"  note: {n}" for n in self.notes]
         for c in self.checks:
             tag = "target" if c.step in self.targets else "on the way"
-            head = (f"  step {c.step} ({tag}, from {'checkpoint ' + str(c.start) if c.start else 'the initial state'},"
+            ranks = f", trained on {c.world_size} rank(s)" if c.world_size is not None else ""
+            head = (f"  step {c.step} ({tag}{ranks}, from {'checkpoint ' + str(c.start) if c.start else 'the initial state'},"
                     f" {c.seconds:.2f}s): ")
             if c.match:
                 lines.append(head + f"MATCH  state root {c.replayed['state_root'][:16]}...  "
@@ -307,9 +313,8 @@ class _Replayer:
                               f"{self.recipe['spec_version']!r}, this lockstep implements {SPEC_VERSION!r}; "
                               "install the lockstep release of that SPEC_VERSION to replay it")
         self.cfg, self.tcfg = configs(self.recipe)
-        self.world = self.recipe["world_size"]
         try:
-            require_memory(self.cfg, self.tcfg, self.world, "replay a step")  # before anything is allocated
+            require_memory(self.cfg, self.tcfg, "replay a step")  # before anything is allocated
         except RunFileError as exc:
             raise ReplayError(str(exc)) from None
         self.state_bound = ckpt.state_bytes_bound(self.cfg)  # a larger state file is refused unread
@@ -505,7 +510,7 @@ class _Replayer:
 
     def step(self, st: _State) -> tuple[StepCheck, _State | None]:
         from lockstep.train.optim import NonFiniteError
-        from lockstep.train.step import emulate_step, plan_step, state_tensors
+        from lockstep.train.step import plan_step, state_tensors, tree_step
 
         s = st.step + 1
         t0 = time.perf_counter()
@@ -515,7 +520,7 @@ class _Replayer:
         rec = self.traj[s - 1]
         published = {k: rec[k] for k in COMPARED if k in rec}
         try:
-            res = emulate_step(st.params, st.opt, windows, plan, self.cfg, self.tcfg, self.be, self.world)
+            res = tree_step(st.params, st.opt, windows, plan, self.cfg, self.tcfg, self.be)
         except NonFiniteError as exc:
             check = StepCheck(s, st.start, {"batch_digest": bd}, published, ["state_root", "chain_hash"],
                               note=f"the replay stopped: {exc} (the run published finite values)",
@@ -591,8 +596,11 @@ def replay_steps(run_dir: str | os.PathLike, steps, backend_name: str = "spec", 
                 continue
         _replay_run_of_steps(rp, state, t, checks)
         state = rp.last_state
+    trained_on = recorded_world_sizes(run_dir, [c.step for c in checks])
+    for c in checks:
+        c.world_size = trained_on.get(c.step)
     return ReplayResult(run_dir=run_dir, targets=targets, checks=checks, backend=rp.be.name,
-                        backend_description=rp.be.description, world_size=rp.world, preset=rp.cfg.name,
+                        backend_description=rp.be.description, preset=rp.cfg.name,
                         commitment=rp.commitment, last_step=n, genesis=rp.h0, recipe_sha256=rp.digest,
                         seconds=time.perf_counter() - t0, notes=rp.notes, problems=rp.problems,
                         damaged=rp.damaged, skipped_damaged=rp.skipped_damaged, backend_choice=rp.backend_choice)
@@ -603,8 +611,8 @@ def _replay_run_of_steps(rp: _Replayer, state: _State, target: int, checks: list
     first, count = state.step + 1, target - state.step
     origin = (f"checkpoint {ckpt.step_dirname(state.start)}" if state.start and state.step == state.start else
               "the initial state" if state.step == 0 else f"the state replayed to step {state.step}")
-    rp.log(f"replaying {count} step(s), {first}..{target}, from {origin}: {rp.world} virtual rank(s), backend "
-           f"{rp.be.name}")
+    rp.log(f"replaying {count} step(s), {first}..{target}, from {origin} on one process (the spec's micro-batch "
+           f"tree needs no world size), backend {rp.be.name}")
     t0 = time.perf_counter()
     done = 0
     while state is not None and state.step < target:

@@ -107,7 +107,6 @@ class Report:
     run_dir: Path
     findings: list[Finding] = field(default_factory=list)
     steps: int = 0
-    world_size: int | None = None
     preset: str | None = None
     genesis: str | None = None
     recipe_sha256: str | None = None
@@ -134,7 +133,7 @@ class Report:
         self.findings.append(Finding(check, str(path), message, step, tensor, severity))
 
     def format(self) -> str:
-        lines = [f"run {self.run_dir}: {self.steps} step(s), world size {self.world_size}, preset {self.preset}"]
+        lines = [f"run {self.run_dir}: {self.steps} step(s), preset {self.preset}"]
         lines += [f"  ok  {p}" for p in self.passed]
         for f in self.findings:
             lines.append(f"  {f}")
@@ -237,19 +236,23 @@ def recipe_value_problems(recipe: dict) -> list[str]:
     return problems
 
 
-def memory_estimate(cfg: ModelConfig, tcfg: TrainConfig, world_size: int) -> int:
+def memory_estimate(cfg: ModelConfig, tcfg: TrainConfig) -> int:
     """Bytes a replay (or a resume) of one step of this recipe needs, roughly (an order of magnitude).
 
-    The state (parameters and two AdamW moments), a gradient sum per level of the
-    fixed tree (log2(R) + 2) and the new state, all float32; plus one micro-batch's
-    activations: per layer about 16 d_model + 4 ffn_dim values per token and the
-    attention scores (heads x seq_len^2, forward and backward), and the logits
-    (3 x vocab per token).
+    The state (parameters and two AdamW moments), the gradient sums the step's
+    micro-batch tree keeps alive (``spec.tree.TreeFolder``: at most ``ceil(log2 M) + 1``
+    for the ramp's largest ``M``, plus the micro-batch being computed) and the new
+    state, all float32; plus one micro-batch's activations: per layer about
+    16 d_model + 4 ffn_dim values per token and the attention scores
+    (heads x seq_len^2, forward and backward), and the logits (3 x vocab per token).
+    The number of ranks that trained the run plays no part.
     """
+    from lockstep.spec.tree import depth
     from lockstep.train.model import param_specs
 
     params = sum(math.prod(s.shape) for s in param_specs(cfg))
-    levels = max(world_size, 1).bit_length() + 2
+    most = max(n for _, n in tcfg.batch_ramp)
+    levels = depth(-(-most // tcfg.micro_batch)) + 2
     state = 4 * params * (3 + levels + 3)
     tokens = tcfg.micro_batch * cfg.seq_len
     per_layer = tokens * (16 * cfg.d_model + 4 * cfg.ffn_dim) + 2 * tcfg.micro_batch * cfg.n_heads * cfg.seq_len ** 2
@@ -274,9 +277,9 @@ def available_memory() -> int | None:
     return phys
 
 
-def require_memory(cfg: ModelConfig, tcfg: TrainConfig, world_size: int, what: str) -> None:
+def require_memory(cfg: ModelConfig, tcfg: TrainConfig, what: str) -> None:
     """``RunFileError`` when ``memory_estimate`` is beyond this machine's memory: refuse before allocating."""
-    need, have = memory_estimate(cfg, tcfg, world_size), available_memory()
+    need, have = memory_estimate(cfg, tcfg), available_memory()
     if have is not None and need > have:
         raise RunFileError(f"the recipe's model ({cfg.name}: d_model {cfg.d_model}, {cfg.n_layers} layers, seq_len "
                            f"{cfg.seq_len}, vocab {cfg.vocab_size}) needs about {need / 2**30:,.1f} GiB to {what}; "
@@ -295,16 +298,13 @@ def load_run_recipe(run_dir: Path) -> dict:
         raise RunFileError(f"{exc}; restore recipe.json from the run's publisher") from None
     if not isinstance(recipe, dict) or recipe.get("format") != RECIPE_FORMAT:
         raise RunFileError(f"{path}: not a lockstep recipe (format must be {RECIPE_FORMAT!r})")
-    for key in ("model", "train", "data", "seed", "world_size", "micro_batch", "spec_version"):
+    for key in ("model", "train", "data", "seed", "micro_batch", "spec_version"):
         if key not in recipe:
             raise RunFileError(f"{path}: key {key!r} missing")
     data = recipe["data"]
     if not (isinstance(data, dict) and isinstance(data.get("folder"), str)
             and isinstance(data.get("manifest_sha256"), str) and HEX64.fullmatch(data["manifest_sha256"])):
         raise RunFileError(f"{path}: 'data' must hold a folder and a 64-digit manifest_sha256")
-    ws = recipe["world_size"]
-    if type(ws) is not int or not 1 <= ws <= 1 << 20:
-        raise RunFileError(f"{path}: world_size must be an integer >= 1, got {ws!r}")
     if type(recipe["seed"]) is not int or not 0 <= recipe["seed"] < 2**64:
         raise RunFileError(f"{path}: seed must be an integer in [0, 2**64), got {recipe['seed']!r}")
     if not isinstance(recipe["spec_version"], str):
@@ -742,7 +742,7 @@ def verify_run(run_dir: str | os.PathLike, data: str | os.PathLike | None = None
     cfg = tcfg = None
     if recipe is not None:
         cfg, tcfg = configs(recipe)
-        rep.world_size, rep.preset = recipe["world_size"], cfg.name
+        rep.preset = cfg.name
         rep.recipe_sha256 = recipe_digest(recipe)
         rep.genesis = genesis(recipe)
         rep.passed.append(f"recipe      sha256 {rep.recipe_sha256[:16]}..., H_0 {rep.genesis[:16]}...")

@@ -4,7 +4,8 @@ Slow, plain NumPy, written to be read. Arithmetic contract (see ``fp``):
 IEEE float32, each ``+ - * / sqrt`` rounded separately (never an FMA), results
 with ``0 < |r| < 2**-126`` flushed to a zero of their sign after rounding,
 every NaN the canonical ``0x7FC00000``, one written order for every float sum
-(``reduce``), transcendentals built from those five operations
+(``reduce``; ``tree`` for the sum of a step's micro-batches, whatever the number of
+ranks), transcendentals built from those five operations
 (``transcendental``), random numbers from Philox4x32-10 only (``philox``).
 No BLAS, libm, ``np.sum``/``np.dot``/``np.matmul`` on floats or ``np.random``
 decides a bit. Integer GEMMs are exact and may use anything.

@@ -1,49 +1,62 @@
-"""The fixed reduction tree across ranks, its MPI all-reduce, and rank agreement checks.
+"""The step's reduction tree across ranks: who computes which micro-batches, and the exchange.
 
-The tree is part of the spec: it decides the bits of every all-reduced gradient.
-It is a pure function of the world size R (the values are float32 arrays of one
-shape; ``+`` below is the backend's elementwise float32 add, ``fp.add`` in the
-spec, and ``a + b`` always has the lower-ranked sum on the left)::
+The tree itself is in the spec (``lockstep.spec.tree``): micro-batch ``j`` of a step
+holds a fixed set of windows, and the step's sum is one fixed binary tree over the
+micro-batch indices ``0 .. M-1``. Nothing here changes a bit: any world size ``R``
+computes exactly that tree, so runs with 1, 2, 3 or 64 ranks publish the same
+trajectory, a run may resume on another ``R``, and an audit replays a step on one
+process. To port lockstep to another runtime (NCCL, Gloo, ...), implement these three
+rules on top of the spec's tree and a conforming elementwise ``add``:
 
-    P = the largest power of two <= R,  E = R - P          (0 <= E < P)
+1. **Assignment** (``rank_micro_batches``). Rank ``r`` computes a contiguous range of
+   micro-batches. When ``R = 2**k <= M`` it is the ``r``-th node at depth ``k`` of the
+   tree (``spec.tree.level``): one whole subtree per rank. Otherwise it is
+   ``floor(r*M/R) .. floor((r+1)*M/R) - 1``. Either way the ranks' counts differ by
+   at most one micro-batch (ranks beyond ``M`` get none).
+2. **Within a rank** (``train.step.subtree_sums``). The rank computes its micro-batches
+   in ascending order and streams them through ``spec.tree.TreeFolder``, which adds
+   two sums as soon as they are sibling nodes of the tree. It ends with its range's
+   *maximal subtrees* (``spec.tree.maximal_subtrees``): one sum in the power-of-two
+   case, at most about ``2*log2(M/R)`` otherwise, with at most ``ceil(log2 M) + 1``
+   sums alive on the way.
+3. **The exchange** combines those subtree sums (every rank's, ``K`` in all) exactly
+   as the tree's nodes above them say. The tree is elementwise, so the gradient
+   vector of ``n`` floats can be cut into independent element segments:
 
-    1. fold-in of the extra ranks: for j < E:   w_j = v_j + v_{P+j}
-                                    for E <= j < P:  w_j = v_j
-    2. a balanced binary tree over w_0 .. w_{P-1}, by recursive doubling:
-       for d = 1, 2, 4, ..., P/2: every i < P pairs with i XOR d, and both set
-       w_i = w_lo + w_hi   with  lo = min(i, i XOR d), hi = max(i, i XOR d)
+   * *Power of two* (``R = 2**k <= M``, ``K = R``): the butterfly. Recursive-halving
+     reduce-scatter with partners ``r XOR d`` for ``d = 1, 2, 4, ..., R/2``: at stage
+     ``d`` a rank keeps the lower half of its current segment if ``r & d == 0`` (else
+     the upper half), sends the other half to its partner, and adds what it receives,
+     with the lower-ranked group's sum on the left. Then a recursive-doubling
+     allgather (``d = R/2, ..., 2, 1``) copies the finished segments. The depth-``k``
+     nodes are the leaves of a perfect binary tree on top (every node above depth
+     ``k`` has two children there), and stage ``d`` performs exactly its adds
+     ``log2 d + 1`` levels above depth ``k``, so the result is the tree's. (Where the
+     segments are cut changes no bit: the tree is elementwise.)
+   * *Any other R* (3, 5, 6, ..., or ``M < R``): a reduce-scatter by segment owners.
+     The vector is cut into ``R`` segments, ``floor(s*n/R) .. floor((s+1)*n/R) - 1`` for
+     segment ``s``, owned by rank ``s``. Every rank sends segment ``s`` of each of its
+     subtree sums to rank ``s`` (pairwise: in round ``i = 1 .. R-1`` rank ``r`` sends to
+     ``r + i`` and receives from ``r - i``, mod R). Rank ``s`` now holds segment ``s`` of
+     all ``K`` subtree sums, in tree order (by rank, then by position), and folds them
+     with ``TreeFolder``: the tree's adds above the subtrees. A pairwise allgather
+     (the same rounds, copies only) gives every rank every segment. Traffic per
+     rank: ``k_r * n * (R-1)/R`` floats sent in the reduce-scatter (``k_r`` its
+     subtree count) plus ``n * (R-1)/R`` in the allgather; the butterfly's is the
+     case ``k_r = 1``. Imbalance and traffic for small and large ``M``
+     (``exchange_cost``), and speed: ``benchmarks/RESULTS.md``, "Micro-batch tree
+     across ranks".
 
-    result = w_0 (= every w_i)  =  T(0, P), where
-             T(a, 1) = w_a,  T(a, 2n) = T(a, n) + T(a + n, n)
+   Large vectors go through in element ranges of ``chunk_bytes`` (32 MiB by default),
+   each exchanged as above: chunking bounds temporaries and never changes a bit.
 
-For R = 6: P = 4, E = 2, result = ((v0 + v4) + (v1 + v5)) + (v2 + v3).
-For R = 1 the result is v_0, untouched (no add is applied). Only the grouping
-decides bits (IEEE addition is commutative, and NaNs are canonical); "lower on
-the left" is stated so that every implementation reads the same.
-
-Three implementations share this one definition:
-
-* ``tree_fold`` / ``TreeFolder``: single-process emulation for the audit, which
-  replays a step of an R-rank run on one machine. ``TreeFolder`` takes the rank
-  buffers one at a time and keeps at most ``log2(P) + 1`` partial sums alive
-  when fed in ``fold_order(R)``.
-* ``butterfly_allreduce``: MPI point-to-point (``Sendrecv`` on NumPy buffers).
-  Within the power-of-two group it runs a *recursive-halving reduce-scatter* with
-  XOR partners at distances 1, 2, 4, ... followed by a *recursive-doubling
-  allgather* at distances P/2, ..., 2, 1, so each rank sends and adds only about
-  one buffer's worth in total instead of ``log2(P)`` buffers. It matches the tree
-  because the tree is elementwise: at stage d a rank keeps half of its current
-  segment and its partner (i XOR d) holds the *same* segment (segments depend
-  only on the address bits below d, which partners share), so each element of
-  the kept half becomes (sum of the lower group of 2d ranks' halves) + (upper
-  group) with the lower one on the left, exactly the stage-d add of the tree.
-  The allgather only copies finished sums. Extra ranks send their buffer to
-  rank j = rank - P before the tree and receive the result from it after.
-* Large buffers are processed in independent element ranges (``chunk_bytes``,
-  32 MiB by default); since every element sees the same tree, chunking never
-  changes a bit.
-
-``MPI_Allreduce`` is never used on floats: its order belongs to the MPI library.
+Only ``Sendrecv`` moves floats, and nothing but the backend's ``add`` ever adds them
+(MPICH's ``Alltoallv``/``Allgatherv`` would only move bytes too, but measured here, 3 and 4
+ranks on 2 cores, they were 4-21x slower than these pairwise rounds): ``MPI_Allreduce`` is never used on
+floats (its order belongs to the MPI library). Every message's size is checked on
+arrival, so ranks that disagree on the vector's length fail instead of adding short
+data. Integer ``Allreduce``/``Allgather`` (state digests, stop signals) are exact and
+used freely.
 
 Failure handling (MPICH 5 hydra ``mpiexec``, checked by hand and in the tests):
 a rank that dies (even by SIGKILL) makes hydra kill the remaining ranks and exit
@@ -57,28 +70,28 @@ number and calls ``comm.Abort(1)``, which ends the whole job at once.
 Oversubscribed (more ranks than cores, as in tests on 2 cores), MPICH's waiting
 ranks spin and each message costs a scheduler time slice (~10 ms);
 ``MPIR_CVAR_ENABLE_HEAVY_YIELD=1`` in the environment makes waiting ranks yield
-and small all-reduces about 10x faster. It changes no bit.
+and small exchanges about 10x faster. It changes no bit.
 """
 
 from __future__ import annotations
 
 import collections
 import contextlib
-import hashlib
-import json
 import sys
 import traceback
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 import numpy as np
+
+from lockstep.spec import tree
 
 DEFAULT_CHUNK_BYTES = 32 << 20  # 32 MiB element ranges: bounded temporaries and message sizes
 STATE_DIGEST_BYTES = 32  # SHA-256 state roots
 
-_TAG_FOLD_IN = 0x4C50  # "LP": extra rank -> partner, before the tree
 _TAG_HALVING = 0x4C51
 _TAG_DOUBLING = 0x4C52
-_TAG_FOLD_OUT = 0x4C53  # partner -> extra rank, after the tree
+_TAG_SCATTER = 0x4C54
+_TAG_GATHER = 0x4C55
 
 
 def _default_add():
@@ -88,171 +101,48 @@ def _default_add():
 
 
 # ---------------------------------------------------------------------------
-# The tree as data
+# Who computes what
 # ---------------------------------------------------------------------------
 
 
-def tree_shape(world_size: int) -> tuple[int, int]:
-    """``(P, E)``: the largest power of two ``P <= R`` and the number of extra ranks ``E = R - P``."""
-    r = int(world_size)
-    if r < 1:
-        raise ValueError(f"world size must be >= 1, got {world_size}")
-    p = 1 << (r.bit_length() - 1)
-    return p, r - p
+def _power_of_two_fits(m: int, world_size: int) -> bool:
+    """True when the butterfly applies: ``R = 2**k <= M``."""
+    return world_size & (world_size - 1) == 0 and world_size <= m
 
 
-def fold_order(world_size: int) -> list[int]:
-    """The rank order in which ``TreeFolder`` needs the fewest buffers alive.
+def rank_micro_batches(m: int, world_size: int, rank: int) -> tuple[int, int]:
+    """``(lo, hi)``: the micro-batches ``lo .. hi-1`` that ``rank`` computes (rule 1 above)."""
+    m, r, size = int(m), int(rank), int(world_size)
+    if size < 1 or not 0 <= r < size:
+        raise ValueError(f"rank {rank} is outside a world of size {world_size}")
+    if _power_of_two_fits(m, size):
+        return tree.level(m, size.bit_length() - 1)[r]
+    return r * m // size, (r + 1) * m // size
 
-    ``0, P, 1, P+1, ..., E-1, P+E-1, E, E+1, ..., P-1``: each extra rank right after
-    the rank it folds into, then the rest of the power-of-two group.
+
+def rank_subtrees(m: int, world_size: int) -> list[list[tuple[int, int]]]:
+    """Per rank, the maximal subtrees of its micro-batches: what it hands to the exchange."""
+    return [tree.maximal_subtrees(*rank_micro_batches(m, world_size, r), m) for r in range(world_size)]
+
+
+def exchange_cost(m: int, world_size: int) -> dict:
+    """Load and traffic of the assignment and exchange for ``M`` micro-batches on ``R`` ranks.
+
+    ``imbalance``: the most micro-batches on one rank over the mean ``M/R``.
+    ``max_subtrees``: the most subtree sums one rank sends. ``traffic``: the most
+    floats one rank sends, in units of the gradient length ``n`` (reduce-scatter plus
+    allgather); ``2 (R-1)/R`` is the butterfly's, and any all-reduce's lower bound.
     """
-    p, e = tree_shape(world_size)
-    order: list[int] = []
-    for j in range(p):
-        order.append(j)
-        if j < e:
-            order.append(p + j)
-    return order
-
-
-def tree_expression(world_size: int) -> str:
-    """The tree as a parenthesised expression over ``v0 .. v{R-1}`` (documentation and tests)."""
-    p, e = tree_shape(world_size)
-    terms = [f"(v{j} + v{p + j})" if j < e else f"v{j}" for j in range(p)]
-    while len(terms) > 1:
-        terms = [f"({terms[i]} + {terms[i + 1]})" for i in range(0, len(terms), 2)]
-    t = terms[0]
-    return t[1:-1] if t.startswith("(") and world_size > 1 else t
+    counts = [hi - lo for lo, hi in (rank_micro_batches(m, world_size, r) for r in range(world_size))]
+    subtrees = [len(s) for s in rank_subtrees(m, world_size)]
+    share = (world_size - 1) / world_size
+    return {"imbalance": max(counts) * world_size / m, "max_subtrees": max(subtrees),
+            "total_subtrees": sum(subtrees), "traffic": (max(subtrees) + 1) * share,
+            "butterfly": _power_of_two_fits(m, world_size)}
 
 
 # ---------------------------------------------------------------------------
-# Single-process emulation (TreeFold)
-# ---------------------------------------------------------------------------
-
-
-def _check_value(x, ref, rank: int):
-    """Validate a rank buffer (array or dict of arrays) against the first one."""
-    if isinstance(x, Mapping):
-        if ref is not None and (not isinstance(ref, Mapping) or sorted(x) != sorted(ref)):
-            raise ValueError(f"rank {rank}: tensor names differ from rank 0's")
-        for k in x:
-            _check_value(x[k], None if ref is None else ref[k], rank)
-        return
-    if not isinstance(x, np.ndarray) or x.dtype != np.float32:
-        what = x.dtype if isinstance(x, np.ndarray) else type(x).__name__
-        raise TypeError(f"rank {rank}: all-reduce buffers must be float32 arrays, got {what}")
-    if ref is not None and (not isinstance(ref, np.ndarray) or ref.shape != x.shape):
-        raise ValueError(f"rank {rank}: shape {x.shape} differs from rank 0's {getattr(ref, 'shape', None)}")
-
-
-def _combine(left, right, add):
-    """``left + right`` elementwise (lower ranks on the left); dicts key by key, sorted."""
-    if isinstance(left, Mapping):
-        return {k: add(left[k], right[k]) for k in sorted(left)}
-    return add(left, right)
-
-
-class TreeFolder:
-    """Streaming ``tree_fold``: push the R rank buffers one at a time, then ``result()``.
-
-    ``push(buf)`` takes ranks in rank order 0, 1, ..., R-1; ``push(buf, rank=r)`` takes
-    them in any order. Partial sums live on a stack like a binary counter (two
-    neighbouring groups of equal size merge at once, the lower group on the left),
-    so at most ``log2(P) + 1`` partial sums are alive, plus buffers that arrived
-    before their turn: feeding in ``fold_order(R)`` holds none, plain rank order
-    holds ranks ``< E`` until ranks ``P ..`` arrive. Inputs are never modified;
-    an input array may be returned as is only when R = 1.
-    """
-
-    def __init__(self, world_size: int, add: Callable | None = None):
-        self.world_size = int(world_size)
-        self.p, self.e = tree_shape(self.world_size)
-        self.add = add if add is not None else _default_add()
-        self._order = fold_order(self.world_size)
-        self._next = 0  # index into _order of the next buffer the tree consumes
-        self._pending: dict[int, object] = {}
-        self._seen: set[int] = set()
-        self._held_extra = None  # v_j waiting for v_{P+j}
-        self._stack: list[tuple[int, object]] = []  # (group size, partial sum), lower groups first
-        self._ref = None
-        self._next_rank_order = 0
-        self.max_alive = 0  # the most buffers ever held at once (tests and docs)
-
-    def push(self, buf, rank: int | None = None) -> None:
-        """Give the buffer of ``rank`` (default: the next rank in rank order)."""
-        if rank is None:
-            rank = self._next_rank_order
-            self._next_rank_order += 1
-        rank = int(rank)
-        if not 0 <= rank < self.world_size:
-            raise ValueError(f"rank {rank} is outside a world of size {self.world_size}")
-        if rank in self._seen:
-            raise ValueError(f"rank {rank} was pushed twice")
-        _check_value(buf, self._ref, rank)
-        if self._ref is None:
-            self._ref = buf
-        self._seen.add(rank)
-        self._pending[rank] = buf
-        while self._next < len(self._order) and self._order[self._next] in self._pending:
-            r = self._order[self._next]
-            self._consume(r, self._pending.pop(r))
-            self._next += 1
-        self._note_alive()
-
-    def _consume(self, rank: int, buf) -> None:
-        p, e = self.p, self.e
-        if rank < e:  # wait for its extra rank P+rank
-            self._held_extra = buf
-            return
-        if rank >= p:  # step 1 of the tree: w_j = v_j + v_{P+j}
-            w = _combine(self._held_extra, buf, self.add)
-            self._held_extra = None
-        else:
-            w = buf
-        size = 1
-        while self._stack and self._stack[-1][0] == size:  # step 2: merge equal groups
-            _, left = self._stack.pop()
-            w = _combine(left, w, self.add)
-            size *= 2
-        self._stack.append((size, w))
-
-    def _note_alive(self) -> None:
-        alive = len(self._stack) + len(self._pending) + (self._held_extra is not None)
-        self.max_alive = max(self.max_alive, alive)
-
-    def result(self):
-        """The reduced buffer (or dict); raises if a rank is missing."""
-        if len(self._seen) != self.world_size:
-            missing = sorted(set(range(self.world_size)) - self._seen)
-            raise ValueError(f"tree_fold: missing buffers of ranks {missing[:16]}")
-        assert len(self._stack) == 1 and self._stack[0][0] == self.p
-        return self._stack[0][1]
-
-
-def tree_fold(buffers: Iterable, add: Callable | None = None, *, world_size: int | None = None):
-    """Reduce the R rank buffers with the fixed tree (module docstring) on one process.
-
-    ``buffers`` is a sequence of float32 arrays of one shape, or of dicts of them
-    (each name folded on its own, names in sorted order), in rank order. An
-    iterator works too (pass ``world_size`` so it streams through a
-    ``TreeFolder`` instead of being materialised). ``add`` is the backend's
-    elementwise float32 add, ``lockstep.spec.fp.add`` by default. The result has
-    the same bits as ``butterfly_allreduce`` on an R-rank job.
-    """
-    if world_size is None:
-        buffers = buffers if isinstance(buffers, Sequence) else list(buffers)
-        world_size = len(buffers)
-    if world_size < 1:
-        raise ValueError("tree_fold needs at least one buffer")
-    folder = TreeFolder(world_size, add)
-    for buf in buffers:
-        folder.push(buf)
-    return folder.result()
-
-
-# ---------------------------------------------------------------------------
-# MPI all-reduce
+# The exchange
 # ---------------------------------------------------------------------------
 
 
@@ -273,114 +163,121 @@ def _halving_segments(n: int, p: int, rank: int) -> list[tuple[int, int, int, in
     return out
 
 
-def _butterfly_range(comm, x: np.ndarray, add: Callable, scratch: np.ndarray) -> None:
-    """All-reduce the 1-D float32 array ``x`` in place (one element range)."""
+def _butterfly_range(comm, x: np.ndarray, out: np.ndarray, add: Callable, scratch: np.ndarray) -> None:
+    """Rule 3 for R = 2**k <= M (one element range): ``out`` = the sum of every rank's ``x``.
+
+    The reduce-scatter keeps each stage's sum as its own array (no copy of ``x``); only
+    the finished segment is copied into ``out`` before the allgather.
+    """
     size, rank = comm.Get_size(), comm.Get_rank()
-    p, e = tree_shape(size)
-    if rank >= p:  # an extra rank: hand its values to rank - P, get the result back
-        comm.Send(x, dest=rank - p, tag=_TAG_FOLD_IN)
-        comm.Recv(x, source=rank - p, tag=_TAG_FOLD_OUT)
-        return
-    if rank < e:
-        comm.Recv(scratch[: x.size], source=rank + p, tag=_TAG_FOLD_IN)
-        x[:] = add(x, scratch[: x.size])
-    stages = _halving_segments(x.size, p, rank)
-    for s, (lo, mid, hi, keep_lower) in enumerate(stages):  # reduce-scatter, d = 1, 2, 4, ...
-        partner = rank ^ (1 << s)
-        keep, give = ((lo, mid), (mid, hi)) if keep_lower else ((mid, hi), (lo, mid))
-        n_keep = keep[1] - keep[0]
-        recv = scratch[:n_keep]
-        comm.Sendrecv(x[give[0] : give[1]], dest=partner, sendtag=_TAG_HALVING,
-                      recvbuf=recv, source=partner, recvtag=_TAG_HALVING)
-        mine = x[keep[0] : keep[1]]
-        mine[:] = add(mine, recv) if keep_lower else add(recv, mine)  # lower group on the left
+    stages = _halving_segments(x.size, size, rank)
+    mine, lo = x, 0  # my current segment's values and where it starts
+    for s, (_, mid, _, keep_lower) in enumerate(stages):  # reduce-scatter, d = 1, 2, 4, ...
+        lower, upper = mine[: mid - lo], mine[mid - lo :]
+        keep, give = (lower, upper) if keep_lower else (upper, lower)
+        recv = scratch[: keep.size]
+        _exchange(comm, give, rank ^ (1 << s), recv, rank ^ (1 << s), _TAG_HALVING)
+        mine = add(keep, recv) if keep_lower else add(recv, keep)  # the lower group's sum on the left
+        lo = lo if keep_lower else mid
+    out[lo : lo + mine.size] = mine
     for s in reversed(range(len(stages))):  # allgather, d = P/2, ..., 2, 1: copy finished sums
         lo, mid, hi, keep_lower = stages[s]
-        partner = rank ^ (1 << s)
         have, want = ((lo, mid), (mid, hi)) if keep_lower else ((mid, hi), (lo, mid))
-        comm.Sendrecv(x[have[0] : have[1]], dest=partner, sendtag=_TAG_DOUBLING,
-                      recvbuf=x[want[0] : want[1]], source=partner, recvtag=_TAG_DOUBLING)
-    if rank < e:
-        comm.Send(x, dest=rank + p, tag=_TAG_FOLD_OUT)
+        _exchange(comm, out[have[0] : have[1]], rank ^ (1 << s), out[want[0] : want[1]], rank ^ (1 << s),
+                  _TAG_DOUBLING)
 
 
-def _check_same_count(comm, count: int) -> None:
-    """Every rank must reduce the same number of elements: a short message would not
-    be an MPI error (a receive may be longer than its message), just wrong numbers."""
-    counts = np.zeros(comm.Get_size(), dtype=np.int64)
-    comm.Allgather(np.array([count], dtype=np.int64), counts)  # integers, exact
-    if np.any(counts != counts[0]):
-        raise ValueError(f"rank {comm.Get_rank()}: all-reduce element counts differ across ranks: "
-                         f"{counts.tolist()[:16]}")
+def _owner_fold_range(comm, mine: Sequence[np.ndarray], out: np.ndarray, m: int,
+                      subtrees: list[list[tuple[int, int]]], add: Callable) -> None:
+    """Rule 3, any R: reduce-scatter to segment owners, fold in tree order, allgather (one element range).
+
+    ``mine`` holds this rank's subtree sums restricted to the range; ``out`` receives the result.
+    Both phases are pairwise exchanges: in round i = 1 .. R-1 a rank sends to ``rank + i``
+    and receives from ``rank - i`` (mod R), so every pair meets once per phase.
+    """
+    size, rank, n = comm.Get_size(), comm.Get_rank(), out.size
+    seg = [s * n // size for s in range(size + 1)]
+    width = seg[rank + 1] - seg[rank]
+    at = _offsets([len(spans) * width for spans in subtrees] + [0])  # where each rank's sums go, tree order
+    recv = np.empty(at[-1], dtype=np.float32)
+    for i, v in enumerate(mine):
+        recv[at[rank] + i * width : at[rank] + (i + 1) * width] = v[seg[rank] : seg[rank + 1]]
+    for i in range(1, size):  # reduce-scatter: segment dst of each of my sums to its owner
+        dst, src = (rank + i) % size, (rank - i) % size
+        lo, hi = seg[dst], seg[dst + 1]
+        send = mine[0][lo:hi] if len(mine) == 1 else np.concatenate([v[lo:hi] for v in mine] or [out[:0]])
+        _exchange(comm, send, dst, recv[at[src] : at[src + 1]], src, _TAG_SCATTER)
+    folder = tree.TreeFolder(m, add)
+    for i, (lo, hi) in enumerate(span for spans in subtrees for span in spans):
+        folder.push(lo, hi, recv[i * width : (i + 1) * width])
+    out[seg[rank] : seg[rank + 1]] = folder.result()
+    for i in range(1, size):  # allgather: copy the finished segments
+        dst, src = (rank + i) % size, (rank - i) % size
+        _exchange(comm, out[seg[rank] : seg[rank + 1]], dst, out[seg[src] : seg[src + 1]], src, _TAG_GATHER)
 
 
-def butterfly_allreduce(comm, buf: np.ndarray, add: Callable | None = None, *,
-                        chunk_bytes: int = DEFAULT_CHUNK_BYTES) -> np.ndarray:
-    """Sum ``buf`` over the ranks of ``comm`` with the fixed tree; same bits on every rank.
+def _offsets(counts: list[int]) -> list[int]:
+    out, at = [], 0
+    for c in counts:
+        out.append(at)
+        at += c
+    return out
 
-    ``buf`` is a float32 array of the same shape on every rank (not modified); the
-    result is a new array equal bit for bit to ``tree_fold`` of the R buffers.
-    Uses only ``Send``/``Recv``/``Sendrecv`` on float32 buffers; the buffer is
-    processed in element ranges of ``chunk_bytes`` (the tree is elementwise, so
-    the range size changes no bit, only temporaries and message sizes).
+
+def tree_allreduce(comm, parts: Sequence[tuple[int, int, np.ndarray]], m: int, length: int,
+                   add: Callable | None = None, *, chunk_bytes: int = DEFAULT_CHUNK_BYTES) -> np.ndarray:
+    """The tree's sum ``S[0, M)`` on every rank, from each rank's subtree sums (module docstring).
+
+    ``parts`` is this rank's ``[(lo, hi, sum), ...]``: the maximal subtrees of
+    ``rank_micro_batches(M, R, rank)`` (none for a rank beyond ``M``), each a 1-D
+    float32 array of ``length`` elements (not modified). Returns a new array, the same
+    bits on every rank and the same as ``spec.tree.tree_sum`` of all ``M`` micro-batch
+    values on one process. ``add`` is the backend's elementwise float32 add (``fp.add``
+    by default). Every message's size is checked on arrival, so ranks that disagree on
+    ``length`` get a ``ValueError`` (and, under ``abort_on_exception``, an ended job),
+    never a short sum.
     """
     add = add if add is not None else _default_add()
-    if not isinstance(buf, np.ndarray) or buf.dtype != np.float32:
-        raise TypeError(f"butterfly_allreduce needs a float32 array, got {getattr(buf, 'dtype', type(buf).__name__)}")
-    out = np.array(buf, dtype=np.float32, order="C", copy=True)
-    if comm.Get_size() == 1:
-        return out
-    _check_same_count(comm, out.size)
-    if out.size == 0:
-        return out
-    flat = out.reshape(-1)
+    size, rank, n = comm.Get_size(), comm.Get_rank(), int(length)
+    subtrees = rank_subtrees(m, size)
+    spans = [(lo, hi) for lo, hi, _ in parts]
+    if spans != subtrees[rank]:
+        raise ValueError(f"rank {rank}: holds subtrees {spans[:8]}, the assignment of {m} micro-batches over "
+                         f"{size} ranks gives it {subtrees[rank][:8]}")
+    values = [np.asarray(v) for _, _, v in parts]
+    if any(v.dtype != np.float32 or v.shape != (n,) for v in values):
+        raise TypeError(f"rank {rank}: subtree sums must be 1-D float32 arrays of {n} elements, got "
+                        f"{[(v.dtype.name, v.shape) for v in values][:4]}")
+    if size == 1:
+        return values[0].copy()
+    out = np.empty(n, dtype=np.float32)  # every element is written below
     step = max(1, int(chunk_bytes) // 4)
-    scratch = np.empty(min(step, flat.size), dtype=np.float32)
-    for start in range(0, flat.size, step):
-        _butterfly_range(comm, flat[start : start + step], add, scratch)
+    butterfly = _power_of_two_fits(m, size)
+    scratch = np.empty(min(step, n) // 2 + 1, dtype=np.float32) if butterfly else None
+    for start in range(0, n, step):
+        stop = min(start + step, n)
+        if butterfly:
+            _butterfly_range(comm, values[0][start:stop], out[start:stop], add, scratch)
+        else:
+            _owner_fold_range(comm, [v[start:stop] for v in values], out[start:stop], m, subtrees, add)
     return out
 
 
-def flatten_tensors(tensors: Mapping[str, np.ndarray]) -> tuple[np.ndarray, list[tuple[str, tuple[int, ...]]]]:
-    """Concatenate float32 tensors in sorted-name order into one 1-D buffer, with the layout."""
-    layout, parts = [], []
-    for name in sorted(tensors):
-        x = tensors[name]
-        if not isinstance(x, np.ndarray) or x.dtype != np.float32:
-            raise TypeError(f"tensor {name!r}: all-reduce needs float32, got {getattr(x, 'dtype', type(x).__name__)}")
-        layout.append((name, x.shape))
-        parts.append(x.reshape(-1))
-    flat = np.concatenate(parts) if parts else np.zeros(0, dtype=np.float32)
-    return flat, layout
+def _exchange(comm, send: np.ndarray, dest: int, recv: np.ndarray, source: int, tag: int) -> None:
+    """``Sendrecv`` of float32 buffers; a message of another size than ``recv`` is an error, not short data."""
+    from mpi4py import MPI
 
-
-def unflatten_tensors(flat: np.ndarray, layout: list[tuple[str, tuple[int, ...]]]) -> dict[str, np.ndarray]:
-    """Split a buffer from ``flatten_tensors`` back into named tensors (views of ``flat``)."""
-    out, off = {}, 0
-    for name, shape in layout:
-        n = int(np.prod(shape, dtype=np.int64))
-        out[name] = flat[off : off + n].reshape(shape)
-        off += n
-    if off != flat.size:
-        raise ValueError(f"layout covers {off} elements, buffer has {flat.size}")
-    return out
-
-
-def allreduce_dict(comm, tensors: Mapping[str, np.ndarray], add: Callable | None = None, *,
-                   chunk_bytes: int = DEFAULT_CHUNK_BYTES) -> dict[str, np.ndarray]:
-    """``butterfly_allreduce`` of a dict of float32 tensors as one buffer (sorted-name order).
-
-    Every rank must hold the same names and shapes; since the tree is elementwise
-    the result equals ``tree_fold`` of the per-rank dicts, name by name.
-    """
-    flat, layout = flatten_tensors(tensors)
-    mine = hashlib.sha256(json.dumps([(n, list(s)) for n, s in layout]).encode("utf-8")).digest()
-    everyone = np.zeros(comm.Get_size() * len(mine), dtype=np.uint8)
-    comm.Allgather(np.frombuffer(mine, dtype=np.uint8), everyone)  # layout digests, bytes
-    differ = [r for r, d in enumerate(everyone.reshape(-1, len(mine))) if d.tobytes() != mine]
-    if differ:
-        raise ValueError(f"rank {comm.Get_rank()}: tensor names/shapes differ from those of ranks {differ[:16]}")
-    return unflatten_tensors(butterfly_allreduce(comm, flat, add, chunk_bytes=chunk_bytes), layout)
+    status = MPI.Status()
+    try:
+        comm.Sendrecv(send, dest=dest, sendtag=tag, recvbuf=recv, source=source, recvtag=tag, status=status)
+        got = status.Get_count(MPI.FLOAT)
+    except MPI.Exception as exc:
+        if exc.Get_error_class() != MPI.ERR_TRUNCATE:
+            raise
+        got = "more"
+    if got != recv.size:
+        raise ValueError(f"rank {comm.Get_rank()}: received {got} floats from rank {source}, expected {recv.size}: "
+                         "the ranks disagree on the gradient's length (are they running the same recipe?)")
 
 
 # ---------------------------------------------------------------------------

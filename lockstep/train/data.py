@@ -1198,11 +1198,6 @@ class GlobalStream:
             self._copy_tokens(m * self.window_tokens, out[row])
         return out
 
-    def rank_windows(self, first_window: int, count: int, rank: int, world_size: int) -> np.ndarray:
-        """Rank ``rank``'s share of windows ``first_window .. first_window+count-1``:
-        those with ``m % world_size == rank``, ascending (see ``rank_window_indices``)."""
-        return self.windows_at(rank_window_indices(first_window, count, rank, world_size))
-
     def state_at(self, m: int) -> dict:
         """The JSON resume record for continuing at window ``m`` (module docstring)."""
         m = int(m)
@@ -1305,16 +1300,6 @@ class GlobalStream:
             raise DataError(f"{where}: the token position is inconsistent with the documents consumed")
         st._add_bound(c, token_start, consumed_c)
         return st
-
-
-def rank_window_indices(first_window: int, count: int, rank: int, world_size: int) -> np.ndarray:
-    """Window indices ``m`` in ``first_window .. first_window+count-1`` with
-    ``m % world_size == rank``, ascending: int64."""
-    if not 0 <= rank < world_size:
-        raise ValueError(f"rank must be in [0, {world_size}), got {rank}")
-    first, count = int(first_window), int(count)
-    r0 = first + ((rank - first) % world_size)
-    return np.arange(r0, first + count, world_size, dtype=np.int64)
 
 
 def batch_digest(windows) -> str:

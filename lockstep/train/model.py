@@ -199,8 +199,9 @@ def loss_and_grads(params: dict, windows, cfg: ModelConfig, backend, n_global: i
     Both the loss and the gradients are this micro-batch's *contribution* to the
     mean over ``n_global`` target tokens (default: this micro-batch's B*T): the
     loss is ``lane_tree_sum(per-token losses) * (1 / n_global)``, and the
-    gradients are those of that number. Summing contributions over micro-batches
-    (ascending) and ranks (the fixed butterfly) gives the global batch's.
+    gradients are those of that number. Summing the contributions of a step's
+    micro-batches with the spec's tree (``spec.tree``, on any number of ranks)
+    gives the global batch's.
     """
     be = backend
     windows = np.asarray(windows)

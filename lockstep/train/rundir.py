@@ -11,6 +11,11 @@ folder's absolute path) is opened only when the user names the folder with
 any shard is read. ``open_run_data`` is the one function that ``train --resume``,
 ``audit verify``, ``audit replay`` and ``audit check --recompute`` use.
 
+**Ranks.** How many ranks trained a step changes none of its bits (``spec.tree``), so
+neither the recipe nor the chain records it; ``metrics.jsonl`` does, per step, as a
+fact about the run that nothing checks (``recorded_world_sizes``, which audit
+certificates quote).
+
 **Target.** ``target.json`` records the last step the run is to reach, so that
 ``train --resume RUN`` without ``--steps`` continues to it; ``--steps``/``--tokens``
 on a resume move it. It is written before ``recipe.json`` (a run directory with a
@@ -19,14 +24,18 @@ recipe always has a target) and is not part of the chain.
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
-from lockstep.fsio import FileFormatError, UnsafePath, atomic_write_json, read_json, safe_join
+from lockstep.fsio import (FileFormatError, UnsafePath, atomic_write_json, iter_lines, open_regular, read_json,
+                           safe_join)
 
 from .data import MANIFEST_NAME, DataError, Manifest, ManifestMismatch
 
 TARGET_FILE = "target.json"
+METRICS_FILE = "metrics.jsonl"
+MAX_METRICS_LINE = 4096  # a metrics record is ~200 bytes
 TARGET_FORMAT = "lockstep.target"
 MAX_MANIFEST_BYTES = 64 << 20  # a manifest lists shards: tens of bytes each
 
@@ -115,3 +124,28 @@ def read_target(run_dir: str | os.PathLike) -> int | None:
 def write_target(run_dir: str | os.PathLike, last_step: int) -> None:
     """Record (atomically) that the run is to reach ``last_step``."""
     atomic_write_json(Path(run_dir) / TARGET_FILE, {"format": TARGET_FORMAT, "version": 1, "last_step": int(last_step)})
+
+
+def recorded_world_sizes(run_dir: str | os.PathLike, steps) -> dict[int, int]:
+    """``{step: ranks}`` for the given steps, as the run's ``metrics.jsonl`` records them.
+
+    The file is the publisher's word, not checked by anything: a step it does not
+    name (or names in a malformed line) is left out, and a missing or unsafe file
+    gives ``{}``. A step trained twice (killed after it, resumed from a checkpoint
+    before it) has two lines: the last counts. Read line by line, so a huge file
+    costs time, not memory.
+    """
+    wanted, found = {int(s) for s in steps}, {}
+    try:
+        with open_regular(run_dir, METRICS_FILE, "metrics log") as f:  # a regular file, never a FIFO or link
+            for _, line, _ in iter_lines(f, str(Path(run_dir) / METRICS_FILE), MAX_METRICS_LINE):
+                try:
+                    rec = json.loads(line)
+                except ValueError:
+                    continue
+                step, ranks = (rec.get("step"), rec.get("world_size")) if isinstance(rec, dict) else (None, None)
+                if type(step) is int and step in wanted and type(ranks) is int and ranks >= 1:
+                    found[step] = ranks
+    except (UnsafePath, FileFormatError, OSError):  # missing, unsafe, or a line no trainer writes: stop there
+        pass
+    return found

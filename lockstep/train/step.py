@@ -1,18 +1,22 @@
-"""One training step, as pieces shared by the trainer (MPI) and the audit (TreeFold).
+"""One training step, as pieces shared by the trainer (any number of ranks) and the audit (one process).
 
-Step t (1-based) of a run with world size R:
+Step t (1-based):
 
 1. ``plan_step``: the global batch is windows ``first .. first+n-1`` of the stream
    (``schedule.step_windows``, batch ramp included); ``tokens_before`` drives the
-   learning rate. Rank r takes the windows m with ``m % R == r``, ascending.
-2. ``rank_contribution``: rank r cuts its windows into micro-batches of
-   ``micro_batch`` sequences (ascending; the last may be short), computes each one's
-   loss and gradients as contributions to the global mean (``n_global = n * seq_len``
-   target tokens), and sums them in ascending micro-batch order: ``acc = mb_0``, then
-   ``acc = acc + mb_i``. A rank without windows contributes +0.0 everywhere. The
-   loss rides along as the tensor ``LOSS_KEY`` of shape (1,).
-3. The R contributions are combined with the fixed tree of ``collectives``
-   (``butterfly_allreduce`` across ranks, ``tree_fold`` on one process).
+   learning rate. ``StepPlan.micro_batches`` cuts it into ``M`` micro-batches of
+   ``micro_batch`` consecutive windows, the last possibly short
+   (``spec.tree.micro_batch_bounds``): the cut never depends on the world size.
+2. ``micro_batch_value``: micro-batch ``j``'s loss and gradients as contributions to the
+   batch mean (``n_global = n * seq_len`` target tokens), as one float32 vector
+   (``GradLayout``: the loss, then every parameter's gradient in sorted-name order).
+3. The step's sum is the spec's tree over the ``M`` vectors (``spec.tree``).
+   ``subtree_sums`` computes a range of micro-batches in ascending order, streamed
+   through ``spec.tree.TreeFolder`` (at most ``ceil(log2 M) + 1`` vectors alive), and
+   returns the range's maximal subtrees. A rank computes its range
+   (``collectives.rank_micro_batches``) and the ranks combine their subtree sums with
+   ``collectives.tree_allreduce``; one process computes all of them in one range
+   (``tree_step``: what the audit replays, with no world size).
 4. ``apply_update``: clipping and AdamW (``optim.optimizer_step``), then the state
    root of parameters, moments and step, and the chain hash.
 """
@@ -23,14 +27,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from lockstep.spec import hashing
+from lockstep.spec import hashing, tree
 
 from .config import ModelConfig, TrainConfig
 from .model import loss_and_grads, param_specs
 from .optim import AdamWState, NonFiniteError, optimizer_step
 from .schedule import learning_rate, step_windows
-
-LOSS_KEY = "__loss__"
 
 
 @dataclass(frozen=True)
@@ -49,11 +51,9 @@ class StepPlan:
     def n_global(self) -> int:
         return self.n_windows * self.seq_len
 
-    def rank_windows(self, rank: int, world_size: int) -> np.ndarray:
-        """Indices of the windows of ``rank`` (ascending)."""
-        first, n = self.first_window, self.n_windows
-        r0 = first + ((rank - first) % world_size)
-        return np.arange(r0, first + n, world_size, dtype=np.int64)
+    def micro_batches(self, micro_batch: int) -> list[tuple[int, int]]:
+        """``(start, stop)`` offsets into the step's windows, one per micro-batch (``spec.tree``)."""
+        return tree.micro_batch_bounds(self.n_windows, micro_batch)
 
 
 def plan_step(tcfg: TrainConfig, seq_len: int, step: int) -> StepPlan:
@@ -61,24 +61,69 @@ def plan_step(tcfg: TrainConfig, seq_len: int, step: int) -> StepPlan:
     return StepPlan(step, first, n, tokens, seq_len)
 
 
-def rank_contribution(params: dict, windows: np.ndarray, cfg: ModelConfig, tcfg: TrainConfig,
-                      n_global: int, backend, step: int | None = None) -> dict[str, np.ndarray]:
-    """Sum of this rank's micro-batch gradients (and loss) in ascending micro-batch order."""
+@dataclass(frozen=True)
+class GradLayout:
+    """Where the loss and each gradient sit in a micro-batch's vector: the loss at 0, then
+    the parameters in sorted-name order, each flattened in C order."""
+
+    names: tuple[str, ...]
+    shapes: tuple[tuple[int, ...], ...]
+
+    @classmethod
+    def of(cls, cfg: ModelConfig) -> "GradLayout":
+        specs = sorted(param_specs(cfg), key=lambda s: s.name)
+        return cls(tuple(s.name for s in specs), tuple(tuple(s.shape) for s in specs))
+
+    @property
+    def size(self) -> int:
+        return 1 + sum(int(np.prod(s, dtype=np.int64)) for s in self.shapes)
+
+    def flatten(self, loss, grads: dict) -> np.ndarray:
+        parts = [np.asarray(loss, dtype=np.float32).reshape(1)]
+        parts += [np.asarray(grads[k], dtype=np.float32).reshape(-1) for k in self.names]
+        return np.concatenate(parts)
+
+    def unflatten(self, flat: np.ndarray) -> tuple[np.float32, dict[str, np.ndarray]]:
+        """``(loss, {name: gradient})``; the gradients are views of ``flat``."""
+        if flat.shape != (self.size,):
+            raise ValueError(f"a step's gradient vector has {self.size} elements, got shape {flat.shape}")
+        grads, at = {}, 1
+        for name, shape in zip(self.names, self.shapes):
+            n = int(np.prod(shape, dtype=np.int64))
+            grads[name] = flat[at : at + n].reshape(shape)
+            at += n
+        return np.float32(flat[0]), grads
+
+
+def micro_batch_value(params: dict, windows: np.ndarray, cfg: ModelConfig, n_global: int, backend,
+                      layout: GradLayout, where: str = "") -> np.ndarray:
+    """One micro-batch's loss and gradients (contributions to the mean over ``n_global`` tokens), flattened."""
     be = backend
-    acc = None
-    mb = int(tcfg.micro_batch)
-    for i in range(0, len(windows), mb):
-        loss, grads = loss_and_grads(params, windows[i : i + mb], cfg, be, n_global=n_global)
-        if not np.isfinite(float(np.asarray(be.to_numpy(loss)).reshape(-1)[0])):
-            where = f" at step {step}" if step is not None else ""
-            raise NonFiniteError(f"non-finite loss{where} (micro-batch starting at local window {i})")
-        grads = {k: be.to_numpy(v) for k, v in grads.items()}
-        grads[LOSS_KEY] = np.asarray(be.to_numpy(loss), dtype=np.float32).reshape(1)
-        acc = grads if acc is None else {k: be.to_numpy(be.add(acc[k], grads[k])) for k in acc}
-    if acc is None:
-        acc = {s.name: np.zeros(s.shape, dtype=np.float32) for s in param_specs(cfg)}
-        acc[LOSS_KEY] = np.zeros(1, dtype=np.float32)
-    return acc
+    loss, grads = loss_and_grads(params, windows, cfg, be, n_global=n_global)
+    loss = np.asarray(be.to_numpy(loss), dtype=np.float32).reshape(-1)[0]
+    if not np.isfinite(loss):
+        raise NonFiniteError(f"non-finite loss{where}: {loss}")
+    return layout.flatten(loss, {k: be.to_numpy(v) for k, v in grads.items()})
+
+
+def subtree_sums(params: dict, windows: np.ndarray, plan: StepPlan, lo: int, hi: int, cfg: ModelConfig,
+                 tcfg: TrainConfig, backend) -> list[tuple[int, int, np.ndarray]]:
+    """The maximal subtrees of micro-batches ``lo .. hi-1`` and their sums: ``[(lo, hi, vector), ...]``.
+
+    ``windows`` is the step's whole batch (``plan.n_windows`` rows). Micro-batches are
+    computed in ascending order and added as the tree says as soon as two are siblings,
+    so one micro-batch's activations and at most ``ceil(log2 M) + 1`` vectors are alive.
+    """
+    be = backend
+    bounds = plan.micro_batches(tcfg.micro_batch)
+    layout = GradLayout.of(cfg)
+    folder = tree.TreeFolder(len(bounds), lambda a, b: be.to_numpy(be.add(a, b)), start=lo)
+    for j in range(lo, hi):
+        start, stop = bounds[j]
+        where = (f" at step {plan.step}, micro-batch {j} (windows {plan.first_window + start}.."
+                 f"{plan.first_window + stop - 1})")
+        folder.push_leaf(micro_batch_value(params, windows[start:stop], cfg, plan.n_global, be, layout, where))
+    return folder.parts()
 
 
 def state_tensors(params: dict, opt: AdamWState) -> dict[str, np.ndarray]:
@@ -110,14 +155,13 @@ class StepResult:
     state_root: str
 
 
-def apply_update(params: dict, opt: AdamWState, summed: dict, plan: StepPlan, cfg: ModelConfig,
+def apply_update(params: dict, opt: AdamWState, summed: np.ndarray, plan: StepPlan, cfg: ModelConfig,
                  tcfg: TrainConfig, backend) -> StepResult:
-    """Clip, AdamW, and the state root of the new state."""
+    """Clip, AdamW, and the state root of the new state; ``summed`` is the tree's sum ``S[0, M)``."""
     be = backend
-    loss = np.float32(np.asarray(summed[LOSS_KEY]).reshape(-1)[0])
+    loss, grads = GradLayout.of(cfg).unflatten(summed)
     if not np.isfinite(loss):
         raise NonFiniteError(f"non-finite loss at step {plan.step}: {loss}")
-    grads = {k: v for k, v in summed.items() if k != LOSS_KEY}
     lr = learning_rate(tcfg, plan.tokens_after)  # tokens consumed once this step is done
     new_params, new_opt, norm = optimizer_step(params, grads, opt, cfg, tcfg, lr, be)
     new_params = {k: be.to_numpy(v) for k, v in new_params.items()}
@@ -133,18 +177,13 @@ def float_record(x) -> dict:
     return {"value": float(x), "bits": f"0x{int(np.asarray(x).view(np.uint32)):08X}"}
 
 
-def emulate_step(params: dict, opt: AdamWState, windows: np.ndarray, plan: StepPlan, cfg: ModelConfig,
-                 tcfg: TrainConfig, backend, world_size: int) -> StepResult:
-    """Step ``plan.step`` of a ``world_size``-rank run, on one process (TreeFold).
+def tree_step(params: dict, opt: AdamWState, windows: np.ndarray, plan: StepPlan, cfg: ModelConfig,
+              tcfg: TrainConfig, backend) -> StepResult:
+    """Step ``plan.step`` on one process: the whole tree, then the update (what the audit replays).
 
-    ``windows`` is the global batch (``plan.n_windows`` rows). Each virtual rank's
-    contribution is computed in turn and pushed into the fixed tree
-    (``collectives.TreeFolder``), so at most log2(R) + 1 contributions are alive.
+    ``windows`` is the step's batch (``plan.n_windows`` rows). Its bits are those of a
+    run with any number of ranks.
     """
-    from .collectives import TreeFolder, fold_order
-
-    folder = TreeFolder(world_size, backend.add)
-    for r in fold_order(world_size):
-        mine = windows[plan.rank_windows(r, world_size) - plan.first_window]
-        folder.push(rank_contribution(params, mine, cfg, tcfg, plan.n_global, backend, step=plan.step), rank=r)
-    return apply_update(params, opt, folder.result(), plan, cfg, tcfg, backend)
+    m = len(plan.micro_batches(tcfg.micro_batch))
+    [(_, _, summed)] = subtree_sums(params, windows, plan, 0, m, cfg, tcfg, backend)
+    return apply_update(params, opt, summed, plan, cfg, tcfg, backend)

@@ -8,8 +8,9 @@ Run directory::
     trajectory.jsonl     one record per step: step, tokens, lr, loss, grad_norm,
                          state_root, batch_digest, chain_hash (+ exact float bits); H_t binds
                          the tokens and the bits of loss, grad norm and lr (``hashing``)
-    metrics.jsonl        wall-clock facts (tokens/s, backend), the loss again and validation
-                         losses (``--eval-every``): not part of the chain, not evidence (``audit verify`` compares its losses with the
+    metrics.jsonl        facts about how each step ran (seconds, tokens/s, backend, world_size),
+                         the loss again and validation losses (``--eval-every``): not part of
+                         the chain, not evidence (``audit verify`` compares its losses with the
                          trajectory's and warns)
     checkpoints/         step-NNNNNNNN/ folders (lockstep.train.checkpoint)
     commitment.json      the last chain hash, written when the run ends
@@ -17,9 +18,12 @@ Run directory::
                          not evidence (``audit verify --plot PNG`` redraws it from a verified run)
 
 The loop, per step t: plan the global batch (``step.plan_step``), compute this
-rank's contribution (``step.rank_contribution``), combine with the fixed butterfly
-(``collectives.allreduce_dict``), clip + AdamW (``step.apply_update``), compare
+rank's micro-batches as whole subtrees of the spec's tree (``collectives.rank_micro_batches``,
+``step.subtree_sums``), combine the ranks' subtree sums as the tree says
+(``collectives.tree_allreduce``), clip + AdamW (``step.apply_update``), compare
 state roots across ranks, extend the chain, record, checkpoint every K steps.
+Nothing published depends on the number of ranks: the recipe does not record it,
+a run resumes on any number, and only ``metrics.jsonl`` says how many trained each step.
 
 Before the loop every argument is checked on every rank and nothing is written
 until all agree (``collectives.on_all_ranks``). A resume starts from the last
@@ -50,13 +54,12 @@ from .config import ModelConfig, TrainConfig
 from .data import GlobalStream, Manifest, batch_digest
 from .model import init_params
 from .optim import AdamWState
-from .rundir import TARGET_FILE, open_run_data, read_target, write_target
-from .step import apply_update, float_record, plan_step, rank_contribution, split_state, state_tensors
+from .rundir import METRICS_FILE, TARGET_FILE, open_run_data, read_target, write_target
+from .step import GradLayout, apply_update, float_record, plan_step, split_state, state_tensors, subtree_sums
 from .stop import StopRequest
 
 RECIPE_FILE = "recipe.json"
 TRAJECTORY_FILE = "trajectory.jsonl"
-METRICS_FILE = "metrics.jsonl"
 COMMITMENT_FILE = "commitment.json"
 DATA_DIR = "data"
 RECIPE_FORMAT = "lockstep.recipe"
@@ -69,8 +72,8 @@ class RecipeMismatch(RuntimeError):
 
 # ---------------------------------------------------------------- recipe and chain
 
-def make_recipe(cfg: ModelConfig, tcfg: TrainConfig, manifest: Manifest, data_folder: str, seed: int,
-                world_size: int) -> dict:
+def make_recipe(cfg: ModelConfig, tcfg: TrainConfig, manifest: Manifest, data_folder: str, seed: int) -> dict:
+    """Everything that defines the run's bits (not the number of ranks: it changes none)."""
     return {
         "format": RECIPE_FORMAT,
         "version": 1,
@@ -78,7 +81,6 @@ def make_recipe(cfg: ModelConfig, tcfg: TrainConfig, manifest: Manifest, data_fo
         "train": tcfg.to_dict(),
         "data": {"manifest_sha256": manifest.sha256, "folder": data_folder},
         "seed": int(seed),
-        "world_size": int(world_size),
         "micro_batch": int(tcfg.micro_batch),
         "spec_version": SPEC_VERSION,
         "lockstep_version": lockstep.__version__,
@@ -284,10 +286,10 @@ def train(run_dir: str | Path, *, cfg: ModelConfig | None = None, tcfg: TrainCon
     with ctx:
         be = on_all_ranks(comm, lambda: _checked_backend(backend_name, checkpoint_every))
         if resume:
-            st = on_all_ranks(comm, lambda: _resume_start(run_dir, data, steps, tokens, world, is_root, check_recipe,
+            st = on_all_ranks(comm, lambda: _resume_start(run_dir, data, steps, tokens, is_root, check_recipe,
                                                           cfg, tcfg))
         else:
-            st = _new_run_start(comm, run_dir, cfg, tcfg, data, seed, steps, tokens, world, is_root, say)
+            st = _new_run_start(comm, run_dir, cfg, tcfg, data, seed, steps, tokens, is_root, say)
         # every argument is checked: now write (rank 0), and make sure it worked everywhere
         on_all_ranks(comm, lambda: _write_start(run_dir, st, resume) if is_root else None)
         if resume:
@@ -305,7 +307,7 @@ def _checked_backend(backend_name: str, checkpoint_every: int):
     return get_backend(backend_name)
 
 
-def _new_run_start(comm, run_dir: Path, cfg, tcfg, data, seed, steps, tokens, world, is_root, say) -> _Start:
+def _new_run_start(comm, run_dir: Path, cfg, tcfg, data, seed, steps, tokens, is_root, say) -> _Start:
     from .collectives import on_all_ranks
 
     if cfg is None or tcfg is None:
@@ -340,7 +342,7 @@ def _new_run_start(comm, run_dir: Path, cfg, tcfg, data, seed, steps, tokens, wo
         if m is None:
             m = Manifest.load(run_dir / DATA_DIR)
             _check_vocab(m, cfg)
-        recipe = make_recipe(cfg, tcfg, m, folder, seed, world)
+        recipe = make_recipe(cfg, tcfg, m, folder, seed)
         params = init_params(cfg, seed)
         return _Start(recipe, cfg, tcfg, params, AdamWState.zeros(params), 0, genesis(recipe),
                       GlobalStream(m, seed, cfg.seq_len), last_step, None)
@@ -354,7 +356,7 @@ def _check_vocab(manifest: Manifest, cfg: ModelConfig) -> None:
                          f"{cfg.vocab_size}; raise vocab_size")
 
 
-def _resume_start(run_dir: Path, data, steps, tokens, world, is_root, check_recipe, given_cfg, given_tcfg) -> _Start:
+def _resume_start(run_dir: Path, data, steps, tokens, is_root, check_recipe, given_cfg, given_tcfg) -> _Start:
     from lockstep.audit.verify import require_memory
 
     recipe = load_recipe(run_dir)
@@ -364,14 +366,11 @@ def _resume_start(run_dir: Path, data, steps, tokens, world, is_root, check_reci
                              f"this lockstep has {SPEC_VERSION}; replay it with a matching version")
     if check_recipe is not None:
         check_recipe(recipe)
-    if recipe["world_size"] != world:
-        raise RecipeMismatch(f"{run_dir}: recorded world size {recipe['world_size']}, launched with {world}; "
-                             f"resume with mpiexec -n {recipe['world_size']}")
     cfg, tcfg = recipe_configs(recipe)
     if given_cfg is not None and given_cfg != cfg or given_tcfg is not None and given_tcfg != tcfg:
         raise RecipeMismatch(f"{run_dir}: the model/train settings given differ from recipe.json; "
                              "resume without changing them (or start a new run)")
-    require_memory(cfg, tcfg, world, "resume it")  # before anything is allocated
+    require_memory(cfg, tcfg, "resume it")  # before anything is allocated
     manifest = open_run_data(run_dir, recipe, data)
     seed = recipe["seed"]
     # the data a step sees is a function of the recipe, the manifest and the step: the stream is
@@ -418,7 +417,7 @@ def _write_start(run_dir: Path, st: _Start, resume: bool) -> None:
 def _run_loop(comm, rank, world, run_dir: Path, st: _Start, be, checkpoint_every: int, progress: bool, say,
               stop, eval_every: int | None = 0) -> RunSummary:
     """Steps ``start_step + 1 .. last_step``; stops early, with a checkpoint, when a signal came."""
-    from .collectives import allreduce_dict, check_state_agreement, max_over_ranks
+    from .collectives import check_state_agreement, max_over_ranks, rank_micro_batches, tree_allreduce
 
     is_root = rank == 0
     recipe, cfg, tcfg, params, opt, stream = st.recipe, st.cfg, st.tcfg, st.params, st.opt, st.stream
@@ -429,6 +428,8 @@ def _run_loop(comm, rank, world, run_dir: Path, st: _Start, be, checkpoint_every
     say(f"run {run_dir}: preset {cfg.name}, backend {be.name}, {world} rank(s), steps {st.start_step + 1}..{last_step}"
         if last_step > st.start_step else f"run {run_dir} is already at its target step {last_step}; "
                                           "give --steps N (or --tokens) to extend it")
+    _say_idle_ranks(tcfg, cfg.seq_len, st.start_step + 1, last_step, world, say)
+    layout = GradLayout.of(cfg)
     bar = Progress(last_step, progress and is_root)
     summary_loss = float("nan")
     stopped_by = 0
@@ -440,9 +441,10 @@ def _run_loop(comm, rank, world, run_dir: Path, st: _Start, be, checkpoint_every
             plan = plan_step(tcfg, cfg.seq_len, t)
             windows = stream.windows(plan.first_window, plan.n_windows)
             bdigest = batch_digest(windows)
-            mine = windows[plan.rank_windows(rank, world) - plan.first_window]
-            contrib = rank_contribution(params, mine, cfg, tcfg, plan.n_global, be, step=t)
-            summed = allreduce_dict(comm, contrib, add=be.add) if comm is not None and world > 1 else contrib
+            m = len(plan.micro_batches(tcfg.micro_batch))
+            lo, hi = rank_micro_batches(m, world, rank)
+            parts = subtree_sums(params, windows, plan, lo, hi, cfg, tcfg, be)
+            summed = tree_allreduce(comm, parts, m, layout.size, be.add) if world > 1 else parts[0][2]
             res = apply_update(params, opt, summed, plan, cfg, tcfg, be)
         if comm is not None and world > 1:
             check_state_agreement(comm, res.state_root, t)
@@ -481,6 +483,16 @@ def _run_loop(comm, rank, world, run_dir: Path, st: _Start, be, checkpoint_every
         say(f"done: {run_dir} step {last_step}, loss {summary_loss:.4f}, chain {prev_chain}"
             + (f", loss curve {png}" if png else ""))
     return summary
+
+
+def _say_idle_ranks(tcfg: TrainConfig, seq_len: int, first: int, last: int, world: int, say) -> None:
+    """Ranks beyond a step's micro-batch count wait (the tree, not the world size, decides the work): say so."""
+    if last < first:
+        return
+    m = len(plan_step(tcfg, seq_len, first).micro_batches(tcfg.micro_batch))
+    if m < world:
+        say(f"note: step {first} has {m} micro-batch(es) of {tcfg.micro_batch} sequences for {world} ranks, so "
+            f"{world - m} rank(s) wait; a run with a smaller --micro-batch (a new recipe) keeps them busy")
 
 
 @contextlib.contextmanager

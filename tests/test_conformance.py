@@ -10,6 +10,7 @@ from lockstep import spec
 from lockstep.backends import Backend, BackendUnavailable, get_backend
 from lockstep.cli import main
 from lockstep.conformance import golden
+from lockstep.conformance.inputs import search_refusal_regressions
 from lockstep.conformance.registry import all_records
 from lockstep.conformance.runner import all_passed, print_table, run_conformance
 
@@ -73,6 +74,33 @@ def test_runner_reports_wrong_and_missing_ops():
     assert "1 passed, 1 failed, 1 missing" in out.getvalue()
 
 
+def test_runner_compares_refusals():
+    """The runner runs each op's refusal cases (conformance/inputs.py): a backend that raises
+    another exception type than the spec, or answers, fails that op; the spec refuses alike."""
+    sp = get_backend("spec")
+    refusing_ops = sorted({op for op, _, _, _ in search_refusal_regressions()})
+    results = {r.op: r for r in run_conformance(sp, ops=refusing_ops, progress=False)}
+    assert all(r.status == "PASS" and r.refusals >= 1 for r in results.values()), results
+    ops = dict(sp.ops)
+
+    def swiglu_forward_raises_index_error(gu):
+        if np.shape(gu)[-1] % 2:
+            raise IndexError("odd width")
+        return spec.swiglu_forward(gu)
+
+    def rope_forward_answers(x, cos, sin):
+        return spec.fp.f32(x)
+
+    ops["swiglu_forward"] = swiglu_forward_raises_index_error
+    ops["rope_forward"] = rope_forward_answers
+    wrong = Backend("wrong-refusals", ops)
+    results = {r.op: r for r in run_conformance(wrong, ops=["swiglu_forward", "rope_forward"], progress=False)}
+    assert results["swiglu_forward"].status == "FAIL"
+    assert any("search-odd-width (a refusal): raised IndexError" in m for m in results["swiglu_forward"].messages)
+    assert results["rope_forward"].status == "FAIL"
+    assert any("(a refusal): returned a result; the spec raises ValueError" in m for m in results["rope_forward"].messages)
+
+
 def test_cli_conformance_and_version(capsys):
     assert main(["conformance", "--ops", "add,lane_tree_sum,exp", "--seed", "5"]) == 0
     out = capsys.readouterr().out
@@ -81,3 +109,47 @@ def test_cli_conformance_and_version(capsys):
     out = capsys.readouterr().out
     assert f"SPEC_VERSION {spec.SPEC_VERSION}" in out and "numpy" in out
     assert main(["conformance", "--ops", "nope"]) == 1
+
+
+def test_golden_inputs_file_replays_to_the_recorded_digests():
+    """Issue 13 item 7: the inputs file alone (no Python input generator) runs through the spec
+    to the digests recorded in it, which are the digests file's, case for case."""
+    rows = golden.parse_inputs(golden.inputs_path().read_text(encoding="utf-8"), str(golden.inputs_path()))
+    digests = golden.load_golden()
+    assert [(op, label) for op, label, _, _ in rows] == list(digests)
+    for op, label, digest, arguments in rows:
+        assert digest == digests[(op, label)], (op, label)
+        assert golden.outputs_digest(getattr(spec, op)(*arguments)) == digest, (op, label)
+
+
+def test_golden_inputs_file_is_what_the_generator_writes():
+    assert golden.inputs_path().read_text(encoding="utf-8") == golden.format_inputs(golden.compute_inputs())
+
+
+def test_golden_input_tokens_by_hand():
+    """The token grammar (golden.py's docstring) on hand-derived cases, and back."""
+    cases = [
+        (np.array([1.0, -2.0], np.float32), "f32[2]:3F800000C0000000"),
+        (np.array([[-1, 127]], np.int8), "i8[1x2]:FF7F"),
+        (np.array([-1], np.int64), "i64[1]:FFFFFFFFFFFFFFFF"),
+        (np.zeros((2, 0), np.float32), "f32[2x0]:"),
+        (np.array(0.5, np.float32), "f32[]:3F000000"),
+        (np.float32(-0.0), "f32:80000000"),
+        (1.0, "f64:3FF0000000000000"),
+        (-3, "int:-3"),
+        (True, "bool:1"),
+        (None, "none"),
+    ]
+    for value, token in cases:
+        assert golden.encode_argument(value) == [token]
+        (back,) = golden.decode_arguments([token])
+        assert type(back) is type(value) or isinstance(value, np.ndarray)
+        if isinstance(value, np.ndarray):
+            assert back.dtype == value.dtype and back.shape == value.shape and back.tobytes() == value.tobytes()
+        else:
+            assert np.asarray(back).tobytes() == np.asarray(value).tobytes()
+    seq = golden.encode_argument([np.float32(1.0), np.array([2.0], np.float32)])
+    assert seq == ["seq:2", "f32:3F800000", "f32[1]:40000000"]
+    assert golden.decode_arguments(seq + ["none"])[1] is None
+    with pytest.raises(ValueError, match="needs 16 hex digits, got 8"):
+        golden.decode_arguments(["f32[2]:3F800000"])

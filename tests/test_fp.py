@@ -74,3 +74,16 @@ def test_total_order_max_min():
 def test_neg_abs_exact_on_signed_zero():
     assert bits(fp.neg(np.float32(0.0))) == 0x80000000
     assert bits(fp.abs(np.float32(-0.0))) == 0
+
+
+def test_every_fp_op_says_what_it_does_with_subnormal_inputs():
+    """Issue 13 item 4: each public function of spec.fp states its subnormal-input rule."""
+    import inspect
+
+    from lockstep.spec import fp as spec_fp
+
+    public = [name for name, f in inspect.getmembers(spec_fp, inspect.isfunction)
+              if not name.startswith("_") and f.__module__ == spec_fp.__name__]
+    assert len(public) >= 15
+    silent = [name for name in public if "Subnormal inputs:" not in (getattr(spec_fp, name).__doc__ or "")]
+    assert not silent, f"these fp functions do not state what they do with subnormal inputs: {silent}"

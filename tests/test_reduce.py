@@ -123,3 +123,17 @@ def test_max_and_argmax_total_order():
     assert np.array_equal(spec.argmax(x), np.argmax(x, axis=-1))
     with pytest.raises(ValueError):
         spec.max(np.zeros((2, 0), np.float32))
+
+
+def test_column_sum_equals_float64_where_every_sum_is_exact():
+    """Multiples of 1/4 below 2**10 over 50 rows: every partial sum is a float32, so the ascending
+    order gives the exact (float64) column sums."""
+    x = (np.random.default_rng(2).integers(-400, 400, (5, 10, 7)) / 4).astype(np.float32)
+    assert spec.column_sum(x).tobytes() == x.astype(np.float64).sum(axis=(0, 1)).astype(np.float32).tobytes()
+
+
+def test_column_sum_adds_rows_in_ascending_order():
+    """Rows 1, 2**27, -2**27: ascending, 1 + 2**27 rounds to 2**27 and the column ends at 0;
+    the exact sum (and the descending order) is 1."""
+    x = np.array([[1.0], [2.0**27], [-(2.0**27)]], np.float32)
+    assert spec.column_sum(x).tobytes() == np.zeros(1, np.float32).tobytes()

@@ -12,7 +12,7 @@ which step. The assignment (all exact integer work):
   ``sigma[(i * k + c) mod A]``.
 
 with ``PURPOSE = "lockstep.audit.plan"``, ``H_N`` as its 32 raw bytes, and
-``keyed_permutation`` the data stream's (``lockstep.train.stream``). The k copies of
+``keyed_permutation`` the spec's (``lockstep.spec.philox``, the data stream's too). The k copies of
 a step sit at k consecutive positions mod A, so they go to k distinct auditors
 (k <= A), and the positions 0 .. N*k - 1 spread evenly: every auditor gets
 ``floor(N*k/A)`` or ``ceil(N*k/A)`` steps. Anyone can redraw the plan from the
@@ -25,8 +25,7 @@ import os
 from pathlib import Path
 
 from lockstep.fsio import FileFormatError, printable, read_json
-from lockstep.spec.philox import PhiloxStream
-from lockstep.train.stream import keyed_permutation
+from lockstep.spec.philox import PhiloxStream, keyed_permutation
 
 PURPOSE = "lockstep.audit.plan"
 PLAN_FORMAT = "lockstep.audit-plan"

@@ -35,7 +35,7 @@ Kinds of arguments (what an op may be given)
 * ``FLAG``: a Python bool.
 * ``IDS``: token ids: a host NumPy integer array, or an integer device array made
   by ``asarray``. Out-of-range ids raise ``ValueError`` before anything runs, as in
-  the spec (``spec.embedding._check_ids``, ``spec.loss._targets``).
+  the spec (``spec.checks.check_ids``, ``spec.checks.check_targets``).
 * ``INT8`` / ``UINT32``: an int8 / uint32 array, device or host.
 
 Kinds of results (what an op returns)

@@ -143,8 +143,9 @@ def random_uint32(seed: int, purpose: tuple, shape) -> np.ndarray:
 # as Hypothesis shrank it; where it came from in the comment. Calls the spec answers
 # are conformance cases of their op (label "search-..."; ``registry.register`` adds
 # them to every record, so every backend's `lockstep conformance` runs them). Calls
-# the spec refuses are checked by tests/test_conformance_search.py: every backend
-# must raise the spec's exception type.
+# the spec refuses are refusal cases: the conformance runner (``runner._check_refusals``)
+# and tests/test_conformance_search.py check that every backend raises the spec's
+# exception type for each.
 
 def _f32_zeros(*shape) -> np.ndarray:
     return np.zeros(shape, dtype=np.float32)

@@ -98,7 +98,7 @@ def conformance_section(backend, level: int, seed: int) -> dict:
     print_table(results, backend, level, seed)
     counts = {s: sum(r.status == s for r in results) for s in ("PASS", "FAIL", "MISSING", "ERROR")}
     return {"level": level, "seed": seed, "counts": counts, "passed": counts["PASS"] == len(results),
-            "ops": [{"op": r.op, "status": r.status, "cases": r.cases, "elements": r.elements, "golden": r.golden,
+            "ops": [{"op": r.op, "status": r.status, "cases": r.cases, "refusals": r.refusals, "elements": r.elements, "golden": r.golden,
                      "seconds": round(r.seconds, 2), "messages": r.messages[:MESSAGES_PER_OP]} for r in results]}
 
 

@@ -5,6 +5,10 @@ compared as raw bytes (dtype, shape and every bit). The first mismatches are pri
 in hex with their inputs, up to ``max_errors``. The spec's own outputs are checked
 against the committed golden vectors first (at the golden seed and level), so a
 machine whose NumPy misbehaves is caught even when the spec is the backend under test.
+
+Errors are compared too: each op's refusal cases (``inputs.search_refusal_regressions``,
+bad inputs the spec refuses with ValueError or TypeError through ``spec.checks``) must
+raise the spec's exception type on the backend, not another type and not a result.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ from lockstep.backends import Backend
 from lockstep.backends.interface import move_arguments, result_problem, signature_problem
 
 from . import golden
+from .inputs import search_refusal_regressions
 from .registry import Case, all_records, as_outputs, describe_inputs
 
 
@@ -28,6 +33,7 @@ class OpResult:
     op: str
     status: str = "PASS"  # PASS, FAIL, MISSING, ERROR
     cases: int = 0
+    refusals: int = 0  # bad-input cases on which the backend raised the spec's exception type
     elements: int = 0
     golden: str = "-"  # match, DIFFER, absent, -
     seconds: float = 0.0
@@ -72,6 +78,36 @@ def _input_index(case: Case, idx: tuple):
     if len(shapes) == 1 and len(next(iter(shapes))) == len(idx):
         return tuple(idx)
     return None
+
+
+def _refusal_problem(backend: Backend, op: str, fn, args: tuple, kwargs: dict) -> str | None:
+    """Why the backend does not refuse this bad input as the spec does (None when it does)."""
+    try:
+        getattr(spec, op)(*args, **kwargs)
+        return "the spec answers this refusal case (inputs.search_refusal_regressions is out of date)"
+    except (ValueError, TypeError) as e:
+        want = e
+    try:
+        dev_args, dev_kwargs = move_arguments(op, args, kwargs, backend.asarray)
+        fn(*dev_args, **dev_kwargs)
+    except Exception as got:  # noqa: BLE001 - the exception's type is what is compared
+        if type(got) is type(want):
+            return None
+        return f"raised {type(got).__name__} ({got}); the spec raises {type(want).__name__} ({want})"
+    return f"returned a result; the spec raises {type(want).__name__} ({want})"
+
+
+def _check_refusals(backend: Backend, op: str, fn, res: OpResult) -> None:
+    """Run the op's refusal cases: the backend must raise the spec's exception type for each."""
+    for case_op, label, args, kwargs in search_refusal_regressions():
+        if case_op != op:
+            continue
+        problem = _refusal_problem(backend, op, fn, args, kwargs)
+        if problem:
+            res.status = "FAIL" if res.status == "PASS" else res.status
+            res.messages.append(f"  {label} (a refusal): {problem}")
+        else:
+            res.refusals += 1
 
 
 def run_conformance(backend: Backend, level: int = 1, seed: int = 0, max_errors: int = 10,
@@ -153,6 +189,7 @@ def run_conformance(backend: Backend, level: int = 1, seed: int = 0, max_errors:
                     lines = _first_mismatches(w, g, Case(f"{case.label}[out{k}]", case.args), max(errors_left, 0))
                     errors_left -= len(lines) - 1
                     res.messages.extend(lines)
+        _check_refusals(backend, rec.name, fn, res)
         if golden_ok is False:
             res.status = "FAIL"
             res.golden = "DIFFER"
@@ -169,9 +206,9 @@ def print_table(results: list[OpResult], backend: Backend, level: int, seed: int
     out = out or sys.stdout
     print(f"lockstep conformance: backend={backend.name} level={level} seed={seed} SPEC_VERSION={spec.SPEC_VERSION}", file=out)
     w = max([len(r.op) for r in results] + [2])
-    print(f"{'op':<{w}}  {'cases':>5}  {'elements':>9}  {'golden':>7}  {'time':>7}  result", file=out)
+    print(f"{'op':<{w}}  {'cases':>5}  {'refused':>7}  {'elements':>9}  {'golden':>7}  {'time':>7}  result", file=out)
     for r in results:
-        print(f"{r.op:<{w}}  {r.cases:>5}  {r.elements:>9}  {r.golden:>7}  {r.seconds:>6.2f}s  {r.status}", file=out)
+        print(f"{r.op:<{w}}  {r.cases:>5}  {r.refusals:>7}  {r.elements:>9}  {r.golden:>7}  {r.seconds:>6.2f}s  {r.status}", file=out)
     for r in results:
         if r.messages:
             print(f"{r.op}:", file=out)

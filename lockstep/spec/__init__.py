@@ -17,13 +17,13 @@ The module is itself a backend: ``OPS`` names the op table that every backend
 
 from .fp import abs, add, div, f32, maximum, minimum, mul, neg, sqrt, sub
 from .philox import PhiloxStream, philox4x32
-from .reduce import argmax, int8_matmul, lane_tree_sum, matmul, max
+from .reduce import argmax, column_sum, int8_matmul, lane_tree_sum, matmul, max
 from .transcendental import exp, log, sigmoid, silu
 from .attention import attention_backward, attention_forward
 from .embedding import embedding_backward, embedding_forward
 from .layout import concat_last
 from .loss import cross_entropy_backward, cross_entropy_forward
-from .norm import column_sum, rmsnorm_backward, rmsnorm_forward
+from .norm import rmsnorm_backward, rmsnorm_forward
 from .optim import adamw_update, clip_coefficient, global_norm, scale, sum_of_squares
 from .quant import int8_linear_backward, int8_linear_forward
 from .rope import rope_backward, rope_forward

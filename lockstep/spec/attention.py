@@ -30,6 +30,7 @@ from __future__ import annotations
 import numpy as np
 
 from . import fp
+from .checks import check_attention_shapes  # noqa: F401 - re-exported: the shared input check
 from .reduce import lane_tree_sum, matmul
 from .reduce import max as row_max
 from .transcendental import exp
@@ -40,30 +41,6 @@ NEG_INF = np.float32(-np.inf)
 def attention_scale(head_dim: int) -> np.float32:
     """``1 / sqrt(Dh)`` in float32: ``fp.div(1, fp.sqrt(Dh))``."""
     return fp.div(np.float32(1.0), fp.sqrt(np.float32(head_dim)))[()]
-
-
-def check_attention_shapes(q, k, v, do=None, o=None, m=None, l=None) -> None:
-    """ValueError unless the shapes fit: q (B, H, T, Dh), k and v (B, G, T, Dh) with G >= 1,
-    H a multiple of G and Dh >= 1; for the backward, do and o like q, m and l (B, H, T).
-
-    Every backend calls this before it reads anything, so a bad shape is refused the
-    same way everywhere (never read out of bounds, never broadcast by accident).
-    """
-    shapes = {name: np.shape(a) for name, a in (("q", q), ("k", k), ("v", v))}
-    if any(len(s) != 4 for s in shapes.values()):
-        raise ValueError(f"attention needs 4-d q (B, H, T, Dh), k and v (B, G, T, Dh); got {shapes}")
-    b, h, t, dh = shapes["q"]
-    g = shapes["k"][1]
-    if g == 0 or h % g:
-        raise ValueError(f"query heads {h} are not a multiple of KV heads {g}")
-    if dh == 0:
-        raise ValueError("attention needs a head dimension Dh >= 1, got 0")
-    for name in ("k", "v"):
-        if shapes[name] != (b, g, t, dh):
-            raise ValueError(f"attention: {name} has shape {shapes[name]}, expected {(b, g, t, dh)} (q is {(b, h, t, dh)})")
-    for name, a, want in (("do", do, (b, h, t, dh)), ("o", o, (b, h, t, dh)), ("m", m, (b, h, t)), ("l", l, (b, h, t))):
-        if a is not None and np.shape(a) != want:
-            raise ValueError(f"attention_backward: {name} has shape {np.shape(a)}, expected {want}")
 
 
 def attention_mask(seq_len: int, window: int | None) -> np.ndarray:

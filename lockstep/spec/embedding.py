@@ -8,31 +8,13 @@ from __future__ import annotations
 import numpy as np
 
 from . import fp
-
-
-def _check_ids(ids: np.ndarray, vocab_size: int) -> np.ndarray:
-    ids = np.asarray(ids)
-    if not np.issubdtype(ids.dtype, np.integer):
-        raise TypeError(f"token ids must be integers, got {ids.dtype}")
-    if ids.size and (ids.min() < 0 or ids.max() >= vocab_size):
-        raise ValueError(f"token id out of range [0, {vocab_size}): min {ids.min()}, max {ids.max()}")
-    return ids.astype(np.int64)
-
-
-def gradient_rows(dout: np.ndarray, n_ids: int) -> np.ndarray:
-    """dout (..., D) as (positions, D); ValueError unless it has one row per id (D may be 0)."""
-    if dout.ndim < 1:
-        raise ValueError(f"embedding_backward: dout needs a last axis D, got shape {dout.shape}")
-    rows = int(np.prod(dout.shape[:-1], dtype=np.int64))
-    if rows != n_ids:
-        raise ValueError(f"embedding_backward: {rows} gradient rows for {n_ids} ids")
-    return dout.reshape(rows, dout.shape[-1])
+from .checks import check_ids, gradient_rows  # noqa: F401 - re-exported: the shared input checks
 
 
 def embedding_forward(table, ids) -> np.ndarray:
     """``out[b, t, :] = table[ids[b, t], :]``: (V, D), (B, T) -> (B, T, D). Exact (a copy)."""
     table = fp.f32(table)
-    ids = _check_ids(ids, table.shape[0])
+    ids = check_ids(ids, table.shape[0])
     return table[ids]
 
 
@@ -47,7 +29,7 @@ def embedding_backward(dout, ids, vocab_size: int) -> np.ndarray:
     round no id repeats, so the adds of a round are independent.
     """
     dout = fp.f32(dout)
-    ids = _check_ids(ids, vocab_size).reshape(-1)
+    ids = check_ids(ids, vocab_size).reshape(-1)
     rows = gradient_rows(dout, ids.size)
     d = rows.shape[1]
     grad = np.zeros((vocab_size, d), dtype=np.float32)

@@ -51,13 +51,20 @@ LARGEST_FINITE = np.float32(np.finfo(np.float32).max)  # 0x7F7FFFFF
 
 
 def bits(x) -> np.ndarray:
-    """The uint32 bit patterns of a float32 array (a view, no copy when possible; shape kept)."""
+    """The uint32 bit patterns of a float32 array (a view, no copy when possible; shape kept).
+
+    Subnormal inputs: kept as they are (a bit view reads no value; nothing is flushed).
+    """
     a = np.asarray(x, dtype=F32)
     return (a if a.flags.c_contiguous else a.copy()).view(np.uint32)
 
 
 def from_bits(u) -> np.ndarray:
-    """The float32 values of uint32 bit patterns (shape kept)."""
+    """The float32 values of uint32 bit patterns (shape kept).
+
+    Subnormal inputs: a pattern with exponent field 0 stays a subnormal float32 here;
+    the ops below read it as a zero of its sign when it enters them.
+    """
     a = np.asarray(u, dtype=np.uint32)
     return (a if a.flags.c_contiguous else a.copy()).view(F32)
 
@@ -68,8 +75,9 @@ def canon(x: np.ndarray) -> np.ndarray:
     * exponent field 0 (zero or subnormal) -> zero with the same sign bit;
     * any NaN -> 0x7FC00000.
 
-    Returns x itself when no element has exponent field 0 or 255 (nothing to change):
-    pass an array the caller owns.
+    Subnormal inputs: become zeros of their sign (this is the flush; applied to an
+    input it is the DAZ reading). Returns x itself when no element has exponent field
+    0 or 255 (nothing to change): pass an array the caller owns.
     """
     a = np.asarray(x, dtype=F32)
     u = bits(a)
@@ -89,12 +97,18 @@ def f32(x) -> np.ndarray:
 
     Integer inputs are converted exactly when representable; float64 inputs are
     rounded once to float32. The result is a fresh C-contiguous array.
+
+    Subnormal inputs: become zeros of their sign (DAZ), as do float64 values that round
+    to a float32 subnormal.
     """
     return canon(np.array(x, dtype=F32, copy=True))
 
 
 def is_canonical(x) -> bool:
-    """True when a float32 array holds no subnormal and no NaN other than ``0x7FC00000``."""
+    """True when a float32 array holds no subnormal and no NaN other than ``0x7FC00000``.
+
+    Subnormal inputs: make the answer False (a zero of either sign is canonical).
+    """
     u = bits(np.asarray(x, dtype=F32))
     exp_field = u & EXPONENT_MASK
     subnormal = (exp_field == 0) & ((u & ~SIGN_BIT) != 0)
@@ -105,7 +119,9 @@ def is_canonical(x) -> bool:
 def canonical(x):
     """A host array as a backend's ``asarray`` gives it: float32 read canonically, other dtypes as they are.
 
-    Returns x itself (as an ndarray) when it needs no change, else a canonical copy.
+    Subnormal inputs: become zeros of their sign (DAZ), which is why a backend may
+    keep no input flush in its kernels. Returns x itself (as an ndarray) when it needs
+    no change, else a canonical copy.
     """
     a = np.asarray(x)
     if a.dtype != F32 or is_canonical(a):
@@ -114,8 +130,8 @@ def canonical(x):
 
 
 def _read_operand(x) -> np.ndarray:
-    """One operand, read as the spec reads every input: cast to float32; a subnormal is a
-    zero of its sign. (A NaN operand needs no work here: every op below turns it into a
+    """One operand, read as the spec reads every input: cast to float32; a subnormal input is
+    a zero of its sign (DAZ). (A NaN operand needs no work here: every op below turns it into a
     NaN result or selects it, and the result's ``canon`` makes that ``0x7FC00000``.)"""
     a = x if isinstance(x, np.ndarray) and x.dtype == F32 else np.asarray(x, dtype=F32)
     u = bits(a)
@@ -133,7 +149,8 @@ def _f32_operands(*xs):
 def add(a, b) -> np.ndarray:
     """``a + b``, one rounding, then flush and canonical NaN.
 
-    Operands are read canonically first (subnormal -> zero of its sign, NaN -> canonical).
+    Subnormal inputs: read as zeros of their sign before the operation (DAZ, SPEC_VERSION 2;
+    a backend applies this once, in ``asarray``); a NaN operand gives the canonical NaN.
     """
     a, b = _f32_operands(a, b)
     with np.errstate(all="ignore"):
@@ -143,7 +160,8 @@ def add(a, b) -> np.ndarray:
 def sub(a, b) -> np.ndarray:
     """``a - b``, one rounding, then flush and canonical NaN.
 
-    Operands are read canonically first (subnormal -> zero of its sign, NaN -> canonical).
+    Subnormal inputs: read as zeros of their sign before the operation (DAZ, SPEC_VERSION 2;
+    a backend applies this once, in ``asarray``); a NaN operand gives the canonical NaN.
     """
     a, b = _f32_operands(a, b)
     with np.errstate(all="ignore"):
@@ -153,7 +171,8 @@ def sub(a, b) -> np.ndarray:
 def mul(a, b) -> np.ndarray:
     """``a * b``, one rounding, then flush and canonical NaN.
 
-    Operands are read canonically first (subnormal -> zero of its sign, NaN -> canonical).
+    Subnormal inputs: read as zeros of their sign before the operation (DAZ, SPEC_VERSION 2;
+    a backend applies this once, in ``asarray``); a NaN operand gives the canonical NaN.
     """
     a, b = _f32_operands(a, b)
     with np.errstate(all="ignore"):
@@ -163,7 +182,8 @@ def mul(a, b) -> np.ndarray:
 def div(a, b) -> np.ndarray:
     """``a / b``, one rounding (IEEE division), then flush and canonical NaN.
 
-    Operands are read canonically first (subnormal -> zero of its sign, NaN -> canonical).
+    Subnormal inputs: read as zeros of their sign before the operation (DAZ, SPEC_VERSION 2;
+    a backend applies this once, in ``asarray``); a NaN operand gives the canonical NaN.
     """
     a, b = _f32_operands(a, b)
     with np.errstate(all="ignore"):
@@ -173,7 +193,8 @@ def div(a, b) -> np.ndarray:
 def sqrt(a) -> np.ndarray:
     """IEEE square root, one rounding; ``sqrt(-0.0) = -0.0``; negative -> canonical NaN.
 
-    The operand is read canonically first, so a negative subnormal gives ``-0.0``.
+    Subnormal inputs: read as zeros of their sign first (DAZ), so a negative subnormal
+    gives ``-0.0`` and a positive one ``+0.0``.
     """
     (a,) = _f32_operands(a)
     with np.errstate(all="ignore"):
@@ -181,13 +202,19 @@ def sqrt(a) -> np.ndarray:
 
 
 def neg(a) -> np.ndarray:
-    """Exact sign flip (``-x``) of the canonically read operand; a NaN stays canonical."""
+    """Exact sign flip (``-x``); a NaN stays canonical.
+
+    Subnormal inputs: read as zeros of their sign first (DAZ), so ``neg(2**-140)`` is ``-0.0``.
+    """
     (a,) = _f32_operands(a)
     return canon(np.negative(a))
 
 
 def abs(a) -> np.ndarray:  # noqa: A001 - the op is called abs in every backend
-    """Exact ``|x|`` (clears the sign bit) of the canonically read operand; a NaN stays canonical."""
+    """Exact ``|x|`` (clears the sign bit); a NaN stays canonical.
+
+    Subnormal inputs: read as zeros of their sign first (DAZ), so ``abs(-2**-140)`` is ``+0.0``.
+    """
     (a,) = _f32_operands(a)
     return canon(np.abs(a))
 
@@ -199,8 +226,11 @@ def _total_key(x: np.ndarray) -> np.ndarray:
 
 
 def maximum(a, b) -> np.ndarray:
-    """Elementwise max in the total order ``-0.0 < +0.0`` of the canonically read operands
-    (a subnormal is a zero of its sign); a NaN operand -> canonical NaN."""
+    """Elementwise max in the total order ``-0.0 < +0.0``; a NaN operand -> canonical NaN.
+
+    Subnormal inputs: read as zeros of their sign first (DAZ), so ``maximum(2**-140, +0.0)``
+    is ``+0.0`` and ``maximum(-2**-140, -0.0)`` is ``-0.0``.
+    """
     a, b = np.broadcast_arrays(*_f32_operands(a, b))
     r = np.where(_total_key(a) >= _total_key(b), a, b)
     r = np.where(np.isnan(a) | np.isnan(b), from_bits(CANONICAL_NAN_BITS), r)
@@ -208,8 +238,10 @@ def maximum(a, b) -> np.ndarray:
 
 
 def minimum(a, b) -> np.ndarray:
-    """Elementwise min in the total order ``-0.0 < +0.0`` of the canonically read operands;
-    a NaN operand -> canonical NaN."""
+    """Elementwise min in the total order ``-0.0 < +0.0``; a NaN operand -> canonical NaN.
+
+    Subnormal inputs: read as zeros of their sign first (DAZ), as in ``maximum``.
+    """
     a, b = np.broadcast_arrays(*_f32_operands(a, b))
     r = np.where(_total_key(a) <= _total_key(b), a, b)
     r = np.where(np.isnan(a) | np.isnan(b), from_bits(CANONICAL_NAN_BITS), r)
@@ -217,7 +249,11 @@ def minimum(a, b) -> np.ndarray:
 
 
 def where(cond, a, b) -> np.ndarray:
-    """Exact selection (no arithmetic) between the canonically read operands."""
+    """Exact selection (no arithmetic): ``a`` where ``cond``, else ``b``.
+
+    Subnormal inputs: read as zeros of their sign first (DAZ), so a selected subnormal
+    comes out as a zero of its sign; a NaN comes out canonical.
+    """
     a, b = _f32_operands(a, b)
     return canon(np.where(cond, a, b))
 
@@ -225,10 +261,21 @@ def where(cond, a, b) -> np.ndarray:
 def ldexp_exact(x, k) -> np.ndarray:
     """``x * 2**k`` for integer arrays k, computed as products by exact powers of two.
 
-    The scale is applied as up to three factors ``2**k1 * 2**k2 * 2**k3`` (each a
-    normal power of two, k1 first, each product rounded and flushed as usual).
-    While intermediate products stay normal they are exact, so the result is the
-    correctly rounded ``x * 2**k`` followed by the flush rule.
+    The 2**k scaling (the same words as ``transcendental.exp``'s order block)::
+
+        k  = clip(k, -300, 300)                       # exact
+        k1 = clip(k, -126, 127)                       # exact
+        k2 = clip(k - k1, -126, 127)                  # exact
+        k3 = k - k1 - k2                              # exact, in [-48, 46]
+        r  = ((x * 2**k1) * 2**k2) * 2**k3            # 3 products, each rounded and flushed
+
+    Each factor ``2**ki`` is a normal power of two. While the partial products stay
+    normal they are exact, so the result is the correctly rounded ``x * 2**k``
+    followed by the flush rule; +inf/-inf on overflow, a zero of x's sign below
+    2**-126 (a factor of ``2**0 = 1`` changes nothing).
+
+    Subnormal inputs: ``x`` is read as a zero of its sign first (DAZ), so the result
+    is that zero for every k (a subnormal is never scaled up into the normal range).
     """
     (x,) = _f32_operands(x)
     k = np.asarray(k, dtype=np.int32)

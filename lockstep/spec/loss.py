@@ -13,21 +13,13 @@ from __future__ import annotations
 import numpy as np
 
 from . import fp
+from .checks import check_targets
 from .reduce import lane_tree_sum
 from .reduce import max as row_max
 from .transcendental import exp, log
 
 ONE = np.float32(1.0)
 TWO = np.float32(2.0)
-
-
-def _targets(targets, n: int, vocab: int) -> np.ndarray:
-    t = np.asarray(targets).reshape(-1).astype(np.int64)
-    if t.size != n:
-        raise ValueError(f"{t.size} targets for {n} rows of logits")
-    if t.size and (t.min() < 0 or t.max() >= vocab):
-        raise ValueError(f"target id out of range [0, {vocab})")
-    return t
 
 
 def cross_entropy_forward(logits, targets, z_loss: float):
@@ -44,7 +36,7 @@ def cross_entropy_forward(logits, targets, z_loss: float):
     """
     logits = fp.f32(logits)
     n, v = logits.shape
-    t = _targets(targets, n, v)
+    t = check_targets(targets, n, v)
     m = row_max(logits, axis=-1)
     s = lane_tree_sum(exp(fp.sub(logits, m[:, None])))
     lse = fp.add(m, log(s))
@@ -65,7 +57,7 @@ def cross_entropy_backward(logits, targets, lse, z_loss: float, inv_n) -> np.nda
     """
     logits = fp.f32(logits)
     n, v = logits.shape
-    t = _targets(targets, n, v)
+    t = check_targets(targets, n, v)
     lse = fp.f32(lse)
     p = exp(fp.sub(logits, lse[:, None]))
     c = fp.add(ONE, fp.mul(fp.mul(TWO, np.float32(z_loss)), lse))

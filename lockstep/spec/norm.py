@@ -8,24 +8,9 @@ from __future__ import annotations
 import numpy as np
 
 from . import fp
-from .reduce import lane_tree_sum
+from .reduce import column_sum, lane_tree_sum
 
 ONE = np.float32(1.0)
-
-
-def column_sum(x) -> np.ndarray:
-    """Sum over all leading axes, per last-axis feature: (..., D) -> (D,).
-
-    Order (the "batch sum" of every per-feature parameter gradient): from +0.0,
-    ascending over the flattened leading index, one rounded add per row — like a
-    contraction over tokens.
-    """
-    x = fp.f32(x)
-    rows = x.reshape(int(np.prod(x.shape[:-1], dtype=np.int64)), x.shape[-1])  # (not -1: D may be 0)
-    acc = np.zeros(x.shape[-1], dtype=np.float32)
-    for r in rows:
-        acc = fp.add(acc, r)
-    return acc
 
 
 def rmsnorm_forward(x, gain, eps: float):

@@ -140,6 +140,23 @@ class PhiloxStream:
         return uniform_from_uint32(self.uint32(start, count))
 
 
+def keyed_permutation(stream: PhiloxStream, n: int) -> np.ndarray:
+    """``0 .. n-1`` sorted by the 64-bit key ``stream[2i] * 2**32 + stream[2i+1]``,
+    ascending, ties by index (a stable sort): int64 (n,).
+
+    The data stream's shard and document orders and the audit plan's draws use it.
+    All exact integer work: the order is a pure function of the stream's key and n.
+    """
+    n = int(n)
+    if n < 0:
+        raise ValueError(f"a permutation of {n} elements: n must be >= 0")
+    if n == 0:
+        return np.zeros(0, dtype=np.int64)
+    u = stream.uint32(0, 2 * n).astype(np.uint64)
+    keys = (u[0::2] << _SHIFT32) | u[1::2]
+    return np.argsort(keys, kind="stable").astype(np.int64)
+
+
 def uniform_from_uint32(u) -> np.ndarray:
     """The top 24 bits of u as a float32 multiple of 2**-24 in [0, 1) (exact)."""
     top = (np.asarray(u, dtype=np.uint32) >> np.uint32(8)).astype(np.float32)

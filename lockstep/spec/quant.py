@@ -17,6 +17,7 @@ from __future__ import annotations
 import numpy as np
 
 from . import fp
+from .checks import check_linear_shapes  # noqa: F401 - re-exported: the shared input check
 from .reduce import int8_matmul, lane_tree_sum
 from .reduce import max as row_max
 
@@ -60,16 +61,6 @@ def activation_scale(x) -> np.float32:
     x = fp.f32(x)
     amax = row_max(fp.abs(x).reshape(-1))
     return _nonzero_scale(fp.div(amax, QMAX))[()]
-
-
-def check_linear_shapes(x, w, dy=None) -> None:
-    """ValueError unless x is (..., K), w is (K, N) and dy (for the backward) is (..., N) with
-    x's leading shape. Shared with the backends, so a bad shape is refused alike."""
-    xs, ws = np.shape(x), np.shape(w)
-    if len(xs) < 1 or len(ws) != 2 or xs[-1] != ws[0]:
-        raise ValueError(f"int8 linear: x {xs} and w {ws} do not fit (x (..., K), w (K, N))")
-    if dy is not None and np.shape(dy) != xs[:-1] + (ws[1],):
-        raise ValueError(f"int8_linear_backward: dy has shape {np.shape(dy)}, expected {xs[:-1] + (ws[1],)}")
 
 
 def int8_linear_forward(x, w) -> np.ndarray:
@@ -177,7 +168,17 @@ def int8_linear_backward(dy, x, w, hadamard: bool = True):
 
     ``dx = int8_rotated_matmul(dy, wdq^T)`` (contracted over N) and
     ``dw = int8_rotated_matmul(xdq^T, dy)`` (contracted over the M rows), with
-    ``wdq = dequantized_weight(w)`` and ``xdq = dequantized_activation(x)``.
+    ``wdq = dequantized_weight(w)`` and ``xdq = dequantized_activation(x)``; x and dy
+    are flattened to (M, K) and (M, N) first, M = the product of the leading dims.
+
+    Where the Hadamard rotation runs (``hadamard=True``): always along the contracted
+    axis. For ``dx`` that is the output width N: dy's rows and wdq^T's columns are
+    rotated in blocks of ``hadamard_block(N)``. For the weight gradient ``dw`` it is
+    the TOKEN axis M: xdq^T (K, M) is rotated along its M columns and dy (M, N) along
+    its M rows, in blocks of ``hadamard_block(M)``. The block size is chosen from the
+    contracted length alone: the largest power of two dividing it, at most
+    ``HADAMARD_MAX_BLOCK`` = 256 (so an odd M gives block 1, no rotation, and the
+    weight gradient's block depends on the micro-batch's token count, not on K or N).
     """
     check_linear_shapes(x, w, dy)
     dy = fp.f32(dy)

@@ -15,6 +15,7 @@ from __future__ import annotations
 import numpy as np
 
 from . import fp
+from .checks import check_int8_operands, check_matmul_shapes  # noqa: F401 - re-exported: the shared input checks
 
 LANES = 32  # one CUDA warp / Metal SIMD-group
 # Largest K for which a float32 GEMM of int8-valued operands is exact in any order.
@@ -52,6 +53,21 @@ def lane_tree_sum(x, axis: int = -1) -> np.ndarray:
     return lanes[..., 0].copy()
 
 
+def column_sum(x) -> np.ndarray:
+    """Sum over all leading axes, per last-axis feature: (..., D) -> (D,).
+
+    Order (the "batch sum" of every per-feature parameter gradient): from +0.0,
+    ascending over the flattened leading index, one rounded add per row — like a
+    contraction over tokens.
+    """
+    x = fp.f32(x)
+    rows = x.reshape(int(np.prod(x.shape[:-1], dtype=np.int64)), x.shape[-1])  # (not -1: D may be 0)
+    acc = np.zeros(x.shape[-1], dtype=np.float32)
+    for r in rows:
+        acc = fp.add(acc, r)
+    return acc
+
+
 def matmul(a, b) -> np.ndarray:
     """Float32 contraction ``(..., M, K) x (..., K, N) -> (..., M, N)``.
 
@@ -59,28 +75,14 @@ def matmul(a, b) -> np.ndarray:
     order: ``acc = acc + a[m, k] * b[k, n]`` with the product rounded (and flushed)
     and then the sum rounded (and flushed): never an FMA. Leading dims broadcast.
     """
+    check_matmul_shapes(a, b)
     a = fp.f32(a)
     b = fp.f32(b)
-    if a.ndim < 2 or b.ndim < 2 or a.shape[-1] != b.shape[-2]:
-        raise ValueError(f"matmul shapes do not contract: {a.shape} x {b.shape}")
     batch = np.broadcast_shapes(a.shape[:-2], b.shape[:-2])
     acc = np.zeros(batch + (a.shape[-2], b.shape[-1]), dtype=np.float32)
     for k in range(a.shape[-1]):
         acc = fp.add(acc, fp.mul(a[..., :, k : k + 1], b[..., k : k + 1, :]))
     return acc
-
-
-def check_int8_operands(a, b) -> tuple[np.ndarray, np.ndarray]:
-    """The operands of ``int8_matmul`` as arrays; raises on wrong dtypes, shapes or a K that could overflow."""
-    a = np.asarray(a)
-    b = np.asarray(b)
-    if a.dtype != np.int8 or b.dtype != np.int8:
-        raise TypeError(f"int8_matmul needs int8 operands, got {a.dtype} and {b.dtype}")
-    if a.ndim < 2 or b.ndim < 2 or a.shape[-1] != b.shape[-2]:
-        raise ValueError(f"int8_matmul shapes do not contract: {a.shape} x {b.shape}")
-    if a.shape[-1] > 2**31 // 2**14:
-        raise ValueError(f"int8_matmul: K={a.shape[-1]} could overflow int32")
-    return a, b
 
 
 def int8_matmul(a, b) -> np.ndarray:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import numpy as np
 
 from . import fp, hostmath
+from .checks import check_rope_shapes  # noqa: F401 - re-exported: the shared input check
 
 
 def rope_tables(seq_len: int, head_dim: int, theta: float) -> tuple[np.ndarray, np.ndarray]:
@@ -26,23 +27,6 @@ def rope_tables(seq_len: int, head_dim: int, theta: float) -> tuple[np.ndarray, 
     t = np.arange(seq_len, dtype=np.float64)[:, None]
     angle = t * freq[None, :]  # exact: one float64 product per entry, host-side by design
     return fp.f32(hostmath.cos(angle)), fp.f32(hostmath.sin(angle))  # host-only float64 tables, rounded once
-
-
-def check_rope_shapes(x, cos, sin) -> None:
-    """ValueError unless x is (..., T, Dh) with Dh even and both tables broadcast to
-    x's (..., T, Dh/2) without enlarging it (the contract's tables are (T, Dh/2)).
-    Shared with the backends, so a bad shape is refused alike."""
-    shape = np.shape(x)
-    if len(shape) < 2 or shape[-1] % 2:
-        raise ValueError(f"RoPE needs x (..., T, Dh) with an even head dimension Dh, got shape {shape}")
-    half = shape[:-1] + (shape[-1] // 2,)
-    for name, table in (("cos", cos), ("sin", sin)):
-        try:
-            fits = np.broadcast_shapes(half, np.shape(table)) == half
-        except ValueError:
-            fits = False
-        if not fits:
-            raise ValueError(f"RoPE table {name} has shape {np.shape(table)}; x of shape {shape} needs ({shape[-2]}, {shape[-1] // 2})")
 
 
 def rope_forward(x, cos, sin) -> np.ndarray:

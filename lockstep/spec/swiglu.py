@@ -9,19 +9,10 @@ from __future__ import annotations
 import numpy as np
 
 from . import fp
+from .checks import check_swiglu_shapes  # noqa: F401 - re-exported: the shared input check
 from .transcendental import sigmoid, silu
 
 ONE = np.float32(1.0)
-
-
-def check_swiglu_shapes(gu, dh=None) -> None:
-    """ValueError unless gu is (..., 2F) with an even last axis and dh (for the backward) is (..., F)
-    with gu's leading shape. Shared with the backends, so a bad shape is refused alike."""
-    shape = np.shape(gu)
-    if len(shape) < 1 or shape[-1] % 2:
-        raise ValueError(f"swiglu needs an even fused width 2F on the last axis, got shape {shape}")
-    if dh is not None and np.shape(dh) != shape[:-1] + (shape[-1] // 2,):
-        raise ValueError(f"swiglu_backward: dh has shape {np.shape(dh)}, expected {shape[:-1] + (shape[-1] // 2,)}")
 
 
 def swiglu_forward(gu) -> np.ndarray:

@@ -145,7 +145,7 @@ def exp(x) -> np.ndarray:
 
     Order of operations (each line one rounded float32 op unless "exact")::
 
-        x  = f32(x)                                   # enter the spec (flush, canonical NaN)
+        x  = f32(x)                                   # enter the spec (subnormal -> zero of its sign, canonical NaN)
         xc = min(max(x, -104.0), 89.0)                # clamp; NaN handled at the end
         # Cody-Waite reduction: x = k*ln2 + r, |r| <= 0.3466 (a little more after rounding)
         kf = (xc * INV_LN2 + ROUND_MAGIC) - ROUND_MAGIC   # 3 ops: integer k as float32
@@ -171,9 +171,11 @@ def exp(x) -> np.ndarray:
         e2 = (y1 - y2) + h2_hi                        # exact error of y2 (Fast2Sum)
         tail = (e1 + e2) + ((h2_lo + c3) + r_err * y1)
         y  = y2 + tail                                # ~ exp(hi - lo), in [0.70, 1.42]
-        # scale by 2**k (k = int(kf), exact): fp.ldexp_exact, i.e. products by
-        # 2**k1, 2**k2 (k1 = clip(k, -126, 127), k2 = k - k1), each rounded and
-        # flushed: exact while normal, +inf on overflow, +0 below 2**-126
+        # scale by 2**k (k = int(kf), exact, in [-150, 128]): fp.ldexp_exact, i.e.
+        #   k1 = clip(k, -126, 127); k2 = clip(k - k1, -126, 127); k3 = k - k1 - k2   # exact
+        #   result = ((y * 2**k1) * 2**k2) * 2**k3    # 3 products, each rounded and flushed
+        # (here k3 = 0: its product is by 1.0); exact while normal, +inf on
+        # overflow, +0 below 2**-126
         result = ldexp_exact(y, k)
         result = NaN where x is NaN
 
@@ -232,7 +234,7 @@ def log(x) -> np.ndarray:
 
     Order of operations (each line one rounded float32 op unless "exact")::
 
-        x = f32(x)                                    # enter the spec (flush, canonical NaN)
+        x = f32(x)                                    # enter the spec (subnormal -> zero of its sign, canonical NaN)
         xc = x if 2**-126 <= x < +inf else 1.0        # specials are selected at the end
         # exponent/significand split, all exact integer and bit operations
         e  = (bits(xc) >> 23) - 127                   # unbiased exponent

@@ -63,7 +63,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from lockstep.spec.philox import PhiloxStream, philox4x32
+from lockstep.spec.philox import PhiloxStream, keyed_permutation, philox4x32
 
 from .manifest import DataError, Manifest, Source, expect_int, expect_keys
 
@@ -84,14 +84,6 @@ _U32 = np.uint64(32)
 # ---------------------------------------------------------------------------------
 
 
-def keyed_permutation(stream: PhiloxStream, n: int) -> np.ndarray:
-    """``0 .. n-1`` sorted by the 64-bit key ``stream[2i] * 2**32 + stream[2i+1]``,
-    ascending, ties by index (a stable sort): int64 (n,)."""
-    if n == 0:
-        return np.zeros(0, dtype=np.int64)
-    u = stream.uint32(0, 2 * n).astype(np.uint64)
-    keys = (u[0::2] << _U32) | u[1::2]
-    return np.argsort(keys, kind="stable").astype(np.int64)
 
 
 def stream_values(streams: list[PhiloxStream], count: int) -> np.ndarray:

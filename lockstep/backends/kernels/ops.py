@@ -21,6 +21,7 @@ import numpy as np
 from numpy.lib.array_utils import normalize_axis_index
 
 from lockstep.spec import fp as spec_fp
+from lockstep.spec.checks import check_int8_matmul, check_matmul_shapes
 from lockstep.spec.optim import CLIP_EPS, SUM_OF_SQUARES_BLOCK
 
 from .runtime import DEVICE_DTYPES, MAX_DIMS, MAX_ELEMENTS, DeviceArray, ParamBlock, c_strides
@@ -32,7 +33,6 @@ TILE = 64             # ls_contract_f32_kernel / ls_int8_gemm_kernel output tile
 TILE_THREADS = 16     # ... work-group TILE_THREADS x TILE_THREADS
 PARTIAL_LOCAL = 64    # ls_abs_max_partial_kernel
 HADAMARD_LOCAL = 128  # ls_hadamard_kernel
-QMAX_INT8_K = 2**31 // 2**14  # spec reduce.check_int8_operands: K beyond this could overflow int32
 
 _OPS_BY_RUNTIME: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 
@@ -333,8 +333,7 @@ class KernelOps:
     def matmul(self, a, b):
         """spec reduce.matmul: ``ls_contract_f32_kernel`` (range_mode 0)."""
         a, b = self._f32(a), self._f32(b)
-        if a.ndim < 2 or b.ndim < 2 or a.shape[-1] != b.shape[-2]:
-            raise ValueError(f"matmul shapes do not contract: {a.shape} x {b.shape}")
+        check_matmul_shapes(a, b)
         batch = np.broadcast_shapes(a.shape[:-2], b.shape[:-2])
         m, k, n = a.shape[-2], a.shape[-1], b.shape[-1]
         nz = math.prod(batch)
@@ -362,12 +361,7 @@ class KernelOps:
         """spec reduce.int8_matmul: the runtime's exact int8 GEMM (default ``ls_int8_gemm_kernel``)."""
         a = a if isinstance(a, DeviceArray) else self.asarray(np.asarray(a))
         b = b if isinstance(b, DeviceArray) else self.asarray(np.asarray(b))
-        if a.dtype != np.int8 or b.dtype != np.int8:
-            raise TypeError(f"int8_matmul needs int8 operands, got {a.dtype} and {b.dtype}")
-        if a.ndim < 2 or b.ndim < 2 or a.shape[-1] != b.shape[-2]:
-            raise ValueError(f"int8_matmul shapes do not contract: {a.shape} x {b.shape}")
-        if a.shape[-1] > QMAX_INT8_K:
-            raise ValueError(f"int8_matmul: K={a.shape[-1]} could overflow int32")
+        check_int8_matmul(a, b)  # the spec's refusals, alike on every backend
         if a.ndim == 2 and b.ndim == 2:
             return self.rt.int8_gemm(a, b)
         batch = np.broadcast_shapes(a.shape[:-2], b.shape[:-2])
@@ -483,7 +477,7 @@ class KernelOps:
     # ------------------------------------------------------------------ rope (rope.kc)
 
     def _rope(self, x, cos, sin, backward: int):
-        from lockstep.spec.rope import check_rope_shapes
+        from lockstep.spec.checks import check_rope_shapes
 
         x = self.contiguous(self._f32(x))
         cos, sin = self._f32(cos), self._f32(sin)
@@ -514,10 +508,10 @@ class KernelOps:
 
     def embedding_forward(self, table, ids):
         """spec embedding.embedding_forward: ``ls_embedding_forward_kernel``."""
-        from lockstep.spec.embedding import _check_ids
+        from lockstep.spec.checks import check_ids
 
         table = self.contiguous(self._f32(table))
-        ids_h = _check_ids(self._host(ids), table.shape[0])
+        ids_h = check_ids(self._host(ids), table.shape[0])
         out = self.empty(ids_h.shape + (table.shape[1],), F32)
         d_ids = self._upload(np.ascontiguousarray(ids_h.reshape(-1), dtype=np.int32))
         n, d = ids_h.size, table.shape[1]
@@ -526,10 +520,10 @@ class KernelOps:
 
     def embedding_backward(self, dout, ids, vocab_size: int):
         """spec embedding.embedding_backward: ``ls_embedding_backward_kernel`` over positions sorted by id."""
-        from lockstep.spec.embedding import _check_ids
+        from lockstep.spec.checks import check_ids
 
         vocab_size = int(vocab_size)
-        ids_h = _check_ids(self._host(ids), vocab_size).reshape(-1)
+        ids_h = check_ids(self._host(ids), vocab_size).reshape(-1)
         dout = self._f32(dout)
         d = dout.shape[-1]
         rows = self._rows2(dout)
@@ -547,7 +541,7 @@ class KernelOps:
     # ------------------------------------------------------------------ attention (attention.kc + contractions)
 
     def _attention_shapes(self, q, k, v, *backward):
-        from lockstep.spec.attention import check_attention_shapes
+        from lockstep.spec.checks import check_attention_shapes
 
         check_attention_shapes(q, k, v, *backward)  # the spec's refusals, alike on every backend
         b, h, t, dh = q.shape
@@ -623,7 +617,7 @@ class KernelOps:
 
     def swiglu_forward(self, gu):
         """spec swiglu.swiglu_forward: ``ls_swiglu_forward_kernel``."""
-        from lockstep.spec.swiglu import check_swiglu_shapes
+        from lockstep.spec.checks import check_swiglu_shapes
 
         gu = self.contiguous(self._f32(gu))
         check_swiglu_shapes(gu)
@@ -635,7 +629,7 @@ class KernelOps:
 
     def swiglu_backward(self, dh, gu):
         """spec swiglu.swiglu_backward: ``ls_swiglu_backward_kernel``."""
-        from lockstep.spec.swiglu import check_swiglu_shapes
+        from lockstep.spec.checks import check_swiglu_shapes
 
         gu = self.contiguous(self._f32(gu))
         dh = self.contiguous(self._f32(dh))
@@ -763,9 +757,9 @@ class KernelOps:
     # ------------------------------------------------------------------ loss (loss.kc)
 
     def _targets(self, targets, n: int, vocab: int) -> DeviceArray:
-        from lockstep.spec.loss import _targets
+        from lockstep.spec.checks import check_targets
 
-        t = _targets(self._host(targets), n, vocab)
+        t = check_targets(self._host(targets), n, vocab)
         return self._upload(np.ascontiguousarray(t, dtype=np.int32))
 
     def cross_entropy_forward(self, logits, targets, z_loss: float):

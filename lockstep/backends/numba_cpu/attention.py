@@ -24,11 +24,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from lockstep.spec.attention import check_attention_shapes
+from lockstep.spec.checks import check_attention_shapes
 
-from .fp import (CANONICAL_NAN_BITS, EXPONENT_MASK, ONE, ZERO, bits, cn, entered, fl, from_bits, kernel,
-                 min_nonzero_abs, parallel_kernel, safe_products, total_key)
-from .reduce import LANES, lane_tree
+from .fp import (EXPONENT_MASK, ONE, ZERO, bits, cn, entered, fl, kernel, min_nonzero_abs, parallel_kernel,
+                 safe_products)
+from .reduce import LANES, accumulate_rows, lane_tree, row_max_total
 from .tiles import tile_4x16, tile_4x64, tile_8x32
 from .transcendental import exp_diff_row
 
@@ -95,42 +95,6 @@ def _accumulate(acc, w, x, fast):
 
 
 @kernel
-def _weighted_rows_sum(acc, w, rows, fast):
-    """``acc[d] = acc[d] + w[j] * rows[j, d]`` for j ascending (the contraction order of each output d).
-
-    Four j per pass over acc (unroll-and-jam): each element still gets its terms one
-    at a time in ascending j, with every product and sum rounded, but acc is loaded
-    and stored a quarter as often.
-    """
-    dh = acc.size
-    n = w.size
-    n4 = n - n % 4
-    if fast:
-        for j in range(0, n4, 4):
-            w0 = w[j]
-            w1 = w[j + 1]
-            w2 = w[j + 2]
-            w3 = w[j + 3]
-            x0 = rows[j]
-            x1 = rows[j + 1]
-            x2 = rows[j + 2]
-            x3 = rows[j + 3]
-            for d in range(dh):
-                acc[d] = (((acc[d] + w0 * x0[d]) + w1 * x1[d]) + w2 * x2[d]) + w3 * x3[d]
-        for j in range(n4, n):
-            wj = w[j]
-            x = rows[j]
-            for d in range(dh):
-                acc[d] = acc[d] + wj * x[d]
-    else:
-        for j in range(n):
-            wj = w[j]
-            x = rows[j]
-            for d in range(dh):
-                acc[d] = fl(acc[d] + fl(wj * x[d]))
-
-
-@kernel
 def _lane_tree_keys(seg, first_key, lanes):
     """Lane-tree(32) sum of ``seg`` whose element jj is key ``first_key + jj`` (lane = key mod 32).
 
@@ -158,25 +122,6 @@ def _lane_tree_keys(seg, first_key, lanes):
             lanes[ln] = fl(lanes[ln] + lanes[ln + w])
         w //= 2
     return lanes[0]
-
-
-@kernel
-def _row_max(seg):
-    """Exact total-order max of a non-empty segment; any NaN -> canonical NaN."""
-    mx = seg[0]
-    mk = total_key(mx)
-    nan = False
-    for j in range(seg.size):
-        v = seg[j]
-        nan |= v != v
-        kj = total_key(v)
-        if kj > mk:
-            mk = kj
-            mx = v
-    if nan:
-        return from_bits(CANONICAL_NAN_BITS)
-    return mx
-
 
 
 # ---------------------------------------------------------------- register-tiled blocks
@@ -312,7 +257,7 @@ def _forward_kernel(t0, t1, q, k, ktp, v, window, o, m_out, l_out):
                         srow[jj] = fl(srow[jj] * scale)
                 else:
                     _scores_row(qh[i], kg, lo, hi, safe_products(min_nonzero_abs(qh[i]), min_k[bg]), scale, sc[r])
-                mx = _row_max(srow)
+                mx = row_max_total(srow)
                 prow = p[r]
                 for jj in range(klo, lo):
                     prow[jj] = ZERO  # masked keys of the block: zeros, the same as absent (see ``tiles``)
@@ -339,7 +284,7 @@ def _forward_kernel(t0, t1, q, k, ktp, v, window, o, m_out, l_out):
                     acc = ob[r]
                     for d in range(dh):
                         acc[d] = ZERO
-                    _weighted_rows_sum(acc, seg, vg[lo:i + 1], safe_products(min_nonzero_abs(seg), min_v[bg]))
+                    accumulate_rows(acc, seg, vg[lo:i + 1], safe_products(min_nonzero_abs(seg), min_v[bg]))
                     orow = o[b, h, i]
                     for d in range(dh):
                         orow[d] = cn(acc[d])
@@ -492,7 +437,7 @@ def _backward_kernel(t0, t1, do, q, k, v, o, m, l, window, dq, dk, dv):
                             acc = qb[r]
                             for d in range(dh):
                                 acc[d] = ZERO
-                            _weighted_rows_sum(acc, dsv, kg[lo:i + 1], safe_products(min_nonzero_abs(dsv), min_k))
+                            accumulate_rows(acc, dsv, kg[lo:i + 1], safe_products(min_nonzero_abs(dsv), min_k))
                             dqrow = dq[b, h, i]
                             for d in range(dh):
                                 dqrow[d] = cn(acc[d])

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from lockstep.spec.embedding import _check_ids, gradient_rows  # the same input checks as the spec
+from lockstep.spec.checks import check_ids, gradient_rows  # the same input checks as the spec
 
 from .fp import ZERO, cn, fl, num_threads, parallel_kernel
 
@@ -56,7 +56,7 @@ def _scatter_add_rows(t0, t1, dout, ids, grad, col_block):
 def embedding_forward(table, ids) -> np.ndarray:
     """``spec.embedding.embedding_forward``: (V, D), (B, T) -> (B, T, D)."""
     table = np.ascontiguousarray(np.asarray(table, dtype=np.float32))
-    ids = _check_ids(ids, table.shape[0])
+    ids = check_ids(ids, table.shape[0])
     d = table.shape[1]
     out = np.empty(ids.shape + (d,), dtype=np.float32)
     if out.size:
@@ -67,7 +67,7 @@ def embedding_forward(table, ids) -> np.ndarray:
 def embedding_backward(dout, ids, vocab_size: int) -> np.ndarray:
     """``spec.embedding.embedding_backward``: (B, T, D), (B, T) -> (V, D)."""
     dout = np.ascontiguousarray(np.asarray(dout, dtype=np.float32))
-    ids = _check_ids(ids, vocab_size).reshape(-1)
+    ids = check_ids(ids, vocab_size).reshape(-1)
     rows = gradient_rows(dout, ids.size)
     d = rows.shape[1]
     grad = np.empty((int(vocab_size), d), dtype=np.float32)

@@ -9,7 +9,7 @@ Every kernel in this backend is built from the helpers here:
   kernel stores into an op's output. Intermediate NaNs need no canonicalizing: a
   NaN's payload never changes a later ``+ - * / sqrt`` result's NaN-ness, and the
   output is canonicalized anyway.
-* ``fadd``, ``fsub``, ``fmul``, ``fdiv``, ``fsqrt``: one IEEE operation, then ``fl``.
+* ``fadd``, ``fsub``, ``fmul``, ``fdiv``: one IEEE operation, then ``fl``.
 * Inputs are read canonically (spec SPEC_VERSION 2: a subnormal input is a zero of
   its sign): ``asarray`` canonicalizes (``canonical``: one scan, no copy when nothing
   changes), and the kernels still ``fl`` every value they load from an argument
@@ -27,6 +27,7 @@ from __future__ import annotations
 import functools
 import threading
 from concurrent.futures import ThreadPoolExecutor
+from types import FunctionType
 
 import numba
 import numpy as np
@@ -65,32 +66,43 @@ def _pool() -> ThreadPoolExecutor:
 class TaskKernel:
     """A kernel over independent tasks (rows, heads, column blocks), run on a few threads.
 
-    The Numba function is written ``f(t0, t1, *args)``: it computes its task count
-    ``ntasks``, returns it at once when ``t0 < 0``, and otherwise runs tasks
-    ``[t0, min(t1, ntasks))``. It is compiled ``nogil``, so Python threads run the
-    chunks truly in parallel. Tasks write disjoint outputs, so how they are split
-    never changes a bit. (This stands in for ``prange``: Numba's parallel compiler
-    costs seconds per kernel to compile, and its OpenMP workers spin while waiting,
-    which stalls badly on a shared machine.)
+    The Numba function is written ``f(t0, t1, *args)`` and runs tasks ``[t0, t1)``.
+    Its task count comes from ``tasks(*args)``, a Python function, when one is given
+    (the kernel then needs no count of its own); otherwise the kernel computes it:
+    it returns its count ``ntasks`` at once when ``t0 < 0`` and clips ``t1`` to it.
+    It is compiled ``nogil``, so Python threads run the chunks truly in parallel.
+    Tasks write disjoint outputs, so how they are split never changes a bit. (This
+    stands in for ``prange``: Numba's parallel compiler costs seconds per kernel to
+    compile, and its OpenMP workers spin while waiting, which stalls badly on a
+    shared machine.)
 
     The work estimate is the total size of the array arguments times ``weight``
     (about the cost per element relative to an add).
     """
 
-    def __init__(self, fn, weight: int = 1):
+    def __init__(self, fn, weight: int = 1, tasks=None):
         self.dispatcher = njit(cache=True, nogil=True, error_model="numpy", fastmath=False)(fn)
         self.weight = weight
+        self.tasks = tasks
         functools.update_wrapper(self, fn)
+
+    def _count(self, args) -> int:
+        return self.tasks(*args) if self.tasks is not None else self.dispatcher(-1, 0, *args)
 
     def __call__(self, *args):
         threads = num_threads()
         work = sum(a.size for a in args if isinstance(a, np.ndarray)) * self.weight
         if threads == 1 or work < PARALLEL_MIN_WORK:
-            return self.dispatcher(0, 1 << 62, *args)
-        ntasks = self.dispatcher(-1, 0, *args)
+            if self.tasks is None:
+                return self.dispatcher(0, 1 << 62, *args)
+            ntasks = self.tasks(*args)
+            self.dispatcher(0, ntasks, *args)
+            return ntasks
+        ntasks = self._count(args)
         parts = min(threads, ntasks)
         if parts <= 1:
-            return self.dispatcher(0, ntasks, *args)
+            self.dispatcher(0, ntasks, *args)
+            return ntasks
         bounds = [ntasks * i // parts for i in range(parts + 1)]
         pool = _pool()
         futures = [pool.submit(self.dispatcher, bounds[i], bounds[i + 1], *args) for i in range(1, parts)]
@@ -100,11 +112,12 @@ class TaskKernel:
         return ntasks
 
 
-def parallel_kernel(fn=None, *, weight: int = 1):
-    """Decorator for a ``TaskKernel``: ``@parallel_kernel`` or ``@parallel_kernel(weight=8)``."""
+def parallel_kernel(fn=None, *, weight: int = 1, tasks=None):
+    """Decorator for a ``TaskKernel``: ``@parallel_kernel``, ``@parallel_kernel(weight=8)`` or
+    ``@parallel_kernel(tasks=count)`` (``count(*args)`` gives the task count)."""
     if fn is None:
-        return lambda f: TaskKernel(f, weight)
-    return TaskKernel(fn, weight)
+        return lambda f: TaskKernel(f, weight, tasks)
+    return TaskKernel(fn, weight, tasks)
 
 
 F32 = np.float32
@@ -163,12 +176,6 @@ def fl(r):
 
 
 @scalar
-def is_nan(r):
-    u = bits(r)
-    return (u & EXPONENT_MASK) == EXPONENT_MASK and (u & MANTISSA_MASK) != 0
-
-
-@scalar
 def cn(r):
     """``fl`` and the canonical NaN: what every stored output element goes through."""
     u = bits(r)
@@ -198,11 +205,6 @@ def fmul(a, b):
 @scalar
 def fdiv(a, b):
     return fl(a / b)
-
-
-@scalar
-def fsqrt(a):
-    return fl(np.sqrt(a))
 
 
 @scalar
@@ -266,6 +268,83 @@ def safe_products(min_a, min_b):
     return min_a * min_b >= SAFE_PRODUCT
 
 
+# ---------------------------------------------------------------- the elementwise template
+
+def element_blocks(*args) -> int:
+    """Tasks of an elementwise kernel: blocks of ``BLOCK`` elements of its output (the last argument)."""
+    return (args[-1].size + BLOCK - 1) // BLOCK
+
+
+def _unary_template(t0, t1, a, out):
+    n = out.size
+    for blk in range(t0, t1):
+        lo = blk * BLOCK
+        hi = min(n, lo + BLOCK)
+        a_b = a[lo:hi]
+        out_b = out[lo:hi]
+        for i in range(hi - lo):
+            out_b[i] = cn(op(a_b[i]))  # noqa: F821 - ``op`` is bound by ``elementwise``
+
+
+def _unary_then_canonical_template(t0, t1, a, out):
+    n = out.size
+    for blk in range(t0, t1):
+        lo = blk * BLOCK
+        hi = min(n, lo + BLOCK)
+        a_b = a[lo:hi]
+        out_b = out[lo:hi]
+        for i in range(hi - lo):
+            out_b[i] = op(a_b[i])  # noqa: F821 - ``op`` is bound by ``elementwise``
+        for i in range(hi - lo):
+            out_b[i] = cn(out_b[i])
+
+
+def _binary_template(t0, t1, a, b, out):
+    n = out.size
+    for blk in range(t0, t1):
+        lo = blk * BLOCK
+        hi = min(n, lo + BLOCK)
+        a_b = a[lo:hi]
+        b_b = b[lo:hi]
+        out_b = out[lo:hi]
+        for i in range(hi - lo):
+            out_b[i] = cn(op(a_b[i], b_b[i]))  # noqa: F821 - ``op`` is bound by ``elementwise``
+
+
+def _scalar_template(t0, t1, a, s, out):
+    n = out.size
+    for blk in range(t0, t1):
+        lo = blk * BLOCK
+        hi = min(n, lo + BLOCK)
+        a_b = a[lo:hi]
+        out_b = out[lo:hi]
+        for i in range(hi - lo):
+            out_b[i] = cn(op(a_b[i], s))  # noqa: F821 - ``op`` is bound by ``elementwise``
+
+
+_TEMPLATES = {1: _unary_template, 2: _binary_template, "scalar": _scalar_template,
+              "1, then cn": _unary_then_canonical_template}
+
+
+def elementwise(op, arity, name: str, weight: int = 1) -> "TaskKernel":
+    """The parallel kernel ``out[i] = cn(op(a[i]))`` (arity 1), ``cn(op(a[i], b[i]))`` (2) or
+    ``cn(op(a[i], s))`` ("scalar": s one float32), in blocks of ``BLOCK`` elements per task.
+    Arity ``"1, then cn"`` is arity 1 in two passes over each block, ``op`` then ``cn``: the
+    same bits, and about 5% faster for the large inlined transcendentals (measured:
+    benchmarks/RESULTS.md, "One home for each concern").
+
+    ``op`` is a Numba scalar function; the template is compiled once per op under ``name``.
+    Why a fresh function object with ``op`` as a global rather than a closure: Numba's
+    on-disk cache keys a closure by a pickle of its cell contents, and a dispatcher pickles
+    differently in every process, so a closure would recompile on every start; its cache
+    files are named by the qualified name, hence the distinct ``name`` per op.
+    """
+    template = _TEMPLATES[arity]
+    fn = FunctionType(template.__code__, {**template.__globals__, "op": op}, name)
+    fn.__qualname__ = name
+    return TaskKernel(fn, weight, tasks=element_blocks)
+
+
 # ---------------------------------------------------------------- array helpers
 
 @kernel
@@ -305,21 +384,12 @@ def entered(x):
 
 
 
-@parallel_kernel
-def _canon_into(t0, t1, x, out):
-    n = x.size
-    nb = (n + BLOCK - 1) // BLOCK
-    ntasks = nb
-    if t0 < 0:
-        return ntasks
-    for blk in range(t0, min(t1, ntasks)):
-        lo = blk * BLOCK
-        hi = min(n, lo + BLOCK)
-        out_b = out[lo:hi]
-        x_b = x[lo:hi]
-        for i in range(hi - lo):
-            out_b[i] = cn(x_b[i])
-    return ntasks
+@scalar
+def _identity(a):
+    return a
+
+
+_canon_into = elementwise(_identity, 1, "_canon_into")  # out[i] = cn(x[i])
 
 
 def canonical(a: np.ndarray) -> np.ndarray:
@@ -363,172 +433,65 @@ def canon_scalar(x) -> np.float32:
 
 
 # ---------------------------------------------------------------- elementwise ops
+# One template loop (``elementwise``) around one scalar expression per op. The op's
+# scalar function returns the rounded result; the template stores ``cn`` of it.
 # Binary ops take two flat arrays of equal length; broadcasting happens in ``_binary``.
 
-@parallel_kernel
-def _add_kernel(t0, t1, a, b, out):
-    n = out.size
-    ntasks = (n + BLOCK - 1) // BLOCK
-    if t0 < 0:
-        return ntasks
-    for blk in range(t0, min(t1, ntasks)):
-        lo = blk * BLOCK
-        hi = min(n, lo + BLOCK)
-        a_b = a[lo:hi]
-        b_b = b[lo:hi]
-        out_b = out[lo:hi]
-        for i in range(hi - lo):
-            out_b[i] = cn(fl(a_b[i]) + fl(b_b[i]))
-    return ntasks
+@scalar
+def _add(a, b):
+    return fl(a) + fl(b)
 
 
-@parallel_kernel
-def _sub_kernel(t0, t1, a, b, out):
-    n = out.size
-    ntasks = (n + BLOCK - 1) // BLOCK
-    if t0 < 0:
-        return ntasks
-    for blk in range(t0, min(t1, ntasks)):
-        lo = blk * BLOCK
-        hi = min(n, lo + BLOCK)
-        a_b = a[lo:hi]
-        b_b = b[lo:hi]
-        out_b = out[lo:hi]
-        for i in range(hi - lo):
-            out_b[i] = cn(fl(a_b[i]) - fl(b_b[i]))
-    return ntasks
+@scalar
+def _sub(a, b):
+    return fl(a) - fl(b)
 
 
-@parallel_kernel
-def _mul_kernel(t0, t1, a, b, out):
-    n = out.size
-    ntasks = (n + BLOCK - 1) // BLOCK
-    if t0 < 0:
-        return ntasks
-    for blk in range(t0, min(t1, ntasks)):
-        lo = blk * BLOCK
-        hi = min(n, lo + BLOCK)
-        a_b = a[lo:hi]
-        b_b = b[lo:hi]
-        out_b = out[lo:hi]
-        for i in range(hi - lo):
-            out_b[i] = cn(fl(a_b[i]) * fl(b_b[i]))
-    return ntasks
+@scalar
+def _mul(a, b):
+    return fl(a) * fl(b)
 
 
-@parallel_kernel
-def _div_kernel(t0, t1, a, b, out):
-    n = out.size
-    ntasks = (n + BLOCK - 1) // BLOCK
-    if t0 < 0:
-        return ntasks
-    for blk in range(t0, min(t1, ntasks)):
-        lo = blk * BLOCK
-        hi = min(n, lo + BLOCK)
-        a_b = a[lo:hi]
-        b_b = b[lo:hi]
-        out_b = out[lo:hi]
-        for i in range(hi - lo):
-            out_b[i] = cn(fl(a_b[i]) / fl(b_b[i]))
-    return ntasks
+@scalar
+def _div(a, b):
+    return fl(a) / fl(b)
 
 
-@parallel_kernel
-def _max_kernel(t0, t1, a, b, out):
-    n = out.size
-    ntasks = (n + BLOCK - 1) // BLOCK
-    if t0 < 0:
-        return ntasks
-    for blk in range(t0, min(t1, ntasks)):
-        lo = blk * BLOCK
-        hi = min(n, lo + BLOCK)
-        a_b = a[lo:hi]
-        b_b = b[lo:hi]
-        out_b = out[lo:hi]
-        for i in range(hi - lo):
-            out_b[i] = cn(max_total(cn(a_b[i]), cn(b_b[i])))
-    return ntasks
+@scalar
+def _max(a, b):
+    return max_total(cn(a), cn(b))
 
 
-@parallel_kernel
-def _min_kernel(t0, t1, a, b, out):
-    n = out.size
-    ntasks = (n + BLOCK - 1) // BLOCK
-    if t0 < 0:
-        return ntasks
-    for blk in range(t0, min(t1, ntasks)):
-        lo = blk * BLOCK
-        hi = min(n, lo + BLOCK)
-        a_b = a[lo:hi]
-        b_b = b[lo:hi]
-        out_b = out[lo:hi]
-        for i in range(hi - lo):
-            out_b[i] = cn(min_total(cn(a_b[i]), cn(b_b[i])))
-    return ntasks
+@scalar
+def _min(a, b):
+    return min_total(cn(a), cn(b))
 
 
-@parallel_kernel
-def _mul_scalar_kernel(t0, t1, a, s, out):
-    n = out.size
-    ntasks = (n + BLOCK - 1) // BLOCK
-    if t0 < 0:
-        return ntasks
-    for blk in range(t0, min(t1, ntasks)):
-        lo = blk * BLOCK
-        hi = min(n, lo + BLOCK)
-        a_b = a[lo:hi]
-        out_b = out[lo:hi]
-        for i in range(hi - lo):
-            out_b[i] = cn(fl(a_b[i]) * s)
-    return ntasks
+@scalar
+def _sqrt(a):
+    return np.sqrt(fl(a))
 
 
-@parallel_kernel
-def _sqrt_kernel(t0, t1, a, out):
-    n = out.size
-    ntasks = (n + BLOCK - 1) // BLOCK
-    if t0 < 0:
-        return ntasks
-    for blk in range(t0, min(t1, ntasks)):
-        lo = blk * BLOCK
-        hi = min(n, lo + BLOCK)
-        a_b = a[lo:hi]
-        out_b = out[lo:hi]
-        for i in range(hi - lo):
-            out_b[i] = cn(np.sqrt(fl(a_b[i])))
-    return ntasks
+@scalar
+def _neg(a):
+    return -a
 
 
-@parallel_kernel
-def _neg_kernel(t0, t1, a, out):
-    n = out.size
-    ntasks = (n + BLOCK - 1) // BLOCK
-    if t0 < 0:
-        return ntasks
-    for blk in range(t0, min(t1, ntasks)):
-        lo = blk * BLOCK
-        hi = min(n, lo + BLOCK)
-        a_b = a[lo:hi]
-        out_b = out[lo:hi]
-        for i in range(hi - lo):
-            out_b[i] = cn(-a_b[i])
-    return ntasks
+@scalar
+def _abs(a):
+    return from_bits(bits(a) & ABS_MASK)
 
 
-@parallel_kernel
-def _abs_kernel(t0, t1, a, out):
-    n = out.size
-    ntasks = (n + BLOCK - 1) // BLOCK
-    if t0 < 0:
-        return ntasks
-    for blk in range(t0, min(t1, ntasks)):
-        lo = blk * BLOCK
-        hi = min(n, lo + BLOCK)
-        a_b = a[lo:hi]
-        out_b = out[lo:hi]
-        for i in range(hi - lo):
-            out_b[i] = cn(from_bits(bits(a_b[i]) & ABS_MASK))
-    return ntasks
+_add_kernel = elementwise(_add, 2, "_add_kernel")
+_sub_kernel = elementwise(_sub, 2, "_sub_kernel")
+_mul_kernel = elementwise(_mul, 2, "_mul_kernel")
+_div_kernel = elementwise(_div, 2, "_div_kernel")
+_max_kernel = elementwise(_max, 2, "_max_kernel")
+_min_kernel = elementwise(_min, 2, "_min_kernel")
+_mul_scalar_kernel = elementwise(_mul, "scalar", "_mul_scalar_kernel")
+_sqrt_kernel = elementwise(_sqrt, 1, "_sqrt_kernel")
+_neg_kernel = elementwise(_neg, 1, "_neg_kernel")
+_abs_kernel = elementwise(_abs, 1, "_abs_kernel")
 
 
 def _flat_operands(a, b):

@@ -4,28 +4,13 @@ from __future__ import annotations
 
 import numpy as np
 
-from .fp import CANONICAL_NAN_BITS, ONE, as_f32, canon_scalar, cn, fl, from_bits, kernel, parallel_kernel, total_key
-from .reduce import LANES, lane_tree, lane_tree_value
+from lockstep.spec.checks import check_targets  # the same input checks as the spec
+
+from .fp import ONE, as_f32, canon_scalar, cn, fl, parallel_kernel
+from .reduce import LANES, lane_tree, lane_tree_value, row_max_total
 from .transcendental import exp_diff_row, log_value
-from lockstep.spec.loss import _targets  # the same input checks as the spec
 
 TWO = np.float32(2.0)
-
-
-@kernel
-def row_max_total(row):
-    """``spec.reduce.max`` of one row (elements flushed on entry): total order, NaN -> canonical NaN."""
-    best = fl(row[0])
-    bk = total_key(best)
-    for j in range(row.size):
-        v = fl(row[j])
-        if v != v:
-            return from_bits(CANONICAL_NAN_BITS)
-        kv = total_key(v)
-        if kv > bk:
-            best = v
-            bk = kv
-    return best
 
 
 @parallel_kernel(weight=8)
@@ -74,7 +59,7 @@ def cross_entropy_forward(logits, targets, z_loss: float):
     """``spec.loss.cross_entropy_forward``: ``(loss_sum () float32, lse (N,))``."""
     logits = as_f32(np.asarray(logits, dtype=np.float32))
     n, v = logits.shape
-    t = _targets(targets, n, v)
+    t = check_targets(targets, n, v)
     if n and v == 0:
         raise ValueError("max of an empty axis")
     lse = np.empty(n, dtype=np.float32)
@@ -89,7 +74,7 @@ def cross_entropy_backward(logits, targets, lse, z_loss: float, inv_n) -> np.nda
     """``spec.loss.cross_entropy_backward``: gradient of ``inv_n * loss_sum`` w.r.t. the logits."""
     logits = as_f32(np.asarray(logits, dtype=np.float32))
     n, v = logits.shape
-    t = _targets(targets, n, v)
+    t = check_targets(targets, n, v)
     lse = as_f32(np.broadcast_to(np.asarray(lse, dtype=np.float32), (n,)))
     inv = np.asarray(inv_n, dtype=np.float32)
     if inv.size != 1:

@@ -1,16 +1,16 @@
-"""RMSNorm and the per-feature column sum (``lockstep.spec.norm``).
+"""RMSNorm (``lockstep.spec.norm``).
 
 Rows are independent and run in parallel; each row's sums use ``reduce.lane_tree``.
-``column_sum`` (the gain gradient) adds rows in ascending order, so threads split
-the columns instead, each visiting every row in order.
+The gain gradient (a ``column_sum``, see ``reduce``) adds rows in ascending order, so
+threads split the columns instead, each visiting every row in order.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from .fp import ONE, as_f32, canon_scalar, cn, fl, num_threads, parallel_kernel
-from .reduce import LANES, canonical_copy, lane_tree
+from .fp import ONE, as_f32, canon_scalar, cn, fl, parallel_kernel
+from .reduce import LANES, canonical_copy, column_block, lane_tree
 
 
 def _rows(x):
@@ -129,33 +129,6 @@ def _dgain_kernel(t0, t1, dy, x, rstd, out, col_block):
     return ntasks
 
 
-@parallel_kernel
-def _column_sum_kernel(t0, t1, x, out, col_block):
-    n, d = x.shape
-    nblocks = (d + col_block - 1) // col_block
-    ntasks = nblocks
-    if t0 < 0:
-        return ntasks
-    for c in range(t0, min(t1, ntasks)):
-        lo = c * col_block
-        hi = min(d, lo + col_block)
-        acc = np.zeros(hi - lo, dtype=np.float32)
-        for r in range(n):
-            xr = x[r, lo:hi]
-            for j in range(acc.size):
-                acc[j] = fl(acc[j] + fl(xr[j]))
-        ob = out[lo:hi]
-        for j in range(acc.size):
-            ob[j] = cn(acc[j])
-    return ntasks
-
-
-def _col_block(d: int) -> int:
-    """Columns per task: one contiguous share per thread (rows stay long runs)."""
-    threads = num_threads()
-    return max(8, -(-d // threads))
-
-
 def rmsnorm_backward(dy, x, gain, rstd):
     """``spec.norm.rmsnorm_backward``: returns ``(dx, dgain)`` (dgain None without a gain)."""
     x2, shape = _rows(x)
@@ -170,17 +143,5 @@ def rmsnorm_backward(dy, x, gain, rstd):
         return dx, None
     dgain = np.empty(d, dtype=np.float32)
     if d:
-        _dgain_kernel(dy2, x2, r, dgain, _col_block(d))
+        _dgain_kernel(dy2, x2, r, dgain, column_block(d))
     return dx, dgain
-
-
-def column_sum(x) -> np.ndarray:
-    """``spec.norm.column_sum``: (..., D) -> (D,), rows added in ascending order from +0.0."""
-    x2, _ = _rows(x)
-    out = np.empty(x2.shape[1], dtype=np.float32)
-    if out.size:
-        if x2.shape[0]:
-            _column_sum_kernel(x2, out, _col_block(x2.shape[1]))
-        else:
-            out[...] = 0.0
-    return out

@@ -11,7 +11,7 @@ import numpy as np
 
 from lockstep.spec.optim import SUM_OF_SQUARES_BLOCK
 
-from .fp import (BLOCK, ZERO, add, as_f32, canon_scalar, cn, div, fl, kernel, minimum, mul,
+from .fp import (BLOCK, ZERO, add, as_f32, canon_scalar, cn, div, element_blocks, fl, kernel, minimum, mul,
                  parallel_kernel)
 from .reduce import LANES, lane_tree
 
@@ -106,13 +106,10 @@ def scale(g, coef) -> np.ndarray:
     return mul(g, coef)
 
 
-@parallel_kernel
+@parallel_kernel(tasks=element_blocks)
 def _adamw_kernel(t0, t1, p, g, m, v, lr, beta1, beta2, omb1, omb2, eps, wd, decay, bc1, bc2, p_out, m_out, v_out):
     n = p.size
-    ntasks = (n + BLOCK - 1) // BLOCK
-    if t0 < 0:
-        return ntasks
-    for blk in range(t0, min(t1, ntasks)):
+    for blk in range(t0, t1):
         lo = blk * BLOCK
         hi = min(n, lo + BLOCK)
         g_b = g[lo:hi]
@@ -133,7 +130,6 @@ def _adamw_kernel(t0, t1, p, g, m, v, lr, beta1, beta2, omb1, omb2, eps, wd, dec
             p_out_b[i] = cn(fl(pi - fl(lr * u)))
             m_out_b[i] = cn(mi)
             v_out_b[i] = cn(vi)
-    return ntasks
 
 
 def adamw_update(p, g, m, v, lr, beta1, beta2, one_minus_beta1, one_minus_beta2, eps, weight_decay, bc1, bc2):

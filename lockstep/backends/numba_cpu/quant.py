@@ -15,7 +15,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from lockstep.spec.quant import HADAMARD_MAX_BLOCK, check_linear_shapes
+from lockstep.spec.checks import check_linear_shapes
+from lockstep.spec.quant import HADAMARD_MAX_BLOCK
 
 from . import int8gemm
 from .butterflies import radix16_columns, transform16, transform32, transform64, transform128, transform256

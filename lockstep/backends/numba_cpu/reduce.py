@@ -12,18 +12,20 @@
 * ``int8_matmul``: exact, so it may use any order: ``int8gemm.matmul`` (AVX-512
   VNNI where the CPU has it, else float32 BLAS on int8 values in exact K chunks).
 * ``max``/``argmax``: exact in the total order; rows in parallel.
+* ``column_sum``: rows added in ascending order from +0.0, so threads split the
+  columns instead, each visiting every row in order.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from lockstep.spec.reduce import check_int8_operands
+from lockstep.spec.checks import check_int8_operands, check_matmul_shapes
 
 from . import int8gemm
 from .tiles import tile_8x32
-from .fp import (CANONICAL_NAN_BITS, ONE, ZERO, as_f32, cn, entered, fl, from_bits, kernel, min_nonzero_abs,
-                 parallel_kernel, safe_products, total_key)
+from .fp import (CANONICAL_NAN_BITS, ONE, ZERO, as_f32, cn, entered, fl, from_bits, inlined, kernel, min_nonzero_abs,
+                 num_threads, parallel_kernel, safe_products, total_key)
 
 LANES = 32
 
@@ -87,44 +89,53 @@ def lane_tree_sum(x, axis: int = -1) -> np.ndarray:
 # ---------------------------------------------------------------- float32 contraction
 
 @kernel
-def contract_row(a_row, b, acc, fast):
-    """``acc[n] = sum_k a_row[k] * b[k, n]``, ascending k from +0.0, canonical output.
+def accumulate_rows(acc, w, rows, fast):
+    """``acc[d] = acc[d] + w[j] * rows[j, d]`` for j ascending: THE ascending contraction
+    (every product and sum rounded and flushed; never an FMA), which ``contract_row``
+    and attention's ``o = p v``, ``dq = ds k`` use.
 
-    ``fast``: the caller proved (``safe_products``) that nothing flushes, so the
-    flush tests are left out; the bits are the same. The fast loop also takes four
-    k per pass over acc (each element still adds its terms one at a time in
-    ascending k, every product and sum rounded), so acc is loaded and stored a
+    ``fast``: the caller proved (``safe_products``) that nothing flushes, so the flush
+    tests are left out; the bits are the same. The fast loop takes four j per pass
+    over acc (unroll-and-jam): each element still gets its terms one at a time in
+    ascending j, with every product and sum rounded, but acc is loaded and stored a
     quarter as often.
     """
-    n = acc.size
-    for j in range(n):
-        acc[j] = ZERO
-    kk = a_row.size
+    dh = acc.size
+    n = w.size
+    n4 = n - n % 4
     if fast:
-        k4 = kk - kk % 4
-        for k in range(0, k4, 4):
-            a0 = a_row[k]
-            a1 = a_row[k + 1]
-            a2 = a_row[k + 2]
-            a3 = a_row[k + 3]
-            b0 = b[k]
-            b1 = b[k + 1]
-            b2 = b[k + 2]
-            b3 = b[k + 3]
-            for j in range(n):
-                acc[j] = (((acc[j] + a0 * b0[j]) + a1 * b1[j]) + a2 * b2[j]) + a3 * b3[j]
-        for k in range(k4, kk):
-            av = a_row[k]
-            bk = b[k]
-            for j in range(n):
-                acc[j] = acc[j] + av * bk[j]
+        for j in range(0, n4, 4):
+            w0 = w[j]
+            w1 = w[j + 1]
+            w2 = w[j + 2]
+            w3 = w[j + 3]
+            x0 = rows[j]
+            x1 = rows[j + 1]
+            x2 = rows[j + 2]
+            x3 = rows[j + 3]
+            for d in range(dh):
+                acc[d] = (((acc[d] + w0 * x0[d]) + w1 * x1[d]) + w2 * x2[d]) + w3 * x3[d]
+        for j in range(n4, n):
+            wj = w[j]
+            x = rows[j]
+            for d in range(dh):
+                acc[d] = acc[d] + wj * x[d]
     else:
-        for k in range(kk):
-            av = a_row[k]
-            bk = b[k]
-            for j in range(n):
-                acc[j] = fl(acc[j] + fl(av * bk[j]))
-    for j in range(n):
+        for j in range(n):
+            wj = w[j]
+            x = rows[j]
+            for d in range(dh):
+                acc[d] = fl(acc[d] + fl(wj * x[d]))
+
+
+@kernel
+def contract_row(a_row, b, acc, fast):
+    """``acc[n] = sum_k a_row[k] * b[k, n]``, ascending k from +0.0, canonical output
+    (``accumulate_rows`` from a zeroed acc)."""
+    for j in range(acc.size):
+        acc[j] = ZERO
+    accumulate_rows(acc, a_row, b, fast)
+    for j in range(acc.size):
         acc[j] = cn(acc[j])
 
 
@@ -256,8 +267,7 @@ def matmul(a, b) -> np.ndarray:
     """``spec.reduce.matmul``: (..., M, K) x (..., K, N) -> (..., M, N), leading dims broadcast."""
     a = np.asarray(a, dtype=np.float32)
     b = np.asarray(b, dtype=np.float32)
-    if a.ndim < 2 or b.ndim < 2 or a.shape[-1] != b.shape[-2]:
-        raise ValueError(f"matmul shapes do not contract: {a.shape} x {b.shape}")
+    check_matmul_shapes(a, b)
     batch = np.broadcast_shapes(a.shape[:-2], b.shape[:-2])
     m, k = a.shape[-2:]
     n = b.shape[-1]
@@ -291,27 +301,36 @@ def int8_matmul(a, b) -> np.ndarray:
 
 # ---------------------------------------------------------------- max / argmax
 
-@parallel_kernel
+@inlined
+def row_max_total(row):
+    """``spec.reduce.max`` of one non-empty row, elements flushed on entry: the exact max in
+    the total order (-0.0 < +0.0); any NaN -> canonical NaN. THE row max: ``max``, the loss's
+    row max and attention's score max use it."""
+    best = cn(row[0])
+    bk = total_key(best)
+    nan = False
+    for j in range(row.size):
+        v = cn(row[j])  # (cn, not fl: the same value here, and LLVM makes a loop 5x faster of it)
+        if v != v:
+            nan = True
+        else:
+            kv = total_key(v)
+            if kv > bk:
+                best = v
+                bk = kv
+    if nan:
+        return from_bits(CANONICAL_NAN_BITS)
+    return best
+
+
+def _rows_of(*args) -> int:
+    return args[0].shape[0]
+
+
+@parallel_kernel(tasks=_rows_of)
 def _max_rows(t0, t1, x, out):
-    rows, n = x.shape
-    ntasks = rows
-    if t0 < 0:
-        return ntasks
-    for r in range(t0, min(t1, ntasks)):
-        best = cn(x[r, 0])
-        bk = total_key(best)
-        nan = False
-        for j in range(n):
-            v = cn(x[r, j])
-            if v != v:
-                nan = True
-            else:
-                kv = total_key(v)
-                if kv > bk:
-                    best = v
-                    bk = kv
-        out[r] = from_bits(CANONICAL_NAN_BITS) if nan else best
-    return ntasks
+    for r in range(t0, t1):
+        out[r] = row_max_total(x[r])
 
 
 @parallel_kernel
@@ -361,6 +380,49 @@ def argmax(x, axis: int = -1) -> np.ndarray:
     return out.reshape(lead)
 
 
+# ---------------------------------------------------------------- column sum
+
+@parallel_kernel
+def _column_sum_kernel(t0, t1, x, out, col_block):
+    n, d = x.shape
+    nblocks = (d + col_block - 1) // col_block
+    ntasks = nblocks
+    if t0 < 0:
+        return ntasks
+    for c in range(t0, min(t1, ntasks)):
+        lo = c * col_block
+        hi = min(d, lo + col_block)
+        acc = np.zeros(hi - lo, dtype=np.float32)
+        for r in range(n):
+            xr = x[r, lo:hi]
+            for j in range(acc.size):
+                acc[j] = fl(acc[j] + fl(xr[j]))
+        ob = out[lo:hi]
+        for j in range(acc.size):
+            ob[j] = cn(acc[j])
+    return ntasks
+
+
+def column_block(d: int) -> int:
+    """Columns per task: one contiguous share per thread (rows stay long runs)."""
+    share = -(-d // num_threads())
+    return share if share > 8 else 8  # (not max(): this module's max is the op)
+
+
+def column_sum(x) -> np.ndarray:
+    """``spec.reduce.column_sum``: (..., D) -> (D,), rows added in ascending order from +0.0."""
+    x = np.asarray(x, dtype=np.float32)
+    x2 = as_f32(x).reshape(int(np.prod(x.shape[:-1], dtype=np.int64)), x.shape[-1])  # (not -1: D may be 0)
+    out = np.empty(x2.shape[1], dtype=np.float32)
+    if out.size:
+        if x2.shape[0]:
+            _column_sum_kernel(x2, out, column_block(x2.shape[1]))
+        else:
+            out[...] = 0.0
+    return out
+
+
 # names the other modules share
-__all__ = ["lane_tree", "lane_tree_sum", "contract_row", "matmul", "int8_matmul",
-           "max", "argmax", "canonical_copy", "ONE", "ZERO"]
+__all__ = ["lane_tree", "lane_tree_sum", "accumulate_rows", "contract_row", "row_max_total", "matmul", "int8_matmul",
+           "max", "argmax", "column_sum", "column_block", "canonical_copy", "ONE", "ZERO"]
+

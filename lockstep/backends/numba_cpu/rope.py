@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from lockstep.spec.rope import check_rope_shapes  # the same shape checks as the spec
+from lockstep.spec.checks import check_rope_shapes  # the same shape checks as the spec
 
 from .fp import as_f32, cn, fl, parallel_kernel
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from lockstep.spec.swiglu import check_swiglu_shapes  # the same shape checks as the spec
+from lockstep.spec.checks import check_swiglu_shapes  # the same shape checks as the spec
 
 from .fp import ONE, as_f32, cn, fl, parallel_kernel
 from .transcendental import sigmoid_row, silu_from_sigmoid

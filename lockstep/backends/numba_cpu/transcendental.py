@@ -2,9 +2,8 @@
 
 Each scalar function below is the "Order of operations" block of the spec's
 docstring, one line per rounded float32 operation (``fadd``/``fsub``/``fmul``/``fdiv``
-round then flush), in the same order, with the same constants (copied here as
-bit patterns and checked against the spec's at import). The array ops run them
-in parallel over independent elements.
+round then flush), in the same order, with the same constants (imported from the
+spec). The array ops are ``fp.elementwise`` kernels around them.
 
 The hot paths call ``exp_entered_fast``: the same roundings without the flush tests
 that never change a result, which ``check_exp_fast`` verifies on all 2**32 inputs.
@@ -14,64 +13,20 @@ from __future__ import annotations
 
 import numpy as np
 
-from lockstep.spec import transcendental as _spec_t
+# The spec's constants themselves: the spec is the definition, so a change there is a
+# change here (and the kernel cache folder is keyed by the spec's sources too).
+from lockstep.spec.fp import MANTISSA_MASK, SMALLEST_NORMAL
+from lockstep.spec.transcendental import (EXP_ARG_MAX, EXP_ARG_MIN, EXP_C3, EXP_C4, EXP_C5, EXP_C6, EXP_C7, EXP_C8,
+                                          HALF, HALF_EXPONENT_FIELD, HIGH_12_BITS_MASK, INV_LN2, LN2_HI, LN2_LO,
+                                          LOG_L3, LOG_L5, LOG_L7, LOG_L9, LOG_L11, LOG_SQRT2_MANTISSA, NEG_INF,
+                                          NEG_ZERO, ONE, ONE_EXPONENT_FIELD, POS_INF, ROUND_MAGIC, TWO)
 
-from .fp import (BLOCK, CANONICAL_NAN_BITS, as_f32, bits, cn, fadd, fdiv, fl, fmul, from_bits, fsub,
+from .fp import (CANONICAL_NAN_BITS, as_f32, bits, elementwise, fadd, fdiv, fl, fmul, from_bits, fsub,
                  inlined, kernel, parallel_kernel, scalar)
 
-
-def _c(pattern: int) -> np.float32:
-    return np.array([pattern], dtype=np.uint32).view(np.float32)[0]
-
-
-ONE = _c(0x3F800000)
-TWO = _c(0x40000000)
-HALF = _c(0x3F000000)
-POS_INF = _c(0x7F800000)
-NEG_INF = _c(0xFF800000)
-NEG_ZERO = _c(0x80000000)
-LN2_HI = _c(0x3F317200)
-LN2_LO = _c(0x35BFBE8E)
-INV_LN2 = _c(0x3FB8AA3B)
-ROUND_MAGIC = _c(0x4B400000)
-EXP_ARG_MAX = _c(0x42B20000)
-EXP_ARG_MIN = _c(0xC2D00000)
-EXP_C3 = _c(0x3E2AAAAB)
-EXP_C4 = _c(0x3D2AAAAB)
-EXP_C5 = _c(0x3C088889)
-EXP_C6 = _c(0x3AB60B61)
-EXP_C7 = _c(0x39500D01)
-EXP_C8 = _c(0x37D00D01)
-LOG_SQRT2_MANTISSA = np.uint32(0x3504F4)
-LOG_L3 = _c(0x3F2AAAAB)
-LOG_L5 = _c(0x3ECCCCCD)
-LOG_L7 = _c(0x3E924925)
-LOG_L9 = _c(0x3E638E39)
-LOG_L11 = _c(0x3E3A2E8C)
-HIGH_12_BITS_MASK = np.uint32(0xFFFFF000)
-ONE_EXPONENT_FIELD = np.uint32(0x3F800000)
-HALF_EXPONENT_FIELD = np.uint32(0x3F000000)
-SMALLEST_NORMAL_BITS = np.uint32(0x00800000)
-POS_INF_BITS = np.uint32(0x7F800000)
-NEG_INF_BITS = np.uint32(0xFF800000)
-MANTISSA_MASK = np.uint32(0x007FFFFF)
-
-
-def _check_constants() -> None:
-    """The spec is the definition: refuse to run if its constants moved under us."""
-    for name in ("ONE", "TWO", "HALF", "LN2_HI", "LN2_LO", "INV_LN2", "ROUND_MAGIC", "EXP_ARG_MAX", "EXP_ARG_MIN",
-                 "EXP_C3", "EXP_C4", "EXP_C5", "EXP_C6", "EXP_C7", "EXP_C8",
-                 "LOG_L3", "LOG_L5", "LOG_L7", "LOG_L9", "LOG_L11"):
-        ours, theirs = globals()[name], getattr(_spec_t, name)
-        if np.float32(ours).view(np.uint32) != np.float32(theirs).view(np.uint32):
-            raise RuntimeError(f"numba_cpu/transcendental.py: constant {name} differs from lockstep.spec.transcendental; "
-                               "port the spec change")
-    for name in ("LOG_SQRT2_MANTISSA", "HIGH_12_BITS_MASK", "ONE_EXPONENT_FIELD", "HALF_EXPONENT_FIELD"):
-        if int(globals()[name]) != int(getattr(_spec_t, name)):
-            raise RuntimeError(f"numba_cpu/transcendental.py: constant {name} differs from lockstep.spec.transcendental")
-
-
-_check_constants()
+POS_INF_BITS = POS_INF.view(np.uint32)
+NEG_INF_BITS = NEG_INF.view(np.uint32)
+SMALLEST_NORMAL_BITS = SMALLEST_NORMAL.view(np.uint32)
 
 
 @scalar
@@ -303,87 +258,15 @@ def sigmoid_row(src, dst):
 
 
 @kernel
-def silu_row(src, dst):
-    for j in range(dst.size):
-        dst[j] = silu1(src[j])
-
-
-@kernel
 def log_value(x):
     """The spec's ``log`` of one value (not inlined: callers use it once per row)."""
     return log1(x)
 
 
-@kernel
-def log_row(src, dst):
-    for j in range(dst.size):
-        dst[j] = log1(src[j])
-
-
-@kernel
-def canonicalize_row(v):
-    for j in range(v.size):
-        v[j] = cn(v[j])
-
-
-@parallel_kernel(weight=8)
-def _exp_kernel(t0, t1, x, out):
-    n = out.size
-    ntasks = (n + BLOCK - 1) // BLOCK
-    if t0 < 0:
-        return ntasks
-    for blk in range(t0, min(t1, ntasks)):
-        lo = blk * BLOCK
-        hi = min(n, lo + BLOCK)
-        o = out[lo:hi]
-        exp_diff_row(x[lo:hi], np.float32(0.0), o)  # x - (+0) == x for every float32, NaN included
-        canonicalize_row(o)
-    return ntasks
-
-
-@parallel_kernel(weight=8)
-def _log_kernel(t0, t1, x, out):
-    n = out.size
-    ntasks = (n + BLOCK - 1) // BLOCK
-    if t0 < 0:
-        return ntasks
-    for blk in range(t0, min(t1, ntasks)):
-        lo = blk * BLOCK
-        hi = min(n, lo + BLOCK)
-        o = out[lo:hi]
-        log_row(x[lo:hi], o)
-        canonicalize_row(o)
-    return ntasks
-
-
-@parallel_kernel(weight=8)
-def _sigmoid_kernel(t0, t1, x, out):
-    n = out.size
-    ntasks = (n + BLOCK - 1) // BLOCK
-    if t0 < 0:
-        return ntasks
-    for blk in range(t0, min(t1, ntasks)):
-        lo = blk * BLOCK
-        hi = min(n, lo + BLOCK)
-        o = out[lo:hi]
-        sigmoid_row(x[lo:hi], o)
-        canonicalize_row(o)
-    return ntasks
-
-
-@parallel_kernel(weight=8)
-def _silu_kernel(t0, t1, x, out):
-    n = out.size
-    ntasks = (n + BLOCK - 1) // BLOCK
-    if t0 < 0:
-        return ntasks
-    for blk in range(t0, min(t1, ntasks)):
-        lo = blk * BLOCK
-        hi = min(n, lo + BLOCK)
-        o = out[lo:hi]
-        silu_row(x[lo:hi], o)
-        canonicalize_row(o)
-    return ntasks
+_exp_kernel = elementwise(exp1, "1, then cn", "_exp_kernel", weight=8)
+_log_kernel = elementwise(log1, "1, then cn", "_log_kernel", weight=8)
+_sigmoid_kernel = elementwise(sigmoid1, "1, then cn", "_sigmoid_kernel", weight=8)
+_silu_kernel = elementwise(silu1, "1, then cn", "_silu_kernel", weight=8)
 
 
 def _apply(kern, x) -> np.ndarray:

@@ -301,6 +301,10 @@ def _strict_json(path: Path, text: str | bytes):
         raise DataError(f"{path}: not UTF-8 text; a manifest is a UTF-8 JSON file") from None
     except RecursionError:
         raise DataError(f"{path}: JSON nested too deeply; a manifest is a few levels deep: rebuild it") from None
+    except DataError:
+        raise
+    except ValueError as e:  # an integer of more than 4300 digits (Python's int-parsing limit)
+        raise DataError(f"{path}: malformed JSON ({e}); a manifest's numbers are short: rebuild it") from None
 
 
 def _expect(obj, keys_required: tuple, keys_optional: tuple, where: str) -> None:

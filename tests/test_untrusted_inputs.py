@@ -1,0 +1,595 @@
+"""Every parser of a file a stranger can hand us, fuzzed (Hypothesis): the documented refusal or nothing.
+
+The files: the data manifest (``Manifest.load``, ``rundir.open_run_data``), the run
+recipe (``audit.verify.load_run_recipe``, which ``train --resume`` uses too),
+trajectory lines (the strict reader of ``audit verify`` and the tolerant one of
+``train --resume``), the commitment, the run target, certificates
+(``audit.certificate``), audit plans (``audit.plan``), safetensors headers and offsets
+(``fsio.parse_safetensors`` / ``read_safetensors``), checkpoint sidecars and state
+(``checkpoint.load_checkpoint``) and export bundles (``use.export.verify_export``);
+and ``audit verify`` over the whole damaged run.
+
+Inputs are genuine files of a real honest run (``honest_run``), mutated: truncated,
+bytes flipped or inserted, JSON values replaced by hostile ones (huge and negative
+integers, ``NaN``/``Infinity``/``1e999``, 5000-digit numbers, deep nesting, paths
+with ``..`` or absolute, wrong types), keys deleted or duplicated; safetensors
+headers with huge, negative and overlapping offsets and wrong dtypes; plus plain
+random bytes. Each must give the module's documented error (a ``ValueError``
+subclass whose message is one line naming the file), or be accepted, and nothing
+else: any other exception fails the test (Hypothesis shrinks it), a reader writing
+any file fails it, and the pure parsers must stay within a memory bound
+(``tracemalloc``). The suite profile runs a few hundred examples in all; the
+``deep`` profile (``--hypothesis-profile=deep``) runs 25 times as many.
+
+Crashes these searches found are kept as plain regression tests at the end.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+import shutil
+import struct
+import tracemalloc
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from lockstep.audit import certificate as cert_mod
+from lockstep.audit import plan as plan_mod
+from lockstep.audit.verify import (RunFileError, load_run_recipe, read_commitment, read_trajectory_strict,
+                                   verify_run)
+from lockstep.conformance.search import SUITE_EXAMPLES
+from lockstep.fsio import FileFormatError, SafetensorsError, parse_json, parse_safetensors, read_safetensors
+from lockstep.train import checkpoint as ckpt
+from lockstep.train.data import DataError, Manifest
+from lockstep.train.rundir import DataLocationError, open_run_data, read_target
+from lockstep.train.trainer import read_trajectory
+from lockstep.use.run import UseError
+
+# the deep profile (10,000 examples) multiplies every budget here by 25; the suite's gives 1
+SCALE = max(1, settings.default.max_examples // SUITE_EXAMPLES // 10)
+FUZZ = dict(suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.filter_too_much])
+
+
+def budget(n: int) -> settings:
+    return settings(max_examples=n * SCALE, **FUZZ)
+
+
+# ---------------------------------------------------------------------------
+# Hostile JSON: values, serialization with duplicate keys and raw tokens
+# ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Raw:
+    """JSON text put in verbatim (tokens ``json.dumps`` never writes: NaN, 1e999, deep nesting)."""
+
+    text: str
+
+
+@dataclass(frozen=True)
+class Dup:
+    """An object written with its pairs as given, so a key can appear twice."""
+
+    pairs: tuple
+
+
+def dumps(x) -> str:
+    if isinstance(x, Raw):
+        return x.text
+    if isinstance(x, (Dup, dict)):
+        pairs = x.pairs if isinstance(x, Dup) else x.items()
+        return "{" + ",".join(json.dumps(str(k)) + ":" + dumps(v) for k, v in pairs) + "}"
+    if isinstance(x, list):
+        return "[" + ",".join(dumps(v) for v in x) + "]"
+    return json.dumps(x)  # floats nan/inf come out as NaN/Infinity tokens
+
+
+HOSTILE = [
+    Raw("NaN"), Raw("Infinity"), Raw("-Infinity"), Raw("1e999"), Raw("-1e999"), Raw("1" * 5000),
+    Raw("[" * 100_000 + "]" * 100_000), Raw('{"a":' * 3000 + "1" + "}" * 3000),
+    2**63, 2**64, -1, -(2**63), 0, 10**30, 10**18, 1e308, -0.0, 0.5, True, False, None,
+    "", "..", "../../../../etc/passwd", "/etc/passwd", "a/../../b", "x\x00y", "C:\\x", "\u202egnp.", "step-00000002",
+    "0" * 64, [], {}, [1, 2], [0, 2**62], [-8, 8], {"a": 1}, ["..", "/etc/passwd"],
+]
+hostile_values = st.one_of(
+    st.sampled_from(HOSTILE), st.integers(), st.floats(allow_nan=True, allow_infinity=True),
+    st.text(max_size=12), st.lists(st.integers(-3, 2**40), max_size=4),
+)
+
+
+def _paths(x, prefix=()):
+    """Every place in a parsed JSON document (as key/index paths), the root first."""
+    yield prefix
+    if isinstance(x, dict):
+        for k, v in x.items():
+            yield from _paths(v, prefix + (k,))
+    elif isinstance(x, list):
+        for i, v in enumerate(x[:8]):
+            yield from _paths(v, prefix + (i,))
+
+
+def _set(doc, path, value):
+    if not path:
+        return value
+    parent = doc
+    for key in path[:-1]:
+        parent = parent[key]
+    parent[path[-1]] = value
+    return doc
+
+
+def _replace_all(doc, old, new):
+    if type(doc) is type(old) and doc == old:
+        return new
+    if isinstance(doc, dict):
+        return {k: _replace_all(v, old, new) for k, v in doc.items()}
+    if isinstance(doc, list):
+        return [_replace_all(v, old, new) for v in doc]
+    return doc
+
+
+def _get(doc, path):
+    for key in path:
+        doc = doc[key]
+    return doc
+
+
+@st.composite
+def mutated_json(draw, doc) -> bytes:
+    """The genuine document with 1 to 3 of: a value replaced (at one place, or everywhere it occurs), a key
+    deleted or duplicated, a number nudged, a value wrapped in a list or an object."""
+    doc = copy.deepcopy(doc)
+    for _ in range(draw(st.integers(1, 3))):
+        paths = list(_paths(doc))
+        path = draw(st.sampled_from(paths))
+        here = _get(doc, path)
+        op = draw(st.sampled_from(["replace", "replace", "nudge", "everywhere", "delete", "duplicate", "wrap"]))
+        if op == "everywhere" and not isinstance(here, (dict, list)):  # every equal value at once: claims stay consistent
+            doc = _replace_all(doc, here, draw(hostile_values))
+        elif op == "nudge" and type(here) is int:
+            doc = _set(doc, path, here + draw(st.sampled_from([-1, 1, -here - 1, here, 2**32, 2**63, -(2**63)])))
+        elif op == "delete" and path and isinstance(_get(doc, path[:-1]), (dict, list)):
+            del _get(doc, path[:-1])[path[-1]]
+        elif op == "duplicate" and isinstance(here, dict) and here:
+            key = draw(st.sampled_from(sorted(here)))
+            doc = _set(doc, path, Dup(tuple(here.items()) + ((key, draw(hostile_values)),)))
+            break  # a Dup is a leaf: no more edits inside it
+        elif op == "wrap":
+            doc = _set(doc, path, [here] if draw(st.booleans()) else {"x": here})
+        else:
+            doc = _set(doc, path, draw(hostile_values))
+    return dumps(doc).encode("utf-8", "surrogatepass")
+
+
+@st.composite
+def mutated_bytes(draw, raw: bytes) -> bytes:
+    """The genuine bytes truncated, with bytes flipped, inserted or deleted, or spliced with themselves."""
+    raw = bytearray(raw)
+    for _ in range(draw(st.integers(1, 3))):
+        op = draw(st.sampled_from(["truncate", "flip", "insert", "delete", "splice"]))
+        n = len(raw)
+        at = draw(st.integers(0, n))
+        if op == "truncate":
+            del raw[at:]
+        elif op == "flip" and n:
+            raw[min(at, n - 1)] ^= draw(st.integers(1, 255))
+        elif op == "insert":
+            raw[at:at] = draw(st.binary(min_size=1, max_size=16))
+        elif op == "delete":
+            del raw[at : at + draw(st.integers(1, 64))]
+        elif n:
+            start = draw(st.integers(0, n - 1))
+            raw[at:at] = raw[start : start + draw(st.integers(1, 256))]
+    return bytes(raw)
+
+
+def mutations(raw: bytes, doc=None) -> st.SearchStrategy[bytes]:
+    """Mutated versions of a genuine file (JSON-level ones when ``doc`` is its parsed content), or random bytes."""
+    parts = [mutated_bytes(raw), st.binary(max_size=256)]
+    if doc is not None:
+        parts = [mutated_json(doc), mutated_json(doc)] + parts
+    return st.one_of(parts)
+
+
+# ---------------------------------------------------------------------------
+# The checks every test makes
+# ---------------------------------------------------------------------------
+
+
+def refused_cleanly(call, errors, names: str):
+    """``call()``'s result, or None when it raised one of ``errors`` with a one-line message naming ``names``.
+
+    Any other exception propagates (the test fails and Hypothesis shrinks the input).
+    """
+    try:
+        return call()
+    except errors as exc:
+        msg = str(exc)
+        assert msg and "\n" not in msg and "\r" not in msg, f"{type(exc).__name__} message is not one line: {msg!r}"
+        assert names in msg, f"{type(exc).__name__} does not name {names}: {msg!r}"
+        return None
+
+
+def tree(root: Path) -> dict[str, tuple[int, int]]:
+    """Every path under ``root`` with its size and mtime: a reader that writes anything changes it."""
+    out = {}
+    for p in sorted(root.rglob("*")):
+        st_ = p.lstat()
+        out[str(p.relative_to(root))] = (st_.st_size, st_.st_mtime_ns)
+    return out
+
+
+class Planted:
+    """Put mutated bytes into a file of the workspace for one example; restore it (and check nothing else
+    under the workspace changed) afterwards."""
+
+    def __init__(self, ws: Path):
+        self.ws = ws
+
+    def __call__(self, path: Path, data: bytes, marker: bool = False):
+        self.path, self.data, self.marker = path, data, marker
+        return self
+
+    def __enter__(self):
+        self.original = self.path.read_bytes()
+        self.marker_path = self.path.parent / ckpt.COMPLETE_FILE
+        self.original_marker = self.marker_path.read_bytes() if self.marker else None
+        self.before = tree(self.ws)
+        self.path.write_bytes(self.data)
+        if self.marker:  # the COMPLETE marker is only a checksum: redo it so the parser is reached
+            self.marker_path.write_bytes((hashlib.sha256(self.data).hexdigest() + "\n").encode())
+        self.planted = tree(self.ws)
+        return self.path
+
+    def __exit__(self, *exc):
+        after = tree(self.ws)
+        self.path.write_bytes(self.original)
+        if self.marker:
+            self.marker_path.write_bytes(self.original_marker)
+        if exc[0] is None:
+            assert after == self.planted, f"a reader wrote under {self.ws}: {set(after) ^ set(self.planted)}"
+        return False
+
+
+def within_memory(call, limit: int):
+    """``call()``, asserting its peak Python/NumPy allocation (tracemalloc) stays under ``limit`` bytes."""
+    tracemalloc.start()
+    try:
+        return call()
+    finally:
+        _, peak = tracemalloc.get_traced_memory()
+        tracemalloc.stop()
+        assert peak <= limit, f"peak allocation {peak} bytes for an input of this size (limit {limit})"
+
+
+# ---------------------------------------------------------------------------
+# The genuine files: one honest run, its certificate, plan and export
+# ---------------------------------------------------------------------------
+
+
+@dataclass
+class Workspace:
+    root: Path  # everything a reader may see; nothing under it may change
+    run: Path
+    export: Path
+    cert: Path
+    plan: Path
+    plant: Planted
+
+    @property
+    def checkpoint(self) -> Path:
+        return self.run / ckpt.CHECKPOINTS_DIR / ckpt.step_dirname(2)
+
+
+@pytest.fixture(scope="module")
+def ws(honest_run, tmp_path_factory) -> Workspace:
+    from lockstep.cli import main
+
+    root = tmp_path_factory.mktemp("untrusted")
+    run = root / "run"
+    shutil.copytree(honest_run, run, symlinks=True)
+    cert, plan, export = root / "cert.json", root / "plan.json", root / "export"
+    assert main(["audit", "replay", str(run), "--step", "2", "--backend", "spec", "--quiet", "--out", str(cert)]) == 0
+    assert main(["audit", "plan", str(run), "--auditors", "3", "--redundancy", "2", "--out", str(plan)]) == 0
+    assert main(["export", str(run), "--out", str(export)]) == 0
+    return Workspace(root, run, export, cert, plan, Planted(root))
+
+
+def genuine(path: Path) -> tuple[bytes, object]:
+    raw = path.read_bytes()
+    return raw, json.loads(raw)
+
+
+# Strategies are built from the genuine files, which exist only once the fixture ran: ``st.data()`` draws them.
+
+
+# ---------------------------------------------------------------------------
+# Pure parsers: strict JSON and safetensors
+# ---------------------------------------------------------------------------
+
+
+@budget(60)
+@given(data=st.data())
+def test_parse_json_refuses_hostile_json_in_one_line(ws, data):
+    raw, doc = genuine(ws.run / "recipe.json")
+    blob = data.draw(mutations(raw, doc))
+    refused_cleanly(lambda: within_memory(lambda: parse_json(blob, "recipe", "R.json"), 64 * len(blob) + (8 << 20)),
+                    FileFormatError, "R.json")
+
+
+def _header_doc(raw: bytes) -> tuple[int, dict]:
+    (n,) = struct.unpack("<Q", raw[:8])
+    return n, json.loads(raw[8 : 8 + n])
+
+
+OFFSET_EDITS = ["huge", "negative", "overlap", "swap", "past_end", "dtype", "shape", "prefix"]
+
+
+@st.composite
+def hostile_safetensors(draw, raw: bytes) -> bytes:
+    """A genuine safetensors file with its header edited where it is most dangerous."""
+    n, header = _header_doc(raw)
+    body = raw[8 + n :]
+    names = sorted(k for k in header if k != "__metadata__")
+    name = draw(st.sampled_from(names))
+    entry = header[name]
+    b, e = entry["data_offsets"]
+    edit = draw(st.sampled_from(OFFSET_EDITS))
+    if edit == "huge":
+        entry["data_offsets"] = [b, draw(st.sampled_from([2**63, 2**64 + 8, 10**30, e + 2**40]))]
+    elif edit == "negative":
+        entry["data_offsets"] = [draw(st.sampled_from([-1, -8, -(2**63)])), e]
+    elif edit == "overlap":
+        other = header[draw(st.sampled_from(names))]
+        entry["data_offsets"] = list(other["data_offsets"])
+        entry["shape"], entry["dtype"] = list(other["shape"]), other["dtype"]
+    elif edit == "swap":
+        entry["data_offsets"] = [e, b]
+    elif edit == "past_end":
+        entry["data_offsets"] = [b + len(body), e + len(body)]
+    elif edit == "dtype":
+        entry["dtype"] = draw(st.sampled_from(["F16", "BF16", "BOOL", "I64", "U8", "f32", "", "O", "<f4", 5, None]))
+    elif edit == "shape":
+        entry["shape"] = draw(st.sampled_from([[-1], [2**62, 2**62], [1] * 65, [0, 2**63], "3", [1.5], [], [True]]))
+    text = json.dumps(header).encode()
+    if edit == "prefix":
+        length = draw(st.sampled_from([0, 1, len(text) - 1, len(text) + 1, 2**63, 2**64 - 1, len(raw)]))
+        return struct.pack("<Q", length) + text + body
+    text += b" " * (-(8 + len(text)) % 8)
+    return struct.pack("<Q", len(text)) + text + body
+
+
+@budget(120)
+@given(data=st.data())
+def test_parse_safetensors_refuses_hostile_headers_and_offsets(ws, data):
+    raw = (ws.checkpoint / ckpt.STATE_FILE).read_bytes()
+    n, header = _header_doc(raw)
+    blob = data.draw(st.one_of(hostile_safetensors(raw), hostile_safetensors(raw),
+                               mutations(raw[: 8 + n] + raw[8 + n : 8 + n + 64]), st.binary(max_size=64)))
+    got = refused_cleanly(lambda: within_memory(lambda: parse_safetensors(blob, "S.safetensors"),
+                                                64 * len(blob) + (8 << 20)), SafetensorsError, "S.safetensors")
+    if got is not None:  # accepted: then the tensors tile the data exactly
+        tensors, _ = got
+        assert sum(t.nbytes for t in tensors.values()) == len(blob) - 8 - struct.unpack("<Q", blob[:8])[0]
+
+
+@budget(40)
+@given(data=st.data())
+def test_read_safetensors_refuses_a_damaged_file(ws, data):
+    path = ws.export / "model.safetensors"
+    raw = path.read_bytes()
+    blob = data.draw(st.one_of(hostile_safetensors(raw), mutated_bytes(raw)))
+    with ws.plant(path, blob):
+        refused_cleanly(lambda: read_safetensors(path), SafetensorsError, str(path))
+
+
+# ---------------------------------------------------------------------------
+# The run's own files: recipe, trajectory, commitment, target, manifest
+# ---------------------------------------------------------------------------
+
+
+@budget(40)
+@given(data=st.data())
+def test_recipe_reader_refuses_a_damaged_recipe(ws, data):
+    path = ws.run / "recipe.json"
+    raw, doc = genuine(path)
+    with ws.plant(path, data.draw(mutations(raw, doc))):
+        refused_cleanly(lambda: load_run_recipe(ws.run), RunFileError, str(path))
+
+
+@st.composite
+def damaged_trajectory(draw, raw: bytes) -> bytes:
+    lines = raw.split(b"\n")[:-1]
+    i = draw(st.integers(0, len(lines) - 1))
+    how = draw(st.sampled_from(["json", "json", "bytes", "blank", "torn", "repeat"]))
+    if how == "json":
+        lines[i] = draw(mutated_json(json.loads(lines[i]))).replace(b"\n", b" ")
+    elif how == "bytes":
+        lines[i] = draw(mutated_bytes(lines[i]))
+    elif how == "blank":
+        lines.insert(i, draw(st.sampled_from([b"", b" ", b"\r", b"{}", b"null"])))
+    elif how == "repeat":
+        lines.insert(i, lines[draw(st.integers(0, len(lines) - 1))])
+    out = b"\n".join(lines) + b"\n"
+    if how == "torn":
+        out = out[: draw(st.integers(0, len(out) - 1))]
+    return out
+
+
+@budget(60)
+@given(data=st.data())
+def test_trajectory_readers_refuse_damaged_lines(ws, data):
+    path = ws.run / "trajectory.jsonl"
+    raw = path.read_bytes()
+    with ws.plant(path, data.draw(st.one_of(damaged_trajectory(raw), mutated_bytes(raw)))):
+        strict = refused_cleanly(lambda: read_trajectory_strict(ws.run), RunFileError, str(path))
+        resume = refused_cleanly(lambda: read_trajectory(ws.run, tolerate_torn_tail=True), RunFileError, str(path))
+    if strict is not None:  # what the strict reader takes, the tolerant one takes unchanged
+        assert resume == strict
+
+
+@budget(30)
+@given(data=st.data())
+def test_commitment_reader_refuses_a_damaged_commitment(ws, data):
+    path = ws.run / "commitment.json"
+    raw, doc = genuine(path)
+    with ws.plant(path, data.draw(mutations(raw, doc))):
+        refused_cleanly(lambda: read_commitment(ws.run), RunFileError, str(path))
+        refused_cleanly(lambda: plan_mod._commitment_of(path), plan_mod.PlanError, str(path))
+
+
+@budget(20)
+@given(data=st.data())
+def test_target_reader_refuses_a_damaged_target(ws, data):
+    path = ws.run / "target.json"
+    raw, doc = genuine(path)
+    with ws.plant(path, data.draw(mutations(raw, doc))):
+        refused_cleanly(lambda: read_target(ws.run), ValueError, "target.json")
+
+
+@budget(40)
+@given(data=st.data())
+def test_manifest_readers_refuse_a_damaged_manifest(ws, data):
+    path = ws.run / "data" / "manifest.json"
+    raw, doc = genuine(path)
+    blob = data.draw(mutations(raw, doc))
+    recipe = json.loads((ws.run / "recipe.json").read_bytes())
+    recipe["data"]["manifest_sha256"] = hashlib.sha256(blob).hexdigest()  # so the parser is reached
+    with ws.plant(path, blob):
+        refused_cleanly(lambda: Manifest.load(path), DataError, str(path))
+        refused_cleanly(lambda: open_run_data(ws.run, recipe), DataLocationError, str(path))
+
+
+# ---------------------------------------------------------------------------
+# Checkpoints: sidecar and state
+# ---------------------------------------------------------------------------
+
+
+def _load_and_check_stream(folder: Path):
+    c = ckpt.load_checkpoint(folder)
+    recipe = load_run_recipe(folder.parents[1])
+    from lockstep.train.data import GlobalStream
+    from lockstep.train.trainer import recipe_configs
+
+    cfg, tcfg = recipe_configs(recipe)
+    stream = GlobalStream(Manifest.load(folder.parents[1] / "data"), recipe["seed"], cfg.seq_len)
+    why = ckpt.stream_state_problem(c.sidecar, stream, tcfg, c.step)
+    assert why is None or isinstance(why, str)
+    return c
+
+
+@budget(40)
+@given(data=st.data())
+def test_checkpoint_loader_refuses_a_damaged_sidecar(ws, data):
+    path = ws.checkpoint / ckpt.SIDECAR_FILE
+    raw, doc = genuine(path)
+    with ws.plant(path, data.draw(mutations(raw, doc)), marker=True):
+        refused_cleanly(lambda: _load_and_check_stream(ws.checkpoint), ckpt.CheckpointError, str(ws.checkpoint))
+
+
+@budget(30)
+@given(data=st.data())
+def test_checkpoint_loader_refuses_a_damaged_state_file(ws, data):
+    path = ws.checkpoint / ckpt.STATE_FILE
+    raw = path.read_bytes()
+    with ws.plant(path, data.draw(st.one_of(hostile_safetensors(raw), mutated_bytes(raw)))):
+        refused_cleanly(lambda: ckpt.load_checkpoint(ws.checkpoint), ckpt.CheckpointError, str(ws.checkpoint))
+
+
+# ---------------------------------------------------------------------------
+# audit verify over the whole damaged run: findings, never an exception
+# ---------------------------------------------------------------------------
+
+RUN_FILES = ["recipe.json", "trajectory.jsonl", "commitment.json", "target.json", "metrics.jsonl",
+             "data/manifest.json", "checkpoints/step-00000002/sidecar.json", "checkpoints/step-00000004/sidecar.json",
+             "checkpoints/step-00000002/state.safetensors", "checkpoints/step-00000004/COMPLETE"]
+
+
+@budget(40)
+@given(data=st.data())
+def test_audit_verify_turns_any_damage_into_findings(ws, data):
+    rel = data.draw(st.sampled_from(RUN_FILES))
+    path = ws.run / rel
+    raw = path.read_bytes()
+    doc = json.loads(raw) if rel.endswith(".json") else None
+    with ws.plant(path, data.draw(mutations(raw, doc)), marker=rel.endswith("sidecar.json")):
+        rep = verify_run(ws.run, batches=False)
+        text = rep.format()
+    assert rep.findings or rel in ("metrics.jsonl",) or raw == path.read_bytes()  # damage is seen (or harmless)
+    assert all("\n" not in line for line in text.splitlines())
+
+
+# ---------------------------------------------------------------------------
+# Certificates, plans, exports
+# ---------------------------------------------------------------------------
+
+
+def _certificate_checks(path: Path, run: Path):
+    cert = cert_mod.load_certificate(path)
+    for problems in (cert_mod.consistency_problems(cert), cert_mod.run_problems(cert, run)):
+        assert isinstance(problems, list) and all(isinstance(p, str) for p in problems)
+    why = cert_mod.signature_problem(cert)
+    assert why is None or isinstance(why, str)
+    return cert
+
+
+@budget(60)
+@given(data=st.data())
+def test_certificate_reader_refuses_a_damaged_certificate(ws, data):
+    raw, doc = genuine(ws.cert)
+    with ws.plant(ws.cert, data.draw(mutations(raw, doc))):
+        refused_cleanly(lambda: _certificate_checks(ws.cert, ws.run), cert_mod.CertificateError, str(ws.cert))
+
+
+def _plan_checks(path: Path):
+    plan = plan_mod.load_plan(path)
+    problems = plan_mod.check_plan(plan)
+    assert isinstance(problems, list) and all(isinstance(p, str) for p in problems)
+    assert isinstance(plan_mod.format_plan(plan), str)
+    return plan
+
+
+@budget(50)
+@given(data=st.data())
+def test_plan_reader_refuses_a_damaged_plan(ws, data):
+    raw, doc = genuine(ws.plan)
+    with ws.plant(ws.plan, data.draw(mutations(raw, doc))):
+        refused_cleanly(lambda: _plan_checks(ws.plan), plan_mod.PlanError, str(ws.plan))
+
+
+EXPORT_FILES = ["proof.json", "config.json", "recipe.json", "model.safetensors"]
+
+
+@budget(40)
+@given(data=st.data())
+def test_export_reader_refuses_a_damaged_export(ws, data):
+    from lockstep.use.export import verify_export
+
+    rel = data.draw(st.sampled_from(EXPORT_FILES))
+    path = ws.export / rel
+    raw = path.read_bytes()
+    doc = json.loads(raw) if rel.endswith(".json") else None
+    against = data.draw(st.sampled_from([None, ws.run]))
+    with ws.plant(path, data.draw(mutations(raw, doc))):
+        rep = refused_cleanly(lambda: verify_export(ws.export, against), UseError, str(ws.export))
+        if rep is not None:
+            assert isinstance(rep.format(), str)
+
+
+# ---------------------------------------------------------------------------
+# Regressions: crashes the searches above found (plain tests, one input each)
+# ---------------------------------------------------------------------------
+
+
+def test_manifest_with_a_5000_digit_number_is_a_data_error(ws):
+    """Found by test_manifest_readers_refuse_a_damaged_manifest: Python refuses to parse an integer of more
+    than 4300 digits with a bare ValueError, which leaked out of ``Manifest.load`` instead of a DataError."""
+    path = ws.run / "data" / "manifest.json"
+    with ws.plant(path, b"1" * 5000), pytest.raises(DataError, match="manifest.json: malformed JSON"):
+        Manifest.load(path)

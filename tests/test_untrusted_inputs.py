@@ -26,10 +26,12 @@ Crashes these searches found are kept as plain regression tests at the end.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import hashlib
 import json
 import shutil
+import signal
 import struct
 import tracemalloc
 from dataclasses import dataclass
@@ -44,7 +46,7 @@ from lockstep.audit import plan as plan_mod
 from lockstep.audit.verify import (RunFileError, load_run_recipe, read_commitment, read_trajectory_strict,
                                    verify_run)
 from lockstep.conformance.search import SUITE_EXAMPLES
-from lockstep.fsio import FileFormatError, SafetensorsError, parse_json, parse_safetensors, read_safetensors
+from lockstep.fsio import FileFormatError, json_bytes, SafetensorsError, parse_json, parse_safetensors, read_safetensors
 from lockstep.train import checkpoint as ckpt
 from lockstep.train.data import DataError, Manifest
 from lockstep.train.rundir import DataLocationError, open_run_data, read_target
@@ -97,10 +99,11 @@ HOSTILE = [
     "", "..", "../../../../etc/passwd", "/etc/passwd", "a/../../b", "x\x00y", "C:\\x", "\u202egnp.", "step-00000002",
     "0" * 64, [], {}, [1, 2], [0, 2**62], [-8, 8], {"a": 1}, ["..", "/etc/passwd"],
 ]
+HOSTILE_INTS = [-1, 0, 2**31, 2**32 + 1, 2**53 + 1, 2**62, 2**63 - 1, 2**63, 2**64, 10**12, 10**18, 10**30, -(2**63)]
 hostile_values = st.one_of(
     st.sampled_from(HOSTILE), st.integers(), st.floats(allow_nan=True, allow_infinity=True),
     st.text(max_size=12), st.lists(st.integers(-3, 2**40), max_size=4),
-)
+).map(copy.deepcopy)  # a later edit must never change the shared HOSTILE list
 
 
 def _paths(x, prefix=()):
@@ -147,13 +150,16 @@ def mutated_json(draw, doc) -> bytes:
     doc = copy.deepcopy(doc)
     for _ in range(draw(st.integers(1, 3))):
         paths = list(_paths(doc))
-        path = draw(st.sampled_from(paths))
+        numbers = [p for p in paths if type(_get(doc, p)) is int]  # counts, steps, offsets: half the edits
+        path = draw(st.sampled_from(numbers if numbers and draw(st.booleans()) else paths))
         here = _get(doc, path)
-        op = draw(st.sampled_from(["replace", "replace", "nudge", "everywhere", "delete", "duplicate", "wrap"]))
+        if type(here) is int and draw(st.booleans()):  # a number the reader may size or loop by
+            new = draw(st.one_of(st.sampled_from(HOSTILE_INTS), st.sampled_from([here - 1, here + 1, -here, 2 * here])))
+            doc = _replace_all(doc, here, new) if draw(st.booleans()) else _set(doc, path, new)
+            continue
+        op = draw(st.sampled_from(["replace", "replace", "everywhere", "delete", "duplicate", "wrap"]))
         if op == "everywhere" and not isinstance(here, (dict, list)):  # every equal value at once: claims stay consistent
             doc = _replace_all(doc, here, draw(hostile_values))
-        elif op == "nudge" and type(here) is int:
-            doc = _set(doc, path, here + draw(st.sampled_from([-1, 1, -here - 1, here, 2**32, 2**63, -(2**63)])))
         elif op == "delete" and path and isinstance(_get(doc, path[:-1]), (dict, list)):
             del _get(doc, path[:-1])[path[-1]]
         elif op == "duplicate" and isinstance(here, dict) and here:
@@ -202,13 +208,37 @@ def mutations(raw: bytes, doc=None) -> st.SearchStrategy[bytes]:
 # ---------------------------------------------------------------------------
 
 
+# A watchdog, not a timing assertion: a reader takes milliseconds on these small files, so an example still
+# running after HANG_SECONDS is in a loop sized by a number in the file (a hang), whatever the machine's speed.
+HANG_SECONDS = 10
+
+
+class Hang(Exception):
+    pass
+
+
+@contextlib.contextmanager
+def watchdog(seconds: float = HANG_SECONDS):
+    def fire(signum, frame):
+        raise Hang(f"still running after {seconds} s: a hang on this input")
+
+    old = signal.signal(signal.SIGALRM, fire)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, old)
+
+
 def refused_cleanly(call, errors, names: str):
     """``call()``'s result, or None when it raised one of ``errors`` with a one-line message naming ``names``.
 
-    Any other exception propagates (the test fails and Hypothesis shrinks the input).
+    Any other exception (or a hang, ``watchdog``) propagates: the test fails and Hypothesis shrinks the input.
     """
     try:
-        return call()
+        with watchdog():
+            return call()
     except errors as exc:
         msg = str(exc)
         assert msg and "\n" not in msg and "\r" not in msg, f"{type(exc).__name__} message is not one line: {msg!r}"
@@ -295,7 +325,11 @@ def ws(honest_run, tmp_path_factory) -> Workspace:
     run = root / "run"
     shutil.copytree(honest_run, run, symlinks=True)
     cert, plan, export = root / "cert.json", root / "plan.json", root / "export"
-    assert main(["audit", "replay", str(run), "--step", "2", "--backend", "spec", "--quiet", "--out", str(cert)]) == 0
+    # step 3, replayed from checkpoint 2: a certificate whose numbers (3, from 2) occur nowhere else in it
+    assert main(["audit", "replay", str(run), "--step", "3", "--backend", "spec", "--quiet", "--out", str(cert)]) == 0
+    doc = json.loads(cert.read_bytes())  # the same inputs on every machine: no timing or machine facts
+    doc["milliseconds"], doc["machine"] = 1000, {"cpu": "test"}
+    cert.write_bytes(json_bytes(doc))
     assert main(["audit", "plan", str(run), "--auditors", "3", "--redundancy", "2", "--out", str(plan)]) == 0
     assert main(["export", str(run), "--out", str(export)]) == 0
     return Workspace(root, run, export, cert, plan, Planted(root))
@@ -519,7 +553,8 @@ def test_audit_verify_turns_any_damage_into_findings(ws, data):
     raw = path.read_bytes()
     doc = json.loads(raw) if rel.endswith(".json") else None
     with ws.plant(path, data.draw(mutations(raw, doc)), marker=rel.endswith("sidecar.json")):
-        rep = verify_run(ws.run, batches=False)
+        with watchdog():
+            rep = verify_run(ws.run, batches=False)
         text = rep.format()
     assert rep.findings or rel in ("metrics.jsonl",) or raw == path.read_bytes()  # damage is seen (or harmless)
     assert all("\n" not in line for line in text.splitlines())
@@ -539,7 +574,7 @@ def _certificate_checks(path: Path, run: Path):
     return cert
 
 
-@budget(60)
+@budget(300)
 @given(data=st.data())
 def test_certificate_reader_refuses_a_damaged_certificate(ws, data):
     raw, doc = genuine(ws.cert)
@@ -593,3 +628,48 @@ def test_manifest_with_a_5000_digit_number_is_a_data_error(ws):
     path = ws.run / "data" / "manifest.json"
     with ws.plant(path, b"1" * 5000), pytest.raises(DataError, match="manifest.json: malformed JSON"):
         Manifest.load(path)
+
+
+def test_certificate_claiming_step_10_to_the_12_is_checked_without_a_loop(ws, tmp_path):
+    """Found by test_certificate_reader_refuses_a_damaged_certificate (with 3 replaced by 10**12 everywhere):
+    ``replay_shape_problems`` looped over every step number from the start to the claimed step, so a
+    certificate claiming step 10**12 hung ``audit check`` (and ``audit merge``) for ever."""
+    doc = _replace_all(json.loads(ws.cert.read_bytes()), 3, 10**12)
+    path = tmp_path / "cert.json"
+    path.write_bytes(json_bytes(doc))
+    cert = cert_mod.load_certificate(path)
+    with watchdog():
+        problems = cert_mod.consistency_problems(cert)
+    assert any("without step 3 before it" in p for p in problems)
+
+
+def test_export_proof_with_an_integer_digest_is_a_failed_check(ws):
+    """Found by test_export_reader_refuses_a_damaged_export: a proof whose batch_digest is the integer 2**63
+    reached ``bytes(2**63)`` in the hashing (OverflowError; 10**9 would have allocated a gigabyte)."""
+    from lockstep.use.export import verify_export
+
+    path = ws.export / "proof.json"
+    doc = json.loads(path.read_bytes())
+    doc["batch_digest"] = 2**63
+    with ws.plant(path, json_bytes(doc)):
+        rep = verify_export(ws.export)
+    assert not rep.ok and any(name.startswith("chain hash H_") and not ok for name, ok, _ in rep.checks)
+
+
+@pytest.mark.parametrize("value", [10**12, 2**63, 3.0, None, ["ab"]])
+def test_hashing_refuses_a_digest_that_is_not_hex_or_bytes(value):
+    """The cause of the crash above: ``_b32`` called ``bytes(value)`` on whatever it was given."""
+    from lockstep.spec import hashing
+
+    with watchdog(), pytest.raises(TypeError, match="64 hex digits or 32 bytes"):
+        hashing.genesis_hash(value, "0" * 64, "2")
+
+
+@pytest.mark.parametrize("bits", ["0x-1234567", "0x 1234567", "0x+1234567", "0x1_234567"])
+def test_float32_bits_take_eight_hex_digits_only(bits):
+    """Found reading the code behind the export crash: ``int(x[2:], 16)`` took "-1234567", and the negative
+    number then failed in ``struct.pack`` with ``struct.error``, which no reader catches."""
+    from lockstep.spec import hashing
+
+    with pytest.raises(ValueError, match="0x3F800000"):
+        hashing.float32_bits(bits)

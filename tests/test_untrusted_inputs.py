@@ -565,7 +565,12 @@ def test_audit_verify_turns_any_damage_into_findings(ws, data):
 # ---------------------------------------------------------------------------
 
 
-def _certificate_checks(path: Path, run: Path):
+def _certificate_checks(path: Path, run: Path, plan: Path):
+    from lockstep.audit.merge import merge_certificates
+
+    # audit merge first: it takes any file, loads what it can and rejects the rest (never raises on one)
+    for report in (merge_certificates([path]), merge_certificates([path], plan_mod.load_plan(plan))):
+        assert isinstance(report.format(), str)
     cert = cert_mod.load_certificate(path)
     for problems in (cert_mod.consistency_problems(cert), cert_mod.run_problems(cert, run)):
         assert isinstance(problems, list) and all(isinstance(p, str) for p in problems)
@@ -579,11 +584,15 @@ def _certificate_checks(path: Path, run: Path):
 def test_certificate_reader_refuses_a_damaged_certificate(ws, data):
     raw, doc = genuine(ws.cert)
     with ws.plant(ws.cert, data.draw(mutations(raw, doc))):
-        refused_cleanly(lambda: _certificate_checks(ws.cert, ws.run), cert_mod.CertificateError, str(ws.cert))
+        refused_cleanly(lambda: _certificate_checks(ws.cert, ws.run, ws.plan), cert_mod.CertificateError,
+                        str(ws.cert))
 
 
-def _plan_checks(path: Path):
+def _plan_checks(path: Path, cert: Path):
+    from lockstep.audit.merge import merge_certificates
+
     plan = plan_mod.load_plan(path)
+    assert isinstance(merge_certificates([cert], plan).format(), str)
     problems = plan_mod.check_plan(plan)
     assert isinstance(problems, list) and all(isinstance(p, str) for p in problems)
     assert isinstance(plan_mod.format_plan(plan), str)
@@ -595,7 +604,7 @@ def _plan_checks(path: Path):
 def test_plan_reader_refuses_a_damaged_plan(ws, data):
     raw, doc = genuine(ws.plan)
     with ws.plant(ws.plan, data.draw(mutations(raw, doc))):
-        refused_cleanly(lambda: _plan_checks(ws.plan), plan_mod.PlanError, str(ws.plan))
+        refused_cleanly(lambda: _plan_checks(ws.plan, ws.cert), plan_mod.PlanError, str(ws.plan))
 
 
 EXPORT_FILES = ["proof.json", "config.json", "recipe.json", "model.safetensors"]
@@ -673,3 +682,19 @@ def test_float32_bits_take_eight_hex_digits_only(bits):
 
     with pytest.raises(ValueError, match="0x3F800000"):
         hashing.float32_bits(bits)
+
+
+def test_certificate_with_a_list_for_a_hash_is_refused_not_a_merge_crash(ws, tmp_path):
+    """Found by test_certificate_reader_refuses_a_damaged_certificate once it ran ``audit merge`` too: a
+    certificate whose replayed and published state_root were both the list [1, 2] (so it claimed a
+    consistent match) crashed the merge with ``TypeError: unhashable type: 'list'``."""
+    from lockstep.audit.merge import merge_certificates
+
+    doc = json.loads(ws.cert.read_bytes())
+    root = doc["steps"][0]["replayed"]["state_root"]
+    path = tmp_path / "cert.json"
+    path.write_bytes(json_bytes(_replace_all(doc, root, [1, 2])))
+    with pytest.raises(cert_mod.CertificateError, match="cert.json: 'steps' must be"):
+        cert_mod.load_certificate(path)
+    report = merge_certificates([path])
+    assert report.rejected and not report.accepted and isinstance(report.format(), str)

@@ -168,6 +168,12 @@ def write_certificate(path: str | os.PathLike, cert: dict) -> None:
     atomic_write_bytes(path, json_bytes(cert))
 
 
+def _scalar_map(x) -> bool:
+    """A JSON object of strings, numbers, booleans or nulls: what a step's hashes and counts are (a list or
+    an object there cannot be compared or counted by ``audit merge``)."""
+    return isinstance(x, dict) and all(v is None or isinstance(v, (str, int, float)) for v in x.values())
+
+
 def _check_structure(cert, where: str) -> None:
     if not isinstance(cert, dict) or cert.get("format") != CERT_FORMAT:
         raise CertificateError(f"{where}: not a lockstep audit certificate (format {CERT_FORMAT!r})")
@@ -181,10 +187,10 @@ def _check_structure(cert, where: str) -> None:
         raise CertificateError(f"{where}: run.last_step must be an integer")
     steps = cert.get("steps")
     if not isinstance(steps, list) or not all(isinstance(s, dict) and type(s.get("step")) is int
-                                              and isinstance(s.get("replayed"), dict)
-                                              and isinstance(s.get("published"), dict)
+                                              and _scalar_map(s.get("replayed")) and _scalar_map(s.get("published"))
                                               and isinstance(s.get("match"), bool) for s in steps):
-        raise CertificateError(f"{where}: 'steps' must be a list of {{step, match, replayed, published}} objects")
+        raise CertificateError(f"{where}: 'steps' must be a list of {{step, match, replayed, published}} objects "
+                               "(replayed and published map names to hashes or numbers)")
     if not isinstance(cert.get("targets"), list) or not all(type(t) is int for t in cert["targets"]):
         raise CertificateError(f"{where}: 'targets' must be a list of integers")
     extra = cert.get("problems", [])

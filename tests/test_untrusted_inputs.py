@@ -92,17 +92,21 @@ def dumps(x) -> str:
     return json.dumps(x)  # floats nan/inf come out as NaN/Infinity tokens
 
 
-HOSTILE = [
+# Tokens a strict reader refuses wherever they are (so one of them spoils the whole document) ...
+HOSTILE_TOKENS = [
     Raw("NaN"), Raw("Infinity"), Raw("-Infinity"), Raw("1e999"), Raw("-1e999"), Raw("1" * 5000),
     Raw("[" * 100_000 + "]" * 100_000), Raw('{"a":' * 3000 + "1" + "}" * 3000),
+]
+# ... and valid JSON values in the wrong place, which only the checks after parsing can refuse
+HOSTILE = [
     2**63, 2**64, -1, -(2**63), 0, 10**30, 10**18, 1e308, -0.0, 0.5, True, False, None,
     "", "..", "../../../../etc/passwd", "/etc/passwd", "a/../../b", "x\x00y", "C:\\x", "\u202egnp.", "step-00000002",
     "0" * 64, [], {}, [1, 2], [0, 2**62], [-8, 8], {"a": 1}, ["..", "/etc/passwd"],
 ]
 HOSTILE_INTS = [-1, 0, 2**31, 2**32 + 1, 2**53 + 1, 2**62, 2**63 - 1, 2**63, 2**64, 10**12, 10**18, 10**30, -(2**63)]
 hostile_values = st.one_of(
-    st.sampled_from(HOSTILE), st.integers(), st.floats(allow_nan=True, allow_infinity=True),
-    st.text(max_size=12), st.lists(st.integers(-3, 2**40), max_size=4),
+    st.sampled_from(HOSTILE), st.sampled_from(HOSTILE), st.sampled_from(HOSTILE_TOKENS), st.integers(),
+    st.floats(allow_nan=False), st.floats(), st.text(max_size=12), st.lists(st.integers(-3, 2**40), max_size=4),
 ).map(copy.deepcopy)  # a later edit must never change the shared HOSTILE list
 
 
@@ -148,10 +152,14 @@ def mutated_json(draw, doc) -> bytes:
     """The genuine document with 1 to 3 of: a value replaced (at one place, or everywhere it occurs), a key
     deleted or duplicated, a number nudged, a value wrapped in a list or an object."""
     doc = copy.deepcopy(doc)
-    for _ in range(draw(st.integers(1, 3))):
+    for _ in range(draw(st.sampled_from([1, 1, 1, 2, 3]))):
         paths = list(_paths(doc))
         numbers = [p for p in paths if type(_get(doc, p)) is int]  # counts, steps, offsets: half the edits
-        path = draw(st.sampled_from(numbers if numbers and draw(st.booleans()) else paths))
+        if numbers and draw(st.booleans()):
+            path = draw(st.sampled_from(numbers))
+        else:  # a depth first, then a place at it: the few top-level keys are edited as often as deep leaves
+            depth = draw(st.sampled_from(sorted({len(p) for p in paths})))
+            path = draw(st.sampled_from([p for p in paths if len(p) == depth]))
         here = _get(doc, path)
         if type(here) is int and draw(st.booleans()):  # a number the reader may size or loop by
             new = draw(st.one_of(st.sampled_from(HOSTILE_INTS), st.sampled_from([here - 1, here + 1, -here, 2 * here])))
@@ -500,6 +508,21 @@ def test_manifest_readers_refuse_a_damaged_manifest(ws, data):
         refused_cleanly(lambda: open_run_data(ws.run, recipe), DataLocationError, str(path))
 
 
+@budget(100)
+@given(data=st.data())
+def test_tokenizer_reader_refuses_a_damaged_manifest(ws, data):
+    """``lockstep sample``, ``eval`` and ``export`` read the tokenizer from the manifest alone (no shard)."""
+    from lockstep.use.run import open_tokenizer
+
+    path = ws.run / "data" / "manifest.json"
+    raw, doc = genuine(path)
+    blob = data.draw(mutations(raw, doc))
+    recipe = json.loads((ws.run / "recipe.json").read_bytes())
+    recipe["data"]["manifest_sha256"] = hashlib.sha256(blob).hexdigest()  # so the parser is reached
+    with ws.plant(path, blob):
+        refused_cleanly(lambda: open_tokenizer(ws.run, recipe), UseError, str(path))
+
+
 # ---------------------------------------------------------------------------
 # Checkpoints: sidecar and state
 # ---------------------------------------------------------------------------
@@ -698,3 +721,41 @@ def test_certificate_with_a_list_for_a_hash_is_refused_not_a_merge_crash(ws, tmp
         cert_mod.load_certificate(path)
     report = merge_certificates([path])
     assert report.rejected and not report.accepted and isinstance(report.format(), str)
+
+
+def test_tokenizer_of_a_manifest_with_a_list_for_its_tokenizer_is_a_use_error(ws):
+    """Found by test_tokenizer_reader_refuses_a_damaged_manifest: ``lockstep sample/eval/export`` read the
+    tokenizer from the manifest with a check of their own, and a tokenizer wrapped in a list crashed
+    ``tokenizer_from_identity`` with AttributeError. The manifest is now checked as Manifest.load checks it."""
+    from lockstep.use.run import open_tokenizer
+
+    path = ws.run / "data" / "manifest.json"
+    doc = json.loads(path.read_bytes())
+    doc["tokenizer"] = [doc["tokenizer"]]
+    blob = json_bytes(doc)
+    recipe = json.loads((ws.run / "recipe.json").read_bytes())
+    recipe["data"]["manifest_sha256"] = hashlib.sha256(blob).hexdigest()
+    with ws.plant(path, blob), pytest.raises(UseError, match="unknown tokenizer"):
+        open_tokenizer(ws.run, recipe)
+
+
+def test_tokenizer_file_outside_the_data_folder_is_never_read(ws, tmp_path):
+    """Found reading the code behind the crash above: the same reader took a Hugging Face tokenizer file
+    "../../x" from the manifest, opened and hashed a file outside the run, and printed its SHA-256."""
+    from lockstep.use.run import open_tokenizer
+
+    outside = ws.root / "outside.json"
+    outside.write_text("{}")
+    try:
+        path = ws.run / "data" / "manifest.json"
+        doc = json.loads(path.read_bytes())
+        doc["tokenizer"] = {"kind": "hf-tokenizers", "file": "../../outside.json", "sha256": "0" * 64,
+                            "vocab_size": 300, "eod_id": 0, "eod_token": None}
+        blob = json_bytes(doc)
+        recipe = json.loads((ws.run / "recipe.json").read_bytes())
+        recipe["data"]["manifest_sha256"] = hashlib.sha256(blob).hexdigest()
+        with ws.plant(path, blob), pytest.raises(UseError, match="outside|'\\.\\.'") as info:
+            open_tokenizer(ws.run, recipe)
+        assert hashlib.sha256(b"{}").hexdigest() not in str(info.value)
+    finally:
+        outside.unlink()

@@ -759,3 +759,14 @@ def test_tokenizer_file_outside_the_data_folder_is_never_read(ws, tmp_path):
         assert hashlib.sha256(b"{}").hexdigest() not in str(info.value)
     finally:
         outside.unlink()
+
+
+def test_plan_with_a_list_for_an_auditor_name_is_refused_not_a_merge_crash(ws, tmp_path):
+    """Found by the deep run of test_plan_reader_refuses_a_damaged_plan (the 902nd example): a plan whose
+    auditor's name was [] loaded, and ``audit merge --plan`` crashed on it (``TypeError: unhashable``)."""
+    doc = json.loads(ws.plan.read_bytes())
+    doc["auditors"][2]["name"] = []
+    path = tmp_path / "plan.json"
+    path.write_bytes(json_bytes(doc))
+    with pytest.raises(plan_mod.PlanError, match="plan.json: 'auditors' must be"):
+        plan_mod.load_plan(path)

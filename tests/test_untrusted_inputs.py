@@ -523,6 +523,36 @@ def test_tokenizer_reader_refuses_a_damaged_manifest(ws, data):
         refused_cleanly(lambda: open_tokenizer(ws.run, recipe), UseError, str(path))
 
 
+# A validation line as `lockstep eval RUN --record` appends it (from the honest run; the values do not matter
+# here, only the shape: evaluating in the fixture would cost 40 s)
+VALIDATION_LINE = {"step": 4, "tokens": 768, "validation": {
+    "backend": "spec", "bits_per_byte": 7.810538470463456, "bytes": 48153, "eval_batch": 2,
+    "format": "lockstep.validation", "loss_sum": 260693.25, "loss_sum_bits": "0x487E9550",
+    "nats_per_token": 5.391571186300463, "seconds": 41.696, "spec_version": "2", "targets": 48352, "version": 1,
+    "sources": {"math": {"bits_per_byte": 7.687018670464923, "bytes": 15934, "loss_sum": 84900.1015625,
+                         "loss_sum_bits": "0x47A5D20D", "nats_per_token": 5.30625634765625, "targets": 16000,
+                         "windows": 500}}}}
+
+
+@budget(100)
+@given(data=st.data())
+def test_recorded_validations_skip_damaged_metrics_lines(ws, data):
+    """metrics.jsonl is not evidence: a line of another shape is skipped; what is kept has the types that
+    ``lockstep export``'s model card, ``eval`` and the loss plot format."""
+    from lockstep.use.evaluate import recorded_validations
+
+    path = ws.run / "metrics.jsonl"
+    raw = path.read_bytes()
+    line = json.dumps(VALIDATION_LINE).encode()
+    blob = raw + data.draw(st.one_of(mutated_json(VALIDATION_LINE), mutated_bytes(line))).replace(b"\n", b" ") + b"\n"
+    with ws.plant(path, blob), watchdog():
+        got = recorded_validations(ws.run)
+    for v in got.values():
+        card = (f"{v['nats_per_token']:.4f} {v['bits_per_byte']:.4f} {v['loss_sum_bits']} {v['targets']:,}"
+                f"{v.get('tokens')}")
+        assert isinstance(card, str)
+
+
 # ---------------------------------------------------------------------------
 # Checkpoints: sidecar and state
 # ---------------------------------------------------------------------------
@@ -770,3 +800,22 @@ def test_plan_with_a_list_for_an_auditor_name_is_refused_not_a_merge_crash(ws, t
     path.write_bytes(json_bytes(doc))
     with pytest.raises(plan_mod.PlanError, match="plan.json: 'auditors' must be"):
         plan_mod.load_plan(path)
+
+
+@pytest.mark.parametrize("line", [b"[" * 100_000 + b"]" * 100_000, b"1" * 5000,
+                                  json.dumps({**VALIDATION_LINE, "validation": {
+                                      **{k: v for k, v in VALIDATION_LINE["validation"].items()
+                                         if k != "bits_per_byte"}, "cits_per_byte": 7.8}}).encode(),
+                                  json.dumps({**VALIDATION_LINE, "validation": {
+                                      **VALIDATION_LINE["validation"], "nats_per_token": "5.39"}}).encode()])
+def test_metrics_lines_of_another_shape_are_skipped(ws, line):
+    """Found by test_recorded_validations_skip_damaged_metrics_lines: a deeply nested line (RecursionError)
+    or a 5000-digit number (ValueError) in metrics.jsonl crashed ``recorded_validations``, and a validation
+    without bits_per_byte, or with a string for nats_per_token, crashed ``lockstep export``'s model card."""
+    from lockstep.use.evaluate import recorded_validations
+
+    path = ws.run / "metrics.jsonl"
+    good = json.dumps(VALIDATION_LINE).encode()
+    with ws.plant(path, path.read_bytes() + good + b"\n" + line + b"\n"):
+        got = recorded_validations(ws.run)
+    assert got[4]["nats_per_token"] == VALIDATION_LINE["validation"]["nats_per_token"]  # the good line, kept

@@ -444,5 +444,6 @@ def test_eval_metrics_writes_and_reads_refuse_links_and_fifos(tmp_path):
     os.mkfifo(run / "metrics.jsonl")
     assert recorded_validations(run) == {}  # a blocking open of a FIFO would hang here
     (run / "metrics.jsonl").unlink()
-    append_metrics(run, {"step": 3, "tokens": 9, "validation": {"x": 1}})
+    append_metrics(run, {"step": 3, "tokens": 9, "validation": {"nats_per_token": 1.0, "bits_per_byte": 1.5,
+                                                               "loss_sum_bits": "0x3F800000", "targets": 4, "x": 1}})
     assert recorded_validations(run)[3]["x"] == 1

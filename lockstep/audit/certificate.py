@@ -169,6 +169,12 @@ def write_certificate(path: str | os.PathLike, cert: dict) -> None:
     atomic_write_bytes(path, json_bytes(cert))
 
 
+def _scalar_map(x) -> bool:
+    """A JSON object of strings, numbers, booleans or nulls: what a step's hashes and counts are (a list or
+    an object there cannot be compared or counted by ``audit merge``)."""
+    return isinstance(x, dict) and all(v is None or isinstance(v, (str, int, float)) for v in x.values())
+
+
 def _check_structure(cert, where: str) -> None:
     if not isinstance(cert, dict) or cert.get("format") != CERT_FORMAT:
         raise CertificateError(f"{where}: not a lockstep audit certificate (format {CERT_FORMAT!r})")
@@ -182,10 +188,10 @@ def _check_structure(cert, where: str) -> None:
         raise CertificateError(f"{where}: run.last_step must be an integer")
     steps = cert.get("steps")
     if not isinstance(steps, list) or not all(isinstance(s, dict) and type(s.get("step")) is int
-                                              and isinstance(s.get("replayed"), dict)
-                                              and isinstance(s.get("published"), dict)
+                                              and _scalar_map(s.get("replayed")) and _scalar_map(s.get("published"))
                                               and isinstance(s.get("match"), bool) for s in steps):
-        raise CertificateError(f"{where}: 'steps' must be a list of {{step, match, replayed, published}} objects")
+        raise CertificateError(f"{where}: 'steps' must be a list of {{step, match, replayed, published}} objects "
+                               "(replayed and published map names to hashes or numbers)")
     if not isinstance(cert.get("targets"), list) or not all(type(t) is int for t in cert["targets"]):
         raise CertificateError(f"{where}: 'targets' must be a list of integers")
     extra = cert.get("problems", [])
@@ -237,12 +243,12 @@ def replay_shape_problems(cert: dict) -> list[str]:
     if problems:
         return problems
     by_step = {s["step"]: s for s in cert["steps"]}
+    first_missing = _first_missing_after_start(cert["steps"])  # never a loop over the claimed step numbers
     for s in cert["steps"]:
         step, start = s["step"], s["start"]
-        gap = [u for u in range(start + 1, step) if by_step.get(u, {}).get("start") != start]
-        if gap:
+        if first_missing[start] < step:
             problems.append(f"step {step}: replayed from {'checkpoint ' + str(start) if start else 'the initial state'}"
-                            f" without step {gap[0]} before it")
+                            f" without step {first_missing[start]} before it")
         nxt = by_step.get(step + 1)
         continues = nxt is not None and nxt["start"] == start
         if not continues and step not in targets and s["match"]:
@@ -251,6 +257,26 @@ def replay_shape_problems(cert: dict) -> list[str]:
     if steps != sorted(steps):
         problems.append("the steps are not in ascending order")
     return problems
+
+
+def _first_missing_after_start(steps: list[dict]) -> dict[int, int]:
+    """For each ``start``, the first step after it that no entry with that start claims.
+
+    Sorting the claimed steps costs O(n log n) in the number of entries, however large
+    the step numbers a certificate states (a loop from start to step would not end).
+    """
+    by_start: dict[int, list[int]] = {}
+    for s in steps:
+        by_start.setdefault(s["start"], []).append(s["step"])
+    out = {}
+    for start, claimed in by_start.items():
+        expected = start + 1
+        for u in sorted(claimed):
+            if u != expected:
+                break
+            expected += 1
+        out[start] = expected
+    return out
 
 
 def consistency_problems(cert: dict) -> list[str]:

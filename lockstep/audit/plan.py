@@ -151,9 +151,11 @@ def load_plan(path: str | os.PathLike) -> dict:
     _commitment_of({"chain_hash": plan.get("commitment"), "last_step": plan.get("last_step")}, where=str(path))
     auditors = plan.get("auditors")
     if not (isinstance(auditors, list) and all(isinstance(a, dict) and type(a.get("index")) is int
+                                               and isinstance(a.get("name", ""), str)
                                                and isinstance(a.get("steps"), list)
                                                and all(type(s) is int for s in a["steps"]) for a in auditors)):
-        raise PlanError(f"{path}: 'auditors' must be a list of {{index, name, steps}}")
+        raise PlanError(f"{path}: 'auditors' must be a list of {{index, name, steps}} (an integer, a string and "
+                        "a list of integers)")
     k = plan.get("redundancy")
     if type(k) is not int or not 1 <= k <= len(auditors) or plan["last_step"] * k > MAX_PLAN_ASSIGNMENTS:
         raise PlanError(f"{path}: 'redundancy' must be an integer from 1 to the number of auditors "

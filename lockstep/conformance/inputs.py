@@ -177,6 +177,13 @@ def search_regressions() -> dict[str, list[tuple[str, tuple, dict]]]:
         # opencl returned zeros where the spec and numba raised a reshape error for D = 0;
         # the spec now gives the empty result (props branch)
         "column_sum": [("search-D0", (_f32_zeros(1, 1, 0),), {})],
+        # opencl decided "decay or not" on the raw weight decay: a subnormal one (read as zero by the
+        # spec, so no decay term) gave 0 * inf = NaN for an infinite p (deep conformance search, seed 0)
+        "adamw_update": [("search-subnormal-decay",
+                          (np.full(31, np.inf, np.float32), _f32_zeros(31), _f32_zeros(31), _f32_zeros(31),
+                           *(np.uint32(b).view(np.float32) for b in (0x3B449BA6, 0x3F666666, 0x3F733333, 0x3DCCCCCD,
+                                                                      0x3D4CCCCD, 0x322BCC77, 0x00000001, 0x3E8AC083,
+                                                                      0x3DC7AE14))), {})],
         "embedding_backward": [("search-D0", (_f32_zeros(1, 1, 0), ids, 1), {})],
     }
 
@@ -209,4 +216,14 @@ def search_refusal_regressions() -> list[tuple[str, str, tuple, dict]]:
         ("attention_forward", "search-head-dim-0", (_f32_zeros(1, 1, 1, 0),) * 3, {"window": None}),
         ("swiglu_forward", "search-odd-width", (_f32_zeros(1),), {}),
         ("swiglu_backward", "search-odd-width", (_f32_zeros(0), _f32_zeros(1)), {}),
+        # the spec and numba broadcast a size-1 operand where the contract means one value per column,
+        # row or element; opencl refused (tools/conformance_search deep profile, seed 0): now refused alike
+        ("rmsnorm_forward", "search-gain-broadcast", (_f32_zeros(0), _f32_zeros(1), 1e-6), {}),
+        ("rmsnorm_forward", "search-gain-broadcast-rows", (_f32_zeros(2, 3), np.ones(1, np.float32), 1e-6), {}),
+        ("rmsnorm_backward", "search-gain-broadcast", (_f32_zeros(0), _f32_zeros(0), _f32_zeros(1), _f32_zeros()), {}),
+        ("cross_entropy_backward", "search-lse-broadcast",
+         (_f32_zeros(0, 1), np.zeros(0, np.int64), _f32_zeros(1), 1e-4, np.float32(0)), {}),
+        ("adamw_update", "search-g-broadcast",
+         (_f32_zeros(0), _f32_zeros(1), _f32_zeros(0), _f32_zeros(0), *(np.float32(x) for x in
+          (1e-3, 0.9, 0.95, 0.1, 0.05, 1e-8, 0.1, 0.1, 0.05))), {}),
     ]

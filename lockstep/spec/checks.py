@@ -132,3 +132,35 @@ def check_int8_operands(a, b) -> tuple[np.ndarray, np.ndarray]:
     b = np.asarray(b)
     check_int8_matmul(a, b)
     return a, b
+
+
+def check_norm_shapes(x, gain=None, dy=None, rstd=None) -> None:
+    """ValueError unless x is (..., D) with at least one axis, gain is None or (D,), and (for the
+    backward) dy has x's shape and rstd x's shape without its last axis. Nothing is broadcast:
+    one gain per column, one rstd per row."""
+    xs = np.shape(x)
+    if len(xs) < 1:
+        raise ValueError(f"RMSNorm needs x (..., D) with at least one axis, got shape {xs}")
+    if gain is not None and np.shape(gain) != xs[-1:]:
+        raise ValueError(f"RMSNorm gain has shape {np.shape(gain)}; x of shape {xs} needs ({xs[-1]},)")
+    if dy is not None and np.shape(dy) != xs:
+        raise ValueError(f"rmsnorm_backward: dy has shape {np.shape(dy)}, expected x's {xs}")
+    if rstd is not None and np.shape(rstd) != xs[:-1]:
+        raise ValueError(f"rmsnorm_backward: rstd has shape {np.shape(rstd)}, expected {xs[:-1]}")
+
+
+def check_loss_shapes(logits, lse=None) -> None:
+    """ValueError unless logits are (N, V) and lse (for the backward) is (N,): one per row."""
+    ls = np.shape(logits)
+    if len(ls) != 2:
+        raise ValueError(f"cross_entropy needs logits (N, V), got shape {ls}")
+    if lse is not None and np.shape(lse) != ls[:1]:
+        raise ValueError(f"cross_entropy_backward: lse has shape {np.shape(lse)}, expected ({ls[0]},)")
+
+
+def check_adamw_shapes(p, g, m, v) -> None:
+    """ValueError unless the parameter, its gradient and both moments have one shape (nothing broadcast)."""
+    shapes = [np.shape(a) for a in (p, g, m, v)]
+    if any(s != shapes[0] for s in shapes[1:]):
+        raise ValueError(f"adamw_update needs p, g, m and v of one shape, got {shapes[0]}, {shapes[1]}, "
+                         f"{shapes[2]} and {shapes[3]}")

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import string
 import struct
 from concurrent.futures import ThreadPoolExecutor
 
@@ -158,6 +159,8 @@ def chunk_digests(name: str, x: np.ndarray) -> list[str]:
 
 
 def _b32(h: str | bytes, what: str) -> bytes:
+    if not isinstance(h, (str, bytes, bytearray, memoryview)):  # bytes(10**12) would allocate a terabyte
+        raise TypeError(f"{what} must be 64 hex digits or 32 bytes, got a {type(h).__name__}")
     b = bytes.fromhex(h) if isinstance(h, str) else bytes(h)
     if len(b) != 32:
         raise ValueError(f"{what} must be 32 bytes (64 hex digits), got {len(b)} bytes")
@@ -166,6 +169,8 @@ def _b32(h: str | bytes, what: str) -> bytes:
 
 def genesis_hash(recipe_digest: str | bytes, manifest_digest: str | bytes, spec_version: str) -> str:
     """``H_0``: binds the recipe, the data manifest and the spec version (hex)."""
+    if not isinstance(spec_version, str):
+        raise TypeError(f"spec_version must be a string, got a {type(spec_version).__name__}")
     sv = spec_version.encode("utf-8")
     body = _b32(recipe_digest, "recipe digest") + _b32(manifest_digest, "manifest digest")
     return hashlib.sha256(GENESIS_DOMAIN + body + struct.pack("<I", len(sv)) + sv).hexdigest()
@@ -174,10 +179,13 @@ def genesis_hash(recipe_digest: str | bytes, manifest_digest: str | bytes, spec_
 def float32_bits(x) -> int:
     """The bit pattern of a float32 (a NumPy float32, a Python float rounded once, or ``"0x3F800000"``)."""
     if isinstance(x, str):
-        if len(x) != 10 or not x.startswith("0x"):
-            raise ValueError(f"float32 bits must look like 0x3F800000, got {x!r}")
+        if len(x) != 10 or not x.startswith("0x") or not all(c in string.hexdigits for c in x[2:]):
+            raise ValueError(f"float32 bits must look like 0x3F800000, got {x!r}")  # int() would take "0x-1234567"
         return int(x[2:], 16)
-    return int(np.asarray(np.float32(x)).view(np.uint32))
+    try:
+        return int(np.asarray(np.float32(x)).view(np.uint32))
+    except OverflowError:  # a Python int beyond any float
+        raise ValueError("an integer beyond the float32 range is not a float32 value") from None
 
 
 def chain_hash(step: int, prev: str | bytes, state_root_hex: str | bytes, batch_digest: str | bytes, tokens: int,

@@ -13,7 +13,7 @@ from __future__ import annotations
 import numpy as np
 
 from . import fp
-from .checks import check_targets
+from .checks import check_loss_shapes, check_targets
 from .reduce import lane_tree_sum
 from .reduce import max as row_max
 from .transcendental import exp, log
@@ -34,6 +34,7 @@ def cross_entropy_forward(logits, targets, z_loss: float):
 
     and ``loss_sum = lane_tree_sum`` over the N rows in order.
     """
+    check_loss_shapes(logits)
     logits = fp.f32(logits)
     n, v = logits.shape
     t = check_targets(targets, n, v)
@@ -54,7 +55,10 @@ def cross_entropy_backward(logits, targets, lse, z_loss: float, inv_n) -> np.nda
         c = 1 + (2 * z) * lse                 # d/dlse of (lse + z*lse**2); 2*z rounded once
         g = p * c;  g[target] = g[target] - 1
         d = g * inv_n
+
+    lse is the forward's, (N,): one per row, nothing broadcast (``checks.check_loss_shapes``).
     """
+    check_loss_shapes(logits, lse)
     logits = fp.f32(logits)
     n, v = logits.shape
     t = check_targets(targets, n, v)

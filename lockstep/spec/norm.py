@@ -8,6 +8,7 @@ from __future__ import annotations
 import numpy as np
 
 from . import fp
+from .checks import check_norm_shapes
 from .reduce import column_sum, lane_tree_sum
 
 ONE = np.float32(1.0)
@@ -23,8 +24,10 @@ def rmsnorm_forward(x, gain, eps: float):
         rstd = 1 / sqrt(ms + eps)             # eps as float32; add, sqrt, divide: each rounded
         y    = (x * rstd) * gain              # gain None: y = x * rstd
 
-    Returns ``(y, rstd)``; rstd has the shape of x without its last axis.
+    Returns ``(y, rstd)``; rstd has the shape of x without its last axis. A gain must be
+    (D,): nothing is broadcast (``checks.check_norm_shapes``).
     """
+    check_norm_shapes(x, gain)
     x = fp.f32(x)
     d = np.float32(x.shape[-1])
     ss = lane_tree_sum(fp.mul(x, x))
@@ -45,7 +48,10 @@ def rmsnorm_backward(dy, x, gain, rstd):
         m     = lane_tree_sum(gy * xhat) / D
         dx    = rstd * (gy - xhat * m)
         dgain = column_sum(dy * xhat)         # over all rows, ascending
+
+    dy has x's shape, gain is None or (D,), rstd x's shape without its last axis (``checks``).
     """
+    check_norm_shapes(x, gain, dy, rstd)
     dy = fp.f32(dy)
     x = fp.f32(x)
     rstd = fp.f32(rstd)[..., None]

@@ -10,6 +10,7 @@ from __future__ import annotations
 import numpy as np
 
 from . import fp
+from .checks import check_adamw_shapes
 from .reduce import lane_tree_sum
 
 CLIP_EPS = np.float32(1e-6)
@@ -75,8 +76,10 @@ def adamw_update(p, g, m, v, lr, beta1, beta2, one_minus_beta1, one_minus_beta2,
 
     ``bc1 = 1 - beta1**t`` and ``bc2 = 1 - beta2**t`` come from the host. Every
     input, the scalars included, is read canonically (``fp``); the decay term is
-    left out when the canonically read weight_decay is zero (+0.0 or -0.0).
+    left out when the canonically read weight_decay is zero (+0.0 or -0.0). p, g, m and v
+    have one shape: nothing is broadcast (``checks.check_adamw_shapes``).
     """
+    check_adamw_shapes(p, g, m, v)
     p, g, m, v = fp.f32(p), fp.f32(g), fp.f32(m), fp.f32(v)
     m = fp.add(fp.mul(beta1, m), fp.mul(one_minus_beta1, g))
     v = fp.add(fp.mul(beta2, v), fp.mul(one_minus_beta2, fp.mul(g, g)))

@@ -222,11 +222,21 @@ def recorded_validations(run_dir: Path) -> dict[int, dict]:
     for line in data.split(b"\n"):
         try:
             obj = json.loads(line)
-        except (json.JSONDecodeError, UnicodeDecodeError):
+        except (json.JSONDecodeError, UnicodeDecodeError, ValueError, RecursionError):  # ValueError: 5000 digits
             continue
-        if isinstance(obj, dict) and isinstance(obj.get("validation"), dict) and type(obj.get("step")) is int:
+        if isinstance(obj, dict) and type(obj.get("step")) is int and _validation_shape(obj.get("validation")):
             out[obj["step"]] = {"tokens": obj.get("tokens"), **obj["validation"]}
     return out
+
+
+def _validation_shape(v) -> bool:
+    """Whether a metrics line's ``validation`` has the types the model card, ``eval`` and the plot read (the
+    metrics are not evidence, so a line of another shape is skipped, never trusted or crashed on)."""
+    def number(x):
+        return isinstance(x, (int, float)) and not isinstance(x, bool)
+
+    return (isinstance(v, dict) and number(v.get("nats_per_token")) and number(v.get("bits_per_byte"))
+            and isinstance(v.get("loss_sum_bits"), str) and type(v.get("targets")) is int)
 
 
 _SAID_NOTHING_HELD_OUT: set[str] = set()  # runs already told, so the note is said once

@@ -287,8 +287,11 @@ def _read_export(folder: Path) -> tuple[dict, dict, dict]:
     for key in ("step", "tensor_digests", "files", "state_root", "chain_hash", "recipe_sha256", "genesis"):
         if key not in proof:
             raise UseError(f"{folder / PROOF_FILE}: key {key!r} missing")
-    if not isinstance(proof["tensor_digests"], dict) or not isinstance(proof["files"], dict):
-        raise UseError(f"{folder / PROOF_FILE}: tensor_digests and files must be objects")
+    if not all(isinstance(proof[k], dict) and all(isinstance(v, str) for v in proof[k].values())
+               for k in ("tensor_digests", "files")):
+        raise UseError(f"{folder / PROOF_FILE}: tensor_digests and files must be objects of strings")
+    if type(proof["step"]) is not int or proof["step"] < 1:
+        raise UseError(f"{folder / PROOF_FILE}: step must be an integer >= 1, got {proof['step']!r}")
     return proof, config, recipe
 
 

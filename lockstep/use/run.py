@@ -144,8 +144,8 @@ def open_tokenizer(run_dir: str | os.PathLike, recipe: dict, data: str | os.Path
     """
     import hashlib
 
-    from lockstep.fsio import parse_json, safe_join
-    from lockstep.train.manifest import MANIFEST_NAME
+    from lockstep.fsio import NotRegularFile, parse_json, read_regular, safe_join
+    from lockstep.train.manifest import MANIFEST_NAME, MAX_MANIFEST_BYTES
     from lockstep.train.tokenizer import TokenizerError, tokenizer_from_identity
 
     run_dir = Path(run_dir)
@@ -154,17 +154,24 @@ def open_tokenizer(run_dir: str | os.PathLike, recipe: dict, data: str | os.Path
     try:
         folder = Path(data) if data is not None else safe_join(run_dir, recipe["data"]["folder"])
         path = folder / MANIFEST_NAME if folder.is_dir() else folder
-        raw = path.read_bytes()
+        # a regular file of at most MAX_MANIFEST_BYTES, reached without symlinks: never a FIFO that blocks
+        raw = read_regular(path.parent, path.name, "data manifest", MAX_MANIFEST_BYTES)
+    except NotRegularFile as exc:
+        raise UseError(f"{exc}; {hint}") from None
     except UnsafePath:
         raise UseError(f"the run's data folder {recipe['data']['folder']!r} is outside {run_dir}; {hint}") from None
+    except FileFormatError as exc:
+        raise UseError(f"{exc}; {hint}") from None
     except OSError as exc:
         raise UseError(f"the run's data manifest cannot be read ({exc.strerror or exc}: {exc.filename}); {hint}") from None
     if hashlib.sha256(raw).hexdigest() != want:
         raise UseError(f"{path}: not the manifest the run was trained on (SHA-256 differs); {hint}")
-    try:
-        identity = parse_json(raw, "data manifest", str(path))["tokenizer"]
+    try:  # every field checked as Manifest.load checks it (a tokenizer file must be inside the data folder)
+        manifest = parse_json(raw, "data manifest", str(path), exact_decimals=True)
+        Manifest._check_structure(path, manifest)
+        identity = manifest["tokenizer"]
         return tokenizer_from_identity(identity, path.parent), identity
-    except (FileFormatError, TokenizerError, KeyError, TypeError) as exc:
+    except (DataError, TokenizerError, FileFormatError) as exc:
         raise UseError(f"{path}: the run's tokenizer cannot be used: {exc}") from None
 
 

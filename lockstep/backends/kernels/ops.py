@@ -21,7 +21,8 @@ import numpy as np
 from numpy.lib.array_utils import normalize_axis_index
 
 from lockstep.spec import fp as spec_fp
-from lockstep.spec.checks import check_int8_matmul, check_matmul_shapes
+from lockstep.spec.checks import (check_adamw_shapes, check_int8_matmul, check_loss_shapes, check_matmul_shapes,
+                                  check_norm_shapes)
 from lockstep.spec.optim import CLIP_EPS, SUM_OF_SQUARES_BLOCK
 
 from .runtime import DEVICE_DTYPES, MAX_DIMS, MAX_ELEMENTS, DeviceArray, ParamBlock, c_strides
@@ -445,6 +446,7 @@ class KernelOps:
 
     def rmsnorm_forward(self, x, gain, eps: float):
         """spec norm.rmsnorm_forward: ``ls_rmsnorm_forward_kernel``. Returns (y, rstd)."""
+        check_norm_shapes(x, gain)
         x = self._f32(x)
         x2 = self._rows2(x)
         rows, d = x2.shape
@@ -456,6 +458,7 @@ class KernelOps:
 
     def rmsnorm_backward(self, dy, x, gain, rstd):
         """spec norm.rmsnorm_backward: ``ls_rmsnorm_backward_kernel`` and ``ls_rmsnorm_dgain_kernel``."""
+        check_norm_shapes(x, gain, dy, rstd)
         x = self._f32(x)
         x2 = self._rows2(x)
         dy2 = self._rows2(self._f32(dy))
@@ -765,9 +768,8 @@ class KernelOps:
     def cross_entropy_forward(self, logits, targets, z_loss: float):
         """spec loss.cross_entropy_forward: ``ls_ce_forward_kernel`` then ``ls_lane_tree_rows_kernel``.
         Returns (loss_sum, lse)."""
+        check_loss_shapes(logits)
         logits = self.contiguous(self._f32(logits))
-        if logits.ndim != 2:
-            raise ValueError(f"cross_entropy needs logits (N, V), got {logits.shape}")
         n, v = logits.shape
         t = self._targets(targets, n, v)
         lse, per_token = self.empty((n,), F32), self.empty((n,), F32)
@@ -779,14 +781,11 @@ class KernelOps:
 
     def cross_entropy_backward(self, logits, targets, lse, z_loss: float, inv_n):
         """spec loss.cross_entropy_backward: ``ls_ce_backward_kernel``."""
+        check_loss_shapes(logits, lse)
         logits = self.contiguous(self._f32(logits))
-        if logits.ndim != 2:
-            raise ValueError(f"cross_entropy needs logits (N, V), got {logits.shape}")
         n, v = logits.shape
         t = self._targets(targets, n, v)
         lse = self.contiguous(self._f32(lse))
-        if lse.shape != (n,):
-            raise ValueError(f"cross_entropy_backward: lse {lse.shape} for {n} rows")
         out = self.empty((n, v), F32)
         self._ew("ls_ce_backward_kernel", n * v, out, logits, t, lse, np.int32(n), np.int32(v),
                  self._scalar_f32(np.float32(z_loss)), self._scalar_f32(inv_n))
@@ -834,11 +833,12 @@ class KernelOps:
 
     def adamw_update(self, p, g, m, v, lr, beta1, beta2, one_minus_beta1, one_minus_beta2, eps, weight_decay, bc1, bc2):
         """spec optim.adamw_update: ``ls_adamw_kernel``. Returns (p, m, v)."""
+        check_adamw_shapes(p, g, m, v)
         p, g, m, v = (self.contiguous(self._f32(a)) for a in (p, g, m, v))
-        if not (p.shape == g.shape == m.shape == v.shape):
-            raise ValueError(f"adamw_update: p {p.shape}, g {g.shape}, m {m.shape}, v {v.shape} differ")
         sc = self._scalar_f32
-        params = ParamBlock("ls_adamw_params", n=p.size, has_decay=int(float(self._host(weight_decay).reshape(-1)[0]) != 0.0),
+        # the decay term is absent when the canonically read weight decay is zero (a subnormal reads as zero)
+        has_decay = int(float(spec_fp.f32(self._host(weight_decay).reshape(-1)[0])) != 0.0)
+        params = ParamBlock("ls_adamw_params", n=p.size, has_decay=has_decay,
                             lr=sc(lr), beta1=sc(beta1), beta2=sc(beta2), one_minus_beta1=sc(one_minus_beta1),
                             one_minus_beta2=sc(one_minus_beta2), eps=sc(eps), weight_decay=sc(weight_decay),
                             bc1=sc(bc1), bc2=sc(bc2))

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from lockstep.spec.checks import check_targets  # the same input checks as the spec
+from lockstep.spec.checks import check_loss_shapes, check_targets  # the same input checks as the spec
 
 from .fp import ONE, as_f32, canon_scalar, cn, fl, parallel_kernel
 from .reduce import LANES, lane_tree, lane_tree_value, row_max_total
@@ -57,6 +57,7 @@ def _ce_backward_kernel(t0, t1, logits, targets, lse, z, inv_n, out):
 
 def cross_entropy_forward(logits, targets, z_loss: float):
     """``spec.loss.cross_entropy_forward``: ``(loss_sum () float32, lse (N,))``."""
+    check_loss_shapes(logits)
     logits = as_f32(np.asarray(logits, dtype=np.float32))
     n, v = logits.shape
     t = check_targets(targets, n, v)
@@ -72,6 +73,7 @@ def cross_entropy_forward(logits, targets, z_loss: float):
 
 def cross_entropy_backward(logits, targets, lse, z_loss: float, inv_n) -> np.ndarray:
     """``spec.loss.cross_entropy_backward``: gradient of ``inv_n * loss_sum`` w.r.t. the logits."""
+    check_loss_shapes(logits, lse)
     logits = as_f32(np.asarray(logits, dtype=np.float32))
     n, v = logits.shape
     t = check_targets(targets, n, v)

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from lockstep.spec.checks import check_norm_shapes  # the same input checks as the spec
+
 from .fp import ONE, as_f32, canon_scalar, cn, fl, parallel_kernel
 from .reduce import LANES, canonical_copy, column_block, lane_tree
 
@@ -20,15 +22,11 @@ def _rows(x):
 
 
 def _gain_rows(gain, shape):
-    """The gain as a canonical (1, D) or (N, D) array, and whether there is one."""
+    """The gain (checked: (D,)) as a canonical (1, D) array, and whether there is one."""
     d = shape[-1]
     if gain is None:
         return np.zeros((1, d), dtype=np.float32), False
-    g = np.asarray(gain, dtype=np.float32)
-    try:
-        return canonical_copy(g, (d,)).reshape(1, d), True
-    except ValueError:
-        return canonical_copy(g, shape).reshape(-1, d), True
+    return canonical_copy(np.asarray(gain, dtype=np.float32), (d,)).reshape(1, d), True
 
 
 @parallel_kernel
@@ -63,6 +61,7 @@ def _rmsnorm_forward_kernel(t0, t1, x, gain, has_gain, eps, y, rstd):
 
 def rmsnorm_forward(x, gain, eps: float):
     """``spec.norm.rmsnorm_forward``: returns ``(y, rstd)``."""
+    check_norm_shapes(x, gain)
     x2, shape = _rows(x)
     g, has_gain = _gain_rows(gain, shape)
     y = np.empty(shape, dtype=np.float32)
@@ -131,6 +130,7 @@ def _dgain_kernel(t0, t1, dy, x, rstd, out, col_block):
 
 def rmsnorm_backward(dy, x, gain, rstd):
     """``spec.norm.rmsnorm_backward``: returns ``(dx, dgain)`` (dgain None without a gain)."""
+    check_norm_shapes(x, gain, dy, rstd)
     x2, shape = _rows(x)
     n, d = x2.shape
     dy2 = as_f32(np.broadcast_to(np.asarray(dy, dtype=np.float32), shape)).reshape(n, d)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from lockstep.spec.checks import check_adamw_shapes  # the same input checks as the spec
 from lockstep.spec.optim import SUM_OF_SQUARES_BLOCK
 
 from .fp import (BLOCK, ZERO, add, as_f32, canon_scalar, cn, div, element_blocks, fl, kernel, minimum, mul,
@@ -134,6 +135,7 @@ def _adamw_kernel(t0, t1, p, g, m, v, lr, beta1, beta2, omb1, omb2, eps, wd, dec
 
 def adamw_update(p, g, m, v, lr, beta1, beta2, one_minus_beta1, one_minus_beta2, eps, weight_decay, bc1, bc2):
     """``spec.optim.adamw_update``: returns ``(p, m, v)``; every input, the scalars included, read canonically."""
+    check_adamw_shapes(p, g, m, v)
     arrays = [np.asarray(a, dtype=np.float32) for a in (p, g, m, v)]
     shape = arrays[0].shape
     flat = [as_f32(np.broadcast_to(a, shape)).reshape(-1) for a in arrays]

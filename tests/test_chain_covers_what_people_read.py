@@ -78,3 +78,19 @@ def test_no_curve_is_drawn_from_a_broken_chain(copy_run, tmp_path):
     write_traj(run, recs)
     assert main(["audit", "verify", str(run), "--no-batches", "--plot", str(tmp_path / "curve.png")]) == 1
     assert not (tmp_path / "curve.png").exists()
+
+
+def test_validation_lines_in_metrics_are_not_reported_as_damage(copy_run):
+    """``--eval-every`` and ``lockstep eval`` append validation records to metrics.jsonl: an honest run
+    with them verifies without a metrics warning (found on a fresh `lockstep train` run)."""
+    from lockstep.use.evaluate import append_metrics
+
+    run = copy_run()
+    last = read_traj(run)[-1]
+    append_metrics(run, {"step": last["step"], "tokens": last["tokens"],
+                         "validation": {"format": "lockstep.validation", "loss_sum": 1.0}})
+    rep = verify_run(run, batches=False)
+    assert rep.ok
+    assert [f for f in rep.warnings if f.check == "metrics"] == []
+    append_metrics(run, {"step": last["step"] + 5, "validation": "not a record"})  # still flagged: not ours
+    assert [f for f in verify_run(run, batches=False).warnings if f.check == "metrics"]

@@ -431,6 +431,9 @@ def _check_metrics(run_dir: Path, traj: list[dict], rep: Report) -> None:
                     m = None
                 step = m.get("step") if isinstance(m, dict) else None
                 loss = m.get("loss") if isinstance(m, dict) else None
+                if isinstance(m, dict) and isinstance(m.get("validation"), dict) and type(step) is int \
+                        and 0 <= step <= len(traj):
+                    continue  # a validation loss (``--eval-every``, ``lockstep eval``): checked by re-running eval
                 if type(step) is not int or not 1 <= step <= len(traj) or isinstance(loss, bool) \
                         or not isinstance(loss, (int, float)):
                     rep.add("metrics", path, f"line {lineno} is not a metrics record of a published step",

@@ -35,6 +35,8 @@ from llvmlite import ir
 from numba import njit, types
 from numba.extending import intrinsic
 
+from lockstep.spec.fp import CANONICAL_NAN_BITS, EXPONENT_MASK, MANTISSA_MASK, SIGN_BIT
+
 kernel = functools.partial(njit, cache=True, error_model="numpy", fastmath=False)
 scalar = functools.partial(njit, cache=True, error_model="numpy", fastmath=False)
 # For large scalar functions (exp, log) that LLVM's inliner would leave as calls,
@@ -121,12 +123,9 @@ def parallel_kernel(fn=None, *, weight: int = 1, tasks=None):
 
 
 F32 = np.float32
-EXPONENT_MASK = np.uint32(0x7F800000)
-MANTISSA_MASK = np.uint32(0x007FFFFF)
-SIGN_BIT = np.uint32(0x80000000)
-ABS_MASK = np.uint32(0x7FFFFFFF)
-CANONICAL_NAN_BITS = np.uint32(0x7FC00000)
-NEG_ZERO_BITS = np.uint32(0x80000000)
+# The float32 bit fields are the spec's (``spec.fp``), imported, not copied.
+ABS_MASK = np.uint32(~SIGN_BIT & np.uint32(0xFFFFFFFF))
+NEG_ZERO_BITS = SIGN_BIT  # -0.0 is the sign bit alone
 ZERO = np.float32(0.0)
 ONE = np.float32(1.0)
 # A contraction whose every nonzero product has magnitude >= 2**-103 never flushes

@@ -9,6 +9,7 @@ import os
 import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -99,13 +100,15 @@ needs_mpi = pytest.mark.skipif(
 )
 
 
-def _mpirun(r: int, mode: str, timeout: float = 60.0) -> subprocess.CompletedProcess:
+def _mpirun(r: int, mode: str, timeout: float = 60.0, report_dir=None) -> subprocess.CompletedProcess:
     # MPICH's hydra oversubscribes by default (4 ranks on 2 cores is fine)
     cmd = [MPIEXEC, "-n", str(r), sys.executable, os.path.abspath(__file__), mode]
     # this checkout's lockstep, not whatever an installed copy points at (the script's own folder is tests/)
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(
         [os.path.dirname(os.path.dirname(os.path.abspath(__file__)))] + [p for p in [os.environ.get("PYTHONPATH")] if p]))
     env.setdefault("MPIR_CVAR_ENABLE_HEAVY_YIELD", "1")  # oversubscribed: yield instead of spinning
+    if report_dir is not None:
+        env["LOCKSTEP_TEST_ABORT_REPORTS"] = str(report_dir)
     return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
 
 
@@ -129,28 +132,51 @@ def test_disagreement_and_mismatches_are_raised_on_every_rank():
 @pytest.mark.mpi
 @needs_mpi
 @pytest.mark.parametrize("r", [3, 4])
-def test_ranks_that_disagree_on_the_length_end_the_job(r):
+def test_ranks_that_disagree_on_the_length_end_the_job(r, tmp_path):
     # every message's size is checked on arrival: a rank that expects other sizes fails (and aborts the job)
-    res = _mpirun(r, "lengths", timeout=600)
+    res = _mpirun(r, "lengths", timeout=600, report_dir=tmp_path)
     assert res.returncode != 0 and "returned" not in res.stdout, res.stdout + res.stderr
-    assert "aborting" in res.stderr and "disagree on the gradient's length" in res.stderr, res.stderr
+    reports = _abort_reports(tmp_path)
+    assert "aborting" in reports and "disagree on the gradient's length" in reports, reports + res.stderr
 
 
 @pytest.mark.mpi
 @needs_mpi
 @pytest.mark.parametrize("mode", ["raise", "sigkill"])
-def test_failing_rank_ends_the_job(mode):
+def test_failing_rank_ends_the_job(mode, tmp_path):
     # the other ranks are blocked in the all-reduce when rank 1 fails; without the abort they
     # would wait for ever, so the timeout is only a guard that turns a hang into a failure
-    res = _mpirun(3, mode, timeout=600)
+    res = _mpirun(3, mode, timeout=600, report_dir=tmp_path)
     assert res.returncode != 0
     if mode == "raise":
-        assert "rank 1/3] aborting" in res.stderr and "deliberate failure" in res.stderr
+        reports = _abort_reports(tmp_path)
+        assert "rank 1/3] aborting" in reports and "deliberate failure" in reports, reports + res.stderr
 
 
 # ---------------------------------------------------------------------------
 # the worker (run by mpiexec)
 # ---------------------------------------------------------------------------
+
+
+class _Tee:
+    """stderr and a file: what a rank prints before ``comm.Abort`` reaches the file even when the
+    launcher ends the job before it forwards that rank's stderr (seen: an empty stderr)."""
+
+    def __init__(self, *streams):
+        self.streams = streams
+
+    def write(self, text: str) -> None:
+        for s in self.streams:
+            s.write(text)
+
+    def flush(self) -> None:
+        for s in self.streams:
+            s.flush()
+
+
+def _abort_reports(folder: Path) -> str:
+    """What every rank wrote through ``abort_on_exception`` (``LOCKSTEP_TEST_ABORT_REPORTS``)."""
+    return "".join(p.read_text() for p in sorted(Path(folder).glob("rank*.txt")))
 
 
 def _worker(mode: str) -> None:
@@ -160,7 +186,9 @@ def _worker(mode: str) -> None:
 
     comm = MPI.COMM_WORLD
     rank, size = comm.Get_rank(), comm.Get_size()
-    with abort_on_exception(comm):
+    folder = os.environ.get("LOCKSTEP_TEST_ABORT_REPORTS")
+    stream = _Tee(sys.stderr, open(os.path.join(folder, f"rank{rank}.txt"), "w")) if folder else None
+    with abort_on_exception(comm, stream):
         if mode == "allreduce":
             # lengths 0, 1, primes not divisible by R, and a vector cut into several element ranges
             for m in EXCHANGE_CASES:

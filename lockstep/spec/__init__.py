@@ -7,7 +7,7 @@ every NaN the canonical ``0x7FC00000``, one written order for every float sum
 (``reduce``; ``tree`` for the sum of a step's micro-batches, whatever the number of
 ranks), transcendentals built from those five operations
 (``transcendental``), random numbers from Philox4x32-10 only (``philox``).
-No BLAS, libm, ``np.sum``/``np.dot``/``np.matmul`` on floats or ``np.random``
+No BLAS, libm, ``np.sum``/``np.dot``/``np.matmul`` on floats or ``np.random`` (the rule, not a call)
 decides a bit. Integer GEMMs are exact and may use anything.
 
 The module is itself a backend: ``OPS`` names the op table that every backend

@@ -1,12 +1,12 @@
 """The int8 W8A8 linear layer (LSQ-style quantization-aware training) and its backward.
 
 Legend: M rows (tokens), K input width, N output width; weights are (K, N) and
-``y = x @ w``.
+``y = x @ w`` (notation only: the product is the exact int8 GEMM below, never NumPy's float ``@``).
 
 Forward (per DESIGN.md): weight scale per output channel, recomputed from the
 weights at every call as ``2 * mean(|w[:, n]|) / sqrt(127)``; activation scale per
 tensor from the absolute maximum; an exact int8 x int8 -> int32 GEMM; rescale.
-Backward (straight-through): ``dx = dy @ wdq^T`` and ``dw = xdq^T @ dy`` where
+Backward (straight-through): ``dx = dy @ wdq^T`` and ``dw = xdq^T @ dy`` (notation: int8 GEMMs, exact) where
 ``wdq``/``xdq`` are the dequantized operands of the forward; both GEMMs are int8
 too, with a Walsh-Hadamard rotation along the contracted dimension to spread
 outliers before quantizing (switchable, to measure its effect).

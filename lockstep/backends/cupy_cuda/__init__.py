@@ -7,7 +7,7 @@ prelude. How it stays exact on a GPU:
 * NVRTC is called directly (``nvrtc.py``) with ``--fmad=false -ftz=false -prec-div=true
   -prec-sqrt=true`` for the device's ``sm_XX``; the five IEEE operations are inline PTX
   with ``.rn`` (``prelude_cuda.h``), so no flag could contract or flush them anyway.
-  Never ``RawModule(code=...)``: CuPy appends ``-ftz=true``.
+  Never ``RawModule(code=...)``: CuPy appends ``-ftz=true`` (no code path here compiles that way).
 * The PTX of every module passes the lint (``ptx_lint.py``: no f32 FMA, no ``.ftz``, no
   ``.approx``, every f32 add/sub/mul/div ``.rn``) before its cubin is loaded; CI runs the
   same compile and lint for sm_80 and sm_90 without a GPU.

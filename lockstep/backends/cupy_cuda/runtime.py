@@ -8,7 +8,7 @@ shared host code of ``lockstep.backends.kernels.ops``; this file only provides:
 * kernels: ``kernels.source("cuda")`` compiled by NVRTC with exactly the design's options
   for this device's ``sm_XX`` (``build.build_module``: cached on disk, PTX linted), loaded
   with ``cupy.RawModule(path=...)`` -- never ``RawModule(code=...)``, which appends
-  ``-ftz=true``;
+  ``-ftz=true`` (unreachable: modules load only from linted cubins by path);
 * ``int8_gemm``: cuBLAS ``gemmEx`` with 32-bit integer compute (``cublas_int8``), exact.
 
 Launch arguments: a ``DeviceArray`` passes its buffer's base pointer (offsets travel as

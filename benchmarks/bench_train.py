@@ -43,8 +43,9 @@ from lockstep.train.config import preset, train_preset
 from lockstep.train.corpus import default_corpus
 from lockstep.train.stream import GlobalStream, batch_digest
 from lockstep.train.model import init_params
+from lockstep.train.malloc import keep_freed_memory
 from lockstep.train.optim import AdamWState
-from lockstep.train.step import apply_update, plan_step, state_tensors, subtree_sums
+from lockstep.train.step import GradLayout, VectorPool, apply_update, plan_step, state_tensors, subtree_sums
 
 
 def hash_share(preset_name: str, backend: str, steps: int, corpus: Path) -> dict:
@@ -53,14 +54,17 @@ def hash_share(preset_name: str, backend: str, steps: int, corpus: Path) -> dict
     stream = GlobalStream(default_corpus(corpus), 42, cfg.seq_len)
     params = init_params(cfg, 42)
     opt = AdamWState.zeros(params)
+    pool = VectorPool(GradLayout.of(cfg).size)
+    keep_freed_memory()  # as the trainer does
     step_s, hash_s = [], []
     for t in range(1, steps + 2):
         plan = plan_step(tcfg, cfg.seq_len, t)
         t0 = time.perf_counter()
         windows = stream.windows(plan.first_window, plan.n_windows)
         m = len(plan.micro_batches(tcfg.micro_batch))
-        [(_, _, summed)] = subtree_sums(params, windows, plan, 0, m, cfg, tcfg, be)
+        [(_, _, summed)] = subtree_sums(params, windows, plan, 0, m, cfg, tcfg, be, pool)
         res = apply_update(params, opt, summed, plan, cfg, tcfg, be)
+        pool.give(summed)  # as the trainer does
         t1 = time.perf_counter()
         params, opt = res.params, res.opt
         h0 = time.perf_counter()
@@ -163,16 +167,25 @@ cfg, tcfg, be = preset(name), train_preset(name), get_backend(backend)
 stream = GlobalStream(Manifest.load(corpus), 42, cfg.seq_len)
 params = init_params(cfg, 42)
 opt, cpu = AdamWState.zeros(params), []
+try:  # the trainer's allocator settings, in the trees that make them
+    from lockstep.train.malloc import keep_freed_memory
+    keep_freed_memory()
+except ImportError:
+    pass
+# the trainer's vector pool, in the trees that have one
+pool = [S.VectorPool(S.GradLayout.of(cfg).size)] if hasattr(S, "VectorPool") else []
 for t in range(1, steps + 2):
     plan = S.plan_step(tcfg, cfg.seq_len, t)
     windows = stream.windows(plan.first_window, plan.n_windows)
     c0 = time.process_time()
     if hasattr(S, "subtree_sums"):  # SPEC_VERSION 2: the micro-batch tree
         m = len(plan.micro_batches(tcfg.micro_batch))
-        [(_, _, summed)] = S.subtree_sums(params, windows, plan, 0, m, cfg, tcfg, be)
+        [(_, _, summed)] = S.subtree_sums(params, windows, plan, 0, m, cfg, tcfg, be, *pool)
     else:  # before it: ascending micro-batches of the one rank
         summed = S.rank_contribution(params, windows, cfg, tcfg, plan.n_global, be, step=t)
     res = S.apply_update(params, opt, summed, plan, cfg, tcfg, be)
+    if pool:
+        pool[0].give(summed)  # as the trainer does
     cpu.append(time.process_time() - c0)
     params, opt = res.params, res.opt
 print(json.dumps({"cpu": cpu[1:], "root": res.state_root}))

@@ -44,6 +44,7 @@ import numpy as np
 from lockstep.fsio import UnsafePath, printable, read_json_regular
 from lockstep.spec import SPEC_VERSION, hashing
 from lockstep.train import checkpoint as ckpt
+from lockstep.train.malloc import keep_freed_memory
 from lockstep.train.rundir import (RunFileError, Strictness, genesis, load_recipe, open_run_data, read_commitment,
                                    read_trajectory, recipe_configs, recipe_digest, recorded_world_sizes)
 from lockstep.train.stream import GlobalStream, batch_digest
@@ -302,6 +303,7 @@ class _Replayer:
         self.passed_over: set[int] = set()  # steps of damaged checkpoints skipped with --from-earlier
         self.backend_choice: str | None = None
         self.last_state: _State | None = None
+        keep_freed_memory()  # the steps reuse their memory (lockstep.train.malloc)
         try:
             self.recipe = load_recipe(run_dir)
             self.traj = read_trajectory(run_dir, Strictness.AUDIT)

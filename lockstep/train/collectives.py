@@ -225,12 +225,15 @@ def _offsets(counts: list[int]) -> list[int]:
 
 
 def tree_allreduce(comm, parts: Sequence[tuple[int, int, np.ndarray]], m: int, length: int,
-                   add: Callable | None = None, *, chunk_bytes: int = DEFAULT_CHUNK_BYTES) -> np.ndarray:
+                   add: Callable | None = None, *, chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+                   out: np.ndarray | None = None) -> np.ndarray:
     """The tree's sum ``S[0, M)`` on every rank, from each rank's subtree sums (module docstring).
 
     ``parts`` is this rank's ``[(lo, hi, sum), ...]``: the maximal subtrees of
     ``rank_micro_batches(M, R, rank)`` (none for a rank beyond ``M``), each a 1-D
-    float32 array of ``length`` elements (not modified). Returns a new array, the same
+    float32 array of ``length`` elements (not modified). Returns ``out`` (a new array when
+    none is given; else a writable 1-D float32 array of ``length`` elements that is none of
+    the inputs), the same
     bits on every rank and the same as ``spec.tree.tree_sum`` of all ``M`` micro-batch
     values on one process. ``add`` is the backend's elementwise float32 add (``fp.add``
     by default). Every message's size is checked on arrival, so ranks that disagree on
@@ -248,9 +251,15 @@ def tree_allreduce(comm, parts: Sequence[tuple[int, int, np.ndarray]], m: int, l
     if any(v.dtype != np.float32 or v.shape != (n,) for v in values):
         raise TypeError(f"rank {rank}: subtree sums must be 1-D float32 arrays of {n} elements, got "
                         f"{[(v.dtype.name, v.shape) for v in values][:4]}")
+    if out is None:
+        out = np.empty(n, dtype=np.float32)  # every element is written below
+    elif out.dtype != np.float32 or out.shape != (n,) or not out.flags.writeable:
+        raise TypeError(f"rank {rank}: out must be a writable 1-D float32 array of {n} elements")
+    elif any(np.shares_memory(out, v) for v in values):
+        raise ValueError(f"rank {rank}: out shares memory with a subtree sum")
     if size == 1:
-        return values[0].copy()
-    out = np.empty(n, dtype=np.float32)  # every element is written below
+        out[:] = values[0]
+        return out
     step = max(1, int(chunk_bytes) // 4)
     butterfly = _power_of_two_fits(m, size)
     scratch = np.empty(min(step, n) // 2 + 1, dtype=np.float32) if butterfly else None

@@ -78,10 +78,21 @@ class GradLayout:
     def size(self) -> int:
         return 1 + sum(int(np.prod(s, dtype=np.int64)) for s in self.shapes)
 
-    def flatten(self, loss, grads: dict) -> np.ndarray:
-        parts = [np.asarray(loss, dtype=np.float32).reshape(1)]
-        parts += [np.asarray(grads[k], dtype=np.float32).reshape(-1) for k in self.names]
-        return np.concatenate(parts)
+    def flatten(self, loss, grads: dict, out: np.ndarray | None = None) -> np.ndarray:
+        """The vector of ``loss`` and ``grads`` (their bits copied), written into ``out`` when given."""
+        if out is None:
+            out = np.empty(self.size, dtype=np.float32)
+        elif out.dtype != np.float32 or out.shape != (self.size,):
+            raise ValueError(f"a step's gradient vector has {self.size} float32 elements, got {out.dtype} {out.shape}")
+        out[0] = np.asarray(loss, dtype=np.float32).reshape(1)[0]
+        at = 1
+        for name, shape in zip(self.names, self.shapes):
+            g = np.asarray(grads[name], dtype=np.float32)
+            if g.shape != shape:
+                raise ValueError(f"gradient {name!r} has shape {g.shape}, the model's parameter {shape}")
+            out[at : at + g.size] = g.reshape(-1)
+            at += g.size
+        return out
 
     def unflatten(self, flat: np.ndarray) -> tuple[np.float32, dict[str, np.ndarray]]:
         """``(loss, {name: gradient})``; the gradients are views of ``flat``."""
@@ -95,34 +106,90 @@ class GradLayout:
         return np.float32(flat[0]), grads
 
 
+class VectorPool:
+    """Float32 vectors of one length, handed out again once given back.
+
+    The trainer keeps one for a run, so micro-batch values, tree sums and the exchange's
+    result reuse the same memory step after step. Why: glibc maps a fresh array of
+    several MiB with ``mmap`` and unmaps it when it is freed, so a new vector per
+    micro-batch paid a page fault per 4 KiB touched (measured on ``small``, 11.6 MiB
+    vectors: about 7% of a step's CPU at one rank; benchmarks/RESULTS.md). A vector
+    given back must be dead: nothing reads it again. Bits never depend on the pool
+    (every element of a vector taken is written before it is read).
+    """
+
+    def __init__(self, length: int):
+        self.length = int(length)
+        self._free: list[np.ndarray] = []
+        self.allocated = 0  # vectors made so far (tests and benchmarks)
+
+    def take(self) -> np.ndarray:
+        if self._free:
+            return self._free.pop()
+        self.allocated += 1
+        return np.empty(self.length, dtype=np.float32)
+
+    def give(self, *vectors: np.ndarray) -> None:
+        held = {id(v) for v in self._free}
+        for v in vectors:
+            if v.dtype != np.float32 or v.shape != (self.length,) or not v.flags.c_contiguous or v.base is not None:
+                continue  # not one of ours (a view, a backend's own array): left to the garbage collector
+            if id(v) not in held:
+                self._free.append(v)
+                held.add(id(v))
+
+
+def in_place_add(backend, pool: VectorPool):
+    """The tree's ``add`` for vectors from ``pool``: ``left + right`` written into ``left``
+    (the backend's ``add_into`` extra where it has one, else its ``add`` and a copy), and
+    ``right`` given back to the pool. The same bits as ``backend.add``."""
+    be = backend
+    add_into = be.extras.get("add_into")
+
+    def add(left: np.ndarray, right: np.ndarray) -> np.ndarray:
+        if add_into is not None:
+            add_into(left, right, left)
+        else:
+            np.copyto(left, np.asarray(be.to_numpy(be.add(left, right)), dtype=np.float32).reshape(-1))
+        pool.give(right)
+        return left
+
+    return add
+
+
 def micro_batch_value(params: dict, windows: np.ndarray, cfg: ModelConfig, n_global: int, backend,
-                      layout: GradLayout, where: str = "") -> np.ndarray:
-    """One micro-batch's loss and gradients (contributions to the mean over ``n_global`` tokens), flattened."""
+                      layout: GradLayout, where: str = "", out: np.ndarray | None = None) -> np.ndarray:
+    """One micro-batch's loss and gradients (contributions to the mean over ``n_global`` tokens),
+    flattened (into ``out`` when given)."""
     be = backend
     loss, grads = loss_and_grads(params, windows, cfg, be, n_global=n_global)
     loss = np.asarray(be.to_numpy(loss), dtype=np.float32).reshape(-1)[0]
     if not np.isfinite(loss):
         raise NonFiniteError(f"non-finite loss{where}: {loss}")
-    return layout.flatten(loss, {k: be.to_numpy(v) for k, v in grads.items()})
+    return layout.flatten(loss, {k: be.to_numpy(v) for k, v in grads.items()}, out=out)
 
 
 def subtree_sums(params: dict, windows: np.ndarray, plan: StepPlan, lo: int, hi: int, cfg: ModelConfig,
-                 tcfg: TrainConfig, backend) -> list[tuple[int, int, np.ndarray]]:
+                 tcfg: TrainConfig, backend, pool: VectorPool | None = None) -> list[tuple[int, int, np.ndarray]]:
     """The maximal subtrees of micro-batches ``lo .. hi-1`` and their sums: ``[(lo, hi, vector), ...]``.
 
     ``windows`` is the step's whole batch (``plan.n_windows`` rows). Micro-batches are
-    computed in ascending order and added as the tree says as soon as two are siblings,
-    so one micro-batch's activations and at most ``ceil(log2 M) + 1`` vectors are alive.
+    computed in ascending order and added as the tree says as soon as two are siblings
+    (the right sum added into the left one's memory), so one micro-batch's activations
+    and at most ``ceil(log2 M) + 1`` vectors are alive. The vectors come from ``pool``
+    (a fresh one when none is given); the caller gives them back when done.
     """
     be = backend
     bounds = plan.micro_batches(tcfg.micro_batch)
     layout = GradLayout.of(cfg)
-    folder = tree.TreeFolder(len(bounds), lambda a, b: be.to_numpy(be.add(a, b)), start=lo)
+    pool = pool if pool is not None else VectorPool(layout.size)
+    folder = tree.TreeFolder(len(bounds), in_place_add(be, pool), start=lo)
     for j in range(lo, hi):
         start, stop = bounds[j]
         where = (f" at step {plan.step}, micro-batch {j} (windows {plan.first_window + start}.."
                  f"{plan.first_window + stop - 1})")
-        folder.push_leaf(micro_batch_value(params, windows[start:stop], cfg, plan.n_global, be, layout, where))
+        folder.push_leaf(micro_batch_value(params, windows[start:stop], cfg, plan.n_global, be, layout, where,
+                                           out=pool.take()))
     return folder.parts()
 
 

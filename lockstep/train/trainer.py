@@ -42,7 +42,8 @@ from .rundir import (DATA_DIR, METRICS_FILE, RECIPE_FILE, TARGET_FILE, TRAJECTOR
                      read_trajectory, step_record, write_commitment, write_recipe, write_target,
                      write_trajectory)
 from .rundir import append_record
-from .step import GradLayout, apply_update, plan_step, split_state, state_tensors, subtree_sums
+from .malloc import keep_freed_memory
+from .step import GradLayout, VectorPool, apply_update, plan_step, split_state, state_tensors, subtree_sums
 from .stop import StopRequest
 
 
@@ -164,6 +165,7 @@ def train(run_dir: str | Path, *, cfg: ModelConfig | None = None, tcfg: TrainCon
     from .collectives import abort_on_exception, on_all_ranks
 
     comm, rank, world = mpi_world()
+    keep_freed_memory()  # the steps reuse their memory instead of faulting in fresh pages (malloc module)
     run_dir = Path(run_dir)
     is_root = rank == 0
     say = log if is_root else (lambda *a, **k: None)
@@ -315,6 +317,7 @@ def _run_loop(comm, rank, world, run_dir: Path, st: _Start, be, checkpoint_every
                                           "give --steps N (or --tokens) to extend it")
     _say_idle_ranks(tcfg, cfg.seq_len, st.start_step + 1, last_step, world, say)
     layout = GradLayout.of(cfg)
+    pool = VectorPool(layout.size)  # the step's vectors, reused step after step
     bar = Progress(last_step, progress and is_root)
     summary_loss = float("nan")
     stopped_by = 0
@@ -328,9 +331,14 @@ def _run_loop(comm, rank, world, run_dir: Path, st: _Start, be, checkpoint_every
             bdigest = batch_digest(windows)
             m = len(plan.micro_batches(tcfg.micro_batch))
             lo, hi = rank_micro_batches(m, world, rank)
-            parts = subtree_sums(params, windows, plan, lo, hi, cfg, tcfg, be)
-            summed = tree_allreduce(comm, parts, m, layout.size, be.add) if world > 1 else parts[0][2]
+            parts = subtree_sums(params, windows, plan, lo, hi, cfg, tcfg, be, pool)
+            if world > 1:
+                summed = tree_allreduce(comm, parts, m, layout.size, be.add, out=pool.take())
+                pool.give(*(v for _, _, v in parts))
+            else:
+                [(_, _, summed)] = parts
             res = apply_update(params, opt, summed, plan, cfg, tcfg, be)
+            pool.give(summed)  # dead: the update's results are new arrays
         if comm is not None and world > 1:
             check_state_agreement(comm, res.state_root, t)
         params, opt = res.params, res.opt

@@ -156,5 +156,6 @@ def make_backend() -> Backend:
         asarray=asarray,
         to_numpy=to_numpy,
         description=f"Numba {numba.__version__} CPU kernels, {numba.config.NUMBA_NUM_THREADS} threads",
-        extras={"threads": numba.config.NUMBA_NUM_THREADS, "watch_compilation": watch_compilation},
+        extras={"threads": numba.config.NUMBA_NUM_THREADS, "watch_compilation": watch_compilation,
+                "add_into": fp.add_into},
     )

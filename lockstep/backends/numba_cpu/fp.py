@@ -523,6 +523,22 @@ def add(a, b) -> np.ndarray:
     return _binary(_add_kernel, a, b)
 
 
+def add_into(a, b, out) -> np.ndarray:
+    """``out[:] = add(a, b)`` for 1-D C-contiguous float32 arrays of one length, without a
+    fresh result array; ``out`` may be ``a`` or ``b`` (each element is read before it is
+    written). The same bits as ``add``. Not a contract op: ``make_backend`` offers it as the
+    extra ``add_into``, which the trainer uses to sum micro-batch vectors in place."""
+    for x in (a, b, out):
+        if not (isinstance(x, np.ndarray) and x.dtype == np.float32 and x.ndim == 1 and x.flags.c_contiguous):
+            raise TypeError("add_into takes 1-D C-contiguous float32 arrays")
+    if not a.size == b.size == out.size:
+        raise ValueError(f"add_into: lengths {a.size}, {b.size} and {out.size} differ")
+    if not out.flags.writeable:
+        raise ValueError("add_into: the output array is read-only")
+    _add_kernel(a, b, out)
+    return out
+
+
 def sub(a, b) -> np.ndarray:
     """``spec.fp.sub``."""
     return _binary(_sub_kernel, a, b)

@@ -411,7 +411,7 @@ def _lockstep_step_time(model: str, batch: int, steps: int, quantize: bool) -> d
     from lockstep.spec import hashing
     from lockstep.train.config import train_preset
     from lockstep.train.optim import AdamWState
-    from lockstep.train.step import StepPlan, apply_update, rank_contribution, state_tensors
+    from lockstep.train.step import GradLayout, StepPlan, VectorPool, apply_update, state_tensors, subtree_sums
 
     cfg = model_flops.model_config(model, quantize=quantize)
     tcfg = dataclasses.replace(train_preset("small"), micro_batch=8)
@@ -419,13 +419,16 @@ def _lockstep_step_time(model: str, batch: int, steps: int, quantize: bool) -> d
     params = _bench_params(cfg, 0)
     opt = AdamWState.zeros(params)
     rng = np.random.default_rng(1)
+    pool = VectorPool(GradLayout.of(cfg).size)  # as the trainer does
     step_s, hash_s = [], []
     for t in range(1, steps + 2):
         windows = rng.integers(0, cfg.vocab_size, (batch, cfg.seq_len + 1), dtype=np.int64)
         plan = StepPlan(t, 0, batch, (t - 1) * batch * cfg.seq_len, cfg.seq_len)
         t0 = time.perf_counter()
-        summed = rank_contribution(params, windows, cfg, tcfg, plan.n_global, be, step=t)
+        m = len(plan.micro_batches(tcfg.micro_batch))
+        [(_, _, summed)] = subtree_sums(params, windows, plan, 0, m, cfg, tcfg, be, pool)
         res = apply_update(params, opt, summed, plan, cfg, tcfg, be)
+        pool.give(summed)
         t1 = time.perf_counter()
         params, opt = res.params, res.opt
         h0 = time.perf_counter()

@@ -8,6 +8,10 @@ The driver starts ``mpiexec -n R`` of this file for each R and prints one markdo
 table. Timed, per vector size (median of several runs, each the slowest rank's time),
 with every rank already holding its subtree sums:
 
+Every tree variant is called as the trainer calls it: the result written into a vector
+kept across calls (``out=``), the butterfly adding in place (``add_into``), with the
+trainer's allocator settings (``lockstep.train.malloc``).
+
 * ``tree, M = R``: ``tree_allreduce`` with the Numba backend's conforming ``add``, one
   micro-batch per rank (each rank holds one subtree: the butterfly for powers of two,
   the segment-owner fold for other R);
@@ -105,18 +109,23 @@ def worker(max_bytes: int, out_json: str) -> None:
     from lockstep.spec import tree
     from lockstep.train import collectives
     from lockstep.train.collectives import abort_on_exception, tree_allreduce
+    from lockstep.train.malloc import keep_freed_memory
 
     comm = MPI.COMM_WORLD
     rank, size = comm.Get_rank(), comm.Get_size()
-    adds = {"numba": get_backend("numba").add, "numpy": np.add}
+    keep_freed_memory()  # as the trainer does
+    numba_be = get_backend("numba")
+    adds = {"numba": numba_be.add, "numpy": np.add}
+    adds_into = {"numba": numba_be.extras["add_into"], "numpy": lambda a, b, out: np.add(a, b, out=out)}
     real_fits = collectives._power_of_two_fits
     rows = []
 
-    def exchange(m, parts, n, add, force_owner):
+    def exchange(m, parts, n, add_name, force_owner, out=None):
+        """As the trainer calls it: into a vector kept across calls, the butterfly adding in place."""
         if force_owner:  # the butterfly's case, exchanged by segment owners instead (same assignment)
             collectives._power_of_two_fits = lambda m, r: False
         try:
-            return tree_allreduce(comm, parts, m, n, add)
+            return tree_allreduce(comm, parts, m, n, adds[add_name], out=out, add_into=adds_into[add_name])
         finally:
             collectives._power_of_two_fits = real_fits
 
@@ -127,13 +136,14 @@ def worker(max_bytes: int, out_json: str) -> None:
             for label, m, add_name, force_owner in _variants(size):
                 add = adds[add_name]
                 parts = _parts(m, size, rank, n, add)
-                got = exchange(m, parts, n, add, force_owner)
+                got = exchange(m, parts, n, add_name, force_owner)
                 if len(set(comm.allgather(hashlib.sha256(got.tobytes()).hexdigest()))) != 1:
                     raise AssertionError(f"{label} {_human(nbytes)}: ranks hold different bits")
                 if rank == 0 and tree.tree_sum((_leaf(j, n) for j in range(m)), add, m).tobytes() != got.tobytes():
                     raise AssertionError(f"{label} {_human(nbytes)}: differs from the spec's tree_sum")
                 del got
-                calls[label] = lambda m=m, parts=parts, add=add, f=force_owner: exchange(m, parts, n, add, f)
+                kept = np.empty(n, dtype=np.float32)
+                calls[label] = lambda m=m, parts=parts, a=add_name, f=force_owner, o=kept: exchange(m, parts, n, a, f, o)
             buf, out = _leaf(rank, n), np.empty(n, dtype=np.float32)
             calls["MPI_Allreduce"] = lambda: comm.Allreduce(buf, out, op=MPI.SUM)
             times = {label: [] for label in calls}

@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from lockstep.spec import tree
+from lockstep.spec import fp, tree
 from lockstep.train.collectives import RankDisagreement, exchange_cost, rank_micro_batches, rank_subtrees
 
 F32 = np.float32
@@ -179,6 +179,11 @@ def _abort_reports(folder: Path) -> str:
     return "".join(p.read_text() for p in sorted(Path(folder).glob("rank*.txt")))
 
 
+def _spec_add_into(a, b, out):
+    """``add_into`` made of the spec's add (the numba backend's is tested in test_step_memory)."""
+    out[...] = fp.add(a, b)
+
+
 def _worker(mode: str) -> None:
     from mpi4py import MPI
 
@@ -199,11 +204,16 @@ def _worker(mode: str) -> None:
                     for j in range(lo, hi):
                         folder.push_leaf(values[j])
                     kw = {} if chunk is None else {"chunk_bytes": chunk}
-                    got = tree_allreduce(comm, folder.parts(), m, n, **kw)
                     want = tree.tree_sum(values)
-                    assert _bits(got) == _bits(want), f"M={m} n={n}: differs from the spec's tree_sum"
-                    digests = comm.allgather(hashlib.sha256(_bits(got)).hexdigest())
-                    assert len(set(digests)) == 1, f"M={m} n={n}: ranks disagree"
+                    for in_place in (False, True):  # the butterfly summing into ``out`` (add_into), or not
+                        given = [v.copy() for _, _, v in folder.parts()]
+                        extra = {"add_into": _spec_add_into, "out": np.empty(n, np.float32)} if in_place else {}
+                        got = tree_allreduce(comm, folder.parts(), m, n, **kw, **extra)
+                        assert _bits(got) == _bits(want), f"M={m} n={n}: differs from the spec's tree_sum"
+                        assert all(_bits(a) == _bits(v) for a, (_, _, v) in zip(given, folder.parts())), \
+                            f"M={m} n={n}: an input was written"
+                        digests = comm.allgather(hashlib.sha256(_bits(got)).hexdigest())
+                        assert len(set(digests)) == 1, f"M={m} n={n}: ranks disagree"
             print(f"rank {rank}: tree ok", flush=True)
         elif mode == "disagree":
             check_state_agreement(comm, "11" * 32, step=4)  # all agree: no error

@@ -279,7 +279,8 @@ def test_thread_count_never_changes_bits(be, monkeypatch):
 
 # Run in a fresh process with an empty Numba cache (Numba cannot show the code of a kernel it
 # loaded from its cache): the backend's whole conformance suite, the int8 layers once more
-# without VNNI (so the BLAS path's kernels compile too) and the exp check; then every
+# without VNNI (so the BLAS path's kernels compile too), the exp check and the add_into
+# extra; then every
 # dispatcher of every numba_cpu module that compiled is inspected. Prints a JSON report.
 _FMA_PROBE = r"""
 import importlib, json, pkgutil, re, sys
@@ -295,6 +296,10 @@ int8gemm.HAVE_VNNI = False
 passed &= all_passed(run_conformance(be, level=1, progress=False, ops=["int8_matmul", "int8_linear_forward",
                                                                        "int8_linear_backward"]))
 transcendental.check_exp_fast(stride=1 << 20)
+import numpy as np
+a, b = np.arange(5000, dtype=np.float32), np.ones(5000, np.float32)
+for out in (np.empty_like(a), a, b):  # the add_into extra's three kernels (the trainer's in-place sums)
+    be.extras["add_into"](a, b, out)
 found = {}
 for info in pkgutil.iter_modules(pkg.__path__):
     mod = importlib.import_module(f"{pkg.__name__}.{info.name}")

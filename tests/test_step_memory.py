@@ -57,6 +57,11 @@ def test_add_into_gives_the_bits_of_add_whichever_operand_it_overwrites(numba_be
         out = x if target == "a" else y
         assert add_into(x, y, out) is out
         assert _bits(out) == want
+        x, y = a.copy(), b.copy()  # the operand's elements through another view, as the butterfly passes them
+        out = (x if target == "a" else y)[:]
+        assert add_into(x, y, out) is out and _bits(out) == want
+    x = a.copy()
+    assert _bits(add_into(x, x, x)) == _bits(fp.add(a, a))  # all three the same elements
 
 
 def test_add_into_refuses_what_it_cannot_write_in_place(numba_be):
@@ -70,6 +75,8 @@ def test_add_into_refuses_what_it_cannot_write_in_place(numba_be):
         add_into(np.ones(16, F32)[::2], a, a)  # not contiguous
     with pytest.raises(ValueError, match="lengths"):
         add_into(a, np.ones(7, F32), a)
+    with pytest.raises(ValueError, match="overlaps"):
+        add_into(a[:-1], a[:-1].copy(), a[1:])  # shifted by one element: not an in-place add
     ro = np.ones(8, F32)
     ro.flags.writeable = False
     with pytest.raises(ValueError, match="read-only"):

@@ -163,11 +163,14 @@ def _halving_segments(n: int, p: int, rank: int) -> list[tuple[int, int, int, in
     return out
 
 
-def _butterfly_range(comm, x: np.ndarray, out: np.ndarray, add: Callable, scratch: np.ndarray) -> None:
+def _butterfly_range(comm, x: np.ndarray, out: np.ndarray, add: Callable, scratch: np.ndarray,
+                     add_into: Callable | None = None) -> None:
     """Rule 3 for R = 2**k <= M (one element range): ``out`` = the sum of every rank's ``x``.
 
-    The reduce-scatter keeps each stage's sum as its own array (no copy of ``x``); only
-    the finished segment is copied into ``out`` before the allgather.
+    With ``add_into`` each stage's sum is written straight into its place in ``out``
+    (later stages add in place there; ``x`` is never written), so the exchange makes no
+    array; with ``add`` alone each stage's sum is a new array and the finished segment is
+    copied into ``out`` before the allgather. The same bits either way.
     """
     size, rank = comm.Get_size(), comm.Get_rank()
     stages = _halving_segments(x.size, size, rank)
@@ -177,9 +180,15 @@ def _butterfly_range(comm, x: np.ndarray, out: np.ndarray, add: Callable, scratc
         keep, give = (lower, upper) if keep_lower else (upper, lower)
         recv = scratch[: keep.size]
         _exchange(comm, give, rank ^ (1 << s), recv, rank ^ (1 << s), _TAG_HALVING)
-        mine = add(keep, recv) if keep_lower else add(recv, keep)  # the lower group's sum on the left
         lo = lo if keep_lower else mid
-    out[lo : lo + mine.size] = mine
+        left, right = (keep, recv) if keep_lower else (recv, keep)  # the lower group's sum on the left
+        if add_into is None:
+            mine = add(left, right)
+        else:  # keep is out[lo : lo + keep.size] itself after the first stage: element i is read, then written
+            mine = out[lo : lo + keep.size]
+            add_into(left, right, mine)
+    if mine is x or add_into is None:  # (x itself when there was no stage)
+        out[lo : lo + mine.size] = mine
     for s in reversed(range(len(stages))):  # allgather, d = P/2, ..., 2, 1: copy finished sums
         lo, mid, hi, keep_lower = stages[s]
         have, want = ((lo, mid), (mid, hi)) if keep_lower else ((mid, hi), (lo, mid))
@@ -226,7 +235,7 @@ def _offsets(counts: list[int]) -> list[int]:
 
 def tree_allreduce(comm, parts: Sequence[tuple[int, int, np.ndarray]], m: int, length: int,
                    add: Callable | None = None, *, chunk_bytes: int = DEFAULT_CHUNK_BYTES,
-                   out: np.ndarray | None = None) -> np.ndarray:
+                   out: np.ndarray | None = None, add_into: Callable | None = None) -> np.ndarray:
     """The tree's sum ``S[0, M)`` on every rank, from each rank's subtree sums (module docstring).
 
     ``parts`` is this rank's ``[(lo, hi, sum), ...]``: the maximal subtrees of
@@ -236,7 +245,9 @@ def tree_allreduce(comm, parts: Sequence[tuple[int, int, np.ndarray]], m: int, l
     the inputs), the same
     bits on every rank and the same as ``spec.tree.tree_sum`` of all ``M`` micro-batch
     values on one process. ``add`` is the backend's elementwise float32 add (``fp.add``
-    by default). Every message's size is checked on arrival, so ranks that disagree on
+    by default); ``add_into(a, b, out)``, where given, is the same add written into
+    ``out`` (which may be ``a`` or ``b``: the numba backend's ``add_into`` extra), and the
+    butterfly then sums in place in ``out``. Every message's size is checked on arrival, so ranks that disagree on
     ``length`` get a ``ValueError`` (and, under ``abort_on_exception``, an ended job),
     never a short sum.
     """
@@ -266,7 +277,7 @@ def tree_allreduce(comm, parts: Sequence[tuple[int, int, np.ndarray]], m: int, l
     for start in range(0, n, step):
         stop = min(start + step, n)
         if butterfly:
-            _butterfly_range(comm, values[0][start:stop], out[start:stop], add, scratch)
+            _butterfly_range(comm, values[0][start:stop], out[start:stop], add, scratch, add_into)
         else:
             _owner_fold_range(comm, [v[start:stop] for v in values], out[start:stop], m, subtrees, add)
     return out

@@ -333,7 +333,8 @@ def _run_loop(comm, rank, world, run_dir: Path, st: _Start, be, checkpoint_every
             lo, hi = rank_micro_batches(m, world, rank)
             parts = subtree_sums(params, windows, plan, lo, hi, cfg, tcfg, be, pool)
             if world > 1:
-                summed = tree_allreduce(comm, parts, m, layout.size, be.add, out=pool.take())
+                summed = tree_allreduce(comm, parts, m, layout.size, be.add, out=pool.take(),
+                                        add_into=be.extras.get("add_into"))
                 pool.give(*(v for _, _, v in parts))
             else:
                 [(_, _, summed)] = parts

@@ -197,7 +197,7 @@ def _butterfly_range(comm, x: np.ndarray, out: np.ndarray, add: Callable, scratc
 
 
 def _owner_fold_range(comm, mine: Sequence[np.ndarray], out: np.ndarray, m: int,
-                      subtrees: list[list[tuple[int, int]]], add: Callable) -> None:
+                      subtrees: list[list[tuple[int, int]]], add: Callable, add_into: Callable | None = None) -> None:
     """Rule 3, any R: reduce-scatter to segment owners, fold in tree order, allgather (one element range).
 
     ``mine`` holds this rank's subtree sums restricted to the range; ``out`` receives the result.
@@ -216,7 +216,11 @@ def _owner_fold_range(comm, mine: Sequence[np.ndarray], out: np.ndarray, m: int,
         lo, hi = seg[dst], seg[dst + 1]
         send = mine[0][lo:hi] if len(mine) == 1 else np.concatenate([v[lo:hi] for v in mine] or [out[:0]])
         _exchange(comm, send, dst, recv[at[src] : at[src + 1]], src, _TAG_SCATTER)
-    folder = tree.TreeFolder(m, add)
+    if add_into is not None:  # the fold's sums written over their left operand: slices of ``recv``, our own
+        def fold_add(left: np.ndarray, right: np.ndarray) -> np.ndarray:
+            add_into(left, right, left)
+            return left
+    folder = tree.TreeFolder(m, add if add_into is None else fold_add)
     for i, (lo, hi) in enumerate(span for spans in subtrees for span in spans):
         folder.push(lo, hi, recv[i * width : (i + 1) * width])
     out[seg[rank] : seg[rank + 1]] = folder.result()
@@ -247,7 +251,7 @@ def tree_allreduce(comm, parts: Sequence[tuple[int, int, np.ndarray]], m: int, l
     values on one process. ``add`` is the backend's elementwise float32 add (``fp.add``
     by default); ``add_into(a, b, out)``, where given, is the same add written into
     ``out`` (which may be ``a`` or ``b``: the numba backend's ``add_into`` extra), and the
-    butterfly then sums in place in ``out``. Every message's size is checked on arrival, so ranks that disagree on
+    butterfly then sums in place in ``out``, the segment owners in their receive buffer. Every message's size is checked on arrival, so ranks that disagree on
     ``length`` get a ``ValueError`` (and, under ``abort_on_exception``, an ended job),
     never a short sum.
     """
@@ -279,7 +283,7 @@ def tree_allreduce(comm, parts: Sequence[tuple[int, int, np.ndarray]], m: int, l
         if butterfly:
             _butterfly_range(comm, values[0][start:stop], out[start:stop], add, scratch, add_into)
         else:
-            _owner_fold_range(comm, [v[start:stop] for v in values], out[start:stop], m, subtrees, add)
+            _owner_fold_range(comm, [v[start:stop] for v in values], out[start:stop], m, subtrees, add, add_into)
     return out
 
 

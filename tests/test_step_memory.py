@@ -202,3 +202,32 @@ def test_keep_freed_memory_says_what_it_did_and_does_it_once():
     first = malloc.keep_freed_memory()
     assert first.startswith(("kept", "left alone"))
     assert malloc.keep_freed_memory() is first
+
+
+# ---------------------------------------------------------------- weights quantized once per step
+
+def test_weights_quantized_once_inside_the_scope_give_the_same_bits(numba_be, monkeypatch):
+    from lockstep.backends.numba_cpu import quant
+
+    rng = np.random.default_rng(7)  # test inputs only
+    w = rng.standard_normal((64, 96), dtype=np.float32)
+    xs = [rng.standard_normal((2, 16, 64), dtype=np.float32) for _ in range(3)]
+    dys = [rng.standard_normal((2, 16, 96), dtype=np.float32) for _ in range(3)]
+    want = [(_bits(spec_out), _bits(dx), _bits(dw)) for spec_out, (dx, dw) in
+            ((numba_be.int8_linear_forward(x, w), numba_be.int8_linear_backward(dy, x, w)) for x, dy in zip(xs, dys))]
+    calls = []
+    real = quant.weight_scale
+    monkeypatch.setattr(quant, "weight_scale", lambda w2: calls.append(1) or real(w2))
+    with numba_be.extras["weights_unchanged"]():
+        with numba_be.extras["weights_unchanged"]():  # nested: the outer block owns the memo
+            pass
+        got = [(_bits(numba_be.int8_linear_forward(x, w)),) + tuple(_bits(g) for g in numba_be.int8_linear_backward(dy, x, w))
+               for x, dy in zip(xs, dys)]
+        w_other = w.copy()  # another array object: its own forms, even with equal values
+        numba_be.int8_linear_forward(xs[0], w_other)
+    assert got == want
+    assert len(calls) == 2  # once for w, once for w_other: not once per call
+    assert quant._memo is None  # dropped on leaving the block
+    numba_be.int8_linear_forward(xs[0], w)
+    numba_be.int8_linear_forward(xs[0], w)
+    assert len(calls) == 4  # outside the block every call quantizes its weight

@@ -107,10 +107,10 @@ PRESETS: dict[str, ModelConfig] = {
 TRAIN_PRESETS: dict[str, TrainConfig] = {
     "tiny": TrainConfig(peak_lr=1e-2, warmup_tokens=2_048, total_tokens=1_000_000,
                         batch_ramp=((0, 8),), micro_batch=4),
-    # small: M = 4 micro-batches of 8 sequences a step, 8 from 4,194,304 tokens, so up to 4
+    # small: M = 4 micro-batches of 4 sequences a step, 8 from 1,048,576 tokens, so up to 4
     # (then 8) ranks all have work (a step's micro-batches never depend on the world size).
     "small": TrainConfig(peak_lr=3e-3, warmup_tokens=131_072, total_tokens=8_388_608,
-                         batch_ramp=((0, 32), (4_194_304, 64)), micro_batch=8),
+                         batch_ramp=((0, 16), (1_048_576, 32)), micro_batch=4),
     # Open-1B: 3.1M tokens per step (768 x 4096), 4.7M from 4B tokens, 9.4M from 360B.
     "open-1b": TrainConfig(peak_lr=4e-4, warmup_tokens=2_000_000_000, total_tokens=4_000_000_000_000,
                            batch_ramp=((0, 768), (4_000_000_000, 1152), (360_000_000_000, 2304)),

@@ -23,6 +23,7 @@ Step t (1-based):
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 
 import numpy as np
@@ -184,12 +185,14 @@ def subtree_sums(params: dict, windows: np.ndarray, plan: StepPlan, lo: int, hi:
     layout = GradLayout.of(cfg)
     pool = pool if pool is not None else VectorPool(layout.size)
     folder = tree.TreeFolder(len(bounds), in_place_add(be, pool), start=lo)
-    for j in range(lo, hi):
-        start, stop = bounds[j]
-        where = (f" at step {plan.step}, micro-batch {j} (windows {plan.first_window + start}.."
-                 f"{plan.first_window + stop - 1})")
-        folder.push_leaf(micro_batch_value(params, windows[start:stop], cfg, plan.n_global, be, layout, where,
-                                           out=pool.take()))
+    same_weights = be.extras.get("weights_unchanged", contextlib.nullcontext)
+    with same_weights():  # every micro-batch reads the same parameters: a backend may quantize them once
+        for j in range(lo, hi):
+            start, stop = bounds[j]
+            where = (f" at step {plan.step}, micro-batch {j} (windows {plan.first_window + start}.."
+                     f"{plan.first_window + stop - 1})")
+            folder.push_leaf(micro_batch_value(params, windows[start:stop], cfg, plan.n_global, be, layout, where,
+                                               out=pool.take()))
     return folder.parts()
 
 

@@ -157,5 +157,5 @@ def make_backend() -> Backend:
         to_numpy=to_numpy,
         description=f"Numba {numba.__version__} CPU kernels, {numba.config.NUMBA_NUM_THREADS} threads",
         extras={"threads": numba.config.NUMBA_NUM_THREADS, "watch_compilation": watch_compilation,
-                "add_into": fp.add_into},
+                "add_into": fp.add_into, "weights_unchanged": quant.weights_unchanged},
     )

@@ -13,6 +13,9 @@ transposed view (it packs B in any layout, and copies a transposed A once).
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Callable, Iterator
+
 import numpy as np
 
 from lockstep.spec.checks import check_linear_shapes
@@ -206,6 +209,64 @@ def _int8_gemm_rescaled(a, b, sa, sb, factor) -> np.ndarray:
     return int8gemm.matmul_rescaled(a, b, sa, sb, factor, _rescale_is_exact(sa, sb, factor))
 
 
+# ---------------------------------------------------------------- weights that stay the same for a while
+
+_memo: dict[int, tuple[object, dict]] | None = None  # id(w) -> (w, {form: value}) inside ``weights_unchanged``
+
+
+@contextlib.contextmanager
+def weights_unchanged() -> Iterator[None]:
+    """Within the block, each weight array's quantized forms are made once and reused by
+    every int8 linear call given *that same array object*: its column scales, its int8
+    codes (forward), and its rotated, quantized transpose with their scales (backward).
+
+    The caller promises that no weight array is modified inside the block: a step's
+    micro-batches all read the same parameters, so ``train.step.subtree_sums`` runs them
+    in it (the backend's extra ``weights_unchanged``). The bits are those of the calls
+    without it: a form is exactly what the call would compute, computed once. Each entry
+    holds its array, so an id cannot be reused inside the block; everything is dropped
+    on leaving the outermost block. Why: with micro-batches of 4 sequences, re-quantizing
+    every weight per micro-batch was the largest part of their extra cost over
+    micro-batches of 8 (benchmarks/RESULTS.md, "After the fix").
+    """
+    global _memo
+    outermost = _memo is None
+    if outermost:
+        _memo = {}
+    try:
+        yield
+    finally:
+        if outermost:
+            _memo = None
+
+
+def _weight_form(w, form: tuple, make: Callable[[], object]):
+    """``make()``, or inside ``weights_unchanged`` the value it gave for this array object before."""
+    memo = _memo
+    if memo is None:
+        return make()
+    entry = memo.get(id(w))
+    if entry is None or entry[0] is not w:
+        entry = memo[id(w)] = (w, {})
+    forms = entry[1]
+    if form not in forms:
+        forms[form] = make()
+    return forms[form]
+
+
+def _forward_weight(w, w2) -> tuple[np.ndarray, np.ndarray]:
+    """``(sw, wq)``: the spec's ``weight_scale(w)`` and ``quantize(w, sw[None, :])``."""
+    sw = _weight_form(w, ("scale",), lambda: weight_scale(w2))
+
+    def codes() -> np.ndarray:
+        wq = np.empty(w2.shape, dtype=np.int8)
+        if wq.size:
+            _quantize_cols(w2, sw, wq)
+        return wq
+
+    return sw, _weight_form(w, ("codes",), codes)
+
+
 def int8_linear_forward(x, w) -> np.ndarray:
     """``spec.quant.int8_linear_forward``: (..., K), (K, N) -> (..., N)."""
     check_linear_shapes(x, w)
@@ -214,13 +275,10 @@ def int8_linear_forward(x, w) -> np.ndarray:
     lead = x.shape[:-1]
     x2 = as_f32(x).reshape(-1, x.shape[-1])
     sx = activation_scale(x2.reshape(-1))
-    sw = weight_scale(w2)
+    sw, wq = _forward_weight(w, w2)
     xq = np.empty(x2.shape, dtype=np.int8)
-    wq = np.empty(w2.shape, dtype=np.int8)
     if xq.size:
         _quantize_rows_scalar(x2, sx, xq)
-    if wq.size:
-        _quantize_cols(w2, sw, wq)
     y = _int8_gemm_rescaled(xq, wq, np.array([sx], dtype=np.float32), sw, ONE)
     return y.reshape(lead + (w2.shape[1],))
 
@@ -558,18 +616,23 @@ def int8_linear_backward(dy, x, w, hadamard: bool = True):
     dy2 = as_f32(dy).reshape(-1, dy.shape[-1])
     w2 = as_f32(w)
     m, n = dy2.shape
-    sw = weight_scale(w2)
 
     # dx = int8_rotated_matmul(dy, wdq^T): contracted over N.
     blk_n = hadamard_block(n) if hadamard else 1
+
+    def rotated_codes() -> tuple[np.ndarray, np.ndarray]:
+        sw = _weight_form(w, ("scale",), lambda: weight_scale(w2))
+        wq_t = np.empty((kdim, n), dtype=np.int8)  # (wdq rotated, quantized) laid out (K, N) = b'^T
+        sb = np.empty(kdim, dtype=np.float32)
+        if wq_t.size:
+            _weight_rows_rotate_quantize(w2, sw, blk_n, hadamard, wq_t, sb)
+        return wq_t, sb
+
+    wq_t, sb = _weight_form(w, ("rotated", blk_n, bool(hadamard)), rotated_codes)
     dyq = np.empty((m, n), dtype=np.int8)
     sa = np.empty(m, dtype=np.float32)
-    wq_t = np.empty((kdim, n), dtype=np.int8)  # (wdq rotated, quantized) laid out (K, N) = b'^T
-    sb = np.empty(kdim, dtype=np.float32)
     if dyq.size:
         _rows_rotate_quantize(dy2, blk_n, hadamard, dyq, sa)
-    if wq_t.size:
-        _weight_rows_rotate_quantize(w2, sw, blk_n, hadamard, wq_t, sb)
     dx = _int8_gemm_rescaled(dyq, wq_t.T, sa, sb, np.float32(1.0 / blk_n))
 
     # dw = int8_rotated_matmul(xdq^T, dy): contracted over the M rows.

@@ -231,3 +231,8 @@ def test_weights_quantized_once_inside_the_scope_give_the_same_bits(numba_be, mo
     numba_be.int8_linear_forward(xs[0], w)
     numba_be.int8_linear_forward(xs[0], w)
     assert len(calls) == 4  # outside the block every call quantizes its weight
+    kept: dict = {}  # a memo the caller keeps across blocks (the sampler's cached model does)
+    for i, x in enumerate(xs):
+        with numba_be.extras["weights_unchanged"](kept):
+            assert _bits(numba_be.int8_linear_forward(x, w)) == want[i][0]
+    assert len(calls) == 5 and quant._memo is None

@@ -55,6 +55,8 @@ logits, ties to the lower id, are candidates):
 
 from __future__ import annotations
 
+import contextlib
+
 from dataclasses import dataclass
 from typing import Iterator
 
@@ -102,11 +104,19 @@ def cached_attention(be, qr, k_cache: np.ndarray, v_cache: np.ndarray, n: int, w
 # ---------------------------------------------------------------- the model with a cache
 
 class CachedModel:
-    """A model's parameters on a backend, with a KV cache of ``seq_len`` positions."""
+    """A model's parameters on a backend, with a KV cache of ``seq_len`` positions.
+
+    The parameters must not be modified while the model is used: a backend may keep
+    their quantized forms across calls (the numba backend's ``weights_unchanged`` extra:
+    each weight is quantized once, not once per generated token; the same bits).
+    """
 
     def __init__(self, params: dict, cfg: ModelConfig, backend):
         self.cfg, self.be = cfg, backend
         self.P = device_params(params, backend)
+        keep = backend.extras.get("weights_unchanged")
+        self._weight_forms: dict = {}
+        self._same_weights = (lambda: keep(self._weight_forms)) if keep is not None else contextlib.nullcontext
         cos, sin = _rope(cfg.seq_len, cfg.head_dim, cfg.rope_theta)
         self.cos, self.sin = backend.asarray(cos), backend.asarray(sin)
         shape = (cfg.n_kv_heads, cfg.seq_len, cfg.head_dim)
@@ -132,11 +142,13 @@ class CachedModel:
             self._store(layer, 0, kr, v)
             return be.attention_forward(qr, kr, v, window)
 
-        _, x, _ = embed_forward(be, cfg, self.P, ids)
-        for layer in range(cfg.n_layers):
-            x, _ = block_forward(be, cfg, self.P, layer, x, self.cos[:t], self.sin[:t], attend)
+        with self._same_weights():
+            _, x, _ = embed_forward(be, cfg, self.P, ids)
+            for layer in range(cfg.n_layers):
+                x, _ = block_forward(be, cfg, self.P, layer, x, self.cos[:t], self.sin[:t], attend)
+            logits = head_forward(be, cfg, self.P, x)[3]
         self.length = t
-        return np.asarray(be.to_numpy(head_forward(be, cfg, self.P, x)[3]))
+        return np.asarray(be.to_numpy(logits))
 
     def decode(self, token: int) -> np.ndarray:
         """Append ``token`` at the next position: its logits (V,) on the host."""
@@ -149,11 +161,14 @@ class CachedModel:
             self._store(layer, pos, kr, v)
             return cached_attention(be, qr, self.k[layer], self.v[layer], pos + 1, window)
 
-        _, x, _ = embed_forward(be, cfg, self.P, np.array([[int(token)]], dtype=np.int64))
-        for layer in range(cfg.n_layers):
-            x, _ = block_forward(be, cfg, self.P, layer, x, self.cos[pos : pos + 1], self.sin[pos : pos + 1], attend)
+        with self._same_weights():
+            _, x, _ = embed_forward(be, cfg, self.P, np.array([[int(token)]], dtype=np.int64))
+            for layer in range(cfg.n_layers):
+                x, _ = block_forward(be, cfg, self.P, layer, x, self.cos[pos : pos + 1], self.sin[pos : pos + 1],
+                                     attend)
+            logits = head_forward(be, cfg, self.P, x)[3]
         self.length = pos + 1
-        return np.asarray(be.to_numpy(head_forward(be, cfg, self.P, x)[3])).reshape(-1)
+        return np.asarray(be.to_numpy(logits)).reshape(-1)
 
 
 # ---------------------------------------------------------------- sampling

@@ -215,29 +215,32 @@ _memo: dict[int, tuple[object, dict]] | None = None  # id(w) -> (w, {form: value
 
 
 @contextlib.contextmanager
-def weights_unchanged() -> Iterator[None]:
+def weights_unchanged(memo: dict | None = None) -> Iterator[None]:
     """Within the block, each weight array's quantized forms are made once and reused by
     every int8 linear call given *that same array object*: its column scales, its int8
     codes (forward), and its rotated, quantized transpose with their scales (backward).
 
-    The caller promises that no weight array is modified inside the block: a step's
-    micro-batches all read the same parameters, so ``train.step.subtree_sums`` runs them
-    in it (the backend's extra ``weights_unchanged``). The bits are those of the calls
-    without it: a form is exactly what the call would compute, computed once. Each entry
-    holds its array, so an id cannot be reused inside the block; everything is dropped
-    on leaving the outermost block. Why: with micro-batches of 4 sequences, re-quantizing
-    every weight per micro-batch was the largest part of their extra cost over
-    micro-batches of 8 (benchmarks/RESULTS.md, "After the fix").
+    The caller promises that no weight array is modified while its forms are kept: a
+    step's micro-batches all read the same parameters, so ``train.step.subtree_sums`` runs
+    them in one block (the backend's extra ``weights_unchanged``), and
+    ``use.generate.CachedModel`` keeps its own ``memo`` (a dict it passes in every time)
+    for the life of the model. The bits are those of the calls without it: a form is
+    exactly what the call would compute, computed once. Each entry holds its array, so an
+    id cannot be reused while the memo lives. Without ``memo``, the block uses the
+    enclosing block's memo, or a new one dropped on leaving. Why: with micro-batches of 4
+    sequences, re-quantizing every weight per micro-batch was the largest part of their
+    extra cost over micro-batches of 8 (benchmarks/RESULTS.md, "After the fix").
     """
     global _memo
-    outermost = _memo is None
-    if outermost:
+    outer = _memo
+    if memo is not None:
+        _memo = memo
+    elif outer is None:
         _memo = {}
     try:
         yield
     finally:
-        if outermost:
-            _memo = None
+        _memo = outer
 
 
 def _weight_form(w, form: tuple, make: Callable[[], object]):

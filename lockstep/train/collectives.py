@@ -246,12 +246,12 @@ def tree_allreduce(comm, parts: Sequence[tuple[int, int, np.ndarray]], m: int, l
     ``rank_micro_batches(M, R, rank)`` (none for a rank beyond ``M``), each a 1-D
     float32 array of ``length`` elements (not modified). Returns ``out`` (a new array when
     none is given; else a writable 1-D float32 array of ``length`` elements that is none of
-    the inputs), the same
-    bits on every rank and the same as ``spec.tree.tree_sum`` of all ``M`` micro-batch
-    values on one process. ``add`` is the backend's elementwise float32 add (``fp.add``
-    by default); ``add_into(a, b, out)``, where given, is the same add written into
-    ``out`` (which may be ``a`` or ``b``: the numba backend's ``add_into`` extra), and the
-    butterfly then sums in place in ``out``, the segment owners in their receive buffer. Every message's size is checked on arrival, so ranks that disagree on
+    the inputs), the same bits on every rank and the same as ``spec.tree.tree_sum`` of all
+    ``M`` micro-batch values on one process. ``add`` is the backend's elementwise float32
+    add (``fp.add`` by default); ``add_into(a, b, out)``, where given, is the same add
+    written into ``out`` (which may be ``a`` or ``b``: the numba backend's ``add_into``
+    extra), and the butterfly then sums in place in ``out``, the segment owners in their
+    receive buffer. Every message's size is checked on arrival, so ranks that disagree on
     ``length`` get a ``ValueError`` (and, under ``abort_on_exception``, an ended job),
     never a short sum.
     """

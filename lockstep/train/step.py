@@ -111,12 +111,13 @@ class VectorPool:
     """Float32 vectors of one length, handed out again once given back.
 
     The trainer keeps one for a run, so micro-batch values, tree sums and the exchange's
-    result reuse the same memory step after step. Why: glibc maps a fresh array of
-    several MiB with ``mmap`` and unmaps it when it is freed, so a new vector per
-    micro-batch paid a page fault per 4 KiB touched (measured on ``small``, 11.6 MiB
-    vectors: about 7% of a step's CPU at one rank; benchmarks/RESULTS.md). A vector
-    given back must be dead: nothing reads it again. Bits never depend on the pool
-    (every element of a vector taken is written before it is read).
+    result reuse the same memory step after step (11.6 MiB vectors on ``small``): no
+    allocation, and no fresh pages to fault in, wherever the allocator would hand them
+    back to the system. What removed the page faults measured on ``small`` is
+    ``malloc.keep_freed_memory`` (benchmarks/RESULTS.md, "After the fix"); the pool is
+    what still helps where that setting does nothing (no glibc). A vector given back
+    must be dead: nothing reads it again. Bits never depend on the pool (every element
+    of a vector taken is written before it is read).
     """
 
     def __init__(self, length: int):

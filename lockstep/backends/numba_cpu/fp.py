@@ -332,23 +332,11 @@ def _binary_into_left_template(t0, t1, a, b):
             a_b[i] = cn(op(a_b[i], b_b[i]))  # noqa: F821 - ``op`` is bound by ``elementwise``
 
 
-def _binary_into_right_template(t0, t1, a, b):
-    n = b.size
-    for blk in range(t0, t1):
-        lo = blk * BLOCK
-        hi = min(n, lo + BLOCK)
-        a_b = a[lo:hi]
-        b_b = b[lo:hi]
-        for i in range(hi - lo):
-            b_b[i] = cn(op(a_b[i], b_b[i]))  # noqa: F821 - ``op`` is bound by ``elementwise``
-
-
-# Arity "2 into a"/"2 into b": the binary op written over its left/right operand. Why not
-# ``_binary_template`` with ``out`` = an operand: LLVM then finds the output overlapping an
-# input and runs its scalar fallback loop (measured 14x slower for add on 3M elements).
+# Arity "2 into a": the binary op written over its left operand. Why not ``_binary_template``
+# with ``out`` = an operand: LLVM then finds the output overlapping an input and runs its
+# scalar fallback loop (measured 14x slower for add on 3M elements).
 _TEMPLATES = {1: _unary_template, 2: _binary_template, "scalar": _scalar_template,
-              "1, then cn": _unary_then_canonical_template,
-              "2 into a": _binary_into_left_template, "2 into b": _binary_into_right_template}
+              "1, then cn": _unary_then_canonical_template, "2 into a": _binary_into_left_template}
 
 
 def elementwise(op, arity, name: str, weight: int = 1) -> "TaskKernel":
@@ -509,7 +497,6 @@ def _abs(a):
 
 _add_kernel = elementwise(_add, 2, "_add_kernel")
 _add_into_a_kernel = elementwise(_add, "2 into a", "_add_into_a_kernel")
-_add_into_b_kernel = elementwise(_add, "2 into b", "_add_into_b_kernel")
 _sub_kernel = elementwise(_sub, 2, "_sub_kernel")
 _mul_kernel = elementwise(_mul, 2, "_mul_kernel")
 _div_kernel = elementwise(_div, 2, "_div_kernel")
@@ -554,8 +541,8 @@ def add(a, b) -> np.ndarray:
 def add_into(a, b, out) -> np.ndarray:
     """``out[:] = add(a, b)`` for 1-D C-contiguous float32 arrays of one length, without a
     fresh result array; ``out`` may be ``a`` or ``b`` (the same elements, through any view),
-    then a kernel that writes over that operand runs (each element is read before it is
-    written); any other overlap is refused. The same bits as ``add``. Not a contract op:
+    and then one kernel writes the sum over it (each element is read before it is written);
+    any other overlap is refused. The same bits as ``add``. Not a contract op:
     ``make_backend`` offers it as the extra ``add_into``, with which the trainer sums
     micro-batch vectors in place and the butterfly sums into its result."""
     for x in (a, b, out):
@@ -569,7 +556,9 @@ def add_into(a, b, out) -> np.ndarray:
     if at == a.__array_interface__["data"][0]:
         _add_into_a_kernel(out, b)  # out is a, element for element
     elif at == b.__array_interface__["data"][0]:
-        _add_into_b_kernel(a, out)
+        # b + a is a + b bit for bit: IEEE addition commutes, and the canonical reading of
+        # the operands, the flush and the canonical NaN treat both operands alike
+        _add_into_a_kernel(out, a)
     elif np.shares_memory(out, a) or np.shares_memory(out, b):
         raise ValueError("add_into: out overlaps an operand without being it element for element")
     else:

@@ -497,14 +497,20 @@ def test_target_reader_refuses_a_damaged_target(ws, data):
         refused_cleanly(lambda: read_target(ws.run), ValueError, "target.json")
 
 
-@budget(40)
-@given(data=st.data())
-def test_manifest_readers_refuse_a_damaged_manifest(ws, data):
+def _damaged_manifest(ws, data) -> tuple[Path, bytes, dict]:
+    """A mutated manifest, and the run's recipe naming its digest (so the parser is reached)."""
     path = ws.run / "data" / "manifest.json"
     raw, doc = genuine(path)
     blob = data.draw(mutations(raw, doc))
     recipe = json.loads((ws.run / "recipe.json").read_bytes())
-    recipe["data"]["manifest_sha256"] = hashlib.sha256(blob).hexdigest()  # so the parser is reached
+    recipe["data"]["manifest_sha256"] = hashlib.sha256(blob).hexdigest()
+    return path, blob, recipe
+
+
+@budget(40)
+@given(data=st.data())
+def test_manifest_readers_refuse_a_damaged_manifest(ws, data):
+    path, blob, recipe = _damaged_manifest(ws, data)
     with ws.plant(path, blob):
         refused_cleanly(lambda: Manifest.load(path), DataError, str(path))
         refused_cleanly(lambda: open_run_data(ws.run, recipe), DataLocationError, str(path))
@@ -516,11 +522,7 @@ def test_tokenizer_reader_refuses_a_damaged_manifest(ws, data):
     """``lockstep sample``, ``eval`` and ``export`` read the tokenizer from the manifest alone (no shard)."""
     from lockstep.use.run import open_tokenizer
 
-    path = ws.run / "data" / "manifest.json"
-    raw, doc = genuine(path)
-    blob = data.draw(mutations(raw, doc))
-    recipe = json.loads((ws.run / "recipe.json").read_bytes())
-    recipe["data"]["manifest_sha256"] = hashlib.sha256(blob).hexdigest()  # so the parser is reached
+    path, blob, recipe = _damaged_manifest(ws, data)
     with ws.plant(path, blob):
         refused_cleanly(lambda: open_tokenizer(ws.run, recipe), UseError, str(path))
 

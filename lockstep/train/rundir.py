@@ -235,17 +235,24 @@ def recipe_value_problems(recipe: dict) -> list[str]:
     return problems
 
 
+def _read_run_json(run_dir: Path, name: str, what: str, max_bytes: int, missing: str, damaged_hint: str = ""):
+    """A run file's strict JSON (a regular file inside ``run_dir``); ``RunFileError`` saying
+    ``missing`` when it is absent, else the reader's reason followed by ``damaged_hint``."""
+    try:
+        return read_json_regular(run_dir, name, what, max_bytes)
+    except FileNotFoundError:
+        raise RunFileError(f"{run_dir / name}: {missing}") from None
+    except (FileFormatError, UnsafePath, OSError) as exc:
+        raise RunFileError(f"{exc}{damaged_hint}") from None
+
+
 def load_recipe(run_dir: str | os.PathLike) -> dict:
     """``recipe.json``, strictly parsed and structurally checked (``RunFileError`` otherwise)."""
     run_dir = Path(run_dir)
     path = run_dir / RECIPE_FILE
-    try:
-        recipe = read_json_regular(run_dir, RECIPE_FILE, "recipe", MAX_RECIPE_BYTES)
-    except FileNotFoundError:
-        raise RunFileError(f"{path}: missing; this is not a lockstep run directory (or it was not copied whole)") \
-            from None
-    except (FileFormatError, UnsafePath, OSError) as exc:
-        raise RunFileError(f"{exc}; restore recipe.json from the run's publisher") from None
+    recipe = _read_run_json(run_dir, RECIPE_FILE, "recipe", MAX_RECIPE_BYTES,
+                            "missing; this is not a lockstep run directory (or it was not copied whole)",
+                            "; restore recipe.json from the run's publisher")
     if not isinstance(recipe, dict) or recipe.get("format") != RECIPE_FORMAT:
         raise RunFileError(f"{path}: not a lockstep recipe (format must be {RECIPE_FORMAT!r})")
     for key in ("model", "train", "data", "seed", "micro_batch", "spec_version"):
@@ -394,12 +401,8 @@ def read_commitment(run_dir: str | os.PathLike) -> dict:
     """``commitment.json`` (strict JSON, checked shape); ``RunFileError`` otherwise."""
     run_dir = Path(run_dir)
     path = run_dir / COMMITMENT_FILE
-    try:
-        c = read_json_regular(run_dir, COMMITMENT_FILE, "commitment", MAX_COMMITMENT_BYTES)
-    except FileNotFoundError:
-        raise RunFileError(f"{path}: missing; the run did not finish, or its commitment was not published") from None
-    except (FileFormatError, UnsafePath, OSError) as exc:
-        raise RunFileError(str(exc)) from None
+    c = _read_run_json(run_dir, COMMITMENT_FILE, "commitment", MAX_COMMITMENT_BYTES,
+                       "missing; the run did not finish, or its commitment was not published")
     if not isinstance(c, dict) or c.get("format") != COMMITMENT_FORMAT:
         raise RunFileError(f"{path}: not a lockstep commitment (format {COMMITMENT_FORMAT!r})")
     if not (isinstance(c.get("chain_hash"), str) and HEX64.fullmatch(c["chain_hash"])):

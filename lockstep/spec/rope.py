@@ -23,10 +23,10 @@ def rope_tables(seq_len: int, head_dim: int, theta: float) -> tuple[np.ndarray, 
         raise ValueError(f"RoPE needs an even head dimension, got {head_dim}")
     half = head_dim // 2
     i = np.arange(half, dtype=np.float64)
-    freq = hostmath.pow(np.full(half, float(theta)), -(2.0 * i) / float(head_dim))  # host-only float64 by design (hostmath: basic ops only)
+    freq = hostmath.pow(np.full(half, float(theta)), -(2.0 * i) / float(head_dim))  # hostmath: the spec's pow from IEEE float64 + - * / only, no libm: the same bits on every machine
     t = np.arange(seq_len, dtype=np.float64)[:, None]
-    angle = t * freq[None, :]  # exact: one float64 product per entry, host-side by design
-    return fp.f32(hostmath.cos(angle)), fp.f32(hostmath.sin(angle))  # host-only float64 tables, rounded once
+    angle = t * freq[None, :]  # one correctly rounded IEEE float64 product per entry: the same bits on every machine
+    return fp.f32(hostmath.cos(angle)), fp.f32(hostmath.sin(angle))  # the spec's cos/sin (hostmath, no libm), rounded once
 
 
 def rope_forward(x, cos, sin) -> np.ndarray:

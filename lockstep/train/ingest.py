@@ -177,10 +177,8 @@ class DataWriter:
         """Write the manifest and move the folder into place; returns the manifest path."""
         raw = self.manifest_bytes()
         if isinstance(self.tokenizer, HFTokenizer):
-            data = self.tokenizer.path.read_bytes()
-            if hashlib.sha256(data).hexdigest() != self.tokenizer.sha256:
-                raise DataError(f"{self.tokenizer.path}: changed while ingesting; run the ingest again")
-            atomic_write_bytes(self.staging / HF_TOKENIZER_FILE, data, mode=FILE_MODE)
+            # the bytes the tokenizer was built from and hashed, never a second read of its file
+            atomic_write_bytes(self.staging / HF_TOKENIZER_FILE, self.tokenizer.data, mode=FILE_MODE)
         atomic_write_bytes(self.staging / MANIFEST_NAME, raw, mode=FILE_MODE)
         for d in [*(self.staging / s.name for s in self.sources), self.staging]:
             fsync_dir(d)

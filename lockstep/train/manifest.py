@@ -47,9 +47,11 @@ units must be below ``2**32``.
 from __future__ import annotations
 
 import hashlib
+import io
 import math
 import os
 import re
+from collections import OrderedDict
 from dataclasses import dataclass
 from decimal import Decimal
 from pathlib import Path, PurePosixPath
@@ -58,10 +60,11 @@ import numpy as np
 
 from lockstep.fsio import FileFormatError, UnsafePath, open_regular, parse_json, read_regular, safe_join
 
-from .tokenizer import ByteTokenizer, HFTokenizer, file_sha256, tokenizer_from_identity
+from .tokenizer import ByteTokenizer, HFTokenizer, tokenizer_from_identity
 
 MANIFEST_NAME = "manifest.json"
 MAX_MANIFEST_BYTES = 64 << 20  # about 200,000 shard entries
+DEFAULT_RESIDENT_BYTES = 4 << 30  # verified token shards kept in memory; the rest are read (and hashed) again
 MANIFEST_FORMAT = "lockstep.data-manifest"
 MANIFEST_VERSION = 2  # the version lockstep writes
 MANIFEST_VERSIONS = (1, 2)  # the versions it reads (1: no validation_documents)
@@ -178,27 +181,39 @@ def member_path(folder: Path, rel, manifest_path: Path) -> Path:
                         f"relative and inside {folder}: fix the manifest or re-ingest") from None
 
 
-def _check_digest(path: Path, expected: str, manifest_path: Path) -> None:
-    if not path.is_file():
+def _check_digest(folder: Path, rel: str, expected: str, manifest_path: Path) -> None:
+    """The SHA-256 of ``folder/rel`` (a regular file reached without symlinks) must be ``expected``."""
+    path = member_path(folder, rel, manifest_path)
+    try:
+        with open_regular(folder, rel, "data file") as f:
+            h = hashlib.sha256()
+            for block in iter(lambda: f.read(1 << 20), b""):
+                h.update(block)
+    except FileNotFoundError:
         raise DataError(
             f"{path}: file missing (named by {manifest_path}); restore it, or rebuild the data folder "
             "with `lockstep data ingest` / `lockstep data default`"
-        )
-    actual = file_sha256(path)
-    if actual != expected:
+        ) from None
+    except (UnsafePath, FileFormatError) as e:
+        raise DataError(f"{e}; keep every data file a regular file inside the data folder") from None
+    if h.hexdigest() != expected:
         raise DataError(
-            f"{path}: SHA-256 {actual} does not match {expected} in {manifest_path}; the file was altered "
+            f"{path}: SHA-256 {h.hexdigest()} does not match {expected} in {manifest_path}; the file was altered "
             "or truncated: restore it or rebuild the data folder"
         )
 
 
-def _npy_layout(f, path: Path) -> tuple[tuple[int, ...], np.dtype, int]:
-    """``(shape, dtype, data offset)`` from the ``.npy`` header of the open file ``f``.
+NPY_MAX_HEADER = 1 << 16  # lockstep writes headers of 64-128 bytes (``npy_bytes``); format 1.0 caps them at 64 KiB
 
-    Read before any array is made: the declared shape and dtype must account for
+
+def _npy_layout(head: bytes, size: int, path: Path) -> tuple[tuple[int, ...], np.dtype, int]:
+    """``(shape, dtype, data offset)`` from the ``.npy`` header at the start of ``head``.
+
+    ``size`` is the whole file's size. The declared shape and dtype must account for
     exactly the bytes after the header, so a header declaring a huge shape is refused
     without anything being allocated. Object arrays (pickles) are refused.
     """
+    f = io.BytesIO(head)
     try:
         version = np.lib.format.read_magic(f)
         if version == (1, 0):
@@ -215,38 +230,41 @@ def _npy_layout(f, path: Path) -> tuple[tuple[int, ...], np.dtype, int]:
         raise DataError(f"{path}: a shard array is 1-D, this one has shape {shape}; rebuild the data folder")
     offset = f.tell()
     need = math.prod(shape) * dtype.itemsize
-    have = os.fstat(f.fileno()).st_size - offset
+    have = size - offset
     if need != have:
         raise DataError(f"{path}: its .npy header declares shape {shape} of {dtype} ({need} bytes) but the file holds "
                         f"{have}; rebuild the data folder")
     return shape, dtype, offset
 
 
-def _load_shard_file(folder: Path, rel: str, expected_sha256: str, manifest_path: Path, mmap: bool) -> np.ndarray:
-    """A shard's ``.npy`` array, from the very bytes whose SHA-256 was checked.
+def _load_shard_file(folder: Path, rel: str, expected_sha256: str, manifest_path: Path, length: int,
+                     itemsizes: tuple[int, ...]) -> np.ndarray:
+    """A shard's ``.npy`` array (1-D, ``length`` entries), made from the very bytes whose SHA-256 was checked.
 
     The file is opened once, walking down from ``folder`` without following a link
-    (``fsio.open_regular``: a regular file, never a FIFO or device); it is hashed, and
-    only if the digest is the manifest's is its header read and its array made (mapped
-    from the same open file when ``mmap``), so nothing can be swapped in between.
+    (``fsio.open_regular``: a regular file, never a FIFO or device). Its header is
+    first read only to compare the declared length and item size with the manifest
+    (``length``, ``itemsizes``) and the file's size, so a sparse or padded file is
+    refused before it is hashed. Then the whole file is read once into private memory,
+    that buffer is hashed, and only if its digest is the manifest's is the array made
+    from it: the returned array is a read-only view of those bytes. Nothing is mapped
+    and nothing is read a second time, so storage that changes the file afterwards,
+    or answers a second read differently, cannot put other bytes in the stream than
+    the ones that were hashed. The file is closed before this returns.
     """
     path = member_path(folder, rel, manifest_path)
     try:
         with open_regular(folder, rel, "shard file") as f:
-            h = hashlib.sha256()
-            for block in iter(lambda: f.read(1 << 20), b""):
-                h.update(block)
-            if h.hexdigest() != expected_sha256:
-                raise DataError(
-                    f"{path}: SHA-256 {h.hexdigest()} does not match {expected_sha256} in {manifest_path}; the file was "
-                    "altered or truncated: restore it or rebuild the data folder"
-                )
+            size = os.fstat(f.fileno()).st_size
+            shape, dtype, _ = _npy_layout(f.read(NPY_MAX_HEADER), size, path)  # a size check only: trusts nothing
+            if shape[0] != length or dtype.itemsize not in itemsizes:
+                raise DataError(f"{path}: declares {shape[0]} entries of {dtype} but the manifest {manifest_path} "
+                                f"expects {length} of {' or '.join(f'{b}-byte' for b in itemsizes)} integers; "
+                                "the file was altered: restore it or rebuild the data folder")
             f.seek(0)
-            shape, dtype, offset = _npy_layout(f, path)
-            if mmap and shape[0]:
-                return np.memmap(f, dtype=dtype, mode="r", offset=offset, shape=shape)
-            f.seek(offset)
-            return np.frombuffer(f.read(shape[0] * dtype.itemsize), dtype=dtype).reshape(shape)
+            buf = bytearray(size)
+            got = f.readinto(buf)
+            extra = f.read(1)
     except FileNotFoundError:
         raise DataError(
             f"{path}: file missing (named by {manifest_path}); restore it, or rebuild the data folder "
@@ -254,6 +272,19 @@ def _load_shard_file(folder: Path, rel: str, expected_sha256: str, manifest_path
         ) from None
     except (UnsafePath, FileFormatError) as e:
         raise DataError(f"{e}; keep every shard a regular file inside the data folder") from None
+    if got != size or extra:
+        raise DataError(f"{path}: changed size while being read; the storage is not stable: copy the data folder "
+                        "to local disk and audit that copy")
+    digest = hashlib.sha256(buf).hexdigest()
+    if digest != expected_sha256:
+        raise DataError(
+            f"{path}: SHA-256 {digest} does not match {expected_sha256} in {manifest_path}; the file was "
+            "altered or truncated: restore it or rebuild the data folder"
+        )
+    shape, dtype, offset = _npy_layout(bytes(buf[:NPY_MAX_HEADER]), size, path)  # now from the hashed bytes
+    arr = np.frombuffer(buf, dtype=dtype, count=shape[0], offset=offset)
+    arr.flags.writeable = False
+    return arr
 
 
 @dataclass(frozen=True)
@@ -288,9 +319,18 @@ class Manifest:
 
     ``Manifest.load`` checks the structure, every path, every file's SHA-256, the
     offsets, and that every token id is below ``vocab_size``, before anything is used.
+
+    Every token the stream reads comes from a buffer that was read into private
+    memory and hashed (``_load_shard_file``), never from a mapping of a file that
+    could change underneath. The offsets of every shard stay in memory; token shards
+    stay in memory up to ``resident_bytes`` (least recently used ones leave first).
+    A shard that is needed again after it left is read again and hashed again
+    against the manifest, so its bytes are still exactly the verified ones, or the
+    read is refused (``DataError``).
     """
 
-    def __init__(self, path: Path, raw: bytes, data: dict, sources: list[Source]):
+    def __init__(self, path: Path, raw: bytes, data: dict, sources: list[Source],
+                 resident_bytes: int = DEFAULT_RESIDENT_BYTES):
         self.path = path
         self.folder = path.parent
         self.sha256 = hashlib.sha256(raw).hexdigest()
@@ -299,19 +339,24 @@ class Manifest:
         self.vocab_size: int = data["tokenizer"]["vocab_size"]
         self.eod_id: int = data["tokenizer"]["eod_id"]
         self.sources: tuple[Source, ...] = tuple(sources)
+        self.resident_bytes = resident_bytes
+        self.shard_reads = 0  # token shards read (and hashed) so far: the load's, then every re-read
         self._offsets: dict[tuple[int, int], np.ndarray] = {}
-        self._tokens: dict[tuple[int, int], np.ndarray] = {}
+        self._tokens: OrderedDict[tuple[int, int], np.ndarray] = OrderedDict()  # least recently used first
+        self._token_bytes = 0
         self._bases: dict[int, np.ndarray] = {}
 
     # -- loading ---------------------------------------------------------------------
 
     @classmethod
-    def load(cls, path: str | Path, expected_sha256: str | None = None) -> "Manifest":
+    def load(cls, path: str | Path, expected_sha256: str | None = None,
+             resident_bytes: int = DEFAULT_RESIDENT_BYTES) -> "Manifest":
         """Load and verify ``path`` (a manifest.json, or the folder holding one).
 
         The manifest must be a regular file of at most ``MAX_MANIFEST_BYTES``. With
         ``expected_sha256`` (a run's recipe names it), its digest is compared before
-        anything is parsed or any shard is read (``ManifestMismatch``).
+        anything is parsed or any shard is read (``ManifestMismatch``). Up to
+        ``resident_bytes`` of verified token shards stay in memory (see the class).
         """
         path = Path(path)
         if path.is_dir():
@@ -333,7 +378,7 @@ class Manifest:
         except FileFormatError as exc:
             raise DataError(f"{exc}; fix the file or rebuild it with `lockstep data ingest` / "
                             "`lockstep data default`") from None
-        m = cls(path, raw, data, cls._check_structure(path, data))
+        m = cls(path, raw, data, cls._check_structure(path, data), resident_bytes)
         m._verify_files()
         return m
 
@@ -361,7 +406,7 @@ class Manifest:
             expect_hex(tok["sha256"], f"{where}.sha256")
             if tok["eod_token"] is not None and not isinstance(tok["eod_token"], str):
                 raise DataError(f"{where}.eod_token: expected a string or null")
-            _check_digest(member_path(path.parent, tok["file"], path), tok["sha256"], path)
+            _check_digest(path.parent, tok["file"], tok["sha256"], path)
         else:
             raise DataError(f"{where}: unknown tokenizer {tok!r}; expected kind 'bytes' or 'hf-tokenizers'")
 
@@ -433,25 +478,51 @@ class Manifest:
         for si, src in enumerate(self.sources):
             for k, sh in enumerate(src.shards):
                 opath = member_path(self.folder, sh.offsets_file, self.path)
-                tpath = member_path(self.folder, sh.tokens_file, self.path)
-                off = _load_shard_file(self.folder, sh.offsets_file, sh.offsets_sha256, self.path, mmap=False)
-                if off.ndim != 1 or off.dtype.kind != "i" or off.dtype.itemsize != 8 or off.shape[0] != sh.documents + 1:
+                off = _load_shard_file(self.folder, sh.offsets_file, sh.offsets_sha256, self.path,
+                                       sh.documents + 1, (8,))
+                if off.dtype.kind != "i":
                     raise DataError(f"{opath}: offsets must be int64 of {sh.documents + 1} entries; rebuild the shard")
                 off = off.astype(np.int64)
                 if off[0] != 0 or off[-1] != sh.tokens or np.any(np.diff(off) < 0):
                     raise DataError(f"{opath}: offsets must rise from 0 to {sh.tokens}; rebuild the shard")
-                tok = _load_shard_file(self.folder, sh.tokens_file, sh.tokens_sha256, self.path, mmap=sh.tokens > 0)
-                if tok.ndim != 1 or tok.dtype.kind != "u" or tok.dtype.itemsize not in (1, 2, 4) or tok.shape[0] != sh.tokens:
-                    raise DataError(f"{tpath}: tokens must be 1-D uint8/16/32 of length {sh.tokens}; rebuild the shard")
-                for a in range(0, sh.tokens, 1 << 24):
-                    top = int(tok[a : a + (1 << 24)].max())
-                    if top >= self.vocab_size:
-                        raise DataError(
-                            f"{tpath}: token id {top} is outside the vocabulary (size {self.vocab_size}); the shard "
-                            "was made with another tokenizer: re-ingest with the tokenizer the manifest names"
-                        )
                 self._offsets[si, k] = off
-                self._tokens[si, k] = tok
+                self._keep_tokens((si, k), self._read_tokens(si, k))
+
+    def _read_tokens(self, si: int, k: int) -> np.ndarray:
+        """Token shard ``k`` of source ``si``, read once into memory, hashed, checked (ids below ``vocab_size``)."""
+        sh = self.sources[si].shards[k]
+        tpath = member_path(self.folder, sh.tokens_file, self.path)
+        tok = _load_shard_file(self.folder, sh.tokens_file, sh.tokens_sha256, self.path, sh.tokens, (1, 2, 4))
+        self.shard_reads += 1
+        if tok.dtype.kind != "u":
+            raise DataError(f"{tpath}: tokens must be 1-D uint8/16/32 of length {sh.tokens}; rebuild the shard")
+        for a in range(0, sh.tokens, 1 << 24):
+            top = int(tok[a : a + (1 << 24)].max())
+            if top >= self.vocab_size:
+                raise DataError(
+                    f"{tpath}: token id {top} is outside the vocabulary (size {self.vocab_size}); the shard "
+                    "was made with another tokenizer: re-ingest with the tokenizer the manifest names"
+                )
+        return tok
+
+    def _keep_tokens(self, key: tuple[int, int], tok: np.ndarray) -> None:
+        """Keep ``tok`` in memory as the most recently used shard, within ``resident_bytes``."""
+        while self._tokens and self._token_bytes + tok.nbytes > self.resident_bytes:
+            _, old = self._tokens.popitem(last=False)
+            self._token_bytes -= old.nbytes
+        if tok.nbytes <= self.resident_bytes:
+            self._tokens[key] = tok
+            self._token_bytes += tok.nbytes
+
+    def shard_tokens(self, si: int, k: int) -> np.ndarray:
+        """The verified tokens of shard ``k`` of source ``si`` (read-only): from memory, or read and hashed again."""
+        tok = self._tokens.get((si, k))
+        if tok is not None:
+            self._tokens.move_to_end((si, k))
+            return tok
+        tok = self._read_tokens(si, k)
+        self._keep_tokens((si, k), tok)
+        return tok
 
     # -- access ----------------------------------------------------------------------
 
@@ -481,12 +552,12 @@ class Manifest:
         return np.concatenate([np.diff(self._offsets[si, k]) for k in range(len(self.sources[si].shards))])
 
     def document_tokens(self, si: int, doc: int) -> np.ndarray:
-        """The tokens of document ``doc`` of source ``si`` (a view of the mapped shard)."""
+        """The tokens of document ``doc`` of source ``si`` (a read-only view of its verified shard)."""
         base = self.shard_bases(si)
         k = int(np.searchsorted(base, doc, side="right")) - 1
         off = self._offsets[si, k]
         local = doc - int(base[k])
-        return self._tokens[si, k][int(off[local]) : int(off[local + 1])]
+        return self.shard_tokens(si, k)[int(off[local]) : int(off[local + 1])]
 
     def tokenizer(self):
         """The tokenizer the manifest names (``hf-tokenizers`` needs the package)."""

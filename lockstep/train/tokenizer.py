@@ -12,8 +12,9 @@ Two kinds, each with an *identity*: the JSON record that a data manifest stores 
 
 ``hf-tokenizers``
     A Hugging Face ``tokenizers`` ``tokenizer.json``, loaded offline with
-    ``Tokenizer.from_file`` (optional dependency: used only where the package
-    imports). The file is copied next to the manifest and recorded by SHA-256.
+    ``Tokenizer.from_str`` (optional dependency: used only where the package
+    imports) from the very bytes that were hashed: the file is read once, into
+    memory, and never again. It is copied next to the manifest and recorded by SHA-256.
     The separator is ``--eod-token`` (an existing token, e.g. ``<|endoftext|>``) or,
     without one, a new id equal to the tokenizer's vocabulary size.
     Identity: ``{"kind": "hf-tokenizers", "file": "tokenizer.json", "sha256": HEX,
@@ -27,11 +28,14 @@ from pathlib import Path
 
 import numpy as np
 
+from lockstep.fsio import read_named_file, read_regular
+
 BYTE_VOCAB = 256  # one id per byte value
 EOD_ID = 256  # the end-of-document separator of the byte tokenizer
 BYTE_TOKENIZER_VOCAB_SIZE = BYTE_VOCAB + 1  # bytes plus the separator; no padding id
 
 HF_TOKENIZER_FILE = "tokenizer.json"  # the name the copy gets in a data folder
+MAX_TOKENIZER_BYTES = 256 << 20  # the largest published tokenizer.json files are tens of MB
 
 
 class TokenizerError(ValueError):
@@ -88,10 +92,22 @@ class HFTokenizer:
 
     kind = "hf-tokenizers"
 
-    def __init__(self, path: str | Path, eod_token: str | None = None, expected_sha256: str | None = None):
+    def __init__(self, path: str | Path, eod_token: str | None = None, expected_sha256: str | None = None,
+                 data: bytes | None = None):
+        """The tokenizer in ``data`` (the bytes of ``path``, read by the caller), or in the file ``path``.
+
+        Either way the bytes are read once: their SHA-256 (``self.sha256``) is computed
+        from the buffer the tokenizer is then built from, and ``self.data`` keeps it,
+        so a copy (a data folder's, an export's) is written from the hashed bytes.
+        """
         path = Path(path)
-        if not path.is_file():
-            raise TokenizerError(f"{path}: tokenizer file not found; pass the path of a tokenizer.json")
+        if data is None:
+            try:
+                data = read_named_file(path, "tokenizer file", MAX_TOKENIZER_BYTES)
+            except FileNotFoundError:
+                raise TokenizerError(f"{path}: tokenizer file not found; pass the path of a tokenizer.json") from None
+            except (OSError, ValueError) as e:
+                raise TokenizerError(f"{path}: {e}") from None
         try:
             from tokenizers import Tokenizer
         except ImportError as e:
@@ -100,15 +116,16 @@ class HFTokenizer:
                 "install it (pip install tokenizers) or use the default byte tokenizer"
             ) from e
         self.path = path
-        self.sha256 = file_sha256(path)
+        self.data = bytes(data)
+        self.sha256 = hashlib.sha256(self.data).hexdigest()
         if expected_sha256 is not None and self.sha256 != expected_sha256:
             raise TokenizerError(
                 f"{path}: SHA-256 {self.sha256} differs from the manifest's {expected_sha256}; "
                 "the tokenizer file was altered: restore it or re-ingest the data"
             )
         try:
-            self._tok = Tokenizer.from_file(str(path))
-        except Exception as e:  # the library raises its own exception types
+            self._tok = Tokenizer.from_str(self.data.decode("utf-8"))
+        except Exception as e:  # the library raises its own exception types (UnicodeDecodeError too)
             raise TokenizerError(f"{path}: not a readable tokenizer.json ({e}); check the file") from e
         base = int(self._tok.get_vocab_size(with_added_tokens=True))
         self.eod_token = eod_token
@@ -167,12 +184,21 @@ class HFTokenizer:
 
 
 def tokenizer_from_identity(identity: dict, folder: Path):
-    """The tokenizer a manifest names (``folder`` holds the manifest and its files)."""
+    """The tokenizer a manifest names (``folder`` holds the manifest and its files).
+
+    An ``hf-tokenizers`` file is read once, as a regular file inside ``folder``
+    reached without symlinks, and its digest is compared with the identity's.
+    """
     kind = identity.get("kind")
     if kind == ByteTokenizer.kind:
         return ByteTokenizer()
     if kind == HFTokenizer.kind:
-        return HFTokenizer(
-            Path(folder) / identity["file"], eod_token=identity.get("eod_token"), expected_sha256=identity["sha256"]
-        )
+        path = Path(folder) / str(identity["file"])
+        try:
+            data = read_regular(folder, identity["file"], "tokenizer file", MAX_TOKENIZER_BYTES)
+        except FileNotFoundError:
+            raise TokenizerError(f"{path}: tokenizer file missing; restore it or re-ingest the data") from None
+        except (OSError, ValueError) as e:  # UnsafePath, NotRegularFile, FileFormatError
+            raise TokenizerError(f"{e}; keep the tokenizer a regular file inside the data folder") from None
+        return HFTokenizer(path, eod_token=identity.get("eod_token"), expected_sha256=identity["sha256"], data=data)
     raise TokenizerError(f"{folder}: unknown tokenizer kind {kind!r}; expected 'bytes' or 'hf-tokenizers'")

@@ -21,7 +21,7 @@ from hypothesis import given, settings
 
 from lockstep import spec
 from lockstep.backends import KNOWN_BACKENDS, Backend
-from lockstep.backends.interface import OP_NAMES
+from lockstep.contract import OP_NAMES
 from lockstep.conformance import inputs as gen
 from lockstep.conformance import search
 from lockstep.spec import fp

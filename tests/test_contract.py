@@ -1,4 +1,4 @@
-"""The backend contract (lockstep/backends/interface.py) against the spec, every backend and the registry.
+"""The backend contract (lockstep/contract/__init__.py) against the spec, every backend and the registry.
 
 A backend is picked up by name from ``KNOWN_BACKENDS``: when one lands (opencl,
 cuda, metal), its op table is checked here with no change to this file; one that
@@ -14,8 +14,8 @@ import pytest
 
 from lockstep import spec
 from lockstep.backends import KNOWN_BACKENDS, BackendUnavailable, get_backend
-from lockstep.backends import interface
-from lockstep.backends.interface import CONTRACT, OP_NAMES, Kind, check_ops, result_problem, value_problem
+from lockstep import contract as interface
+from lockstep.contract import CONTRACT, OP_NAMES, Kind, check_ops, result_problem, value_problem
 from lockstep.conformance.registry import all_records
 
 

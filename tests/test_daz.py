@@ -8,7 +8,7 @@ import pytest
 
 from lockstep import spec
 from lockstep.backends import get_backend
-from lockstep.backends.interface import CONTRACT, Kind
+from lockstep.contract import CONTRACT, Kind
 from lockstep.conformance import inputs as gen
 from lockstep.conformance.registry import all_records
 from lockstep.spec import fp

@@ -6,7 +6,7 @@ Usage (from the repository root)::
     python3 -m tools.conformance_search --examples 500 --ops add,mul,attention_backward
     python3 -m tools.conformance_search --seed 7 --json deep.json
 
-For each op (``lockstep.backends.interface.OP_NAMES``) it draws ``--examples`` calls
+For each op (``lockstep.contract.OP_NAMES``) it draws ``--examples`` calls
 with the op's strategy (``lockstep.conformance.search``) and runs each on the spec and
 on every backend ``get_backend`` can build here (the spec's own ``asarray`` path
 included), requiring the spec's bytes or the spec's exception type. Examples are
@@ -43,7 +43,7 @@ if __package__ in (None, ""):  # run as a script: import lockstep from this chec
 from hypothesis import given, seed, settings  # noqa: E402
 from hypothesis.errors import HypothesisException  # noqa: E402
 
-from lockstep.backends.interface import OP_NAMES  # noqa: E402
+from lockstep.contract import OP_NAMES  # noqa: E402
 from lockstep.conformance import search  # noqa: E402
 
 

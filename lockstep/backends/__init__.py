@@ -5,7 +5,7 @@
 subnormals read as signed zeros, NaNs as ``0x7FC00000``) and ``backend.to_numpy``
 brings one back. ``backend.implements(op)`` says whether an op is present, so the
 conformance suite reports "missing" apart from "wrong". What every op takes and
-returns is the contract in ``lockstep.backends.interface``.
+returns is the contract in ``lockstep.contract``.
 
 Backends by name (``BACKEND_MODULES``): ``spec`` (the definition itself), ``numba``
 (``lockstep.backends.numba_cpu``), ``opencl`` (``lockstep.backends.opencl``), ``cuda``
@@ -22,7 +22,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from .interface import OP_NAMES, BackendUnavailable
+from lockstep.contract import OP_NAMES, BackendUnavailable
 
 __all__ = ["Backend", "BackendUnavailable", "BACKEND_ALIASES", "BACKEND_MODULES", "KNOWN_BACKENDS", "get_backend", "spec_backend"]
 

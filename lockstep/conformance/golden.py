@@ -24,7 +24,7 @@ text, one case a line, whitespace-separated tokens::
     <op> <case label> <SHA-256 hex of the outputs> <argument> <argument> ...
 
 The arguments are every parameter of the op in the contract's order
-(``lockstep/backends/interface.py``), defaults filled in, one token each:
+(``lockstep/contract/__init__.py``), defaults filled in, one token each:
 
 * ``f32[2x3]:3F800000BF800000...``: an array: dtype (``f32``, ``i8``, ``i32``,
   ``i64``, ``u32``), shape (dimensions joined by ``x``; ``[]`` for 0-d; a 0 in the
@@ -53,7 +53,7 @@ from pathlib import Path
 import numpy as np
 
 from lockstep import spec
-from lockstep.backends.interface import CONTRACT
+from lockstep.contract import CONTRACT
 from lockstep.fsio import atomic_write_text
 from lockstep.spec.hashing import canonical_bytes
 

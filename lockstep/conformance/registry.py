@@ -6,7 +6,7 @@ adds larger random sets and shapes (a minute or two on the spec).
 
 Other modules add records with ``register`` (the model ops do, in
 ``lockstep.conformance.model_ops``); ``all_records()`` returns them in registration order.
-Every record names an op of the contract (``lockstep.backends.interface``), and
+Every record names an op of the contract (``lockstep.contract``), and
 every case's arguments bind to that op's signature with values of the contract's
 kinds (``tests/test_contract.py``).
 """
@@ -18,7 +18,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from lockstep.backends.interface import CONTRACT
+from lockstep.contract import CONTRACT
 
 from . import inputs as gen
 

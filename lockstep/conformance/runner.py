@@ -21,7 +21,7 @@ import numpy as np
 
 from lockstep import spec
 from lockstep.backends import Backend
-from lockstep.backends.interface import move_arguments, result_problem, signature_problem
+from lockstep.contract import move_arguments, result_problem, signature_problem
 
 from . import golden
 from .inputs import search_refusal_regressions
@@ -140,7 +140,7 @@ def run_conformance(backend: Backend, level: int = 1, seed: int = 0, max_errors:
         wrong_signature = signature_problem(rec.name, fn)
         if wrong_signature:
             res.status = "ERROR"
-            res.messages.append(f"  {wrong_signature} (lockstep/backends/interface.py)")
+            res.messages.append(f"  {wrong_signature} (lockstep/contract/__init__.py)")
             res.seconds = time.perf_counter() - t0
             results.append(res)
             continue
@@ -171,7 +171,7 @@ def run_conformance(backend: Backend, level: int = 1, seed: int = 0, max_errors:
                 wrong_kind = result_problem(rec.name, got)
                 if wrong_kind:
                     res.status = "FAIL"
-                    res.messages.append(f"  {case.label}: {wrong_kind} (the contract: lockstep/backends/interface.py)")
+                    res.messages.append(f"  {case.label}: {wrong_kind} (the contract: lockstep/contract/__init__.py)")
                     continue
             except Exception as e:  # noqa: BLE001 - a crashing backend is a reported result
                 res.status = "ERROR"

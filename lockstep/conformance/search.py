@@ -2,7 +2,7 @@
 
 The fixed conformance cases (``registry``) feed boundary tables and seeded random
 arrays. This module searches instead: for each op of the contract
-(``lockstep.backends.interface.CONTRACT``) a strategy draws whole calls -- shapes,
+(``lockstep.contract.CONTRACT``) a strategy draws whole calls -- shapes,
 values, layouts, ``None`` where the contract allows it, and now and then an input
 the spec refuses -- and ``check_call`` runs one call on the spec and on every backend,
 requiring the spec's bytes or the spec's exception type. Hypothesis shrinks a
@@ -65,7 +65,7 @@ except ImportError as e:  # pragma: no cover - hypothesis is in the test extra
 
 from lockstep import spec
 from lockstep.backends import KNOWN_BACKENDS, Backend, BackendUnavailable, get_backend
-from lockstep.backends.interface import CONTRACT, OP_NAMES, Kind, move_arguments, result_problem
+from lockstep.contract import CONTRACT, OP_NAMES, Kind, move_arguments, result_problem
 from lockstep.spec import fp
 from lockstep.spec.philox import PhiloxStream
 

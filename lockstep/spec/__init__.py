@@ -28,7 +28,6 @@ from .optim import adamw_update, clip_coefficient, global_norm, scale, sum_of_sq
 from .quant import int8_linear_backward, int8_linear_forward
 from .rope import rope_backward, rope_forward
 from .swiglu import swiglu_backward, swiglu_forward
-from lockstep.backends.interface import OP_NAMES  # noqa: E402 - the contract names the ops
 
 # Bump whenever what any op computes changes, or the hashes that publish it (``hashing``: the
 # state root, the chain); regenerate the golden vectors with
@@ -36,8 +35,23 @@ from lockstep.backends.interface import OP_NAMES  # noqa: E402 - the contract na
 # 2: the chain link H_t binds the tokens and the bits of loss, grad norm and lr.
 SPEC_VERSION = "2"
 
-# The op table: every backend implements these names with the same signatures. It is
-# the backend contract's (``lockstep.backends.interface``), in the contract's order.
-OPS: tuple[str, ...] = OP_NAMES
+# The op table: every backend implements these names, in this order, with the signatures
+# that the backend contract (``lockstep.contract``, the layer above the spec) types;
+# ``tests/test_contract.py`` checks that the two lists are the same.
+OPS: tuple[str, ...] = (
+    # elementwise arithmetic (fp)
+    "add", "sub", "mul", "div", "sqrt", "neg", "abs", "maximum", "minimum",
+    # transcendentals built from + - * / (transcendental)
+    "exp", "log", "sigmoid", "silu",
+    # reductions and contractions (reduce), random bits (philox), layout
+    "lane_tree_sum", "matmul", "int8_matmul", "max", "argmax", "philox4x32", "concat_last", "column_sum",
+    # the model's ops, forward and backward
+    "embedding_forward", "embedding_backward", "rmsnorm_forward", "rmsnorm_backward",
+    "rope_forward", "rope_backward", "attention_forward", "attention_backward",
+    "swiglu_forward", "swiglu_backward", "int8_linear_forward", "int8_linear_backward",
+    "cross_entropy_forward", "cross_entropy_backward",
+    # the optimizer (optim)
+    "sum_of_squares", "global_norm", "clip_coefficient", "scale", "adamw_update",
+)
 
 __all__ = ["SPEC_VERSION", "OPS", "PhiloxStream", "f32", *OPS]

@@ -28,7 +28,7 @@ Contract (DESIGN.md, "the four locks"):
 
 So every input and every output of every op is *canonical*: no subnormal, no NaN
 but ``0x7FC00000``. Backends may therefore canonicalize once, when an array
-enters the device (``asarray``, see ``lockstep.backends.interface``), and keep
+enters the device (``asarray``, see ``lockstep.contract``), and keep
 no input flush in their kernels. Files from outside (checkpoints, inputs) are read
 under the same rule on every backend, not refused: a subnormal in a checkpoint is
 a zero of its sign wherever the step is replayed.

@@ -29,7 +29,7 @@ while fast:
   operation per step, no fast-math flags): ``tiles`` (ascending contractions),
   ``butterflies`` (Hadamard stages), ``int8gemm`` (VNNI).
 * Inputs are read canonically (``asarray`` canonicalizes; kernels also flush what
-  they load), as the contract (``lockstep.backends.interface``) requires.
+  they load), as the contract (``lockstep.contract``) requires.
 
 Kernels are compiled on first use and cached on disk (``cache=True``) in
 ``numba-<digest>`` under lockstep's cache root (``$LOCKSTEP_CACHE_DIR``, else
@@ -64,7 +64,7 @@ from ._cache import use_source_keyed_cache  # noqa: E402 - must run before the k
 use_source_keyed_cache()
 
 from lockstep import spec
-from lockstep.backends.interface import OP_NAMES
+from lockstep.contract import OP_NAMES
 
 from . import attention, embedding, fp, layout, loss, norm, optim, philox, quant, reduce, rope, swiglu, transcendental
 
@@ -78,7 +78,7 @@ def _implementation(op: str):
     return getattr(_MODULES[spec_module], op)
 
 
-# The op table, in the contract's order (``lockstep.backends.interface``).
+# The op table, in the contract's order (``lockstep.contract``).
 OPS = {name: _implementation(name) for name in OP_NAMES}
 
 

@@ -116,14 +116,13 @@ def test_checkpoint_errors_speak_to_a_command_line_user(copy_run):
 def test_default_backend_is_the_fastest_that_passes_conformance(honest_run, capsys, monkeypatch, passes, chosen):
     import lockstep.backends as backends
     import lockstep.conformance.runner as runner
-    from lockstep.audit import replay as replay_mod
 
     def fake_get_backend(name):
         if name == "numba":  # a stand-in: the spec's ops under the name of a faster backend
             return dataclasses.replace(backends.spec_backend(), name="numba", description="stand-in")
         raise backends.BackendUnavailable(f"backend {name!r} is not installed here")
 
-    monkeypatch.setattr(replay_mod, "FASTEST_FIRST", ("cuda", "numba"))
+    monkeypatch.setattr(backends, "FASTEST_FIRST", ("cuda", "numba"))
     monkeypatch.setattr(backends, "get_backend", fake_get_backend)
     monkeypatch.setattr(runner, "run_conformance", lambda be, **k: [runner.OpResult("add", "PASS" if passes else "FAIL")])
     code, out, err = _replay(capsys, honest_run, "--step", "1")

@@ -33,9 +33,10 @@ def _decoy(tmp_path: Path, name: str = "decoy.txt") -> Path:
 
 def _resume_in_process(run: Path, steps: int = 5):
     from lockstep.train.trainer import train
+    from lockstep.use.hooks import run_hooks
 
     return train(run, resume=True, steps=steps, backend_name="spec", checkpoint_every=2, progress=False,
-                 log=lambda *a, **k: None)
+                 log=lambda *a, **k: None, hooks=run_hooks())  # with the CLI's hooks: the loss plot is written
 
 
 def _limit_memory():

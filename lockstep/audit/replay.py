@@ -33,7 +33,6 @@ state when no newer checkpoint lies between them.
 
 from __future__ import annotations
 
-import io
 import os
 import time
 from dataclasses import dataclass, field
@@ -49,9 +48,10 @@ from lockstep.train.rundir import (RunFileError, Strictness, genesis, load_recip
                                    read_trajectory, recipe_configs, recipe_digest, recorded_world_sizes)
 from lockstep.train.stream import GlobalStream, batch_digest
 
-from .verify import float_bits, require_memory
+from lockstep.train.memory import require_memory
 
-FASTEST_FIRST = ("cuda", "metal", "numba")  # what --backend auto tries, before the spec itself
+from .verify import float_bits
+
 COMPARED = ("state_root", "chain_hash", "batch_digest", "tokens", "loss_bits", "grad_norm_bits", "lr_bits")
 
 
@@ -384,6 +384,8 @@ class _Replayer:
         from lockstep.backends import BackendUnavailable, get_backend
 
         if self.backend_name == "auto":
+            from lockstep.conformance.choose import choose_backend
+
             self.be, self.backend_choice = choose_backend(self.log)
             self.log(f"backend: {self.backend_choice}")
             return
@@ -639,37 +641,6 @@ def _duration(seconds: float) -> str:
     if seconds < 3600:
         return f"{seconds // 60}m{seconds % 60:02d}s"
     return f"{seconds // 3600}h{seconds // 60 % 60:02d}m"
-
-
-def choose_backend(log=None) -> tuple[object, str]:
-    """The fastest installed backend that passes conformance here, and a line saying why it was chosen.
-
-    Tried in ``FASTEST_FIRST`` order: one that is not installed (or cannot load) is
-    passed over; one that loads must pass ``lockstep conformance`` level 1 (every op
-    against the spec, byte for byte) before a replay trusts it. The spec is the last
-    resort.
-    """
-    from lockstep.backends import get_backend, spec_backend
-    from lockstep.conformance.runner import all_passed, run_conformance
-
-    log = log or (lambda msg: None)
-    passed_over = []
-    for name in FASTEST_FIRST:
-        try:
-            be = get_backend(name)
-        except Exception as exc:  # noqa: BLE001 - not installed or not loadable here: try the next
-            first = str(exc).splitlines()[0][:100] if str(exc) else type(exc).__name__
-            passed_over.append(f"{name}: {first}")
-            continue
-        log(f"checking backend {name} against the spec (conformance level 1) before the replay trusts it ...")
-        t0 = time.perf_counter()
-        results = run_conformance(be, level=1, progress=False, out=io.StringIO())
-        if all_passed(results):
-            return be, (f"{name}, the fastest installed backend; it passed conformance level 1 here "
-                        f"({len(results)} ops, {time.perf_counter() - t0:.0f}s)")
-        failed = [r.op for r in results if r.status != "PASS"]
-        passed_over.append(f"{name}: failed conformance on {', '.join(failed[:5])}")
-    return spec_backend(), f"spec, the reference (no faster backend passed conformance here: {'; '.join(passed_over)})"
 
 
 def replay_step(run_dir: str | os.PathLike, step: int, backend_name: str = "spec",

@@ -24,7 +24,7 @@ import numpy as np
 
 from lockstep.contract import OP_NAMES, BackendUnavailable
 
-__all__ = ["Backend", "BackendUnavailable", "BACKEND_ALIASES", "BACKEND_MODULES", "KNOWN_BACKENDS", "get_backend", "spec_backend"]
+__all__ = ["Backend", "BackendUnavailable", "BACKEND_ALIASES", "BACKEND_MODULES", "FASTEST_FIRST", "KNOWN_BACKENDS", "get_backend", "spec_backend"]
 
 # name -> the module that builds it (its make_backend()); the extra of the same name installs its packages
 BACKEND_MODULES: dict[str, str] = {
@@ -35,6 +35,9 @@ BACKEND_MODULES: dict[str, str] = {
 }
 KNOWN_BACKENDS: tuple[str, ...] = ("spec", *BACKEND_MODULES)
 BACKEND_ALIASES = {"numba_cpu": "numba", "cupy": "cuda", "cupy_cuda": "cuda"}
+# the order a replay tries backends in when none is named, fastest first, before the spec itself
+# (``lockstep.conformance.choose``: each must pass conformance here before it is trusted)
+FASTEST_FIRST: tuple[str, ...] = ("cuda", "metal", "numba")
 
 
 @dataclass

@@ -128,6 +128,7 @@ def run_train(args) -> int:
     from lockstep.train.manifest import DataError
     from lockstep.train.optim import NonFiniteError
     from lockstep.train.trainer import RecipeMismatch, launcher_rank, train
+    from lockstep.use.hooks import run_hooks
 
     is_root = launcher_rank() == 0
     run_dir = args.resume or args.out
@@ -138,7 +139,8 @@ def run_train(args) -> int:
         if args.resume:
             summary = train(args.resume, resume=True, data=args.data, steps=args.steps, tokens=args.tokens,
                             backend_name=backend, checkpoint_every=args.checkpoint_every, progress=not args.quiet,
-                            check_recipe=recipe_checker(args), eval_every=args.eval_every)
+                            check_recipe=recipe_checker(args), eval_every=args.eval_every,
+                            hooks=run_hooks())
         else:
             name = args.preset or DEFAULT_PRESET
             cfg = preset(name, quantize=not args.no_quantize)
@@ -151,7 +153,7 @@ def run_train(args) -> int:
             summary = train(run_dir, cfg=cfg, tcfg=tcfg, data=args.data, steps=steps, tokens=args.tokens,
                             seed=DEFAULT_SEED if args.seed is None else args.seed, backend_name=backend,
                             checkpoint_every=args.checkpoint_every, progress=not args.quiet,
-                            eval_every=args.eval_every)
+                            eval_every=args.eval_every, hooks=run_hooks())
     except (BackendUnavailable, RecipeMismatch, CheckpointError, DataError, NonFiniteError, AgreedError,
             OSError, ValueError) as e:
         if is_root:

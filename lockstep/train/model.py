@@ -1,4 +1,4 @@
-"""The Open-1B model, written once against the backend interface.
+"""The Open-1B model, written once against the backend contract (``lockstep.contract``).
 
 Decoder-only; no biases; untied embedding and LM head; RMSNorm on the embedding
 output; pre-norm RMSNorm blocks; GQA with QK-norm (no gain) and RoPE; SwiGLU with
@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -115,6 +116,43 @@ def _merge_heads(x):
     return x.transpose(0, 2, 1, 3).reshape(b, t, n * dh)
 
 
+class BlockSaved(NamedTuple):
+    """What one block's forward keeps for its backward (shapes for inputs (B, T))."""
+
+    x: Any       # (B, T, D) the block's input
+    a_in: Any    # (B, T, D) attention input: rmsnorm(x) with the attn_norm gain
+    r1: Any      # (B, T) that norm's reciprocal RMS
+    q: Any       # (B, H, T, Dh) queries before QK-norm
+    k: Any       # (B, G, T, Dh) keys before QK-norm
+    v: Any       # (B, G, T, Dh) values
+    rq: Any      # (B, H, T) the query norm's reciprocal RMS
+    rk: Any      # (B, G, T) the key norm's reciprocal RMS
+    qr: Any      # (B, H, T, Dh) normed, rotated queries
+    kr: Any      # (B, G, T, Dh) normed, rotated keys
+    o: Any       # (B, H, T, Dh) attention output
+    m: Any       # (B, H, T) attention row maxima
+    l: Any       # (B, H, T) attention row sums
+    o2: Any      # (B, T, H Dh) heads merged
+    x_mid: Any   # (B, T, D) after the attention residual
+    f_in: Any    # (B, T, D) FFN input: rmsnorm(x_mid) with the ffn_norm gain
+    r2: Any      # (B, T) that norm's reciprocal RMS
+    gu: Any      # (B, T, 2F) the fused gate and up projection
+    hh: Any      # (B, T, F) swiglu(gu)
+
+
+class ForwardSaved(NamedTuple):
+    """What the whole forward keeps for ``loss_and_grads``'s backward."""
+
+    x0: Any                   # (B, T, D) embedding output
+    r0: Any                   # (B, T) the embedding norm's reciprocal RMS
+    blocks: list[BlockSaved]  # one per layer, in layer order
+    x: Any                    # (B, T, D) the last block's output
+    rf: Any                   # (B, T) the final norm's reciprocal RMS
+    xf2: Any                  # (N, D) the final norm's output, flattened
+    cos: Any                  # (T, Dh/2) RoPE rows of the positions
+    sin: Any
+
+
 def embed_forward(be, cfg: ModelConfig, P: dict, inputs):
     """Embedding and its RMSNorm: ``(x0, x, r0)``, x of shape (B, T, D)."""
     x0 = be.embedding_forward(P["embed"], inputs)                            # (B, T, D)
@@ -133,7 +171,7 @@ def block_forward(be, cfg: ModelConfig, P: dict, layer: int, x, cos, sin, attend
     ``cos``/``sin`` are the RoPE rows of the T positions; ``attend(layer, qr, kr, v,
     window)`` returns ``(o, m, l)``: ``training_attention`` in training, a cached
     attention when generating (``lockstep.use.generate``), so both run these ops.
-    ``saved`` holds what the backward needs.
+    ``saved`` (``BlockSaved``) holds what the backward needs.
     """
     h, g, dh, eps = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, cfg.norm_eps
     p = f"layers.{layer:02d}."
@@ -153,7 +191,7 @@ def block_forward(be, cfg: ModelConfig, P: dict, layer: int, x, cos, sin, attend
     gu = _linear_forward(be, cfg, f_in, P[p + "ffn.w_gate_up"])                # (B, T, 2F)
     hh = be.swiglu_forward(gu)                                                # (B, T, F)
     x_out = be.add(x_mid, _linear_forward(be, cfg, hh, P[p + "ffn.w_down"]))
-    return x_out, (x, a_in, r1, q, k, v, rq, rk, qr, kr, o, m, l, o2, x_mid, f_in, r2, gu, hh)
+    return x_out, BlockSaved(x, a_in, r1, q, k, v, rq, rk, qr, kr, o, m, l, o2, x_mid, f_in, r2, gu, hh)
 
 
 def head_forward(be, cfg: ModelConfig, P: dict, x):
@@ -170,7 +208,7 @@ def device_params(params: dict, backend) -> dict:
 
 def forward(P: dict, inputs, cfg: ModelConfig, backend):
     """The training forward of inputs (B, T) with device parameters ``P``:
-    ``(logits (B*T, V), saved)``, ``saved`` being what ``loss_and_grads`` needs for the backward."""
+    ``(logits (B*T, V), saved)``, ``saved`` (``ForwardSaved``) being what ``loss_and_grads`` needs for the backward."""
     be = backend
     t = inputs.shape[1]
     cos, sin = (be.asarray(a) for a in _rope(t, cfg.head_dim, cfg.rope_theta))
@@ -181,7 +219,7 @@ def forward(P: dict, inputs, cfg: ModelConfig, backend):
         x, saved = block_forward(be, cfg, P, i, x, cos, sin, attend)
         blocks.append(saved)
     xf, rf, xf2, logits = head_forward(be, cfg, P, x)
-    return logits, (x0, r0, blocks, x, rf, xf2, cos, sin)
+    return logits, ForwardSaved(x0, r0, blocks, x, rf, xf2, cos, sin)
 
 
 def logits_forward(params: dict, inputs, cfg: ModelConfig, backend):
@@ -216,7 +254,8 @@ def loss_and_grads(params: dict, windows, cfg: ModelConfig, backend, n_global: i
     P = device_params(params, be)
 
     # ---- forward
-    logits, (x0, r0, saved, x, rf, xf2, cos, sin) = forward(P, inputs, cfg, be)
+    logits, fs = forward(P, inputs, cfg, be)
+    x0, r0, x, rf, xf2, cos, sin = fs.x0, fs.r0, fs.x, fs.rf, fs.xf2, fs.cos, fs.sin
     loss_sum, lse = be.cross_entropy_forward(logits, targets, cfg.z_loss)
     loss = be.mul(loss_sum, inv_n)
 
@@ -229,20 +268,20 @@ def loss_and_grads(params: dict, windows, cfg: ModelConfig, backend, n_global: i
     for i in reversed(range(cfg.n_layers)):
         p = f"layers.{i:02d}."
         window = cfg.window(i)
-        (x_in, a_in, r1, q, k, v, rq, rk, qr, kr, o, m, l, o2, x_mid, f_in, r2, gu, hh) = saved[i]
-        dhh, grads[p + "ffn.w_down"] = _linear_backward(be, cfg, dx, hh, P[p + "ffn.w_down"])
-        dgu = be.swiglu_backward(dhh, gu)
-        df_in, grads[p + "ffn.w_gate_up"] = _linear_backward(be, cfg, dgu, f_in, P[p + "ffn.w_gate_up"])
-        dxm, grads[p + "ffn_norm.gain"] = be.rmsnorm_backward(df_in, x_mid, P[p + "ffn_norm.gain"], r2)
+        b = fs.blocks[i]
+        dhh, grads[p + "ffn.w_down"] = _linear_backward(be, cfg, dx, b.hh, P[p + "ffn.w_down"])
+        dgu = be.swiglu_backward(dhh, b.gu)
+        df_in, grads[p + "ffn.w_gate_up"] = _linear_backward(be, cfg, dgu, b.f_in, P[p + "ffn.w_gate_up"])
+        dxm, grads[p + "ffn_norm.gain"] = be.rmsnorm_backward(df_in, b.x_mid, P[p + "ffn_norm.gain"], b.r2)
         dx = be.add(dx, dxm)                                                  # residual first, then branch
-        do2, grads[p + "attn.wo"] = _linear_backward(be, cfg, dx, o2, P[p + "attn.wo"])
+        do2, grads[p + "attn.wo"] = _linear_backward(be, cfg, dx, b.o2, P[p + "attn.wo"])
         do = _split_heads(do2, h, dh)
-        dqr, dkr, dv = be.attention_backward(do, qr, kr, v, o, m, l, window)
-        dq, _ = be.rmsnorm_backward(be.rope_backward(dqr, cos, sin), q, None, rq)
-        dk, _ = be.rmsnorm_backward(be.rope_backward(dkr, cos, sin), k, None, rk)
+        dqr, dkr, dv = be.attention_backward(do, b.qr, b.kr, b.v, b.o, b.m, b.l, window)
+        dq, _ = be.rmsnorm_backward(be.rope_backward(dqr, cos, sin), b.q, None, b.rq)
+        dk, _ = be.rmsnorm_backward(be.rope_backward(dkr, cos, sin), b.k, None, b.rk)
         dqkv = be.concat_last([_merge_heads(dq), _merge_heads(dk), _merge_heads(dv)])
-        da_in, grads[p + "attn.wqkv"] = _linear_backward(be, cfg, dqkv, a_in, P[p + "attn.wqkv"])
-        dxi, grads[p + "attn_norm.gain"] = be.rmsnorm_backward(da_in, x_in, P[p + "attn_norm.gain"], r1)
+        da_in, grads[p + "attn.wqkv"] = _linear_backward(be, cfg, dqkv, b.a_in, P[p + "attn.wqkv"])
+        dxi, grads[p + "attn_norm.gain"] = be.rmsnorm_backward(da_in, b.x, P[p + "attn_norm.gain"], b.r1)
         dx = be.add(dx, dxi)
     dx0, grads["embed_norm.gain"] = be.rmsnorm_backward(dx, x0, P["embed_norm.gain"], r0)
     grads["embed"] = be.embedding_backward(dx0, inputs, cfg.vocab_size)

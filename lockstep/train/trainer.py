@@ -27,6 +27,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 from lockstep.fsio import check_regular_or_absent
 from lockstep.spec import SPEC_VERSION
@@ -43,6 +44,7 @@ from .rundir import (DATA_DIR, METRICS_FILE, RECIPE_FILE, TARGET_FILE, TRAJECTOR
                      write_trajectory)
 from .rundir import append_record
 from .malloc import keep_freed_memory
+from .memory import require_memory
 from .step import GradLayout, VectorPool, apply_update, plan_step, split_state, state_tensors, subtree_sums
 from .stop import StopRequest
 
@@ -117,11 +119,31 @@ class RunSummary:
     world_size: int = 1
 
 
-def _plot_loss(run_dir: Path, trajectory: list[dict]) -> Path | None:
-    """loss.png: training and validation loss over tokens (``lockstep.use.plots``); not evidence."""
-    from lockstep.use.plots import plot_run
+@dataclass(frozen=True)
+class RunHooks:
+    """Work the trainer hands to the layers above it, which it does not import.
 
-    return plot_run(run_dir, trajectory)
+    The CLI wires lockstep's own (``lockstep.use.hooks.run_hooks``: the validation loss
+    and ``loss.png``); without hooks a run trains and publishes the same bits and
+    writes neither. None of them decides a published bit.
+
+    * ``validate(run_dir, step, tokens, params, cfg, manifest, backend, eval_batch, say)``:
+      after the checkpoint of an evaluation step, on rank 0 (metrics.jsonl);
+    * ``eval_interval(eval_every, cfg) -> int``: the interval in steps (0: never),
+      ``eval_every`` None meaning the preset's default;
+    * ``plot(run_dir, trajectory) -> Path | None``: when the run reaches its target.
+    """
+
+    validate: Callable[..., object] | None = None
+    eval_interval: Callable[[int | None, ModelConfig], int] | None = None
+    plot: Callable[[Path, list[dict]], Path | None] | None = None
+
+    def interval(self, eval_every: int | None, cfg: ModelConfig) -> int:
+        if self.eval_interval is not None:
+            return self.eval_interval(eval_every, cfg)
+        if eval_every in (None, 0):
+            return 0
+        raise ValueError(f"eval_every {eval_every!r} needs a validation hook (lockstep.use.hooks.run_hooks())")
 
 
 @dataclass
@@ -143,7 +165,7 @@ def train(run_dir: str | Path, *, cfg: ModelConfig | None = None, tcfg: TrainCon
           data: str | Path | None = None, seed: int = 42, steps: int | None = None, tokens: int | None = None,
           backend_name: str = "spec", checkpoint_every: int = 50, resume: bool = False,
           progress: bool = True, log=print, check_recipe=None, handle_signals: bool = True,
-          eval_every: int | None = 0) -> RunSummary:
+          eval_every: int | None = 0, hooks: RunHooks | None = None) -> RunSummary:
     """Train (or resume) the run in ``run_dir``; see the module docstring.
 
     A new run needs ``cfg``, ``tcfg``, ``seed``, ``steps`` or ``tokens``, and ``data``
@@ -159,8 +181,10 @@ def train(run_dir: str | Path, *, cfg: ModelConfig | None = None, tcfg: TrainCon
     with a checkpoint (``RunSummary.stopped_by``), the second at once.
 
     ``eval_every`` K > 0: every K steps and at the last, rank 0 saves a checkpoint and
-    records the validation loss in metrics.jsonl (``lockstep.use.evaluate``); None:
-    the preset's default (``evaluate.DEFAULT_EVAL_EVERY``); 0: never.
+    calls ``hooks.validate`` (the CLI's records the validation loss in metrics.jsonl);
+    None: ``hooks.eval_interval``'s default for the preset; 0: never. ``hooks``
+    (``RunHooks``) also draws the loss curve at the end; without hooks nothing but the
+    run's own files is written.
     """
     from .collectives import abort_on_exception, on_all_ranks
 
@@ -184,7 +208,8 @@ def train(run_dir: str | Path, *, cfg: ModelConfig | None = None, tcfg: TrainCon
             say(f"resuming {run_dir} from " + (f"step {st.start_step}" if st.start_step else
                                                 "its initial state (no checkpoint yet)"))
         with StopRequest(install=handle_signals, announce=is_root) as stop:
-            return _run_loop(comm, rank, world, run_dir, st, be, checkpoint_every, progress, say, stop, eval_every)
+            return _run_loop(comm, rank, world, run_dir, st, be, checkpoint_every, progress, say, stop, eval_every,
+                             hooks or RunHooks())
 
 
 def _checked_backend(backend_name: str, checkpoint_every: int):
@@ -245,8 +270,6 @@ def _check_vocab(manifest: Manifest, cfg: ModelConfig) -> None:
 
 
 def _resume_start(run_dir: Path, data, steps, tokens, is_root, check_recipe, given_cfg, given_tcfg) -> _Start:
-    from lockstep.audit.verify import require_memory
-
     recipe = load_recipe(run_dir)
     check_regular_or_absent(run_dir, METRICS_FILE, "metrics log")  # appended to: refuse a link now
     if recipe.get("spec_version") != SPEC_VERSION:
@@ -302,16 +325,14 @@ def _write_start(run_dir: Path, st: _Start, resume: bool) -> None:
 
 
 def _run_loop(comm, rank, world, run_dir: Path, st: _Start, be, checkpoint_every: int, progress: bool, say,
-              stop, eval_every: int | None = 0) -> RunSummary:
+              stop, eval_every: int | None, hooks: RunHooks) -> RunSummary:
     """Steps ``start_step + 1 .. last_step``; stops early, with a checkpoint, when a signal came."""
     from .collectives import check_state_agreement, max_over_ranks, rank_micro_batches, tree_allreduce
 
     is_root = rank == 0
     recipe, cfg, tcfg, params, opt, stream = st.recipe, st.cfg, st.tcfg, st.params, st.opt, st.stream
     prev_chain, last_step = st.prev_chain, st.last_step
-    from lockstep.use.evaluate import eval_interval, record_validation
-
-    eval_every = eval_interval(eval_every, cfg)
+    eval_every = hooks.interval(eval_every, cfg)
     say(f"run {run_dir}: preset {cfg.name}, backend {be.name}, {world} rank(s), steps {st.start_step + 1}..{last_step}"
         if last_step > st.start_step else f"run {run_dir} is already at its target step {last_step}; "
                                           "give --steps N (or --tokens) to extend it")
@@ -360,7 +381,7 @@ def _run_loop(comm, rank, world, run_dir: Path, st: _Start, be, checkpoint_every
                         "recipe_sha256": recipe_digest(recipe), "tokens": plan.tokens_after}
                 ckpt.save_checkpoint(run_dir, t, state_tensors(params, opt), side)
             if evaluating:  # after the checkpoint, so `lockstep eval --step t` can reproduce it
-                record_validation(run_dir, t, plan.tokens_after, params, cfg, stream.manifest, be, tcfg.micro_batch, say)
+                hooks.validate(run_dir, t, plan.tokens_after, params, cfg, stream.manifest, be, tcfg.micro_batch, say)
         if stopped_by:
             break
     bar.close()
@@ -370,7 +391,7 @@ def _run_loop(comm, rank, world, run_dir: Path, st: _Start, be, checkpoint_every
         return summary
     if is_root:
         write_commitment(run_dir, recipe, last_step, prev_chain)
-        png = _plot_loss(run_dir, read_trajectory(run_dir, Strictness.LIVE))
+        png = hooks.plot(run_dir, read_trajectory(run_dir, Strictness.LIVE)) if hooks.plot else None
         say(f"done: {run_dir} step {last_step}, loss {summary_loss:.4f}, chain {prev_chain}"
             + (f", loss curve {png}" if png else ""))
     return summary

@@ -102,6 +102,8 @@ def test_export_refuses_forged_decimals_and_its_model_card_quotes_the_bits(copy_
     assert f"training loss at this step: {_value_of(last['loss_bits']):.4f}" in card
     _forge_decimals(run, lambda x: x / 2)
     capsys.readouterr()
+    assert main(["audit", "verify-export", str(tmp_path / "honest"), str(run)]) == 2  # the run is not the export's
+    assert "decimal was edited" in capsys.readouterr().out
     assert main(["export", str(run), "--out", str(tmp_path / "forged")]) == 1
     err = capsys.readouterr().err
     assert "decimal was edited" in err and len(err.strip().splitlines()) == 1

@@ -5,8 +5,11 @@ For a target step t:
 1. **Start.** The newest checkpoint before t that verifies (``checkpoint.load_checkpoint``:
    marker, file digest, every tensor digest, the state root) *and* agrees with the
    trajectory (its state root and chain hash are the published ones at its step, its
-   recipe digest is the recipe's). A checkpoint that fails is skipped, and said; with
-   none left the replay starts from step 0, ``init_params(cfg, seed)`` and ``H_0``.
+   recipe digest is the recipe's, its tensors are the recipe's state by name, shape
+   and dtype: ``checkpoint.state_layout_problem``). A checkpoint that fails is skipped,
+   and said; with none left the replay starts from step 0, ``init_params(cfg, seed)``
+   and ``H_0``. A checkpoint folder beyond the trajectory's last step makes the run
+   invalid (``rundir.checkpoints_beyond``): no chain link covers it.
 2. **Data.** The run's data folder (or ``--data DIR``), every shard verified by
    ``Manifest.load``. The stream is built from its start and each step's windows
    come from the step plan (the recipe's batch schedule), never from a record a
@@ -44,8 +47,9 @@ from lockstep.fsio import UnsafePath, printable, read_json_regular
 from lockstep.spec import SPEC_VERSION, hashing
 from lockstep.train import checkpoint as ckpt
 from lockstep.train.malloc import keep_freed_memory
-from lockstep.train.rundir import (RunFileError, Strictness, genesis, load_recipe, open_run_data, read_commitment,
-                                   read_trajectory, recipe_configs, recipe_digest, recorded_world_sizes)
+from lockstep.train.rundir import (RunFileError, Strictness, checkpoints_beyond, genesis, load_recipe, open_run_data,
+                                   read_commitment, read_trajectory, recipe_configs, recipe_digest,
+                                   recorded_world_sizes)
 from lockstep.train.stream import GlobalStream, batch_digest
 
 from lockstep.train.memory import require_memory
@@ -336,9 +340,14 @@ class _Replayer:
             self.complete = dict(ckpt.list_checkpoints(run_dir))
             self.incomplete = {ckpt.step_of_dirname(p.name): why for p, why in ckpt.incomplete_checkpoints(run_dir)
                                if ckpt.step_of_dirname(p.name) is not None}
+            beyond = checkpoints_beyond(run_dir, len(self.traj))
         except UnsafePath as exc:
             self.problems.append(f"checkpoints/ cannot be used: {exc}")
-            self.complete, self.incomplete = {}, {}
+            self.complete, self.incomplete, beyond = {}, {}, []
+        for s in beyond:
+            self.problems.append(f"checkpoint {ckpt.step_dirname(s)} is beyond the trajectory's last step "
+                                 f"{len(self.traj)}: no chain link covers what it holds (a trainer saves a step "
+                                 "after its record), so the run is invalid: treat it as forged")
         try:
             self.commitment = read_commitment(run_dir)["chain_hash"]
             if self.traj and self.commitment != self.traj[-1]["chain_hash"]:
@@ -361,6 +370,9 @@ class _Replayer:
             return f"its chain hash {c.sidecar.get('chain_hash')} is not the trajectory's {rec['chain_hash']}"
         if c.sidecar.get("recipe_sha256") != self.digest:
             return f"its recipe digest {c.sidecar.get('recipe_sha256')} is not recipe.json's {self.digest}"
+        bad = ckpt.state_layout_problem(c.tensors, self.cfg)
+        if bad is not None:
+            return f"tensor {bad[0]!r}: {bad[1]}"
         return ckpt.stream_state_problem(c.sidecar, self.stream, self.tcfg, step)
 
     def _check_published_chain(self) -> None:

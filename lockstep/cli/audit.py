@@ -148,8 +148,9 @@ def _verify(args) -> int:
     else:
         print(rep.format())
     if args.plot is not None:
-        if rep.chain_hash is None:
-            return _err(f"no loss curve drawn: the trajectory of {args.run} is not an intact chain (see above)")
+        if rep.chain_hash is None or not rep.ok:
+            return _err(f"no loss curve drawn: {args.run} is invalid (see above); a curve is drawn only from a "
+                        "valid run")
         from lockstep.fsio import atomic_write_bytes
         from lockstep.train.rundir import Strictness, read_trajectory
         from lockstep.use.plots import loss_curve_png

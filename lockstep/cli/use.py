@@ -31,7 +31,7 @@ def add_eval_parser(subparsers) -> argparse.ArgumentParser:
                     "recorded a value for that step (train --eval-every), it is compared bit for bit "
                     "(exit 2 if it differs).")
     p.add_argument("run", type=Path, help="the run directory")
-    p.add_argument("--step", type=positive_int, help="the checkpoint's step (default: the latest)")
+    p.add_argument("--step", type=positive_int, help="the checkpoint's step (default: the latest the chain covers)")
     p.add_argument("--backend", default=None, help="spec, numba or another installed backend (default: numba)")
     p.add_argument("--data", type=Path, help="the run's data folder, when it is not inside the run")
     p.add_argument("--record", action="store_true",
@@ -111,7 +111,7 @@ def add_sample_parser(subparsers) -> argparse.ArgumentParser:
     src = p.add_mutually_exclusive_group()
     src.add_argument("--prompt", default="", help="the start of the text (default: empty: a new document)")
     src.add_argument("--prompt-file", type=Path, help="read the prompt from this file (bytes as they are)")
-    p.add_argument("--step", type=positive_int, help="the checkpoint's step (default: the latest)")
+    p.add_argument("--step", type=positive_int, help="the checkpoint's step (default: the latest the chain covers)")
     p.add_argument("--max-new-tokens", type=positive_int, default=200, help="at most this many tokens (default 200)")
     p.add_argument("--temperature", type=float, default=0.8, help="0: greedy (argmax); default 0.8")
     p.add_argument("--top-k", type=int, default=0, help="sample only from the k most likely tokens (0: all; default 0)")
@@ -302,7 +302,7 @@ def add_export_parser(subparsers) -> argparse.ArgumentParser:
                     "`lockstep audit verify-export DIR RUN`.")
     p.add_argument("run", type=Path, help="the run directory")
     p.add_argument("--out", type=Path, required=True, help="the new export folder (must not exist, or be empty)")
-    p.add_argument("--step", type=positive_int, help="the checkpoint's step (default: the latest)")
+    p.add_argument("--step", type=positive_int, help="the checkpoint's step (default: the latest the chain covers)")
     p.add_argument("--data", type=Path, help="the run's data folder (for its tokenizer), when it is not inside the run")
     p.set_defaults(func=run_export)
     return p

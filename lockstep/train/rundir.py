@@ -58,6 +58,7 @@ import json
 import math
 import os
 import re
+import struct
 from pathlib import Path
 from typing import Any
 
@@ -94,6 +95,7 @@ HEX64 = re.compile(r"[0-9a-f]{64}")
 BITS_RE = re.compile(r"0x[0-9A-F]{8}")
 RECORD_HEX_KEYS = ("state_root", "batch_digest", "chain_hash")
 RECORD_FLOAT_KEYS = ("lr", "loss", "grad_norm")
+MAX_TOKENS = 2**64 - 1  # the chain hashes a record's token count as 8 bytes
 
 
 class RunFileError(ValueError):
@@ -319,6 +321,30 @@ def write_trajectory(run_dir: Path, records: list[dict]) -> None:
     atomic_write_bytes(Path(run_dir) / TRAJECTORY_FILE, b"".join(record_line(r) for r in records))
 
 
+def bits_value(bits: str) -> float:
+    """The value of the float32 with bits ``bits`` (``0x3F800000``, as a trajectory writes them), exactly."""
+    return struct.unpack("<f", int(bits, 16).to_bytes(4, "little"))[0]
+
+
+def record_value(rec: dict, key: str) -> float:
+    """The loss, gradient norm or learning rate of a trajectory record, from its chained bits.
+
+    What every reader shows: the bits are what ``H_t`` binds, and ``read_trajectory``
+    refuses a record whose decimal is not their value.
+    """
+    return bits_value(rec[f"{key}_bits"])
+
+
+def _same_number(decimal: int | float, value: float) -> bool:
+    """``decimal`` is exactly ``value`` (sign of zero included); no conversion, so no overflow."""
+    return decimal == value and (value != 0 or math.copysign(1.0, decimal) == math.copysign(1.0, value))
+
+
+def _short_number(v: int | float) -> str:
+    r = repr(v)
+    return r if len(r) <= 40 else f"{r[:20]}...({len(r)} digits)"
+
+
 def _check_record(rec: Any, lineno: int, path: Path) -> None:
     where = f"{path}:{lineno}"
     if not isinstance(rec, dict):
@@ -326,8 +352,11 @@ def _check_record(rec: Any, lineno: int, path: Path) -> None:
     step = rec.get("step")
     if type(step) is not int or step < 1:
         raise RunFileError(f"{where}: 'step' must be an integer >= 1, got {step!r}")
-    if type(rec.get("tokens")) is not int:
-        raise RunFileError(f"{where} (step {step}): 'tokens' must be an integer")
+    tokens = rec.get("tokens")
+    if type(tokens) is not int or not 1 <= tokens <= MAX_TOKENS:
+        shown = _short_number(tokens) if type(tokens) is int else type(tokens).__name__
+        raise RunFileError(f"{where} (step {step}): 'tokens' must be an integer from 1 to 2**64 - 1, got {shown}; "
+                           "no trainer writes that: the record was edited")
     for key in RECORD_HEX_KEYS:
         v = rec.get(key)
         if not isinstance(v, str) or not HEX64.fullmatch(v):
@@ -339,10 +368,21 @@ def _check_record(rec: Any, lineno: int, path: Path) -> None:
         bits = rec.get(f"{key}_bits")  # the chain binds these bits (SPEC_VERSION 2): required
         if not (isinstance(bits, str) and BITS_RE.fullmatch(bits)):
             raise RunFileError(f"{where} (step {step}): '{key}_bits' must look like 0x3F800000, got {bits!r}")
+        value = bits_value(bits)
+        if not math.isfinite(value):
+            raise RunFileError(f"{where} (step {step}): '{key}_bits' {bits} is not a finite float32 (training stops "
+                               "before it publishes one): the record was edited")
+        if not _same_number(v, value):  # the decimal is shown (curves, model cards): it must be the bits' value
+            raise RunFileError(f"{where} (step {step}): {key!r} is {_short_number(v)} but its chained bits {bits} "
+                               f"are {value!r}; the trainer writes the bits' exact value, so the decimal was "
+                               "edited: the run is invalid (get the publisher's trajectory)")
 
 
 def read_trajectory(run_dir: str | os.PathLike, strictness: Strictness) -> list[dict]:
-    """Every record of ``trajectory.jsonl``: strict JSON, steps 1..N in order, digests as hex.
+    """Every record of ``trajectory.jsonl``: strict JSON, steps 1..N in order, digests as hex,
+    token counts from 1 to 2**64 - 1, and each of loss, gradient norm and learning rate
+    a finite float32 whose decimal is exactly the value of its chained bits (so whatever
+    a reader shows from a record is what ``H_t`` binds).
 
     The file must be a regular file inside the run (no symlink, FIFO or device) of at
     most ``MAX_TRAJECTORY_BYTES``; it is streamed one line at a time with a cap of
@@ -384,6 +424,32 @@ def read_trajectory(run_dir: str | os.PathLike, strictness: Strictness) -> list[
     except OSError as exc:
         raise RunFileError(f"{path}: cannot be read ({exc})") from None
     return records
+
+
+def checkpoints_beyond(run_dir: str | os.PathLike, last_step: int) -> list[int]:
+    """Steps after ``last_step`` (the trajectory's last) with a ``step-NNNNNNNN`` folder, complete or not.
+
+    No chain link covers what such a checkpoint holds (the trainer appends a step's
+    record before it saves the step's checkpoint), so a run with one is invalid for
+    ``audit verify`` and ``audit replay`` (and so for the certificates merge counts),
+    and ``lockstep sample|eval|export`` never use one. Raises ``UnsafePath`` when
+    ``checkpoints/`` is a symlink.
+    """
+    from . import checkpoint as ckpt
+
+    steps = {s for s, _ in ckpt.list_checkpoints(run_dir)}
+    steps |= {ckpt.step_of_dirname(p.name) for p, _ in ckpt.incomplete_checkpoints(run_dir)} - {None}
+    return sorted(s for s in steps if s > last_step)
+
+
+def first_broken_link(recipe: dict, records: list[dict]) -> int | None:
+    """The first step whose ``chain_hash`` is not ``H_t`` recomputed from ``H_0`` and the records; None if none."""
+    h = genesis(recipe)
+    for rec in records:
+        if hashing.record_chain_hash(h, rec) != rec["chain_hash"]:
+            return rec["step"]
+        h = rec["chain_hash"]
+    return None
 
 
 # ---------------------------------------------------------------- commitment

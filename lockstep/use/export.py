@@ -91,7 +91,7 @@ LINK_FIELDS = ("tokens", "loss_bits", "grad_norm_bits", "lr_bits")
 
 def _chain_facts(model: RunModel) -> dict:
     """The step's chain links from the trajectory, when the run has them."""
-    from lockstep.train.rundir import Strictness, genesis, read_trajectory
+    from lockstep.train.rundir import Strictness, genesis, read_trajectory, record_value
 
     traj = read_trajectory(model.run_dir, Strictness.LIVE)
     by_step = {r.get("step"): r for r in traj if isinstance(r, dict)}
@@ -99,7 +99,8 @@ def _chain_facts(model: RunModel) -> dict:
     if rec is None:
         return {}
     prev = genesis(model.recipe) if model.step == 1 else by_step.get(model.step - 1, {}).get("chain_hash")
-    return {"batch_digest": rec.get("batch_digest"), "previous_chain_hash": prev, "training_loss": rec.get("loss"),
+    return {"batch_digest": rec.get("batch_digest"), "previous_chain_hash": prev,
+            "training_loss": record_value(rec, "loss"),  # from the chained bits, never the decimal
             **{k: rec.get(k) for k in LINK_FIELDS}}
 
 

@@ -26,19 +26,21 @@ def _pyplot():
 
 
 def run_curves(run_dir: Path, trajectory: list[dict] | None = None) -> tuple[list, list, list, list]:
-    """``(train_tokens, train_loss, val_tokens, val_loss)`` of a run (last record per step)."""
-    from lockstep.train.rundir import Strictness, read_trajectory
+    """``(train_tokens, train_loss, val_tokens, val_loss)`` of a run (last record per step; the training
+    loss from each record's chained bits)."""
+    from lockstep.train.rundir import BITS_RE, Strictness, read_trajectory, record_value
 
     from .evaluate import recorded_validations
 
     traj = trajectory if trajectory is not None else read_trajectory(run_dir, Strictness.LIVE)
     by_step = {r["step"]: r for r in traj if isinstance(r, dict) and type(r.get("step")) is int
-               and type(r.get("tokens")) is int and isinstance(r.get("loss"), (int, float))}
+               and type(r.get("tokens")) is int and isinstance(r.get("loss_bits"), str)
+               and BITS_RE.fullmatch(r["loss_bits"])}
     steps = sorted(by_step)
     val = recorded_validations(run_dir)
     val_steps = sorted(s for s in val if type(val[s].get("tokens")) is int
                        and isinstance(val[s].get("nats_per_token"), (int, float)))
-    return ([by_step[s]["tokens"] for s in steps], [by_step[s]["loss"] for s in steps],
+    return ([by_step[s]["tokens"] for s in steps], [record_value(by_step[s], "loss") for s in steps],
             [val[s]["tokens"] for s in val_steps], [val[s]["nats_per_token"] for s in val_steps])
 
 
@@ -55,14 +57,16 @@ def _save(fig, plt, path: Path) -> Path:
 def loss_curve_png(trajectory: list[dict], title: str) -> bytes | None:
     """The loss curve of trajectory records as PNG bytes (None without matplotlib).
 
-    Drawn from the records' ``loss`` values only (``audit verify --plot`` draws it from a
-    verified trajectory; ``loss.png`` is derived from files that are not evidence).
+    Drawn from the records' chained ``loss_bits`` only (``audit verify --plot`` draws it
+    from a valid run; ``loss.png`` is derived from files that are not evidence).
     """
+    from lockstep.train.rundir import record_value
+
     plt = _pyplot()
     if plt is None:
         return None
     fig, ax = plt.subplots(figsize=(6, 3.5))
-    ax.plot([r["step"] for r in trajectory], [r["loss"] for r in trajectory])
+    ax.plot([r["step"] for r in trajectory], [record_value(r, "loss") for r in trajectory])
     ax.set_xlabel("step")
     ax.set_ylabel("loss")
     ax.set_title(title)

@@ -3,8 +3,10 @@
 A run directory may come from a stranger. ``open_model`` reads the recipe through
 ``safe_join`` and strict JSON, loads the checkpoint with every digest checked
 (``checkpoint.load_checkpoint``: marker, file, each tensor, the state root), then
-requires that the checkpoint was made with this recipe and, where the trajectory has
-the step, that its state root and chain hash are the trajectory's. Anything else is a
+requires that the checkpoint was made with this recipe, that the trajectory covers
+its step (a checkpoint beyond the trajectory's last step is refused, and never the
+default), that the chain recomputed from ``H_0`` holds up to it, and that its state
+root and chain hash are the trajectory's. Anything else is a
 ``UseError`` naming the file and what to do: a damaged or refused checkpoint never
 becomes text, a loss or an export.
 """
@@ -42,7 +44,7 @@ class RunModel:
     params: dict[str, np.ndarray]
     sidecar: dict
     checkpoint: Path
-    trajectory_record: dict | None  # the trajectory's record of this step, if the run has one
+    trajectory_record: dict  # the trajectory's record of this step (a checkpoint it does not cover is refused)
 
     @property
     def tokens(self) -> int:
@@ -77,21 +79,25 @@ def load_run_recipe(run_dir: Path) -> tuple[dict, ModelConfig, TrainConfig]:
     return recipe, cfg, tcfg
 
 
-def _trajectory_record(run_dir: Path, step: int) -> dict | None:
+def _trajectory(run_dir: Path) -> list[dict]:
     from lockstep.train.rundir import Strictness, read_trajectory
 
     try:
-        records = read_trajectory(run_dir, Strictness.LIVE)
+        return read_trajectory(run_dir, Strictness.LIVE)
     except (ValueError, UnsafePath) as exc:
         raise UseError(f"{run_dir}: trajectory.jsonl cannot be read ({exc}); run `lockstep audit verify {run_dir}`") \
             from None
-    found = [r for r in records if isinstance(r, dict) and r.get("step") == step]
-    return found[-1] if found else None
 
 
 def open_model(run_dir: str | os.PathLike, step: int | None = None) -> RunModel:
-    """The parameters of checkpoint ``step`` (default: the latest complete one), verified."""
-    from lockstep.train.rundir import recipe_digest
+    """The parameters of checkpoint ``step`` (default: the latest complete one the trajectory covers), verified.
+
+    A checkpoint is used only when the trajectory has its step, the chain recomputed
+    from ``H_0`` holds up to it and its state root and chain hash are that record's: a
+    checkpoint beyond the trajectory's last step is covered by no chain link and is
+    refused (and never chosen by default).
+    """
+    from lockstep.train.rundir import first_broken_link, recipe_digest
 
     run_dir = Path(run_dir)
     recipe, cfg, tcfg = load_run_recipe(run_dir)
@@ -106,6 +112,14 @@ def open_model(run_dir: str | os.PathLike, step: int | None = None) -> RunModel:
                        f"{', '.join(map(str, have[-10:])) or 'none'})")
     if not have:
         raise UseError(f"{run_dir} has no complete checkpoint yet (train it, or wait for its first checkpoint)")
+    records = _trajectory(run_dir)
+    n = len(records)
+    covered = [s for s in have if s <= n]
+    if step is not None and step > n or not covered:
+        others = f" (checkpoints it covers: {', '.join(map(str, covered[-10:]))})" if covered else ""
+        raise UseError(f"refused: checkpoint {step or have[-1]} of {run_dir} is beyond trajectory.jsonl, which ends at "
+                       f"step {n}: no chain link covers it{others}; run `lockstep audit verify {run_dir}`")
+    step = step if step is not None else covered[-1]
     try:
         c = ckpt.load_checkpoint(run_dir, step)
     except ckpt.CheckpointError as exc:
@@ -116,11 +130,15 @@ def open_model(run_dir: str | os.PathLike, step: int | None = None) -> RunModel:
     if c.sidecar.get("recipe_sha256") != recipe_digest(recipe):
         raise UseError(f"refused: {where} was made with another recipe than {run_dir / 'recipe.json'} "
                        "(the recipe was edited, or the checkpoint comes from another run)")
-    record = _trajectory_record(run_dir, c.step)
-    if record is not None and (record.get("state_root") != c.sidecar.get("state_root")
-                               or record.get("chain_hash") != c.sidecar.get("chain_hash")):
+    record = records[c.step - 1]
+    if (record.get("state_root") != c.sidecar.get("state_root")
+            or record.get("chain_hash") != c.sidecar.get("chain_hash")):
         raise UseError(f"refused: checkpoint {c.step} ({c.path}) disagrees with trajectory.jsonl at step {c.step} "
                        f"(state root or chain hash); run `lockstep audit verify {run_dir}`")
+    broken = first_broken_link(recipe, records[:c.step])
+    if broken is not None:
+        raise UseError(f"refused: the chain of {run_dir / 'trajectory.jsonl'} is broken at step {broken}, so it does "
+                       f"not vouch for checkpoint {c.step}; run `lockstep audit verify {run_dir}`")
     try:
         params, _ = split_state(c.tensors)
     except ValueError as exc:

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from lockstep.train.config import ModelConfig, TrainConfig
+from lockstep.formats.config import ModelConfig, TrainConfig
 from lockstep.train.model import param_specs
 from lockstep.train.model import _rope as rope_tables  # the same float32 tables as the real model
 

@@ -94,7 +94,7 @@ def step_worker(steps: int, quantize: bool, spec_step: bool) -> dict:
     import baseline_numpy as bn
     from lockstep.backends import get_backend
     from lockstep.spec.hashing import state_root
-    from lockstep.train.config import preset, train_preset
+    from lockstep.formats.config import preset, train_preset
     from lockstep.train.model import init_params, loss_and_grads
     from lockstep.train.optim import AdamWState, optimizer_step
     from lockstep.train.step import state_tensors

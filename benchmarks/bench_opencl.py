@@ -55,7 +55,7 @@ def measure(repeats: int, steps: int) -> dict:
     from bench_numba import op_cases, windows_for
     from lockstep.backends import get_backend
     from lockstep.spec.hashing import state_root
-    from lockstep.train.config import preset, train_preset
+    from lockstep.formats.config import preset, train_preset
     from lockstep.train.model import init_params, loss_and_grads
     from lockstep.train.optim import AdamWState, optimizer_step
     from lockstep.train.step import state_tensors

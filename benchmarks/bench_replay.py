@@ -61,12 +61,12 @@ def _train_step_cpu(run: Path, step: int, backend: str, world: int) -> tuple[flo
     from the checkpoint before the step; the exchange's messages are left out (no replay sends any)."""
     from lockstep.backends import get_backend
     from lockstep.spec import tree
-    from lockstep.train import checkpoint as ckpt
+    from lockstep.formats import checkpoint as ckpt
     from lockstep.train.collectives import rank_micro_batches
-    from lockstep.train.manifest import Manifest
-    from lockstep.train.rundir import load_recipe, recipe_configs
+    from lockstep.formats.manifest import Manifest
+    from lockstep.formats.rundir import load_recipe, recipe_configs
     from lockstep.train.step import apply_update, plan_step, split_state, subtree_sums
-    from lockstep.train.stream import GlobalStream
+    from lockstep.formats.stream import GlobalStream
 
     recipe = load_recipe(run)
     cfg, tcfg = recipe_configs(recipe)
@@ -90,7 +90,7 @@ def _train_step_cpu(run: Path, step: int, backend: str, world: int) -> tuple[flo
 
 def bench(preset: str, backend: str, world: int, batch: int, micro: int, data: Path, repeat: int, work: Path) -> dict:
     from lockstep.audit.replay import replay_step
-    from lockstep.train.config import preset as model_preset
+    from lockstep.formats.config import preset as model_preset
 
     out = work / f"{preset}-{backend}-r{world}"
     steps = 3  # checkpoints at 2 and 3; step 3 is replayed from checkpoint 2
@@ -123,11 +123,11 @@ def bench(preset: str, backend: str, world: int, batch: int, micro: int, data: P
 def _replay_step_cpu(run: Path, backend: str) -> float:
     """CPU seconds of the replayed step alone: ``tree_step`` (every micro-batch, the tree, update, state root)."""
     from lockstep.backends import get_backend
-    from lockstep.train import checkpoint as ckpt
-    from lockstep.train.manifest import Manifest
-    from lockstep.train.rundir import load_recipe, recipe_configs
+    from lockstep.formats import checkpoint as ckpt
+    from lockstep.formats.manifest import Manifest
+    from lockstep.formats.rundir import load_recipe, recipe_configs
     from lockstep.train.step import plan_step, split_state, tree_step
-    from lockstep.train.stream import GlobalStream
+    from lockstep.formats.stream import GlobalStream
 
     recipe = load_recipe(run)
     cfg, tcfg = recipe_configs(recipe)
@@ -143,7 +143,7 @@ def _replay_step_cpu(run: Path, backend: str) -> float:
 def memory_rows(preset: str, backend: str, micro: int, counts: list[int], data: Path, work: Path) -> list[dict]:
     """Peak resident memory of ``lockstep audit replay RUN --step 1`` for runs of M micro-batches."""
     from lockstep.spec import tree
-    from lockstep.train.config import preset as model_preset
+    from lockstep.formats.config import preset as model_preset
     from lockstep.train.model import param_count
 
     vector_mib = (param_count(model_preset(preset)) + 1) * 4 / 2**20
@@ -215,7 +215,7 @@ def main(argv=None) -> int:
         work = Path(tmp)
         data = args.data
         if data is None:
-            from lockstep.train.corpus import default_corpus
+            from lockstep.formats.corpus import default_corpus
 
             data = work / "data"
             default_corpus(data)
@@ -245,7 +245,7 @@ def _memory_main(args) -> int:
         work = Path(tmp)
         data = args.data
         if data is None:
-            from lockstep.train.corpus import default_corpus
+            from lockstep.formats.corpus import default_corpus
 
             data = work / "data"
             default_corpus(data)

@@ -33,7 +33,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from lockstep.backends import get_backend  # noqa: E402
-from lockstep.train.config import preset  # noqa: E402
+from lockstep.formats.config import preset  # noqa: E402
 from lockstep.train.model import init_params, logits_forward  # noqa: E402
 from lockstep.use.generate import CachedModel  # noqa: E402
 

@@ -98,7 +98,7 @@ class LockstepSide:
         import numpy as np
 
         from lockstep.backends import get_backend
-        from lockstep.train.config import preset, train_preset
+        from lockstep.formats.config import preset, train_preset
         from lockstep.train.model import init_params
         from lockstep.train.optim import AdamWState
 
@@ -188,7 +188,7 @@ class NumpySide:
         sys.path.insert(0, str(HERE))
         import baseline_numpy as bn
 
-        from lockstep.train.config import preset, train_preset
+        from lockstep.formats.config import preset, train_preset
         from lockstep.train.model import init_params
 
         self.bn = bn

@@ -39,9 +39,9 @@ from pathlib import Path
 
 from lockstep.backends import get_backend
 from lockstep.spec import hashing
-from lockstep.train.config import preset, train_preset
-from lockstep.train.corpus import default_corpus
-from lockstep.train.stream import GlobalStream, batch_digest
+from lockstep.formats.config import preset, train_preset
+from lockstep.formats.corpus import default_corpus
+from lockstep.formats.stream import GlobalStream, batch_digest
 from lockstep.train.model import init_params
 from lockstep.train.malloc import keep_freed_memory
 from lockstep.train.optim import AdamWState
@@ -154,10 +154,10 @@ STEP_CPU_CHILD = r"""
 import json, sys, time
 from lockstep.backends import get_backend
 from lockstep.train import step as S
-from lockstep.train.config import preset, train_preset
+from lockstep.formats.config import preset, train_preset
 try:  # since the data module's split (issue 13)
-    from lockstep.train.manifest import Manifest
-    from lockstep.train.stream import GlobalStream
+    from lockstep.formats.manifest import Manifest
+    from lockstep.formats.stream import GlobalStream
 except ImportError:  # a baseline tree from before it
     from lockstep.train.data import GlobalStream, Manifest
 from lockstep.train.model import init_params

@@ -409,7 +409,7 @@ def _lockstep_step_time(model: str, batch: int, steps: int, quantize: bool) -> d
 
     from lockstep.backends import get_backend
     from lockstep.spec import hashing
-    from lockstep.train.config import train_preset
+    from lockstep.formats.config import train_preset
     from lockstep.train.optim import AdamWState
     from lockstep.train.step import GradLayout, StepPlan, VectorPool, apply_update, state_tensors, subtree_sums
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from lockstep.train.config import ModelConfig, preset  # noqa: E402
+from lockstep.formats.config import ModelConfig, preset  # noqa: E402
 
 # ~100M parameters in the Open-1B recipe's proportions (GQA 3:1, FFN ~2.7 d, window 512):
 # 12 layers x 6.3M + embedding and LM head 2 x 12.6M = 101M.

@@ -37,7 +37,7 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 from lockstep.spec.rope import rope_tables  # noqa: E402
-from lockstep.train.config import ModelConfig  # noqa: E402
+from lockstep.formats.config import ModelConfig  # noqa: E402
 
 from model_flops import H200_BF16_PEAK, MODEL_100M, model_config, step_flops  # noqa: E402,F401
 

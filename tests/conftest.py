@@ -28,7 +28,7 @@ def honest_run(tmp_path_factory) -> Path:
     Trained in this process on the spec backend. Tests never change it: they attack a
     copy (``copy_run``).
     """
-    from lockstep.train.config import preset, train_preset
+    from lockstep.formats.config import preset, train_preset
     from lockstep.train.trainer import train
 
     out = tmp_path_factory.mktemp("honest") / "run"

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from lockstep.fsio import json_bytes
 from lockstep.spec import hashing
-from lockstep.train import checkpoint as ckpt
+from lockstep.formats import checkpoint as ckpt
 
 
 def read_traj(run: Path) -> list[dict]:
@@ -33,7 +33,7 @@ def write_commitment(run: Path, recs: list[dict]) -> None:
 
 def relink(run: Path, recs: list[dict], from_step: int) -> list[dict]:
     """Recompute every chain hash from ``from_step`` on, the commitment, and the checkpoints' chain hashes."""
-    from lockstep.train.rundir import genesis, load_recipe
+    from lockstep.formats.rundir import genesis, load_recipe
 
     h = genesis(load_recipe(run)) if from_step == 1 else recs[from_step - 2]["chain_hash"]
     for r in recs[from_step - 1:]:
@@ -67,10 +67,10 @@ def train_on_other_windows(run: Path, at_step: int, window: int) -> int:
     redone, so everything but the data position is consistent. Returns the last step.
     """
     from lockstep.backends import get_backend
-    from lockstep.train.manifest import Manifest
-    from lockstep.train.rundir import load_recipe, recipe_configs, recipe_digest, step_record
+    from lockstep.formats.manifest import Manifest
+    from lockstep.formats.rundir import load_recipe, recipe_configs, recipe_digest, step_record
     from lockstep.train.step import plan_step, split_state, state_tensors, tree_step
-    from lockstep.train.stream import GlobalStream, batch_digest
+    from lockstep.formats.stream import GlobalStream, batch_digest
 
     recipe = load_recipe(run)
     cfg, tcfg = recipe_configs(recipe)

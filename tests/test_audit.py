@@ -28,8 +28,8 @@ from lockstep.audit.verify import verify_run
 from lockstep.cli import main as lockstep_main
 from lockstep.fsio import json_bytes, read_safetensors
 from lockstep.spec import hashing
-from lockstep.train import checkpoint as ckpt
-from lockstep.train.config import preset, train_preset
+from lockstep.formats import checkpoint as ckpt
+from lockstep.formats.config import preset, train_preset
 
 TINY = ["--preset", "tiny", "--backend", "spec", "--batch", "6", "--micro-batch", "2", "--quiet"]
 
@@ -55,7 +55,7 @@ needs_crypto = pytest.mark.skipif(not _cryptography(), reason="signing needs the
 
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory):
-    from lockstep.train.corpus import default_corpus
+    from lockstep.formats.corpus import default_corpus
 
     folder = tmp_path_factory.mktemp("audit-corpus") / "default"
     default_corpus(folder)
@@ -115,7 +115,7 @@ def _write_traj(run: Path, recs: list[dict]) -> None:
 
 def _forge_chain(run: Path, recs: list[dict], from_step: int) -> list[dict]:
     """Recompute every chain hash from ``from_step`` on, and the commitment, as a careful forger would."""
-    from lockstep.train.rundir import genesis, load_recipe
+    from lockstep.formats.rundir import genesis, load_recipe
 
     h = genesis(load_recipe(run)) if from_step == 1 else recs[from_step - 2]["chain_hash"]
     for r in recs[from_step - 1:]:

@@ -22,7 +22,7 @@ import pytest
 from forge import read_traj
 from lockstep.audit.replay import replay_step
 from lockstep.cli import main
-from lockstep.train import checkpoint as ckpt
+from lockstep.formats import checkpoint as ckpt
 
 
 def _flip_byte(run, step: int) -> str:

@@ -28,7 +28,7 @@ from lockstep.fsio import (
     write_safetensors,
 )
 from lockstep.spec.hashing import state_root
-from lockstep.train.checkpoint import (
+from lockstep.formats.checkpoint import (
     CheckpointError,
     incomplete_checkpoints,
     latest_checkpoint,
@@ -288,7 +288,7 @@ def test_symlinked_state_file_is_refused(tmp_path):
 # The crash test: a child process saves checkpoint 1, then SIGKILLs itself at the Nth
 # file-system call of the save of checkpoint 2 (every write, fsync, replace and rename the
 # save makes, learned from the child itself, so the kills follow the code as it changes).
-SAVE_CALLS = ("os:fsync", "os:replace", "os:rename", "lockstep.train.checkpoint:_HashingFile.write")
+SAVE_CALLS = ("os:fsync", "os:replace", "os:rename", "lockstep.formats.checkpoint:_HashingFile.write")
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -332,7 +332,7 @@ def test_sigkill_at_every_call_of_a_save_never_leaves_a_bad_checkpoint(tmp_path)
     counted = _crash_child(tmp_path / "count", 0)
     assert counted.returncode == 0, counted.stderr
     calls = json.loads(counted.stdout)
-    assert {"os:rename", "lockstep.train.checkpoint:_HashingFile.write"} <= set(calls), calls
+    assert {"os:rename", "lockstep.formats.checkpoint:_HashingFile.write"} <= set(calls), calls
     renamed_at = len(calls) - calls[::-1].index("os:rename")  # 1-based: the rename that publishes step 2
     for kill_at in range(1, len(calls) + 1):
         run = tmp_path / f"kill-{kill_at}"

@@ -1,7 +1,7 @@
 """The data pipeline: shards, manifest, the global stream, the default corpus, bad input.
 
 The stream is checked against ``reference_buffer``, an independent, plainly slow
-rewrite of the definition in ``lockstep/train/stream.py``'s docstring (Python integers
+rewrite of the definition in ``lockstep/formats/stream.py``'s docstring (Python integers
 and ``sorted``), on shards of consecutive integers so that a skipped or repeated token
 shows as a wrong number.
 """
@@ -22,11 +22,11 @@ import pytest
 
 from lockstep.cli.data import add_parser as add_data_parser, run_data
 from lockstep.spec.philox import PhiloxStream
-from lockstep.train.corpus import VALIDATION_TOKENS, build_default_corpus
-from lockstep.train.ingest import ingest
-from lockstep.train.manifest import DataError, Manifest, npy_bytes
-from lockstep.train.stream import GlobalStream, batch_digest, validation_windows
-from lockstep.train.tokenizer import hf_tokenizers_available
+from lockstep.formats.corpus import VALIDATION_TOKENS, build_default_corpus
+from lockstep.formats.ingest import ingest
+from lockstep.formats.manifest import DataError, Manifest, npy_bytes
+from lockstep.formats.stream import GlobalStream, batch_digest, validation_windows
+from lockstep.formats.tokenizer import hf_tokenizers_available
 
 # ---------------------------------------------------------------------------------
 # A hand-written data folder of consecutive integers
@@ -248,8 +248,8 @@ def test_resume_record_is_checked(integer_folder):
 SUBPROCESS_SCRIPT = textwrap.dedent(
     """
     import json, sys
-    from lockstep.train.manifest import Manifest
-    from lockstep.train.stream import GlobalStream, batch_digest
+    from lockstep.formats.manifest import Manifest
+    from lockstep.formats.stream import GlobalStream, batch_digest
     folder, state_file = sys.argv[1], sys.argv[2]
     manifest = Manifest.load(folder)
     state = json.load(open(state_file))
@@ -317,8 +317,8 @@ def test_batch_digest_is_canonical():
 # Regression pins, computed once with this code: if a generator, the shard layout or
 # the stream changes, these change (bump CORPUS_VERSION / the formats with intent).
 # Recompute with:
-#   python3 -c "from lockstep.train.corpus import build_default_corpus as b; from lockstep.train.stream import
-#   GlobalStream, batch_digest as d; from lockstep.train.manifest import Manifest; b('/tmp/c'); m = Manifest.load('/tmp/c'); s = GlobalStream(m, 0, 256);
+#   python3 -c "from lockstep.formats.corpus import build_default_corpus as b; from lockstep.formats.stream import
+#   GlobalStream, batch_digest as d; from lockstep.formats.manifest import Manifest; b('/tmp/c'); m = Manifest.load('/tmp/c'); s = GlobalStream(m, 0, 256);
 #   print(m.sha256, d(s.windows(0, 16)), d(s.windows(4000, 16)))"
 # Manifest version 2 (validation documents held out) changed the manifest, and the stream
 # from where it first enters a shard holding validation documents (after window 15).

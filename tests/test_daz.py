@@ -176,7 +176,7 @@ def test_a_checkpoint_with_subnormals_trains_like_its_canonical_copy(backend_nam
     if backend_name == "numba":
         pytest.importorskip("numba")
     from lockstep.spec.hashing import state_root
-    from lockstep.train.config import preset, train_preset
+    from lockstep.formats.config import preset, train_preset
     from lockstep.train.model import init_params, loss_and_grads
     from lockstep.train.optim import AdamWState, optimizer_step
     from lockstep.train.step import state_tensors

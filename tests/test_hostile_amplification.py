@@ -19,8 +19,8 @@ import pytest
 
 from forge import lockstep_limited, rewrite_sidecar
 from lockstep.audit.verify import verify_run
-from lockstep.train import manifest as manifest_mod
-from lockstep.train.manifest import DataError, Manifest
+from lockstep.formats import manifest as manifest_mod
+from lockstep.formats.manifest import DataError, Manifest
 
 LIMIT = 3 << 29  # 1.5 GiB: a verify or a tiny replay needs under 0.5 GiB here
 
@@ -68,7 +68,7 @@ def test_huge_safetensors_header_is_refused_unparsed(copy_run):
     r = lockstep_limited("audit", "verify", run, "--no-batches", memory=LIMIT)
     assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr[-2000:]
     assert "state.safetensors is larger than" in r.stdout  # more than the tiny model's state can be
-    from lockstep.train import checkpoint as ckpt
+    from lockstep.formats import checkpoint as ckpt
 
     with pytest.raises(ckpt.CheckpointError, match="header length .* exceeds the 1048576-byte bound"):
         ckpt.load_checkpoint(state.parent)  # with no size bound, the header bound still holds

@@ -20,7 +20,7 @@ from forge import lockstep_limited, rewrite_sidecar
 from lockstep.audit.verify import verify_run
 from lockstep.cli import main
 from lockstep.fsio import SafetensorsError, parse_safetensors
-from lockstep.train.manifest import DataError, Manifest
+from lockstep.formats.manifest import DataError, Manifest
 
 
 def _safetensors(entries: dict, data: bytes = b"") -> bytes:

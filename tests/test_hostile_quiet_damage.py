@@ -25,7 +25,7 @@ from lockstep import fsio
 from lockstep.audit.replay import replay_step
 from lockstep.audit.verify import verify_run
 from lockstep.cli import main
-from lockstep.train import checkpoint as ckpt
+from lockstep.formats import checkpoint as ckpt
 
 PACKAGE = Path(__file__).resolve().parents[1] / "lockstep"
 
@@ -109,7 +109,7 @@ def test_a_checkpoint_folder_swapped_for_a_symlink_mid_load_is_not_read(copy_run
 _PATH_READS = re.compile(r"\.read_bytes\(|\.read_text\(|\bopen\(|np\.load\(|os\.path\.getsize\(|\bread_json\(")
 
 
-@pytest.mark.parametrize("module", ["audit/verify.py", "audit/replay.py", "train/checkpoint.py",
+@pytest.mark.parametrize("module", ["audit/verify.py", "audit/replay.py", "formats/checkpoint.py",
                                     "train/trainer.py"])
 def test_run_files_are_never_read_by_path(module):
     lines = (PACKAGE / module).read_text().splitlines()

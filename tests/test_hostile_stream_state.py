@@ -18,7 +18,7 @@ from lockstep.audit.merge import merge_certificates
 from lockstep.audit.replay import ReplayResult, StepCheck, replay_step
 from lockstep.audit.verify import verify_run
 from lockstep.cli import main
-from lockstep.train import checkpoint as ckpt
+from lockstep.formats import checkpoint as ckpt
 
 FORGED_WINDOW = 7486  # the honest run's step 3 starts at window 12
 

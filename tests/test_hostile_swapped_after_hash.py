@@ -29,11 +29,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from lockstep.train import manifest as manifest_module
-from lockstep.train.ingest import DataWriter
-from lockstep.train.manifest import DataError, Manifest, npy_bytes
-from lockstep.train.stream import GlobalStream, batch_digest
-from lockstep.train.tokenizer import ByteTokenizer, hf_tokenizers_available
+from lockstep.formats import manifest as manifest_module
+from lockstep.formats.ingest import DataWriter
+from lockstep.formats.manifest import DataError, Manifest, npy_bytes
+from lockstep.formats.stream import GlobalStream, batch_digest
+from lockstep.formats.tokenizer import ByteTokenizer, hf_tokenizers_available
 
 SOURCES = {
     "prose": [b"the cat sat on the mat. " * (i + 1) for i in range(9)],
@@ -214,8 +214,8 @@ def test_more_shards_than_open_files_allowed(tmp_path):
     code = textwrap.dedent(f"""
         import resource, sys
         resource.setrlimit(resource.RLIMIT_NOFILE, (256, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
-        from lockstep.train.manifest import Manifest
-        from lockstep.train.stream import GlobalStream
+        from lockstep.formats.manifest import Manifest
+        from lockstep.formats.stream import GlobalStream
         m = Manifest.load({str(folder)!r})
         GlobalStream(m, 1, 8).windows(0, 50)
         print("loaded", sum(len(s.shards) for s in m.sources))
@@ -252,7 +252,7 @@ def test_tokenizer_is_built_from_the_bytes_that_were_hashed(tmp_path, monkeypatc
     """The tokenizer named by a manifest is read once; the file is never opened again to build it."""
     from tokenizers import Tokenizer, models, pre_tokenizers, trainers
 
-    from lockstep.train.tokenizer import tokenizer_from_identity
+    from lockstep.formats.tokenizer import tokenizer_from_identity
 
     tok = Tokenizer(models.BPE(unk_token="[UNK]"))
     tok.pre_tokenizer = pre_tokenizers.Whitespace()

@@ -29,8 +29,8 @@ from lockstep.audit.plan import PlanError, plan_audit
 from lockstep.audit.replay import ReplayError, replay_step, replay_steps
 from lockstep.audit.verify import verify_run
 from lockstep.cli import main
-from lockstep.train import checkpoint as ckpt
-from lockstep.train.rundir import RunFileError, Strictness, read_trajectory
+from lockstep.formats import checkpoint as ckpt
+from lockstep.formats.rundir import RunFileError, Strictness, read_trajectory
 
 
 def _value_of(bits: str) -> float:
@@ -41,7 +41,7 @@ def _value_of(bits: str) -> float:
 
 
 def test_an_honest_trajectory_writes_each_decimal_as_its_bits_value(honest_run):
-    from lockstep.train.rundir import bits_value
+    from lockstep.formats.rundir import bits_value
 
     recs = read_traj(honest_run)
     for r in recs:
@@ -275,7 +275,7 @@ def test_a_checkpoint_of_another_shape_fails_verify_and_replay_says_why(copy_run
 
 
 def test_the_layout_check_names_a_missing_extra_or_retyped_tensor(honest_run):
-    from lockstep.train.config import preset
+    from lockstep.formats.config import preset
 
     cfg = preset("tiny")
     tensors = dict(ckpt.load_checkpoint(honest_run, 2).tensors)

@@ -25,10 +25,10 @@ import time
 import numpy as np
 
 from lockstep.backends import get_backend
-from lockstep.train.config import preset, train_preset
+from lockstep.formats.config import preset, train_preset
 from lockstep.train.model import init_params, loss_and_grads
 from lockstep.train.optim import AdamWState, optimizer_step
-from lockstep.train.schedule import learning_rate
+from lockstep.formats.schedule import learning_rate
 
 STEPS = 80
 BATCH = 4

@@ -25,7 +25,7 @@ import pytest
 
 import reference_f64 as ref
 from lockstep.backends import get_backend
-from lockstep.train.config import preset
+from lockstep.formats.config import preset
 from lockstep.train.model import init_params, loss_and_grads, param_specs
 
 INIT_STD = 0.25

@@ -21,10 +21,10 @@ from lockstep.backends import get_backend  # noqa: E402
 from lockstep.conformance import inputs as gen  # noqa: E402
 from lockstep.conformance.runner import all_passed, print_table, run_conformance  # noqa: E402
 from lockstep.spec.hashing import state_root  # noqa: E402
-from lockstep.train.config import preset, train_preset  # noqa: E402
+from lockstep.formats.config import preset, train_preset  # noqa: E402
 from lockstep.train.model import init_params, loss_and_grads  # noqa: E402
 from lockstep.train.optim import AdamWState, optimizer_step  # noqa: E402
-from lockstep.train.schedule import learning_rate  # noqa: E402
+from lockstep.formats.schedule import learning_rate  # noqa: E402
 from lockstep.train.step import state_tensors  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -19,10 +19,10 @@ from lockstep.backends import BackendUnavailable, get_backend
 from lockstep.conformance import inputs as gen
 from lockstep.conformance.runner import all_passed, print_table, run_conformance
 from lockstep.spec.hashing import state_root
-from lockstep.train.config import preset, train_preset
+from lockstep.formats.config import preset, train_preset
 from lockstep.train.model import init_params, loss_and_grads
 from lockstep.train.optim import AdamWState, optimizer_step
-from lockstep.train.schedule import learning_rate
+from lockstep.formats.schedule import learning_rate
 from lockstep.train.step import state_tensors
 
 try:

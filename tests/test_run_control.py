@@ -19,8 +19,8 @@ import pytest
 from killpoint import Paused, read_until
 
 from lockstep.cli import main
-from lockstep.train import checkpoint as ckpt
-from lockstep.train.rundir import Strictness, read_trajectory
+from lockstep.formats import checkpoint as ckpt
+from lockstep.formats.rundir import Strictness, read_trajectory
 from lockstep.train.trainer import train
 
 LOCKSTEP = [sys.executable, "-m", "lockstep.cli"]
@@ -42,7 +42,7 @@ needs_mpi = pytest.mark.skipif(not _have_mpi(), reason="needs mpi4py and mpiexec
 
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory):
-    from lockstep.train.corpus import default_corpus
+    from lockstep.formats.corpus import default_corpus
 
     folder = tmp_path_factory.mktemp("control-corpus") / "default"
     default_corpus(folder)
@@ -343,7 +343,7 @@ def test_first_step_announces_kernel_compilation(tmp_path, corpus, monkeypatch):
     def log(msg):
         said.append((msg, len(read_trajectory(out, Strictness.LIVE))))
 
-    from lockstep.train.config import preset, train_preset
+    from lockstep.formats.config import preset, train_preset
 
     train(out, cfg=preset("tiny"), tcfg=train_preset("tiny", batch_ramp=((0, 6),), micro_batch=2), data=str(corpus),
           steps=2, backend_name="numba", progress=False, log=log)
@@ -400,7 +400,7 @@ def test_resume_takes_data_from_a_moved_folder_and_refuses_other_data(tmp_path, 
 
 
 def test_resume_does_not_follow_a_manifest_symlinked_out_of_the_run(tmp_path, capsys):
-    from lockstep.train.config import preset, train_preset
+    from lockstep.formats.config import preset, train_preset
 
     out = tmp_path / "run"
     train(out, cfg=preset("tiny"), tcfg=train_preset("tiny", batch_ramp=((0, 4),), micro_batch=4), steps=2,

@@ -1,4 +1,4 @@
-"""The run directory's format has one home (``lockstep.train.rundir``): one trajectory reader with an
+"""The run directory's format has one home (``lockstep.formats.rundir``): one trajectory reader with an
 explicit strictness, shared by the trainer, resume, ``audit verify`` and replay; the audit reads a run
 without the training loop's module."""
 
@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from lockstep.train.rundir import (TRAJECTORY_FILE, RunFileError, Strictness, read_trajectory, record_line,
+from lockstep.formats.rundir import (TRAJECTORY_FILE, RunFileError, Strictness, read_trajectory, record_line,
                                    write_trajectory)
 
 

@@ -5,8 +5,8 @@ import math
 import numpy as np
 import pytest
 
-from lockstep.train.config import TrainConfig, train_preset
-from lockstep.train.schedule import learning_rate, learning_rate_f64, sequences_per_step, step_windows
+from lockstep.formats.config import TrainConfig, train_preset
+from lockstep.formats.schedule import learning_rate, learning_rate_f64, sequences_per_step, step_windows
 
 
 @pytest.mark.parametrize("tcfg", [train_preset("small"), train_preset("open-1b"),

@@ -19,7 +19,7 @@ SCRIPT = r"""
 import hashlib, json, numpy as np
 from lockstep import spec
 from lockstep.conformance.golden import compute_golden
-from lockstep.train.config import preset
+from lockstep.formats.config import preset
 from lockstep.train.model import init_params, loss_and_grads
 from lockstep.backends import get_backend
 x = np.linspace(-80, 80, 200001, dtype=np.float32)

@@ -16,7 +16,7 @@ import pytest
 from lockstep.backends import get_backend
 from lockstep.spec import fp, tree
 from lockstep.train.collectives import tree_allreduce
-from lockstep.train.config import preset, train_preset
+from lockstep.formats.config import preset, train_preset
 from lockstep.train.model import init_params
 from lockstep.train.step import GradLayout, StepPlan, VectorPool, in_place_add, micro_batch_value, subtree_sums
 

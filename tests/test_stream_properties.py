@@ -15,7 +15,7 @@ sequence lengths, world sizes and resume points:
 Every token id in a folder is distinct (documents hold consecutive integers, as in
 llm.c's data-loader test), so a skipped or repeated token shows as a wrong number.
 The source of each document is recomputed here from the definition (step 1 of the
-stream, ``lockstep/train/stream.py``) with Python integers, independent of the code.
+stream, ``lockstep/formats/stream.py``) with Python integers, independent of the code.
 """
 
 from __future__ import annotations
@@ -36,8 +36,8 @@ from hypothesis import strategies as st
 from lockstep.spec.philox import PhiloxStream
 from lockstep.spec.tree import micro_batch_bounds
 from lockstep.train.collectives import rank_micro_batches
-from lockstep.train.manifest import Manifest, npy_bytes
-from lockstep.train.stream import PLAN_CHUNK, GlobalStream
+from lockstep.formats.manifest import Manifest, npy_bytes
+from lockstep.formats.stream import PLAN_CHUNK, GlobalStream
 
 # Weights as JSON numbers: integers, decimals with up to 6 places, and extremes.
 WEIGHTS = (1, 2, 3, 7, 1000, 0.5, 0.25, 1.5, 2.125, 0.000001)
@@ -314,7 +314,7 @@ def _random_access_off_by_one(monkeypatch):
 def _epoch_repeats_a_document(monkeypatch):
     """An epoch order whose last position shows the document of its first position again
     (so one document is read twice and another never)."""
-    import lockstep.train.stream as stream_mod
+    import lockstep.formats.stream as stream_mod
 
     documents, small = stream_mod._EpochOrder.documents, GlobalStream._small_source_orders
 

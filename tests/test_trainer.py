@@ -16,13 +16,13 @@ import pytest
 from killpoint import Paused
 
 from lockstep.backends import get_backend
-from lockstep.train import checkpoint as ckpt
-from lockstep.train.config import preset, train_preset
-from lockstep.train.manifest import Manifest
-from lockstep.train.stream import GlobalStream
+from lockstep.formats import checkpoint as ckpt
+from lockstep.formats.config import preset, train_preset
+from lockstep.formats.manifest import Manifest
+from lockstep.formats.stream import GlobalStream
 from lockstep.train.model import init_params
 from lockstep.train.optim import AdamWState, NonFiniteError
-from lockstep.train.rundir import Strictness, genesis, load_recipe, make_recipe, read_trajectory, recipe_configs
+from lockstep.formats.rundir import Strictness, genesis, load_recipe, make_recipe, read_trajectory, recipe_configs
 from lockstep.train.step import plan_step, tree_step
 from lockstep.train.trainer import RecipeMismatch, train
 
@@ -40,7 +40,7 @@ def _have_mpi():
 
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory):
-    from lockstep.train.corpus import default_corpus
+    from lockstep.formats.corpus import default_corpus
 
     folder = tmp_path_factory.mktemp("corpus") / "default"
     default_corpus(folder)
@@ -305,7 +305,7 @@ def test_non_finite_loss_stops_and_keeps_the_last_checkpoint(tmp_path, corpus, m
 
 
 def test_recorded_world_sizes_take_the_last_record_of_a_step_and_skip_bad_lines(tmp_path):
-    from lockstep.train.rundir import recorded_world_sizes
+    from lockstep.formats.rundir import recorded_world_sizes
 
     lines = [json.dumps({"step": 1, "world_size": 4}), "{torn", json.dumps({"step": 2, "world_size": 4}),
              json.dumps({"step": 2, "world_size": 2}),  # step 2 again, after a resume on 2 ranks

@@ -49,9 +49,9 @@ from lockstep.audit import plan as plan_mod
 from lockstep.audit.verify import verify_run
 from lockstep.conformance.search import SUITE_EXAMPLES
 from lockstep.fsio import FileFormatError, json_bytes, SafetensorsError, parse_json, parse_safetensors, read_safetensors
-from lockstep.train import checkpoint as ckpt
-from lockstep.train.manifest import DataError, Manifest
-from lockstep.train.rundir import (DataLocationError, RunFileError, Strictness, load_recipe, open_run_data,
+from lockstep.formats import checkpoint as ckpt
+from lockstep.formats.manifest import DataError, Manifest
+from lockstep.formats.rundir import (DataLocationError, RunFileError, Strictness, load_recipe, open_run_data,
                                    read_commitment, read_target, read_trajectory)
 from lockstep.use.run import UseError
 
@@ -565,7 +565,7 @@ def test_recorded_validations_skip_damaged_metrics_lines(ws, data):
 def _load_and_check_stream(folder: Path):
     c = ckpt.load_checkpoint(folder)
     recipe = load_recipe(folder.parents[1])
-    from lockstep.train.stream import GlobalStream
+    from lockstep.formats.stream import GlobalStream
     from lockstep.train.trainer import recipe_configs
 
     cfg, tcfg = recipe_configs(recipe)

@@ -18,13 +18,13 @@ import pytest
 from lockstep.backends import BackendUnavailable, get_backend
 from lockstep.cli import main
 from lockstep.spec import attention_forward
-from lockstep.train.config import preset
-from lockstep.train.corpus import documents
-from lockstep.train.ingest import ingest
-from lockstep.train.manifest import Manifest
-from lockstep.train.stream import validation_windows
+from lockstep.formats.config import preset
+from lockstep.formats.corpus import documents
+from lockstep.formats.ingest import ingest
+from lockstep.formats.manifest import Manifest
+from lockstep.formats.stream import validation_windows
 from lockstep.train.model import init_params, logits_forward
-from lockstep.train.tokenizer import hf_tokenizers_available
+from lockstep.formats.tokenizer import hf_tokenizers_available
 from lockstep.use.generate import CachedModel, Sampling, cached_attention, candidates, choose, gumbel_noise
 from lockstep.use.run import UseError, open_model
 
@@ -369,7 +369,7 @@ def test_export_verifies_alone_and_against_its_run(run, tmp_path, capsys):
 
 def test_verify_export_finds_forgeries(run, tmp_path, capsys):
     from lockstep.fsio import json_bytes, read_safetensors, write_safetensors
-    from lockstep.train.tokenizer import file_sha256
+    from lockstep.formats.tokenizer import file_sha256
 
     good = tmp_path / "export"
     assert cli(["export", str(run), "--out", str(good), "--step", "2"]) == 0

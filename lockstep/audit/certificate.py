@@ -436,7 +436,7 @@ def auditor_id(cert: dict, fallback: str) -> str:
 
 def run_problems(cert: dict, run_dir: str | os.PathLike) -> list[str]:
     """Published values the certificate quotes that are not the run's (reads the trajectory only)."""
-    from lockstep.train.rundir import RunFileError, Strictness, read_commitment, read_trajectory
+    from lockstep.formats.rundir import RunFileError, Strictness, read_commitment, read_trajectory
 
     run_dir = Path(run_dir)
     try:

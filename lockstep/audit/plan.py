@@ -44,7 +44,7 @@ class PlanError(ValueError):
 
 def _commitment_of(source, where: str | None = None) -> tuple[str, int]:
     """``(H_N, N)`` from a run directory, a commitment.json, or a dict ``{chain_hash, last_step}``."""
-    from lockstep.train.rundir import HEX64
+    from lockstep.formats.rundir import HEX64
 
     if isinstance(source, dict):
         c = source
@@ -71,7 +71,7 @@ def _intact_commitment(run_dir: Path) -> dict:
     """A run's commitment, checked here (not left to a separate ``audit verify``): it must be ``H_N`` of
     the published chain, recomputed from ``H_0`` link by link, so no plan is drawn for a broken chain."""
     from lockstep.spec import hashing
-    from lockstep.train.rundir import RunFileError, Strictness, genesis, load_recipe, read_commitment, read_trajectory
+    from lockstep.formats.rundir import RunFileError, Strictness, genesis, load_recipe, read_commitment, read_trajectory
 
     try:
         c = read_commitment(run_dir)

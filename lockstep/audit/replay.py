@@ -45,12 +45,12 @@ import numpy as np
 
 from lockstep.fsio import UnsafePath, printable, read_json_regular
 from lockstep.spec import SPEC_VERSION, hashing
-from lockstep.train import checkpoint as ckpt
+from lockstep.formats import checkpoint as ckpt
 from lockstep.train.malloc import keep_freed_memory
-from lockstep.train.rundir import (RunFileError, Strictness, checkpoints_beyond, genesis, load_recipe, open_run_data,
+from lockstep.formats.rundir import (RunFileError, Strictness, checkpoints_beyond, genesis, load_recipe, open_run_data,
                                    read_commitment, read_trajectory, recipe_configs, recipe_digest,
                                    recorded_world_sizes)
-from lockstep.train.stream import GlobalStream, batch_digest
+from lockstep.formats.stream import GlobalStream, batch_digest
 
 from lockstep.train.memory import require_memory
 

@@ -36,7 +36,7 @@ The checks, in order (each failure is one ``Finding``; all are collected):
    a difference is a warning; ``lockstep audit verify RUN --plot PNG`` redraws the
    loss curve from the verified trajectory.
 
-Every file is read through the run directory's one reader of it (``lockstep.train.rundir``:
+Every file is read through the run directory's one reader of it (``lockstep.formats.rundir``:
 ``load_recipe``, ``read_trajectory`` with ``Strictness.AUDIT``, ``read_commitment``,
 ``open_run_data``), the ones ``train --resume`` and ``replay`` use.
 """
@@ -54,11 +54,11 @@ from lockstep.fsio import (FileFormatError, UnsafePath, iter_lines, open_regular
                            read_json_regular, read_safetensors, safe_join)
 from lockstep.fsio import file_kind as fsio_kind
 from lockstep.spec import SPEC_VERSION, hashing
-from lockstep.train import checkpoint as ckpt
-from lockstep.train.config import ModelConfig, TrainConfig
-from lockstep.train.manifest import Manifest
-from lockstep.train.stream import GlobalStream, batch_digest
-from lockstep.train.rundir import (COMMITMENT_FILE, KNOWN_DIRS, KNOWN_FILES, MAX_RECORD_BYTES, MAX_TRAJECTORY_BYTES,
+from lockstep.formats import checkpoint as ckpt
+from lockstep.formats.config import ModelConfig, TrainConfig
+from lockstep.formats.manifest import Manifest
+from lockstep.formats.stream import GlobalStream, batch_digest
+from lockstep.formats.rundir import (COMMITMENT_FILE, KNOWN_DIRS, KNOWN_FILES, MAX_RECORD_BYTES, MAX_TRAJECTORY_BYTES,
                                    METRICS_FILE, RECIPE_FILE, TRAJECTORY_FILE, RunFileError, Strictness, genesis,
                                    load_recipe, open_run_data, read_commitment, read_trajectory, recipe_configs,
                                    recipe_digest, run_data_folder)
@@ -142,7 +142,7 @@ def step_plans(tcfg: TrainConfig, seq_len: int, last_step: int):
     The same definition as ``schedule.step_windows``: each step takes
     ``sequences_per_step(tcfg, tokens_before)`` windows after the previous step's.
     """
-    from lockstep.train.schedule import sequences_per_step
+    from lockstep.formats.schedule import sequences_per_step
     from lockstep.train.step import StepPlan
 
     first = tokens = 0
@@ -261,7 +261,7 @@ def _check_data(run_dir: Path, recipe: dict, data, rep: Report, cfg: ModelConfig
 
 def _check_chain(run_dir: Path, recipe: dict, traj: list[dict], rep: Report, tcfg: TrainConfig,
                  cfg: ModelConfig) -> None:
-    from lockstep.train.schedule import learning_rate
+    from lockstep.formats.schedule import learning_rate
 
     path = run_dir / TRAJECTORY_FILE
     h = rep.genesis

@@ -152,7 +152,7 @@ def _verify(args) -> int:
             return _err(f"no loss curve drawn: {args.run} is invalid (see above); a curve is drawn only from a "
                         "valid run")
         from lockstep.fsio import atomic_write_bytes
-        from lockstep.train.rundir import Strictness, read_trajectory
+        from lockstep.formats.rundir import Strictness, read_trajectory
         from lockstep.use.plots import loss_curve_png
 
         png = loss_curve_png(read_trajectory(args.run, Strictness.AUDIT),

@@ -25,8 +25,8 @@ import argparse
 import sys
 from pathlib import Path
 
-from lockstep.train.ingest import DEFAULT_SHARD_TOKENS, ingest
-from lockstep.train.manifest import SOURCE_NAME_RE, DataError, Manifest
+from lockstep.formats.ingest import DEFAULT_SHARD_TOKENS, ingest
+from lockstep.formats.manifest import SOURCE_NAME_RE, DataError, Manifest
 
 from .common import EXIT_ERROR, EXIT_OK, plain_help
 
@@ -104,7 +104,7 @@ def run_data(args) -> int:
                 validation_documents=args.validation_documents,
             )
         elif args.data_command == "default":
-            from lockstep.train.corpus import build_default_corpus
+            from lockstep.formats.corpus import build_default_corpus
 
             path = build_default_corpus(args.out, progress=progress)
         elif args.data_command == "verify":

@@ -122,10 +122,10 @@ def recipe_checker(args):
 def run_train(args) -> int:
     from lockstep.backends import BackendUnavailable
 
-    from lockstep.train.checkpoint import CheckpointError
+    from lockstep.formats.checkpoint import CheckpointError
     from lockstep.train.collectives import AgreedError
-    from lockstep.train.config import preset, train_preset
-    from lockstep.train.manifest import DataError
+    from lockstep.formats.config import preset, train_preset
+    from lockstep.formats.manifest import DataError
     from lockstep.train.optim import NonFiniteError
     from lockstep.train.trainer import RecipeMismatch, launcher_rank, train
     from lockstep.use.hooks import run_hooks
@@ -181,7 +181,7 @@ def run_train(args) -> int:
 
 def _resume_hint(run_dir, world_size: int, data: str | None) -> str:
     """The command that resumes ``run_dir`` (with ``--data`` when the data was named: it may be outside the run)."""
-    from lockstep.train.rundir import RECIPE_FILE
+    from lockstep.formats.rundir import RECIPE_FILE
 
     if run_dir is None or not (Path(run_dir) / RECIPE_FILE).is_file():
         return "the run had not started; run the same command again"

@@ -138,7 +138,7 @@ def _prompt_bytes(args) -> bytes:
 
 def encode_prompt(tokenizer, data: bytes, model_vocab: int) -> list[int]:
     """Token ids of a prompt; a clear error for text the tokenizer cannot represent."""
-    from lockstep.train.tokenizer import ByteTokenizer
+    from lockstep.formats.tokenizer import ByteTokenizer
 
     if isinstance(tokenizer, ByteTokenizer):  # every byte is a token
         return tokenizer.encode(data).astype(int).tolist()
@@ -163,7 +163,7 @@ class _TextStream:
     """Writes decoded text as tokens arrive: bytes as they are, other tokenizers by decoded suffix."""
 
     def __init__(self, tokenizer, out):
-        from lockstep.train.tokenizer import ByteTokenizer
+        from lockstep.formats.tokenizer import ByteTokenizer
 
         self.tok, self.out = tokenizer, out
         self.raw = isinstance(tokenizer, ByteTokenizer)

@@ -9,8 +9,8 @@ from __future__ import annotations
 import math
 import os
 
-from .config import ModelConfig, TrainConfig
-from .rundir import RunFileError
+from lockstep.formats.config import ModelConfig, TrainConfig
+from lockstep.formats.rundir import RunFileError
 
 
 def memory_estimate(cfg: ModelConfig, tcfg: TrainConfig) -> int:

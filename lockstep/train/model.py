@@ -16,7 +16,6 @@ runs this same code; only data movement (reshape, transpose, slicing) happens he
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -25,46 +24,8 @@ from lockstep.spec import fp
 from lockstep.spec.philox import PhiloxStream
 from lockstep.spec.rope import rope_tables
 
-from .config import ModelConfig
-
-
-@dataclass(frozen=True)
-class ParamSpec:
-    name: str
-    shape: tuple[int, ...]
-    init: str          # "ones" or "normal"
-    std: float = 0.0
-    decay: bool = True  # AdamW weight decay applies
-
-
-def param_specs(cfg: ModelConfig) -> list[ParamSpec]:
-    """All parameters in canonical order (the order of the global gradient norm)."""
-    d, dh, f, v = cfg.d_model, cfg.head_dim, cfg.ffn_dim, cfg.vocab_size
-    qkv = (cfg.n_heads + 2 * cfg.n_kv_heads) * dh
-    out_std = cfg.init_std / float(np.sqrt(2.0 * cfg.n_layers))  # host-side constant, rounded into init once
-    specs = [
-        ParamSpec("embed", (v, d), "normal", cfg.init_std, decay=False),
-        ParamSpec("embed_norm.gain", (d,), "ones", decay=False),
-    ]
-    for i in range(cfg.n_layers):
-        p = f"layers.{i:02d}."
-        specs += [
-            ParamSpec(p + "attn_norm.gain", (d,), "ones", decay=False),
-            ParamSpec(p + "attn.wqkv", (d, qkv), "normal", cfg.init_std),
-            ParamSpec(p + "attn.wo", (cfg.n_heads * dh, d), "normal", out_std),
-            ParamSpec(p + "ffn_norm.gain", (d,), "ones", decay=False),
-            ParamSpec(p + "ffn.w_gate_up", (d, 2 * f), "normal", cfg.init_std),
-            ParamSpec(p + "ffn.w_down", (f, d), "normal", out_std),
-        ]
-    specs += [
-        ParamSpec("final_norm.gain", (d,), "ones", decay=False),
-        ParamSpec("lm_head", (d, v), "normal", cfg.init_std),
-    ]
-    return specs
-
-
-def param_count(cfg: ModelConfig) -> int:
-    return sum(int(np.prod(s.shape)) for s in param_specs(cfg))
+from lockstep.formats.config import ModelConfig
+from lockstep.formats.params import ParamSpec, param_count, param_specs  # noqa: F401 - the model's parameters
 
 
 def init_params(cfg: ModelConfig, seed: int) -> dict[str, np.ndarray]:

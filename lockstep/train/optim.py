@@ -12,7 +12,7 @@ import numpy as np
 
 from lockstep.spec import hostmath
 
-from .config import ModelConfig, TrainConfig
+from lockstep.formats.config import ModelConfig, TrainConfig
 from .model import param_specs
 
 

@@ -28,38 +28,14 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from lockstep.formats.config import ModelConfig, TrainConfig
+from lockstep.formats.params import param_specs
+from lockstep.formats.rundir import float_record  # noqa: F401 - the trajectory's float32 record
+from lockstep.formats.schedule import StepPlan, learning_rate, plan_step  # noqa: F401 - the step's batch
 from lockstep.spec import hashing, tree
 
-from .config import ModelConfig, TrainConfig
-from .model import loss_and_grads, param_specs
+from .model import loss_and_grads
 from .optim import AdamWState, NonFiniteError, optimizer_step
-from .schedule import learning_rate, step_windows
-
-
-@dataclass(frozen=True)
-class StepPlan:
-    step: int
-    first_window: int
-    n_windows: int
-    tokens_before: int
-    seq_len: int
-
-    @property
-    def tokens_after(self) -> int:
-        return self.tokens_before + self.n_windows * self.seq_len
-
-    @property
-    def n_global(self) -> int:
-        return self.n_windows * self.seq_len
-
-    def micro_batches(self, micro_batch: int) -> list[tuple[int, int]]:
-        """``(start, stop)`` offsets into the step's windows, one per micro-batch (``spec.tree``)."""
-        return tree.micro_batch_bounds(self.n_windows, micro_batch)
-
-
-def plan_step(tcfg: TrainConfig, seq_len: int, step: int) -> StepPlan:
-    first, n, tokens = step_windows(tcfg, seq_len, step)
-    return StepPlan(step, first, n, tokens, seq_len)
 
 
 @dataclass(frozen=True)
@@ -240,12 +216,6 @@ def apply_update(params: dict, opt: AdamWState, summed: np.ndarray, plan: StepPl
                          {k: be.to_numpy(v) for k, v in new_opt.v.items()})
     root = hashing.state_root(state_tensors(new_params, new_opt))
     return StepResult(new_params, new_opt, loss, np.float32(np.asarray(be.to_numpy(norm)).reshape(-1)[0]), lr, root)
-
-
-def float_record(x) -> dict:
-    """A float32 for JSON: its value and its exact bits."""
-    x = np.float32(x)
-    return {"value": float(x), "bits": f"0x{int(np.asarray(x).view(np.uint32)):08X}"}
 
 
 def tree_step(params: dict, opt: AdamWState, windows: np.ndarray, plan: StepPlan, cfg: ModelConfig,

@@ -1,7 +1,7 @@
 """The training loop: one process, or R ranks under ``mpiexec``; a run directory; resume.
 
 The run directory's files, their names and their one reader and writer are
-``lockstep.train.rundir``.
+``lockstep.formats.rundir``.
 
 The loop, per step t: plan the global batch (``step.plan_step``), compute this
 rank's micro-batches as whole subtrees of the spec's tree (``collectives.rank_micro_batches``,
@@ -32,17 +32,17 @@ from typing import Callable
 from lockstep.fsio import check_regular_or_absent
 from lockstep.spec import SPEC_VERSION
 
-from . import checkpoint as ckpt
-from .config import ModelConfig, TrainConfig
-from .manifest import Manifest
-from .stream import GlobalStream, batch_digest
+from lockstep.formats import checkpoint as ckpt
+from lockstep.formats.config import ModelConfig, TrainConfig
+from lockstep.formats.manifest import Manifest
+from lockstep.formats.stream import GlobalStream, batch_digest
 from .model import init_params
 from .optim import AdamWState
-from .rundir import (DATA_DIR, METRICS_FILE, RECIPE_FILE, TARGET_FILE, TRAJECTORY_FILE, Strictness,
+from lockstep.formats.rundir import (DATA_DIR, METRICS_FILE, RECIPE_FILE, TARGET_FILE, TRAJECTORY_FILE, Strictness,
                      genesis, load_recipe, make_recipe, open_run_data, read_target, recipe_configs, recipe_digest,
                      read_trajectory, step_record, write_commitment, write_recipe, write_target,
                      write_trajectory)
-from .rundir import append_record
+from lockstep.formats.rundir import append_record
 from .malloc import keep_freed_memory
 from .memory import require_memory
 from .step import GradLayout, VectorPool, apply_update, plan_step, split_state, state_tensors, subtree_sums
@@ -240,7 +240,7 @@ def _new_run_start(comm, run_dir: Path, cfg, tcfg, data, seed, steps, tokens, is
 
     last_step, manifest = on_all_ranks(comm, check)
     if default_data:
-        from .corpus import default_corpus
+        from lockstep.formats.corpus import default_corpus
 
         def build() -> None:
             if is_root:

@@ -1,6 +1,6 @@
 """Validation loss: the model on the manifest's held-out windows, the same bits on every backend.
 
-The held-out windows are ``lockstep.train.stream.validation_windows`` (each source's
+The held-out windows are ``lockstep.formats.stream.validation_windows`` (each source's
 validation documents, never in the training stream). The evaluation, per source in
 manifest order:
 
@@ -33,12 +33,12 @@ from typing import Callable
 import numpy as np
 
 from lockstep.spec import SPEC_VERSION
-from lockstep.train.config import ModelConfig
-from lockstep.train.manifest import Manifest
-from lockstep.train.stream import ValidationSplit, validation_windows
+from lockstep.formats.config import ModelConfig
+from lockstep.formats.manifest import Manifest
+from lockstep.formats.stream import ValidationSplit, validation_windows
 from lockstep.train.model import device_params, forward
-from lockstep.train.step import float_record
-from lockstep.train.tokenizer import BYTE_VOCAB, ByteTokenizer
+from lockstep.formats.rundir import float_record
+from lockstep.formats.tokenizer import BYTE_VOCAB, ByteTokenizer
 
 from .run import UseError
 

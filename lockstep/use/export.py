@@ -48,7 +48,7 @@ from lockstep.fsio import (FileFormatError, UnsafePath, atomic_write_bytes, fsyn
 from lockstep.spec import SPEC_VERSION, hashing
 from lockstep.spec.quant import quantize, weight_scale
 from lockstep.train.model import param_count, param_specs
-from lockstep.train.tokenizer import HF_TOKENIZER_FILE, HFTokenizer, file_sha256
+from lockstep.formats.tokenizer import HF_TOKENIZER_FILE, HFTokenizer, file_sha256
 
 from .run import RunModel, UseError
 
@@ -91,7 +91,7 @@ LINK_FIELDS = ("tokens", "loss_bits", "grad_norm_bits", "lr_bits")
 
 def _chain_facts(model: RunModel) -> dict:
     """The step's chain links from the trajectory, when the run has them."""
-    from lockstep.train.rundir import Strictness, genesis, read_trajectory, record_value
+    from lockstep.formats.rundir import Strictness, genesis, read_trajectory, record_value
 
     traj = read_trajectory(model.run_dir, Strictness.LIVE)
     by_step = {r.get("step"): r for r in traj if isinstance(r, dict)}
@@ -105,7 +105,7 @@ def _chain_facts(model: RunModel) -> dict:
 
 
 def _commitment(model: RunModel) -> dict | None:
-    from lockstep.train.rundir import RunFileError, read_commitment
+    from lockstep.formats.rundir import RunFileError, read_commitment
 
     try:
         c = read_commitment(model.run_dir)
@@ -117,7 +117,7 @@ def _commitment(model: RunModel) -> dict | None:
 def make_export(model: RunModel, tokenizer, identity: dict, out: str | os.PathLike,
                 validation: dict | None = None) -> Path:
     """Write the export of ``model`` (a verified checkpoint) to the new folder ``out``, all or nothing."""
-    from lockstep.train.rundir import genesis
+    from lockstep.formats.rundir import genesis
 
     out = Path(out).absolute()
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
@@ -298,8 +298,8 @@ def _read_export(folder: Path) -> tuple[dict, dict, dict]:
 
 def verify_export(folder: str | os.PathLike, run: str | os.PathLike | None = None) -> ExportReport:
     """Check an export alone and, with ``run``, against the run directory (module docstring)."""
-    from lockstep.train.config import ModelConfig
-    from lockstep.train.rundir import genesis
+    from lockstep.formats.config import ModelConfig
+    from lockstep.formats.rundir import genesis
 
     folder = Path(folder)
     rep = ExportReport(folder, Path(run) if run is not None else None)
@@ -373,8 +373,8 @@ def verify_export(folder: str | os.PathLike, run: str | os.PathLike | None = Non
 
 def _against_run(rep: ExportReport, run: Path, proof: dict) -> None:
     """The chain from the run's recipe through the export's step to the run's commitment."""
-    from lockstep.train import checkpoint as ckpt
-    from lockstep.train.rundir import (RunFileError, Strictness, genesis, load_recipe, read_commitment, read_trajectory,
+    from lockstep.formats import checkpoint as ckpt
+    from lockstep.formats.rundir import (RunFileError, Strictness, genesis, load_recipe, read_commitment, read_trajectory,
                                        recipe_digest)
 
     step = proof["step"]

@@ -64,7 +64,7 @@ import numpy as np
 
 from lockstep.spec.attention import attention_scale
 from lockstep.spec.philox import PhiloxStream, uniform_open_from_uint32
-from lockstep.train.config import ModelConfig
+from lockstep.formats.config import ModelConfig
 from lockstep.train.model import _rope, block_forward, device_params, embed_forward, head_forward
 
 SAMPLE_PURPOSE = "lockstep.sample"

@@ -21,9 +21,9 @@ import numpy as np
 
 from lockstep.fsio import FileFormatError, UnsafePath
 from lockstep.spec import SPEC_VERSION
-from lockstep.train import checkpoint as ckpt
-from lockstep.train.config import ModelConfig, TrainConfig
-from lockstep.train.manifest import DataError, Manifest
+from lockstep.formats import checkpoint as ckpt
+from lockstep.formats.config import ModelConfig, TrainConfig
+from lockstep.formats.manifest import DataError, Manifest
 from lockstep.train.model import param_specs
 from lockstep.train.step import split_state
 
@@ -65,7 +65,7 @@ class RunModel:
 
 def load_run_recipe(run_dir: Path) -> tuple[dict, ModelConfig, TrainConfig]:
     """The recipe (strict JSON, read inside the run) and its two configs."""
-    from lockstep.train.rundir import load_recipe, recipe_configs
+    from lockstep.formats.rundir import load_recipe, recipe_configs
 
     if not run_dir.is_dir():
         raise UseError(f"{run_dir} is not a run directory (no such folder)")
@@ -80,7 +80,7 @@ def load_run_recipe(run_dir: Path) -> tuple[dict, ModelConfig, TrainConfig]:
 
 
 def _trajectory(run_dir: Path) -> list[dict]:
-    from lockstep.train.rundir import Strictness, read_trajectory
+    from lockstep.formats.rundir import Strictness, read_trajectory
 
     try:
         return read_trajectory(run_dir, Strictness.LIVE)
@@ -97,7 +97,7 @@ def open_model(run_dir: str | os.PathLike, step: int | None = None) -> RunModel:
     checkpoint beyond the trajectory's last step is covered by no chain link and is
     refused (and never chosen by default).
     """
-    from lockstep.train.rundir import first_broken_link, recipe_digest
+    from lockstep.formats.rundir import first_broken_link, recipe_digest
 
     run_dir = Path(run_dir)
     recipe, cfg, tcfg = load_run_recipe(run_dir)
@@ -163,8 +163,8 @@ def open_tokenizer(run_dir: str | os.PathLike, recipe: dict, data: str | os.Path
     import hashlib
 
     from lockstep.fsio import NotRegularFile, parse_json, read_regular, safe_join
-    from lockstep.train.manifest import MANIFEST_NAME, MAX_MANIFEST_BYTES
-    from lockstep.train.tokenizer import TokenizerError, tokenizer_from_identity
+    from lockstep.formats.manifest import MANIFEST_NAME, MAX_MANIFEST_BYTES
+    from lockstep.formats.tokenizer import TokenizerError, tokenizer_from_identity
 
     run_dir = Path(run_dir)
     want = recipe["data"]["manifest_sha256"]
@@ -195,7 +195,7 @@ def open_tokenizer(run_dir: str | os.PathLike, recipe: dict, data: str | os.Path
 
 def open_data(run_dir: str | os.PathLike, recipe: dict, data: str | os.PathLike | None = None) -> Manifest:
     """The run's data folder, verified against the recipe's manifest digest (``--data DIR`` overrides)."""
-    from lockstep.train.rundir import open_run_data
+    from lockstep.formats.rundir import open_run_data
 
     try:
         return open_run_data(Path(run_dir), recipe, data)

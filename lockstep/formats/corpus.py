@@ -21,7 +21,7 @@ hundred steps (spelling, grammar, the format of facts and programs) and longer o
 
 Validation: each source holds out its last documents, the fewest whose tokens reach
 ``VALIDATION_TOKENS`` (``validation_documents`` in the manifest, see
-``lockstep.train.manifest``): a fixed slice that the training stream never yields and
+``lockstep.formats.manifest``): a fixed slice that the training stream never yields and
 ``lockstep eval`` measures.
 """
 

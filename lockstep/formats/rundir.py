@@ -13,7 +13,7 @@ Run directory::
     metrics.jsonl        wall-clock facts (tokens/s, backend), the loss again and validation
                          losses (``--eval-every``): not part of the chain, not evidence
                          (``audit verify`` compares its losses with the trajectory's and warns)
-    checkpoints/         step-NNNNNNNN/ folders (``lockstep.train.checkpoint``)
+    checkpoints/         step-NNNNNNNN/ folders (``lockstep.formats.checkpoint``)
     commitment.json      the last chain hash, written when the run ends (by the trainer's loop;
                          read by ``read_commitment``)
     loss.png             training and validation loss over tokens (if matplotlib is installed):
@@ -291,11 +291,16 @@ class Strictness(enum.Enum):
     LIVE = "live"  # a run being trained, resumed or used: no file is no step yet, a torn last line is dropped
 
 
+def float_record(x) -> dict:
+    """A float32 for JSON: its value and its exact bits."""
+    x = np.float32(x)
+    return {"value": float(x), "bits": f"0x{int(np.asarray(x).view(np.uint32)):08X}"}
+
+
 def step_record(t: int, plan, res, bdigest: str, prev_chain: str) -> dict:
     """The trajectory record of step ``t`` (``plan``: its ``StepPlan``, ``res``: its ``StepResult``),
     with its chain hash ``H_t`` computed from ``prev_chain`` = ``H_{t-1}``."""
-    from .step import float_record
-
+    
     rec = {
         "step": t, "tokens": plan.tokens_after, "lr": float(res.lr), "loss": float(res.loss),
         "grad_norm": float(res.grad_norm), "state_root": res.state_root, "batch_digest": bdigest,

@@ -195,7 +195,7 @@ def save_checkpoint(run_dir: str | os.PathLike, step: int, tensors: Mapping[str,
 def state_bytes_bound(cfg) -> int:
     """The largest ``state.safetensors`` a run of model ``cfg`` can write: its header bound, the parameters
     and the two AdamW moments (float32) and the step counter. A larger file is refused unread."""
-    from .model import param_specs
+    from .params import param_specs
 
     params = sum(math.prod(s.shape) for s in param_specs(cfg))
     return 8 + MAX_HEADER_BYTES + 3 * 4 * params + 8
@@ -210,7 +210,7 @@ def state_layout_problem(tensors: Mapping[str, np.ndarray], cfg) -> tuple[str, s
     say the file is what its sidecar claims) and before any tensor is used, so a
     re-forged checkpoint with consistent digests but another layout is refused by name.
     """
-    from .model import param_specs
+    from .params import param_specs
 
     want = {"step": ((1,), np.dtype(np.int64))}
     for spec in param_specs(cfg):
@@ -238,7 +238,7 @@ def stream_state_problem(sidecar: Mapping[str, Any], stream, tcfg, step: int) ->
     the recipe's manifest, seed and sequence length, built from its start) gives the
     record for the next window. A checkpoint's record is only compared with it.
     """
-    from .step import plan_step
+    from .schedule import plan_step
 
     if step == 0:
         return None

@@ -7,9 +7,11 @@ same float64), then rounded once to float32 before it reaches the device.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
-from lockstep.spec import hostmath
+from lockstep.spec import hostmath, tree
 
 from .config import TrainConfig
 
@@ -73,3 +75,29 @@ def step_windows(tcfg: TrainConfig, seq_len: int, step: int) -> tuple[int, int, 
         left -= run
         if left == 0:
             return first, sequences_per_step(tcfg, tokens), tokens
+
+
+@dataclass(frozen=True)
+class StepPlan:
+    step: int
+    first_window: int
+    n_windows: int
+    tokens_before: int
+    seq_len: int
+
+    @property
+    def tokens_after(self) -> int:
+        return self.tokens_before + self.n_windows * self.seq_len
+
+    @property
+    def n_global(self) -> int:
+        return self.n_windows * self.seq_len
+
+    def micro_batches(self, micro_batch: int) -> list[tuple[int, int]]:
+        """``(start, stop)`` offsets into the step's windows, one per micro-batch (``spec.tree``)."""
+        return tree.micro_batch_bounds(self.n_windows, micro_batch)
+
+
+def plan_step(tcfg: TrainConfig, seq_len: int, step: int) -> StepPlan:
+    first, n, tokens = step_windows(tcfg, seq_len, step)
+    return StepPlan(step, first, n, tokens, seq_len)

@@ -1,6 +1,6 @@
 """Attack class 5 (issue 19, Medium 5): tiny inputs that ask for huge allocations.
 
-A 1.5 kB certificate or a 261-byte plan saying ``last_step = 10**10``, or a
+A 1.5 kB certificate or a 400-byte plan saying ``last_step = 10**10``, or a
 checkpoint folder named with a 20-digit step, must be refused or handled in memory
 bounded by what the run itself holds (or a stated maximum), never allocate until
 killed. Each command runs in a child with a 3 GiB address-space limit.
@@ -33,17 +33,18 @@ def test_certificate_with_a_huge_last_step_is_merged_sparsely(honest_run, tmp_pa
 def test_plan_with_a_huge_last_step_is_refused(tmp_path):
     commitment = {"chain_hash": hashlib.sha256(b"x").hexdigest(), "last_step": HUGE}
     (tmp_path / "commitment.json").write_text(json.dumps(commitment))
-    r = lockstep_limited("audit", "plan", tmp_path / "commitment.json", "--auditors", "3")
+    key, beacon = hashlib.sha256(b"key").hexdigest(), hashlib.sha256(b"beacon").hexdigest()
+    r = lockstep_limited("audit", "plan", tmp_path / "commitment.json", "--pub", key, "--beacon", beacon)
     assert r.returncode == 1 and "Traceback" not in r.stderr, r.stderr[-2000:]
     assert f"at most {plan_mod.MAX_PLAN_STEPS}" in r.stderr
 
-    plan = {"format": "lockstep.audit-plan", "version": 1, "commitment": commitment["chain_hash"],
-            "last_step": HUGE, "redundancy": 1, "purpose": "lockstep.audit.plan",
-            "auditors": [{"index": 0, "name": "a", "steps": [1]}]}
+    plan = {"format": "lockstep.audit-plan", "version": plan_mod.PLAN_VERSION, "commitment": commitment["chain_hash"],
+            "last_step": HUGE, "redundancy": 1, "purpose": "lockstep.audit.plan", "beacon": beacon,
+            "auditors": [{"index": 0, "name": "a", "public_key": key, "steps": [1]}]}
     (tmp_path / "plan.json").write_text(json.dumps(plan))
-    assert len((tmp_path / "plan.json").read_bytes()) < 300
+    assert len((tmp_path / "plan.json").read_bytes()) < 500
     (tmp_path / "c.json").write_text("{}")
-    r = lockstep_limited("audit", "merge", tmp_path / "c.json", "--plan", tmp_path / "plan.json")
+    r = lockstep_limited("audit", "merge", tmp_path / "c.json", "--plan", tmp_path / "plan.json", "--beacon", beacon)
     assert r.returncode == 1 and "Traceback" not in r.stderr, r.stderr[-2000:]
     assert f"at most {plan_mod.MAX_PLAN_STEPS}" in r.stderr
 

@@ -30,6 +30,29 @@ def test_certificate_with_a_huge_last_step_is_merged_sparsely(honest_run, tmp_pa
     assert (tmp_path / "c.png").read_bytes()[:4] == b"\x89PNG"
 
 
+def test_empty_certificate_with_a_step_count_no_float_holds_is_refused_not_a_plot_crash(honest_run, tmp_path,
+                                                                                            capsys):
+    """Issue 23, item 17: an empty, consistent, unsigned certificate saying ``last_step = 10**400`` made
+    ``audit merge --png`` raise OverflowError (int to float). Step numbers beyond 2**53 are refused at load."""
+    from lockstep.audit import certificate as cert_mod
+    from lockstep.cli import main
+
+    cert = make_certificate(replay_step(honest_run, 1, "spec"), auditor="a")
+    cert["targets"], cert["steps"] = [], []
+    cert["run"]["last_step"] = 10**400
+    assert cert_mod.consistency_problems(cert) == []  # nothing else is wrong with it
+    write_certificate(tmp_path / "c.json", cert)
+    assert main(["audit", "merge", str(tmp_path / "c.json"), "--png", str(tmp_path / "c.png")]) == 2
+    out = capsys.readouterr().out
+    assert "rejected" in out and f"at most {2**53}" in out
+    MAX_STEP_NUMBER = cert_mod.MAX_STEP_NUMBER
+    cert["run"]["last_step"] = MAX_STEP_NUMBER  # the largest step count a certificate may name still plots
+    write_certificate(tmp_path / "c.json", cert)
+    assert main(["audit", "merge", str(tmp_path / "c.json"), "--png", str(tmp_path / "c.png")]) == 2
+    assert f"coverage 0/{MAX_STEP_NUMBER} step(s); missing 1-{MAX_STEP_NUMBER}" in capsys.readouterr().out
+    assert (tmp_path / "c.png").read_bytes()[:4] == b"\x89PNG"
+
+
 def test_plan_with_a_huge_last_step_is_refused(tmp_path):
     commitment = {"chain_hash": hashlib.sha256(b"x").hexdigest(), "last_step": HUGE}
     (tmp_path / "commitment.json").write_text(json.dumps(commitment))

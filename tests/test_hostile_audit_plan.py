@@ -192,3 +192,4 @@ def test_replay_refuses_a_plan_for_another_run_or_beacon(honest_run, planned, au
     cert = json.loads(out.read_text())
     assert cert["targets"] == next(a["steps"] for a in plan["auditors"] if a["name"] == "A")
     assert cert["signature"]["public_key"] == trusted_keys([str(auditors["A"][1])])[0]
+    assert cert["auditor"] == "A"  # the plan's label, when no --auditor is given

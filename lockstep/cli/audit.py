@@ -215,9 +215,8 @@ def _replay(args) -> int:
 def _planned_steps(args) -> list[int] | int:
     """The steps the plan gives the key of ``--key``, after checking the plan against the beacon the user
     names and the run's commitment; an exit code when it cannot be used."""
-    from lockstep.audit.accept import auditor_steps
     from lockstep.audit.certificate import public_key_hex
-    from lockstep.audit.plan import PlanError, check_plan, load_plan
+    from lockstep.audit.plan import PlanError, check_plan, load_plan, planned_auditor
     from lockstep.train.rundir import RunFileError, read_commitment
 
     if not args.beacon:
@@ -238,7 +237,10 @@ def _planned_steps(args) -> list[int] | int:
         if (run.get("chain_hash"), run.get("last_step")) != (plan["commitment"], plan["last_step"]):
             return _err(f"{args.plan}: the plan is for commitment {plan['commitment'][:16]}... ({plan['last_step']} "
                         f"steps), not this run's {str(run.get('chain_hash'))[:16]}... ({run.get('last_step')} steps)")
-        return auditor_steps(plan, args.auditor, public_key_hex(args.key))
+        mine = planned_auditor(plan, public_key_hex(args.key), args.auditor)
+        if not args.auditor and mine.get("name"):
+            args.auditor = mine["name"]  # the certificate carries the plan's label (merge goes by the key)
+        return list(mine["steps"])
     except PlanError as exc:
         return _err(f"{args.plan}: {exc}")
 

@@ -425,38 +425,72 @@ def test_acceptance_rule_without_the_command_line(run1, tmp_path):
     assert trusted_keys([]) is None and trusted_keys(None) is None
 
 
+BEACON = hashlib.sha256(b"a beacon round published after the commitment").hexdigest()
+
+
+def _keys(n: int) -> list[str]:
+    """``n`` distinct public keys (hex) to name auditors by; a plan never needs their private halves."""
+    return [hashlib.sha256(b"auditor key %d" % i).hexdigest() for i in range(n)]
+
+
 def test_auditor_steps_from_a_plan():
     from lockstep.audit.accept import auditor_steps
     from lockstep.audit.plan import PlanError
 
-    plan = plan_audit({"chain_hash": hashlib.sha256(b"a run").hexdigest(), "last_step": 40}, 3, 1, ["ann", "bo", "cy"])
-    assert auditor_steps(plan, "bo") == plan["auditors"][1]["steps"] and auditor_steps(plan, "bo")
+    keys = _keys(3)
+    plan = plan_audit({"chain_hash": hashlib.sha256(b"a run").hexdigest(), "last_step": 40}, keys, BEACON, 1,
+                      ["ann", "bo", "cy"])
+    bo = next(a for a in plan["auditors"] if a["name"] == "bo")
+    assert bo["public_key"] == keys[1]  # names stay with their keys, whatever order the keys are drawn in
+    assert auditor_steps(plan, public_key=keys[1]) == bo["steps"] and bo["steps"]
+    assert auditor_steps(plan, "bo") == bo["steps"]
     assert auditor_steps(plan, "2") == plan["auditors"][2]["steps"]  # by index
+    assert auditor_steps(plan, "bo", keys[1]) == bo["steps"]
     with pytest.raises(PlanError, match="no auditor named 'dee'"):
         auditor_steps(plan, "dee")
+    with pytest.raises(PlanError, match="not to 'ann'"):  # a key cannot take another auditor's name
+        auditor_steps(plan, "ann", keys[1])
+    with pytest.raises(PlanError, match="no auditor with public key"):
+        auditor_steps(plan, "bo", _keys(4)[3])
 
 
 def test_plan_covers_every_step_k_times_with_distinct_auditors(run1):
     commitment = {"chain_hash": hashlib.sha256(b"some run").hexdigest(), "last_step": 101}
     for n_auditors, k in [(1, 1), (3, 2), (7, 3), (5, 5)]:
-        plan = plan_audit(commitment, n_auditors, k)
-        assert check_plan(plan) == []
+        plan = plan_audit(commitment, _keys(n_auditors), BEACON, k)
+        assert check_plan(plan) == [] and check_plan(plan, BEACON.upper()) == []
         for step, who in coverage(plan).items():
             assert len(who) == k and len(set(who)) == k, step
         loads = [len(a["steps"]) for a in plan["auditors"]]
         assert max(loads) - min(loads) <= 1
-    # deterministic, keyed by the commitment, and a forged plan is caught
-    plan = plan_audit(commitment, 7, 3)
-    assert plan == plan_audit(commitment, 7, 3)
-    other = plan_audit({"chain_hash": hashlib.sha256(b"other").hexdigest(), "last_step": 101}, 7, 3)
+        keys = [a["public_key"] for a in plan["auditors"]]
+        assert keys == sorted(keys) == sorted(_keys(n_auditors))  # the order is the keys', not the plan maker's
+    # deterministic, keyed by the commitment and the beacon, and a forged plan is caught
+    plan = plan_audit(commitment, _keys(7), BEACON, 3)
+    assert plan == plan_audit(commitment, list(reversed(_keys(7))), BEACON, 3)
+    other = plan_audit({"chain_hash": hashlib.sha256(b"other").hexdigest(), "last_step": 101}, _keys(7), BEACON, 3)
     assert [a["steps"] for a in other["auditors"]] != [a["steps"] for a in plan["auditors"]]
-    plan["auditors"][0]["steps"], plan["auditors"][1]["steps"] = plan["auditors"][1]["steps"], plan["auditors"][0]["steps"]
-    assert any("not the one drawn" in p for p in check_plan(plan))
+    other = plan_audit(commitment, _keys(7), hashlib.sha256(b"another round").hexdigest(), 3)
+    assert [a["steps"] for a in other["auditors"]] != [a["steps"] for a in plan["auditors"]]
+    assert any("not the" in p and "you named" in p for p in check_plan(other, BEACON))
+    swapped = json.loads(json.dumps(plan))
+    swapped["auditors"][0]["steps"], swapped["auditors"][1]["steps"] = (swapped["auditors"][1]["steps"],
+                                                                        swapped["auditors"][0]["steps"])
+    assert any("not the one drawn" in p for p in check_plan(swapped))
+    reordered = json.loads(json.dumps(plan))  # the same assignment, handed to other keys
+    reordered["auditors"][0]["public_key"], reordered["auditors"][1]["public_key"] = (
+        reordered["auditors"][1]["public_key"], reordered["auditors"][0]["public_key"])
+    assert any("ascending order of their public keys" in p for p in check_plan(reordered))
     # from a run directory
-    plan = plan_audit(run1, 3, 2)
+    plan = plan_audit(run1, _keys(3), BEACON, 2)
     assert plan["commitment"] == _traj(run1)[-1]["chain_hash"] and check_plan(plan) == []
     with pytest.raises(ValueError, match="distinct auditors"):
-        plan_audit(run1, 2, 3)
+        plan_audit(run1, _keys(2), BEACON, 3)
+    with pytest.raises(ValueError, match="same public key is given twice"):
+        plan_audit(run1, _keys(2) * 2, BEACON, 1)
+    for bad in ("", "00" * 31, "0" * 65, "zz" * 32):
+        with pytest.raises(ValueError, match="beacon must be"):
+            plan_audit(run1, _keys(2), bad, 1)
 
 
 @needs_crypto

@@ -48,7 +48,8 @@ def test_no_audit_plan_is_drawn_for_a_broken_chain(copy_run, capsys):
     recs = read_traj(run)
     recs[0]["state_root"] = hashlib.sha256(b"edited").hexdigest()
     write_traj(run, recs)
-    assert main(["audit", "plan", str(run), "--auditors", "2"]) == 1
+    keys = [a for i in range(2) for a in ("--pub", hashlib.sha256(b"key %d" % i).hexdigest())]
+    assert main(["audit", "plan", str(run), *keys, "--beacon", hashlib.sha256(b"beacon").hexdigest()]) == 1
     assert "chain is broken at step 1" in capsys.readouterr().err
 
 
@@ -126,6 +127,6 @@ def test_a_fifo_given_as_a_certificate_or_plan_is_refused_not_waited_on(tmp_path
     args = ["audit", command[0], tmp_path / "fifo.json"]
     if command[1:]:
         (tmp_path / "c.json").write_text("{}")
-        args = ["audit", "merge", tmp_path / "c.json", "--plan", tmp_path / "fifo.json"]
+        args = ["audit", "merge", tmp_path / "c.json", "--plan", tmp_path / "fifo.json", "--beacon", "00" * 32]
     r = lockstep_limited(*args, timeout=120)
     assert r.returncode in (1, 2) and "FIFO" in r.stdout + r.stderr and "Traceback" not in r.stderr

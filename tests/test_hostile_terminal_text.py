@@ -48,7 +48,9 @@ def test_merge_plan_and_check_escape_what_certificates_and_names_say(honest_run,
     (tmp_path / "evil\nok.json").write_text(json.dumps(bad))
     assert main(["audit", "merge", str(tmp_path / "c.json"), str(tmp_path / "evil\nok.json")]) == 2
     assert main(["audit", "check", str(tmp_path / "c.json"), str(tmp_path / "evil\nok.json")]) == 2
-    assert main(["audit", "plan", str(honest_run), "--auditors", "2", "--names", "x\x1b[31m,y\nz"]) == 0
+    keys = ["--pub", "ab" * 32, "--pub", "cd" * 32]
+    assert main(["audit", "plan", str(honest_run), *keys, "--beacon", "ef" * 32, "--names", "x\x1b[31m,y\nz",
+                 "--beacon-source", "drand\x1b[2J round\n7"]) == 0
     captured = capsys.readouterr()
     _clean(captured.out)
     _clean(captured.err)

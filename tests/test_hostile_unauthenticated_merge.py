@@ -8,6 +8,7 @@ audit by distinct auditors unless the auditors' public keys are given (``--pub``
 from __future__ import annotations
 
 import copy
+import hashlib
 
 import pytest
 
@@ -24,6 +25,9 @@ def one_replay(honest_run):
     return make_certificate(replay_steps(honest_run, [1, 2, 3, 4], "spec"))
 
 
+BEACON = hashlib.sha256(b"the beacon round the auditors named").hexdigest()
+
+
 def _three(one_replay, tmp_path, sign=False):
     paths, pubs = [], []
     for name in "abc":
@@ -36,20 +40,25 @@ def _three(one_replay, tmp_path, sign=False):
             key, pub = generate_keypair(tmp_path / name)
             cert = sign_certificate(cert, key)
             pubs.append(str(pub))
+        else:
+            pubs.append(hashlib.sha256(name.encode()).hexdigest())  # keys the plan names (nobody signs with them)
         write_certificate(tmp_path / f"{name}.json", cert)
         paths.append(tmp_path / f"{name}.json")
     return paths, pubs
 
 
-def _plan(honest_run, tmp_path):
-    atomic_write_json(tmp_path / "plan.json", plan_audit(honest_run, 3, 3, names=["a", "b", "c"]))
+def _plan(honest_run, tmp_path, pubs):
+    from lockstep.audit.accept import trusted_keys
+
+    atomic_write_json(tmp_path / "plan.json", plan_audit(honest_run, trusted_keys(pubs), BEACON, 3,
+                                                         names=["a", "b", "c"]))
     return tmp_path / "plan.json"
 
 
 def test_unsigned_self_named_certificates_are_not_a_complete_audit(honest_run, one_replay, tmp_path, capsys):
-    paths, _ = _three(one_replay, tmp_path)
-    plan = _plan(honest_run, tmp_path)
-    assert main(["audit", "merge", *map(str, paths), "--plan", str(plan)]) == 2
+    paths, pubs = _three(one_replay, tmp_path)
+    plan = _plan(honest_run, tmp_path, pubs)
+    assert main(["audit", "merge", *map(str, paths), "--plan", str(plan), "--beacon", BEACON]) == 2
     out = capsys.readouterr().out
     assert "COMPLETE AND CONSISTENT" not in out and "UNAUTHENTICATED" in out.splitlines()[-1]
     report = merge_certificates(paths)
@@ -59,11 +68,11 @@ def test_unsigned_self_named_certificates_are_not_a_complete_audit(honest_run, o
 
 def test_signatures_by_keys_nobody_vouched_for_are_not_enough(honest_run, one_replay, tmp_path, capsys):
     paths, pubs = _three(one_replay, tmp_path, sign=True)
-    plan = _plan(honest_run, tmp_path)
-    assert main(["audit", "merge", *map(str, paths), "--plan", str(plan)]) == 2
+    plan = _plan(honest_run, tmp_path, pubs)
+    assert main(["audit", "merge", *map(str, paths), "--plan", str(plan), "--beacon", BEACON]) == 2
     assert "UNAUTHENTICATED" in capsys.readouterr().out
     # with the auditors' keys given, the same certificates are a complete audit by three auditors
     args = [a for pub in pubs for a in ("--pub", pub)]
-    assert main(["audit", "merge", *map(str, paths), "--plan", str(plan), *args]) == 0
+    assert main(["audit", "merge", *map(str, paths), "--plan", str(plan), "--beacon", BEACON, *args]) == 0
     out = capsys.readouterr().out
     assert "COMPLETE AND CONSISTENT" in out and "UNAUTHENTICATED" not in out

@@ -340,7 +340,9 @@ def ws(honest_run, tmp_path_factory) -> Workspace:
     doc = json.loads(cert.read_bytes())  # the same inputs on every machine: no timing or machine facts
     doc["milliseconds"], doc["machine"] = 1000, {"cpu": "test"}
     cert.write_bytes(json_bytes(doc))
-    assert main(["audit", "plan", str(run), "--auditors", "3", "--redundancy", "2", "--out", str(plan)]) == 0
+    keys = [a for i in range(3) for a in ("--pub", hashlib.sha256(b"key %d" % i).hexdigest())]
+    assert main(["audit", "plan", str(run), *keys, "--beacon", hashlib.sha256(b"beacon").hexdigest(),
+                 "--redundancy", "2", "--out", str(plan)]) == 0
     assert main(["export", str(run), "--out", str(export)]) == 0
     return Workspace(root, run, export, cert, plan, Planted(root))
 

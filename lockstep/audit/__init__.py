@@ -8,7 +8,8 @@
   world size), and compare state roots and chain hashes with the trajectory.
 * ``certificate``: the signed JSON record an auditor publishes for a replay.
 * ``plan.plan_audit``: who replays which step, drawn with Philox from the run's
-  final commitment; ``merge.merge_certificates``: coverage, disagreements, gaps.
+  final commitment and a public beacon value named after it, the auditors named by
+  their public keys; ``merge.merge_certificates``: coverage, disagreements, gaps.
 
 Nothing read from a run directory, a plan or a certificate is ever executed or
 unpickled. Files inside a run are opened by walking down from the run directory

@@ -7,6 +7,7 @@ certificate is then refused), its claims are consistent with one replay of its t
 and, given the run, it quotes the run's published values; with ``recompute`` every
 claimed step is replayed here and must give the claimed hashes and verdicts. Every
 problem found is listed; nothing is printed here (the command line formats the verdict).
+An auditor's steps in a plan are found by their public key (``auditor_steps``).
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from pathlib import Path
 
 from .certificate import (consistency_problems, load_certificate, public_key_hex, recheck_certificate, run_problems,
                           signature_problem)
-from .plan import PlanError
+from .plan import planned_auditor
 
 
 @dataclass
@@ -77,12 +78,11 @@ def check_certificate_file(path: str | os.PathLike, trusted: list[str] | None = 
     return CertificateVerdict(path, cert, problems, recomputed)
 
 
-def auditor_steps(plan: dict, auditor: str) -> list[int]:
-    """The steps ``plan`` (as ``plan.load_plan`` returns it) gives ``auditor``, named or by index.
+def auditor_steps(plan: dict, auditor: str | None = None, public_key: str | None = None) -> list[int]:
+    """The steps ``plan`` (as ``plan.load_plan`` returns it) gives one auditor: the one with ``public_key``
+    (hex; how ``audit merge`` matches certificates to the plan), else the one named ``auditor`` (or by index).
 
-    ``PlanError`` when the plan names no such auditor; an auditor given no step gets [].
+    ``PlanError`` when the plan has no such auditor, or gives the key to another name than
+    ``auditor``; an auditor given no step gets [].
     """
-    mine = [a for a in plan["auditors"] if a.get("name") == auditor or str(a["index"]) == auditor]
-    if not mine:
-        raise PlanError(f"the plan has no auditor named {auditor!r}")
-    return list(mine[0]["steps"])
+    return list(planned_auditor(plan, public_key, auditor)["steps"])

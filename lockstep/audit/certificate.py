@@ -24,7 +24,8 @@ mismatch; claims of any other shape are refused, so nothing counts a step no rep
 of the targets reached.
 
 Numbers are integers only (times in milliseconds), so the canonical bytes are the
-same in every language. **Canonical bytes** (what is signed)::
+same in every language; step numbers (``run.last_step``, ``steps``, ``targets``) are at
+most ``MAX_STEP_NUMBER`` = 2**53 in magnitude. **Canonical bytes** (what is signed)::
 
     b"lockstep.audit-certificate.v2\\0" || JSON of the certificate without "signature",
     keys sorted, separators "," and ":", ASCII only (\\uXXXX escapes), no NaN
@@ -55,6 +56,9 @@ CERT_FORMAT = "lockstep.audit-certificate"
 CERT_VERSION = 2
 SIGNING_DOMAIN = b"lockstep.audit-certificate.v2\x00"
 MAX_KEY_BYTES = 64 << 10
+# Step numbers a certificate may name (run.last_step, steps, targets): every one is then exactly a float64, so
+# `audit merge --png` can draw it (10**400 cannot be converted); a run's trajectory caps real ones far below.
+MAX_STEP_NUMBER = 2**53
 _HEX64 = re.compile(r"[0-9a-f]{64}")
 
 
@@ -184,16 +188,19 @@ def _check_structure(cert, where: str) -> None:
     run = cert.get("run")
     if not isinstance(run, dict) or not (isinstance(run.get("commitment"), str) and _HEX64.fullmatch(run["commitment"])):
         raise CertificateError(f"{where}: run.commitment must be 64 lowercase hex digits")
-    if type(run.get("last_step")) is not int:
-        raise CertificateError(f"{where}: run.last_step must be an integer")
+    if type(run.get("last_step")) is not int or abs(run["last_step"]) > MAX_STEP_NUMBER:
+        raise CertificateError(f"{where}: run.last_step must be an integer of at most {MAX_STEP_NUMBER} (2**53)")
     steps = cert.get("steps")
     if not isinstance(steps, list) or not all(isinstance(s, dict) and type(s.get("step")) is int
+                                              and abs(s["step"]) <= MAX_STEP_NUMBER
                                               and _scalar_map(s.get("replayed")) and _scalar_map(s.get("published"))
                                               and isinstance(s.get("match"), bool) for s in steps):
         raise CertificateError(f"{where}: 'steps' must be a list of {{step, match, replayed, published}} objects "
-                               "(replayed and published map names to hashes or numbers)")
-    if not isinstance(cert.get("targets"), list) or not all(type(t) is int for t in cert["targets"]):
-        raise CertificateError(f"{where}: 'targets' must be a list of integers")
+                               f"(replayed and published map names to hashes or numbers; steps at most "
+                               f"{MAX_STEP_NUMBER})")
+    if not isinstance(cert.get("targets"), list) or not all(type(t) is int and abs(t) <= MAX_STEP_NUMBER
+                                                            for t in cert["targets"]):
+        raise CertificateError(f"{where}: 'targets' must be a list of integers of at most {MAX_STEP_NUMBER}")
     extra = cert.get("problems", [])
     if not isinstance(extra, list) or not all(isinstance(x, str) for x in extra):
         raise CertificateError(f"{where}: 'problems' must be a list of strings")
@@ -365,10 +372,10 @@ def load_private_key(path: str | os.PathLike):
 
 def public_key_hex(path_or_hex: str | os.PathLike) -> str:
     """The raw 32-byte public key (hex) of a PEM public-key file, a PEM private-key file, or 64 hex digits."""
-    serialization, ed25519 = _crypto()
     s = os.fspath(path_or_hex)
     if isinstance(s, str) and _HEX64.fullmatch(s.lower()) and not Path(s).exists():
-        return s.lower()
+        return s.lower()  # no package needed to name a key
+    serialization, ed25519 = _crypto()
     data = _read_key_file(s)
     try:
         if b"PRIVATE KEY" in data:

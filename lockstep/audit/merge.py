@@ -26,7 +26,11 @@ Then, per step of the run:
   makes the merge inconsistent;
 * **missing**: steps no certificate covers; with ``--plan``, steps covered by fewer
   distinct auditors than the plan's redundancy, and planned (auditor, step) pairs
-  that no certificate of that auditor delivered (auditors are matched by name).
+  that no certificate of that auditor delivered. A planned auditor is its public key:
+  only a certificate signed by that key (and, with ``--pub``, trusted) delivers its
+  steps, whatever name a certificate gives itself. ``audit merge --plan`` also takes
+  the beacon value from its user and refuses a plan drawn with another
+  (``plan.check_plan``).
 
 ``merge_certificates`` returns a ``MergeReport``; ``format`` prints the table and
 ``plot_coverage`` writes a PNG (matplotlib) of coverage over the steps.
@@ -241,13 +245,17 @@ def merge_certificates(paths: list[str | os.PathLike], plan: dict | None = None,
                          plan["redundancy"] if plan else None, authenticated=bool(trusted_keys),
                          run_problems=[(name, p) for name, cert in kept for p in cert.get("problems", [])])
     if plan:
-        names_seen: dict[str, set[int]] = {}
+        # a planned auditor is its public key: only certificates signed by that key deliver its steps (the
+        # certificate's ``auditor`` name is self-declared, and one key may not deliver another's share)
+        by_key: dict[str, set[int]] = {}
         for name, cert in kept:
-            if isinstance(cert.get("auditor"), str):
-                names_seen.setdefault(cert["auditor"], set()).update(s["step"] for s in cert["steps"])
+            sig = cert.get("signature")
+            if isinstance(sig, dict):
+                by_key.setdefault(sig["public_key"], set()).update(s["step"] for s in cert["steps"])
         for a in plan["auditors"]:
-            got = names_seen.get(a.get("name"), set())
-            report.undelivered += [(a.get("name", str(a["index"])), s) for s in a["steps"] if s not in got]
+            got = by_key.get(a["public_key"], set())
+            who = f"{a.get('name') or a['index']} (key {a['public_key'][:16]}...)"
+            report.undelivered += [(who, s) for s in a["steps"] if s not in got]
     return report
 
 

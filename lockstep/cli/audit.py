@@ -3,12 +3,18 @@
     lockstep audit verify RUN [--data DIR] [--no-batches] [--plot PNG]
     lockstep audit replay RUN --step t[,t2,a-b] [--backend B] [--from-earlier] [--out CERT] [--key PEM]
                           [--auditor NAME] [--data DIR]
-    lockstep audit replay RUN --plan PLAN --auditor NAME   (replay the steps the plan gives NAME)
+    lockstep audit replay RUN --plan PLAN --beacon HEX --key PEM   (replay the steps the plan gives your key)
     lockstep audit check CERT... [--pub PEM] [--run RUN [--recompute] [--backend B] [--from-earlier] [--data DIR]]
-    lockstep audit plan RUN --auditors N [--redundancy k] [--names a,b,...] [--out PLAN]
-    lockstep audit merge CERT... [--plan PLAN] [--pub PEM ...] [--png OUT]
+    lockstep audit plan RUN --beacon HEX --pub PEM --pub PEM ... [--redundancy k] [--names a,b,...]
+                        [--beacon-source TEXT] [--out PLAN]
+    lockstep audit merge CERT... [--plan PLAN --beacon HEX] [--pub PEM ...] [--png OUT]
     lockstep audit keygen --out PREFIX                      (PREFIX.key and PREFIX.pub, Ed25519)
     lockstep audit verify-export DIR [RUN]                  (an export's weights against its proof and run)
+
+A plan is drawn from the run's commitment and a public beacon value (a drand or NIST
+round) that the auditors name after the commitment is published; its auditors are
+their public keys. Whoever reads a plan (replay, merge) names the beacon value again
+with --beacon: the plan's own copy is not evidence.
 
 Every string that comes from a file (names, messages quoting them) is printed through
 ``fsio.printable``: control characters are escaped, so nothing a file says can add a
@@ -71,7 +77,9 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     r = sub.add_parser("replay", help="replay steps on this machine and compare with the published hashes")
     r.add_argument("run", type=Path, help="the run directory")
     r.add_argument("--step", type=_steps_arg, help="the step(s): 3, 3,7 or 2-5")
-    r.add_argument("--plan", type=Path, help="replay the steps a plan gives --auditor")
+    r.add_argument("--plan", type=Path, help="replay the steps a plan gives the public key of --key (needs --beacon)")
+    r.add_argument("--beacon", help="with --plan: the beacon value (hex) the auditors named; the plan must be "
+                                    "drawn with it")
     r.add_argument("--backend", default="auto", help="auto, spec, numba, cuda or metal (default auto: the fastest "
                                                      "installed backend that passes conformance here)")
     r.add_argument("--from-earlier", action="store_true",
@@ -94,16 +102,25 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     c.add_argument("--from-earlier", action="store_true", help="with --recompute: as `audit replay --from-earlier`")
     c.add_argument("--data", type=Path, help="data folder for --recompute")
 
-    pl = sub.add_parser("plan", help="assign steps to auditors, drawn from the run's final commitment")
+    pl = sub.add_parser("plan", help="assign steps to auditors, drawn from the commitment and a public beacon")
     pl.add_argument("run", type=Path, help="the run directory (or its commitment.json)")
-    pl.add_argument("--auditors", type=int, required=True, help="number of auditors")
+    pl.add_argument("--beacon", help="the randomness (hex, 32 to 64 bytes) of a public beacon round (drand, NIST) "
+                                     "that the auditors named after the commitment was published; required")
+    pl.add_argument("--beacon-source", help="a note naming that round (e.g. 'drand quicknet round 1234'); "
+                                            "recorded in the plan, not drawn from")
+    pl.add_argument("--pub", action="append", default=[], help="an auditor's public key (PEM or 64 hex digits); "
+                                                               "one per auditor, repeatable; required")
+    pl.add_argument("--auditors", type=int, help="number of auditors (optional: must be the number of --pub)")
     pl.add_argument("--redundancy", type=int, default=1, help="distinct auditors per step (default 1)")
-    pl.add_argument("--names", help="comma-separated auditor names (default auditor-0, auditor-1, ...)")
+    pl.add_argument("--names", help="comma-separated auditor names, in the order of --pub (default auditor-0, ...; "
+                                    "labels only: merge matches certificates to the plan by key)")
     pl.add_argument("--out", type=Path, help="write the plan (JSON) here")
 
     m = sub.add_parser("merge", help="coverage, disagreements and missing steps of a set of certificates")
     m.add_argument("certs", nargs="+", type=Path, help="certificate files")
-    m.add_argument("--plan", type=Path, help="the audit plan: checks redundancy and delivery")
+    m.add_argument("--plan", type=Path, help="the audit plan: checks redundancy and delivery (needs --beacon)")
+    m.add_argument("--beacon", help="with --plan: the beacon value (hex) the auditors named; the plan must be "
+                                    "drawn with it")
     m.add_argument("--pub", action="append", default=None, help="trusted public key (PEM or hex); repeatable")
     m.add_argument("--png", type=Path, help="write a PNG of coverage over the steps")
 
@@ -165,23 +182,18 @@ def _verify(args) -> int:
 
 
 def _replay(args) -> int:
-    from lockstep.audit.accept import auditor_steps
     from lockstep.audit.certificate import make_certificate, sign_certificate, write_certificate
-    from lockstep.audit.plan import PlanError, load_plan
     from lockstep.audit.replay import replay_steps
 
     if args.plan is not None:
-        if not args.auditor:
-            return _err("--plan needs --auditor NAME (your name in the plan)")
-        try:
-            steps = auditor_steps(load_plan(args.plan), args.auditor)
-        except PlanError as exc:
-            return _err(f"{args.plan}: {exc}")
+        steps = _planned_steps(args)
+        if isinstance(steps, int):
+            return steps
         if not steps:
-            print(printable(f"the plan gives {args.auditor} no step"))
+            print(printable(f"the plan gives {args.key} no step"))
             return EXIT_OK
     elif args.step is None:
-        return _err("give --step t (or --plan PLAN --auditor NAME)")
+        return _err("give --step t (or --plan PLAN --beacon HEX --key PEM)")
     else:
         steps = args.step
     if args.key is not None:
@@ -199,6 +211,39 @@ def _replay(args) -> int:
         write_certificate(out, cert)
         print(printable(f"certificate: {out}" + (" (signed)" if "signature" in cert else "")))
     return EXIT_OK if result.ok else EXIT_BAD
+
+
+def _planned_steps(args) -> list[int] | int:
+    """The steps the plan gives the key of ``--key``, after checking the plan against the beacon the user
+    names and the run's commitment; an exit code when it cannot be used."""
+    from lockstep.audit.certificate import public_key_hex
+    from lockstep.audit.plan import PlanError, check_plan, load_plan, planned_auditor
+    from lockstep.formats.rundir import RunFileError, read_commitment
+
+    if not args.beacon:
+        return _err("--plan needs --beacon HEX: the beacon value the auditors named (the plan's own copy is not "
+                    "evidence)")
+    if args.key is None:
+        return _err("--plan needs --key PEM: a plan names its auditors by public key, and only a certificate "
+                    "signed by your key delivers your steps")
+    try:
+        plan = load_plan(args.plan)
+        problems = check_plan(plan, args.beacon)
+        if problems:
+            return _err(f"{args.plan}: not a valid plan: " + "; ".join(problems[:5]))
+        try:
+            run = read_commitment(args.run)
+        except RunFileError as exc:
+            return _err(str(exc))
+        if (run.get("chain_hash"), run.get("last_step")) != (plan["commitment"], plan["last_step"]):
+            return _err(f"{args.plan}: the plan is for commitment {plan['commitment'][:16]}... ({plan['last_step']} "
+                        f"steps), not this run's {str(run.get('chain_hash'))[:16]}... ({run.get('last_step')} steps)")
+        mine = planned_auditor(plan, public_key_hex(args.key), args.auditor)
+        if not args.auditor and mine.get("name"):
+            args.auditor = mine["name"]  # the certificate carries the plan's label (merge goes by the key)
+        return list(mine["steps"])
+    except PlanError as exc:
+        return _err(f"{args.plan}: {exc}")
 
 
 def _check(args) -> int:
@@ -227,10 +272,19 @@ def _check(args) -> int:
 def _plan(args) -> int:
     from lockstep.fsio import atomic_write_json
 
+    from lockstep.audit.accept import trusted_keys
     from lockstep.audit.plan import format_plan, plan_audit
 
+    if not args.beacon:
+        return _err("a plan needs --beacon HEX: the value of a public beacon round (drand, NIST) that the auditors "
+                    "named after the commitment was published; a plan drawn from the commitment alone can be "
+                    "ground by the trainer")
+    if not args.pub:
+        return _err("a plan needs the auditors' public keys: --pub PEM (or 64 hex digits), one per auditor")
+    if args.auditors is not None and args.auditors != len(args.pub):
+        return _err(f"--auditors {args.auditors} but {len(args.pub)} --pub key(s)")
     names = [n.strip() for n in args.names.split(",")] if args.names else None
-    plan = plan_audit(args.run, args.auditors, args.redundancy, names)
+    plan = plan_audit(args.run, trusted_keys(args.pub), args.beacon, args.redundancy, names, args.beacon_source)
     print(format_plan(plan))
     if args.out is not None:
         atomic_write_json(args.out, plan)
@@ -245,8 +299,11 @@ def _merge(args) -> int:
 
     plan = None
     if args.plan is not None:
+        if not args.beacon:
+            return _err("--plan needs --beacon HEX: the beacon value the auditors named (the plan's own copy is not "
+                        "evidence)")
         plan = load_plan(args.plan)
-        problems = check_plan(plan)
+        problems = check_plan(plan, args.beacon)
         if problems:
             print(printable(f"{args.plan}: not a valid plan: " + "; ".join(problems[:5])))
             return EXIT_BAD

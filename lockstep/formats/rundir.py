@@ -62,6 +62,8 @@ import struct
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 import lockstep
 from lockstep.fsio import (FileFormatError, UnsafePath, append_line, atomic_write_bytes, atomic_write_json,
                            iter_lines, json_bytes, open_regular, parse_json, read_json, read_json_regular, safe_join)

@@ -215,7 +215,7 @@ def test_one_edited_number_is_a_clear_refusal_in_verify_replay_and_plan(copy_run
     with pytest.raises(ReplayError, match=f"step 2.*'{key}'"):
         replay_step(run, 1, "spec")
     with pytest.raises(PlanError, match=f"'{key}'"):
-        plan_audit(run, auditors=2)
+        plan_audit(run, ["a" * 64, "b" * 64], "c" * 64)  # two auditors' keys, a beacon value
     for argv in (["audit", "verify", str(run), "--no-batches"],
                  ["audit", "replay", str(run), "--step", "1", "--backend", "spec"]):
         assert main(argv) in (1, 2), argv

@@ -1,0 +1,48 @@
+"""Optional capabilities a backend may offer beyond the op table, typed.
+
+An op computes a published value and is checked against the spec. A capability
+changes *how* a backend computes, never *what*: every capability must give the same
+bits as the plain ops, and the trainer, the audit and ``lockstep sample`` work
+(more slowly) on a backend that offers none. Each field is ``None`` when the backend
+does not offer it; callers test for ``None``, never for a backend's name.
+
+``add_into(a, b, out)``
+    ``out[:] = add(a, b)`` for 1-D float32 vectors of one length, written in place
+    (``out`` may be ``a`` or ``b``). The micro-batch tree and the butterfly exchange
+    sum their vectors with it instead of allocating a result per add.
+``weights_unchanged(memo=None)``
+    A context manager: inside it, each weight array's quantized forms (column
+    scales, int8 codes, the rotated transpose) are made once per array object and
+    reused, the caller promising not to modify a weight while inside. A step's
+    micro-batches run in one block; a generating model passes its own ``memo`` dict
+    for its life.
+``watch_compilation(on_first)``
+    A context manager around the first step of a process: calls ``on_first()`` when
+    the backend starts compiling kernels (not on a cache hit) and yields an object
+    with ``kernels`` (how many were compiled) and ``seconds``.
+``kernel_runtime``
+    The shared-kernel runtime of a GPU-dialect backend (OpenCL, CUDA, Metal): the
+    flush probe and the conformance report read its build options and device from it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable, ContextManager
+
+
+@dataclass(frozen=True)
+class Capabilities:
+    """What a backend offers beyond its ops; every field optional (see the module docstring)."""
+
+    add_into: Callable[[Any, Any, Any], Any] | None = None
+    weights_unchanged: Callable[..., ContextManager[None]] | None = None
+    watch_compilation: Callable[[Callable[[], None]], ContextManager[Any]] | None = None
+    kernel_runtime: Any = None
+
+    def offered(self) -> list[str]:
+        """The names of the capabilities this backend offers, in field order."""
+        return [name for name in self.__dataclass_fields__ if getattr(self, name) is not None]
+
+
+NO_CAPABILITIES = Capabilities()

@@ -107,7 +107,7 @@ def open_model(run_dir: str | os.PathLike, step: int | None = None) -> RunModel:
     if not have:
         raise UseError(f"{run_dir} has no complete checkpoint yet (train it, or wait for its first checkpoint)")
     try:
-        c = ckpt.load_checkpoint(run_dir, step)
+        c = ckpt.load_checkpoint(run_dir, step, max_bytes=ckpt.state_bytes_bound(cfg))  # a larger state is refused unread
     except ckpt.CheckpointError as exc:
         raise UseError(f"refused: {exc}") from None
     except (UnsafePath, OSError) as exc:

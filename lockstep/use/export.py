@@ -27,9 +27,14 @@ checkpoint's ``param/NAME``, and its lockstep digest (``hashing.tensor_digest("p
 moments' and the step's, fold into the state root that the trajectory publishes at
 that step, which the chain hash commits to (``H_t = chain_hash(t, H_{t-1}, root,
 batch, tokens, loss bits, grad-norm bits, lr bits)``), up to the run's final commitment. ``verify_export`` checks every link it
-can: alone (the export's own consistency), and against the run directory (the
-trajectory's chain recomputed from the recipe's genesis, the commitment, the
-checkpoint's sidecar).
+can: alone (the export's own consistency: ``config.json`` is rebuilt from the recipe and
+compared whole, ``tokenizer.json`` has the SHA-256 config.json names), and against the
+run directory (the trajectory's chain recomputed from the recipe's genesis, the
+commitment, the checkpoint's sidecar, and the tokenizer: config.json's is the one the
+run's data manifest names, whose digest the recipe, and so the genesis, binds).
+``proof.json``'s file digests are not signed: they only say which bytes were checked.
+Every file is read once into memory, within a bound, and hashed, parsed and checked from
+that buffer (``verify_export``).
 """
 
 from __future__ import annotations
@@ -277,7 +282,8 @@ AdamW moments, step counter), which fold into that state root. To check this exp
 ```sh
 lockstep audit verify-export THIS_FOLDER             # the export alone: files, tensors, digests, state root
 lockstep audit verify-export THIS_FOLDER RUN_DIR     # and against the run: the chain from the recipe's
-                                                     # genesis through this step to the commitment
+                                                     # genesis through this step to the commitment, the
+                                                     # tokenizer against the run's data manifest
 lockstep audit replay RUN_DIR --step {model.step}          # replay the step that made these weights
 ```
 

@@ -54,8 +54,9 @@ _DATA: list[str] = []  # the run's data folder: trained with --data DIR, so the 
 
 
 def cli(argv: list[str]) -> int:
-    """``lockstep ARGV``, with ``--data DIR`` for the commands that read the run's data."""
-    extra = ["--data", _DATA[0]] if argv[0] in ("sample", "eval", "export") and _DATA else []
+    """``lockstep ARGV``, with ``--data DIR`` for the commands that read the run's data (or its manifest)."""
+    reads_data = argv[0] in ("sample", "eval", "export") or argv[:2] == ["audit", "verify-export"]
+    extra = ["--data", _DATA[0]] if reads_data and _DATA else []
     return main([*argv, *extra])
 
 
@@ -350,10 +351,10 @@ def test_export_verifies_alone_and_against_its_run(run, tmp_path, capsys):
     out = tmp_path / "export"
     assert cli(["export", str(run), "--out", str(out)]) == 0
     capsys.readouterr()
-    assert main(["audit", "verify-export", str(out), str(run), "--json"]) == 0
+    assert cli(["audit", "verify-export", str(out), str(run), "--json"]) == 0
     report = json.loads(capsys.readouterr().out)
     assert report["valid"] and len(report["checks"]) >= 15
-    assert main(["audit", "verify-export", str(out)]) == 0
+    assert cli(["audit", "verify-export", str(out)]) == 0
     capsys.readouterr()
     from lockstep.fsio import read_safetensors
 
@@ -397,17 +398,17 @@ def test_verify_export_finds_forgeries(run, tmp_path, capsys):
 
     for d, failing in [(forged("weight", edit_weight), "every parameter's digest is the checkpoint's"),
                        (forged("root", edit_root), "state root from the tensor digests")]:
-        assert main(["audit", "verify-export", str(d), str(run)]) == 2
+        assert cli(["audit", "verify-export", str(d), str(run)]) == 2
         out = capsys.readouterr().out
         assert f"FAIL {failing}" in out and "INVALID" in out
     # a genuine export of step 2 does not pass as step 4's: its step's record is checked
     proof = json.loads((good / "proof.json").read_text())
     proof["step"] = 4
     moved = forged("moved", lambda d: (d / "proof.json").write_bytes(json_bytes(proof)))
-    assert main(["audit", "verify-export", str(moved), str(run)]) == 2
+    assert cli(["audit", "verify-export", str(moved), str(run)]) == 2
     assert "FAIL step 4 in the run's trajectory" in capsys.readouterr().out
     # not an export at all: exit 1 with a one-line reason
-    assert main(["audit", "verify-export", str(tmp_path)]) == 1
+    assert cli(["audit", "verify-export", str(tmp_path)]) == 1
     assert "not a readable lockstep export" in capsys.readouterr().err
 
 

@@ -27,6 +27,7 @@ from pathlib import Path
 
 from lockstep.formats.ingest import DEFAULT_SHARD_TOKENS, ingest
 from lockstep.formats.manifest import SOURCE_NAME_RE, DataError, Manifest
+from lockstep.fsio import printable
 
 from .common import EXIT_ERROR, EXIT_OK, plain_help
 
@@ -87,7 +88,7 @@ def _summary(manifest_path: Path) -> str:
         held = f" ({s.validation_documents} held out for validation)" if s.validation_documents else ""
         lines.append(f"  {s.name}: weight {s.weight}, {s.documents} documents{held}, {s.tokens} tokens, "
                      f"{len(s.shards)} shards")
-    return "\n".join(lines)
+    return "\n".join(printable(line) for line in lines)  # names and keys come from the manifest: escaped
 
 
 def run_data(args) -> int:
@@ -113,6 +114,6 @@ def run_data(args) -> int:
             raise DataError(f"unknown data command {args.data_command!r}")
         print(_summary(path))
     except DataError as e:
-        print(f"error: {e}", file=sys.stderr)
+        print(f"error: {printable(str(e))}", file=sys.stderr)
         return EXIT_ERROR
     return EXIT_OK

@@ -18,6 +18,8 @@ import json
 import sys
 from pathlib import Path
 
+from lockstep.fsio import printable
+
 from .common import EXIT_BAD, EXIT_OK, default_backend, fail, positive_int
 
 
@@ -63,12 +65,12 @@ def run_eval(args) -> int:
         print(json.dumps({"run": str(args.run), "step": v.step, "tokens": v.tokens, "validation": v.record(),
                           "recorded_bits": recorded.get("loss_sum_bits") if recorded else None,
                           "reproduced": None if recorded is None else code == EXIT_OK}, indent=2, sort_keys=True))
-    else:
+    else:  # source names, the recorded backend and SPEC_VERSION come from files of the run: escaped
         print(v.format())
-        print(verdict)
+        print(printable(verdict))
         note = model.spec_note()
         if note:
-            print(note)
+            print(printable(note))
     if args.record:
         try:
             append_metrics(args.run, metrics_line(v))
@@ -197,25 +199,31 @@ class _TextStream:
 def run_sample(args) -> int:
     from lockstep.backends import BackendUnavailable, get_backend
 
-    from lockstep.use.generate import Sampling, SamplingError
+    from lockstep.use.generate import Sampling, SamplingError, require_sample_memory
     from lockstep.use.run import UseError, open_model, open_tokenizer
+    from lockstep.use.tokenizing import guarded
 
     try:
         sampling = Sampling(args.temperature, args.top_k or None, args.seed).check()
         be = get_backend(args.backend or default_backend())
         model = open_model(args.run, args.step)
         tokenizer, identity = open_tokenizer(args.run, model.recipe, args.data)
+        tokenizer = guarded(tokenizer)  # a panic of the tokenizer library is a one-line error
         prompt = encode_prompt(tokenizer, _prompt_bytes(args), model.cfg.vocab_size)
+        limit = model.cfg.seq_len - 1  # the end-of-document token goes first
+        require_sample_memory(model.cfg, min(len(prompt), limit), args.max_new_tokens)  # before anything is sized
     except (UseError, SamplingError, BackendUnavailable, ValueError) as exc:
         return fail("sample", str(exc))
     say = (lambda msg: print(msg, file=sys.stderr, flush=True)) if not args.quiet else (lambda msg: None)
-    limit = model.cfg.seq_len - 1  # the end-of-document token goes first
     if len(prompt) > limit:
         say(f"note: the prompt is {len(prompt)} tokens; the model reads at most {model.cfg.seq_len}, "
             f"so it sees the last {limit} after the end-of-document token")
         prompt = prompt[-limit:]
     try:
         return _generate_into(args, be, model, tokenizer, prompt, sampling, say)
+    except UseError as exc:  # the tokenizer failed on the generated ids
+        sys.stdout.write("\n")
+        return fail("sample", str(exc))
     except BrokenPipeError:  # the reader went away (| head): stop quietly, as other Unix tools do
         import os
 
@@ -230,7 +238,7 @@ def _generate_into(args, be, model, tokenizer, prompt: list[int], sampling, say)
 
     note = model.spec_note()
     if note:
-        say(note)
+        say(printable(note))  # the recipe's SPEC_VERSION is the run's text
     context = [tokenizer.eod_id] + prompt
     stream = None if args.json else _TextStream(tokenizer, sys.stdout)
     if stream is not None:
@@ -309,15 +317,14 @@ def add_export_parser(subparsers) -> argparse.ArgumentParser:
 
 
 def run_export(args) -> int:
-    from lockstep.use.evaluate import recorded_validations
     from lockstep.use.export import make_export, verify_export
     from lockstep.use.run import UseError, open_model, open_tokenizer
 
     try:
         model = open_model(args.run, args.step)
         tokenizer, identity = open_tokenizer(args.run, model.recipe, args.data)
-        out = make_export(model, tokenizer, identity, args.out, recorded_validations(args.run).get(model.step))
-        rep = verify_export(out, args.run)
+        out = make_export(model, tokenizer, identity, args.out)
+        rep = verify_export(out, args.run, args.data)
     except (UseError, ValueError, OSError) as exc:
         return fail("export", str(exc))
     if not rep.ok:  # never expected: the export was just made from a verified checkpoint
@@ -333,12 +340,15 @@ def add_verify_export_parser(subparsers) -> argparse.ArgumentParser:
     p = subparsers.add_parser(
         "verify-export", help="check an export's weights against its proof and, given RUN, the run's chain",
         description="Check an export folder made by `lockstep export`: its files' SHA-256, every tensor's lockstep "
-                    "digest against proof.json, the int8 codes and scales against the spec's quantizer, the state "
-                    "root from the digests and the chain link of its step; with RUN also the run's recipe, its "
+                    "digest against proof.json, the int8 codes and scales against the spec's quantizer, config.json "
+                    "against the recipe, tokenizer.json against config.json, the state root from the digests and "
+                    "the chain link of its step; with RUN also the run's recipe, its data manifest's tokenizer, its "
                     "chain recomputed from the genesis through the export's step to the commitment, and the "
                     "run's checkpoint of that step. Exit 0 valid, 2 invalid, 1 unreadable.")
     p.add_argument("export", type=Path, help="the export folder")
     p.add_argument("run", type=Path, nargs="?", help="the run directory the export claims to come from")
+    p.add_argument("--data", type=Path, help="the run's data folder (its manifest names the tokenizer), when it is "
+                                             "not inside the run")
     p.add_argument("--json", action="store_true", help="print the checks as JSON")
     p.set_defaults(func=run_verify_export)
     return p
@@ -349,7 +359,7 @@ def run_verify_export(args) -> int:
     from lockstep.use.run import UseError
 
     try:
-        rep = verify_export(args.export, args.run)
+        rep = verify_export(args.export, args.run, args.data)
     except (UseError, ValueError, OSError) as exc:
         return fail("audit verify-export", str(exc))
     if args.json:

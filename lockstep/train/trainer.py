@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from lockstep.fsio import check_regular_or_absent
+from lockstep.fsio import check_regular_or_absent, printable
 from lockstep.spec import SPEC_VERSION
 
 from lockstep.formats import checkpoint as ckpt
@@ -333,7 +333,7 @@ def _run_loop(comm, rank, world, run_dir: Path, st: _Start, be, checkpoint_every
     recipe, cfg, tcfg, params, opt, stream = st.recipe, st.cfg, st.tcfg, st.params, st.opt, st.stream
     prev_chain, last_step = st.prev_chain, st.last_step
     eval_every = hooks.interval(eval_every, cfg)
-    say(f"run {run_dir}: preset {cfg.name}, backend {be.name}, {world} rank(s), steps {st.start_step + 1}..{last_step}"
+    say(f"run {run_dir}: preset {printable(cfg.name)}, backend {be.name}, {world} rank(s), steps {st.start_step + 1}..{last_step}"
         if last_step > st.start_step else f"run {run_dir} is already at its target step {last_step}; "
                                           "give --steps N (or --tokens) to extend it")
     _say_idle_ranks(tcfg, cfg.seq_len, st.start_step + 1, last_step, world, say)

@@ -32,6 +32,7 @@ from typing import Callable
 
 import numpy as np
 
+from lockstep.fsio import printable
 from lockstep.spec import SPEC_VERSION
 from lockstep.formats.config import ModelConfig
 from lockstep.formats.manifest import Manifest
@@ -41,6 +42,7 @@ from lockstep.formats.rundir import float_record
 from lockstep.formats.tokenizer import BYTE_VOCAB, ByteTokenizer
 
 from .run import UseError
+from .tokenizing import guarded
 
 VALIDATION_FORMAT = "lockstep.validation"
 VALIDATION_VERSION = 1
@@ -128,7 +130,7 @@ class Validation:
                  f"nats/token, {self.bits_per_byte:.6f} bits/byte over {self.targets:,} tokens "
                  f"(loss sum {float(self.loss_sum):.9g}, bits {self.bits})"]
         for s in self.sources:
-            lines.append(f"  {s.source}: {nats_per_token(s.loss_sum, s.targets):.6f} nats/token, "
+            lines.append(f"  {printable(s.source)}: {nats_per_token(s.loss_sum, s.targets):.6f} nats/token, "
                          f"{bits_per_byte(s.loss_sum, s.bytes):.6f} bits/byte ({s.windows} windows)")
         return "\n".join(lines)
 
@@ -188,7 +190,8 @@ def evaluate(params: dict, cfg: ModelConfig, manifest: Manifest, backend, eval_b
         raise UseError(f"{manifest.path}: the data holds out no validation documents; build it with "
                        "`lockstep data ingest ... --validation-documents N` (the default corpus holds some out)")
     t0 = time.perf_counter()
-    sources, total = evaluate_splits(params, cfg, splits, manifest.tokenizer(), backend, eval_batch, progress)
+    tokenizer = guarded(manifest.tokenizer())  # a panic of the tokenizer library is a one-line error
+    sources, total = evaluate_splits(params, cfg, splits, tokenizer, backend, eval_batch, progress)
     return Validation(step, tokens, eval_batch, backend.name, sources, total, time.perf_counter() - t0)
 
 

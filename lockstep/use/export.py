@@ -27,14 +27,20 @@ checkpoint's ``param/NAME``, and its lockstep digest (``hashing.tensor_digest("p
 moments' and the step's, fold into the state root that the trajectory publishes at
 that step, which the chain hash commits to (``H_t = chain_hash(t, H_{t-1}, root,
 batch, tokens, loss bits, grad-norm bits, lr bits)``), up to the run's final commitment. ``verify_export`` checks every link it
-can: alone (the export's own consistency), and against the run directory (the
-trajectory's chain recomputed from the recipe's genesis, the commitment, the
-checkpoint's sidecar).
+can: alone (the export's own consistency: ``config.json`` is rebuilt from the recipe and
+compared whole, ``tokenizer.json`` has the SHA-256 config.json names), and against the
+run directory (the trajectory's chain recomputed from the recipe's genesis, the
+commitment, the checkpoint's sidecar, and the tokenizer: config.json's is the one the
+run's data manifest names, whose digest the recipe, and so the genesis, binds).
+``proof.json``'s file digests are not signed: they only say which bytes were checked.
+Every file is read once into memory, within a bound, and hashed, parsed and checked from
+that buffer (``verify_export``).
 """
 
 from __future__ import annotations
 
 import hashlib
+import math
 import os
 import shutil
 import tempfile
@@ -43,12 +49,14 @@ from pathlib import Path
 
 import numpy as np
 
-from lockstep.fsio import (FileFormatError, UnsafePath, atomic_write_bytes, fsync_dir, json_bytes, read_json,
-                           read_safetensors, safe_join, write_safetensors)
-from lockstep.spec import SPEC_VERSION, hashing
+from lockstep.fsio import (FileFormatError, UnsafePath, atomic_write_bytes, atomic_writer, fsync_dir, json_bytes,
+                           open_regular, parse_json, parse_safetensors, printable,
+                           write_safetensors_to)
+from lockstep.spec import hashing
 from lockstep.spec.quant import quantize, weight_scale
 from lockstep.train.model import param_count, param_specs
-from lockstep.formats.tokenizer import HF_TOKENIZER_FILE, HFTokenizer, file_sha256
+from lockstep.formats.manifest import DataError, Manifest
+from lockstep.formats.tokenizer import HF_TOKENIZER_FILE, HFTokenizer
 
 from .run import RunModel, UseError
 
@@ -61,6 +69,9 @@ PROOF_FORMAT = "lockstep.export-proof"
 CONFIG_FORMAT = "lockstep.export-config"
 EXPORT_VERSION = 1
 INT8_SUFFIX, SCALE_SUFFIX = ".int8", ".scale"
+MAX_PROOF_BYTES = 4 << 20  # about 100 bytes per tensor digest (Open-1B: ~30 kB)
+MAX_CONFIG_BYTES = 1 << 20  # a config is a few kB
+MAX_TOKENIZER_BYTES = 64 << 20  # a tokenizer.json of a 128k vocabulary is ~10 MB
 QUANTIZED = ("attn.wqkv", "attn.wo", "ffn.w_gate_up", "ffn.w_down")  # the int8 W8A8 layers of a block
 
 
@@ -114,9 +125,30 @@ def _commitment(model: RunModel) -> dict | None:
     return {"last_step": c["last_step"], "chain_hash": c["chain_hash"]}
 
 
-def make_export(model: RunModel, tokenizer, identity: dict, out: str | os.PathLike,
-                validation: dict | None = None) -> Path:
-    """Write the export of ``model`` (a verified checkpoint) to the new folder ``out``, all or nothing."""
+class _HashingWriter:
+    """A binary file that hashes every byte written to it: the digest is of the bytes written, never of a
+    second read of the file."""
+
+    def __init__(self, f):
+        self.f, self.h = f, hashlib.sha256()
+
+    def write(self, data) -> int:
+        self.h.update(data)
+        return self.f.write(data)
+
+
+def _write_file(path: Path, data: bytes) -> str:
+    atomic_write_bytes(path, data)
+    return hashlib.sha256(data).hexdigest()
+
+
+def make_export(model: RunModel, tokenizer, identity: dict, out: str | os.PathLike) -> Path:
+    """Write the export of ``model`` (a verified checkpoint) to the new folder ``out``, all or nothing.
+
+    Each file's SHA-256 in ``proof.json`` is of the bytes written (hashed as they are written), and the
+    tokenizer file is read once from the data folder, checked against the manifest's digest and written
+    from that same buffer.
+    """
     from lockstep.formats.rundir import genesis
 
     out = Path(out).absolute()
@@ -126,18 +158,18 @@ def make_export(model: RunModel, tokenizer, identity: dict, out: str | os.PathLi
     staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.partial-", dir=out.parent))
     try:
         os.chmod(staging, 0o755)  # mkdtemp makes 0700; an export is meant to be shared
+        files = {}
         tensors = export_tensors(model.params, model.cfg)
-        write_safetensors(staging / MODEL_FILE, tensors,
-                          {"format": "lockstep.export", "step": str(model.step), "spec_version": model.spec_version})
-        atomic_write_bytes(staging / CONFIG_FILE, json_bytes(_config(model, identity)))
+        with atomic_writer(staging / MODEL_FILE) as f:
+            w = _HashingWriter(f)
+            write_safetensors_to(w, tensors, {"format": "lockstep.export", "step": str(model.step),
+                                              "spec_version": model.spec_version})
+        files[MODEL_FILE] = w.h.hexdigest()
+        files[CONFIG_FILE] = _write_file(staging / CONFIG_FILE, json_bytes(export_config(model.cfg, identity)))
         recipe_bytes = json_bytes(model.recipe)
-        atomic_write_bytes(staging / RECIPE_FILE, recipe_bytes)
-        files = [MODEL_FILE, CONFIG_FILE, RECIPE_FILE]
+        files[RECIPE_FILE] = _write_file(staging / RECIPE_FILE, recipe_bytes)
         if isinstance(tokenizer, HFTokenizer):  # the file whose digest the manifest names
-            shutil.copyfile(tokenizer.path, staging / HF_TOKENIZER_FILE)
-            if file_sha256(staging / HF_TOKENIZER_FILE) != tokenizer.sha256:
-                raise UseError(f"{tokenizer.path} changed while it was exported; export again")
-            files.append(HF_TOKENIZER_FILE)
+            files[HF_TOKENIZER_FILE] = _write_file(staging / HF_TOKENIZER_FILE, _tokenizer_bytes(tokenizer, identity))
         proof = {
             "format": PROOF_FORMAT, "version": EXPORT_VERSION,
             "step": model.step, "tokens": model.tokens, "spec_version": model.spec_version,
@@ -149,10 +181,10 @@ def make_export(model: RunModel, tokenizer, identity: dict, out: str | os.PathLi
             "commitment": _commitment(model),
             "tensor_digests": dict(sorted(model.sidecar["tensor_digests"].items())),
             "int8_layers": quantized_names(model.cfg),
-            "files": {name: file_sha256(staging / name) for name in files},
+            "files": dict(sorted(files.items())),
         }
         atomic_write_bytes(staging / PROOF_FILE, json_bytes(proof))
-        atomic_write_bytes(staging / CARD_FILE, model_card(model, proof, identity, validation).encode("utf-8"))
+        atomic_write_bytes(staging / CARD_FILE, model_card(model, proof, identity).encode("utf-8"))
         fsync_dir(staging)
         if out.exists():
             out.rmdir()  # empty (checked above); fails loudly if someone filled it meanwhile
@@ -164,8 +196,20 @@ def make_export(model: RunModel, tokenizer, identity: dict, out: str | os.PathLi
     return out
 
 
-def _config(model: RunModel, tokenizer: dict) -> dict:
-    cfg = model.cfg
+def _tokenizer_bytes(tokenizer: HFTokenizer, identity: dict) -> bytes:
+    """The run's tokenizer file: the very bytes the tokenizer was built from and hashed (``HFTokenizer.data``,
+    read once), which must have the manifest's SHA-256."""
+    data = tokenizer.data
+    if hashlib.sha256(data).hexdigest() != identity.get("sha256"):
+        raise UseError(f"{tokenizer.path} is not the tokenizer the data manifest names (SHA-256 differs); "
+                       "restore it and export again")
+    return data
+
+
+def export_config(cfg, tokenizer: dict) -> dict:
+    """``config.json`` of an export of model ``cfg`` with the tokenizer ``tokenizer`` (the data manifest's
+    identity): everything in it but the tokenizer follows from the recipe, so ``verify-export`` rebuilds
+    it from the recipe and compares the whole."""
     return {
         "format": CONFIG_FORMAT, "version": EXPORT_VERSION,
         "model": cfg.to_dict(),
@@ -185,13 +229,12 @@ def _config(model: RunModel, tokenizer: dict) -> dict:
     }
 
 
-def model_card(model: RunModel, proof: dict, tokenizer: dict, validation: dict | None) -> str:
+def model_card(model: RunModel, proof: dict, tokenizer: dict) -> str:
     cfg, t = model.cfg, model.tcfg
     run = model.run_dir.name
-    val = (f"- validation loss at this step: {validation['nats_per_token']:.4f} nats/token, "
-           f"{validation['bits_per_byte']:.4f} bits/byte on the data's held-out documents "
-           f"(loss sum bits {validation['loss_sum_bits']}; reproduce with `lockstep eval RUN --step {model.step}`)\n"
-           if validation else "- validation loss: not recorded for this step (`lockstep eval RUN --step N`)\n")
+    # metrics.jsonl is not evidence (nothing binds it to the chain): the card states no validation loss it did not compute
+    val = (f"- validation loss: `lockstep eval RUN_DIR --step {model.step}` computes it, the same bits on every "
+           "backend\n")
     train_loss = _chain_facts(model).get("training_loss")
     quant = ("int8 W8A8 in every attention and feed-forward linear layer (weights per output channel, "
              "`2 mean|w| / sqrt(127)`; activations per tensor, `max|x| / 127`); the export holds the float32 "
@@ -236,7 +279,8 @@ AdamW moments, step counter), which fold into that state root. To check this exp
 ```sh
 lockstep audit verify-export THIS_FOLDER             # the export alone: files, tensors, digests, state root
 lockstep audit verify-export THIS_FOLDER RUN_DIR     # and against the run: the chain from the recipe's
-                                                     # genesis through this step to the commitment
+                                                     # genesis through this step to the commitment, the
+                                                     # tokenizer against the run's data manifest
 lockstep audit replay RUN_DIR --step {model.step}          # replay the step that made these weights
 ```
 
@@ -265,18 +309,52 @@ class ExportReport:
         return all(ok for _, ok, _ in self.checks)
 
     def format(self) -> str:
+        """The report, one check a line; every line escaped (``fsio.printable``): names and values come from
+        the export's own files, and none of them can start a line, move the cursor or colour the terminal."""
         lines = [f"{'ok  ' if ok else 'FAIL'} {name}" + (f": {detail}" if detail else "") for name, ok, detail in self.checks]
         verdict = "VALID" if self.ok else "INVALID"
         against = f" against {self.run}" if self.run else " (alone; name the run directory to check the chain)"
-        return "\n".join(lines + [f"{self.folder}: {verdict}{against}"])
+        return "\n".join(printable(line) for line in lines + [f"{self.folder}: {verdict}{against}"])
 
 
-def _read_export(folder: Path) -> tuple[dict, dict, dict]:
-    """proof.json, config.json, recipe.json of an export (strict JSON, inside the folder)."""
-    out = []
-    for name in (PROOF_FILE, CONFIG_FILE, RECIPE_FILE):
+def _read_once(folder: Path, name: str, what: str, max_bytes: int) -> bytearray:
+    """The bytes of ``folder/name`` in private memory, read once: a regular file reached without symlinks, of at
+    most ``max_bytes`` (a larger one is refused unread). Its digest, its parse and every check use this buffer,
+    never a second read that the storage could answer differently."""
+    with open_regular(folder, name, what, max_bytes) as f:
+        size = os.fstat(f.fileno()).st_size
+        buf = bytearray(size)
+        got = f.readinto(buf)
+        extra = f.read(1)
+    if got != size or extra:
+        raise FileFormatError(f"{what} {folder / name} changed size while being read")
+    return buf
+
+
+def model_bytes_bound(cfg) -> int:
+    """The size of an export's ``model.safetensors`` of model ``cfg``, at most: a header of at most the
+    checkpoint header bound, every float32 parameter, and the int8 codes and float32 scales of the int8 layers."""
+    from lockstep.formats.checkpoint import MAX_HEADER_BYTES
+
+    specs = {s.name: s.shape for s in param_specs(cfg)}
+    data = sum(4 * math.prod(shape) for shape in specs.values())
+    data += sum(math.prod(specs[n]) + 4 * specs[n][-1] for n in quantized_names(cfg))
+    return 8 + MAX_HEADER_BYTES + data
+
+
+EXPORT_JSON = {PROOF_FILE: ("export proof", MAX_PROOF_BYTES), CONFIG_FILE: ("export config", MAX_CONFIG_BYTES),
+               RECIPE_FILE: ("export recipe", None)}
+
+
+def _read_export(folder: Path) -> tuple[dict[str, bytearray], dict, dict, dict]:
+    """The bytes of proof.json, config.json, recipe.json (each read once) and their strict JSON."""
+    from lockstep.formats.rundir import MAX_RECIPE_BYTES
+
+    raw, out = {}, []
+    for name, (what, cap) in EXPORT_JSON.items():
         try:
-            obj = read_json(safe_join(folder, name), name)
+            raw[name] = _read_once(folder, name, what, cap or MAX_RECIPE_BYTES)
+            obj = parse_json(raw[name], what, str(folder / name))
         except (FileNotFoundError, FileFormatError, UnsafePath, OSError) as exc:
             raise UseError(f"{folder} is not a readable lockstep export: {exc}") from None
         if not isinstance(obj, dict):
@@ -293,39 +371,116 @@ def _read_export(folder: Path) -> tuple[dict, dict, dict]:
         raise UseError(f"{folder / PROOF_FILE}: tensor_digests and files must be objects of strings")
     if type(proof["step"]) is not int or proof["step"] < 1:
         raise UseError(f"{folder / PROOF_FILE}: step must be an integer >= 1, got {proof['step']!r}")
-    return proof, config, recipe
+    return raw, proof, config, recipe
 
 
-def verify_export(folder: str | os.PathLike, run: str | os.PathLike | None = None) -> ExportReport:
-    """Check an export alone and, with ``run``, against the run directory (module docstring)."""
+def recipe_problem(recipe: dict) -> str | None:
+    """Why a recipe from an export cannot be used (None when it can): the checks of ``rundir.load_recipe``,
+    its stated maxima (``recipe_value_problems``) among them, before anything is sized by its numbers."""
+    from lockstep.formats.rundir import HEX64, RECIPE_FORMAT, recipe_configs, recipe_value_problems
+
+    if recipe.get("format") != RECIPE_FORMAT:
+        return f"not a lockstep recipe (format must be {RECIPE_FORMAT!r})"
+    missing = [k for k in ("model", "train", "data", "seed", "micro_batch", "spec_version") if k not in recipe]
+    if missing:
+        return f"key {missing[0]!r} missing"
+    data = recipe["data"]
+    if not (isinstance(data, dict) and isinstance(data.get("folder"), str)
+            and isinstance(data.get("manifest_sha256"), str) and HEX64.fullmatch(data["manifest_sha256"])):
+        return "'data' must hold a folder and a 64-digit manifest_sha256"
+    if not isinstance(recipe["spec_version"], str):
+        return "spec_version must be a string"
+    bad = recipe_value_problems(recipe)
+    if bad:
+        return "; ".join(bad[:5]) + (f" (and {len(bad) - 5} more)" if len(bad) > 5 else "")
+    try:
+        recipe_configs(recipe)
+    except (TypeError, ValueError, ZeroDivisionError) as exc:
+        return f"bad model/train settings: {exc}"
+    return None
+
+
+def _tokenizer_problem(identity, tokenizer_file: bytearray | None) -> str | None:
+    """Why config.json's tokenizer is not the one this export holds (None when it is)."""
+    from lockstep.formats.tokenizer import ByteTokenizer
+
+    if not isinstance(identity, dict):
+        return "config.json names no tokenizer object"
+    if identity.get("kind") == ByteTokenizer.kind:
+        if identity != ByteTokenizer().identity():
+            return f"a byte tokenizer is {ByteTokenizer().identity()}"
+        return f"a byte tokenizer needs no {HF_TOKENIZER_FILE}, but the export has one" if tokenizer_file else None
+    if identity.get("kind") == HFTokenizer.kind:
+        if tokenizer_file is None:
+            return f"config.json names a {HFTokenizer.kind} tokenizer, but the export has no readable {HF_TOKENIZER_FILE}"
+        got = hashlib.sha256(tokenizer_file).hexdigest()
+        if identity.get("file") != HF_TOKENIZER_FILE or identity.get("sha256") != got:
+            return f"{HF_TOKENIZER_FILE} has SHA-256 {got}, config.json says {identity.get('sha256')!r}"
+        return None
+    return f"unknown tokenizer kind {identity.get('kind')!r}"
+
+
+def verify_export(folder: str | os.PathLike, run: str | os.PathLike | None = None,
+                  data: str | os.PathLike | None = None) -> ExportReport:
+    """Check an export alone and, with ``run``, against the run directory (module docstring).
+
+    Every export file is read once into memory (``_read_once``), within a bound: the JSON files within
+    small stated maxima, ``model.safetensors`` within ``model_bytes_bound`` of the recipe's model (checked
+    against the recipe's stated maxima first); its SHA-256, its parse and its checks all use that buffer.
+    ``data`` is the run's data folder (``--data DIR``) when it is not inside the run: its manifest names
+    the run's tokenizer.
+    """
+    from lockstep.formats.checkpoint import MAX_HEADER_BYTES
     from lockstep.formats.config import ModelConfig
-    from lockstep.formats.rundir import genesis
+    from lockstep.formats.rundir import genesis, recipe_digest
 
     folder = Path(folder)
     rep = ExportReport(folder, Path(run) if run is not None else None)
-    proof, config, recipe = _read_export(folder)
+    raw, proof, config, recipe = _read_export(folder)
     step = proof["step"]
-    # 1. files
-    for name, want in sorted(proof["files"].items()):
-        try:
-            path = safe_join(folder, name)
-            got = file_sha256(path) if path.is_file() else "missing"
-        except UnsafePath as exc:
-            got = f"refused ({exc})"
-        rep.add(f"file {name}", got == want, "" if got == want else f"sha256 {got}, proof says {want}")
-    # 2. recipe and config
-    rep.add("recipe.json is the proof's recipe", hashlib.sha256(json_bytes(recipe)).hexdigest() == proof["recipe_sha256"])
-    try:
-        rep.add("genesis H_0 from the recipe", genesis(recipe) == proof["genesis"])
-        cfg = ModelConfig.from_dict(recipe["model"])
-    except (KeyError, TypeError, ValueError) as exc:
-        rep.add("the recipe's model settings", False, str(exc))
+    problem = recipe_problem(recipe)
+    if problem:  # nothing is sized by a recipe beyond the stated maxima
+        rep.add("the recipe's model settings", False, problem)
         return rep
-    rep.add("config.json model = the recipe's", config.get("model") == recipe["model"])
+    cfg = ModelConfig.from_dict(recipe["model"])
+    unread: dict[str, str] = {}
+    identity = config.get("tokenizer")
+    wanted = [(MODEL_FILE, "exported weights", model_bytes_bound(cfg))]
+    if HF_TOKENIZER_FILE in proof["files"] or (isinstance(identity, dict) and identity.get("kind") == HFTokenizer.kind):
+        wanted.append((HF_TOKENIZER_FILE, "exported tokenizer", MAX_TOKENIZER_BYTES))
+    for name, what, cap in wanted:
+        try:
+            raw[name] = _read_once(folder, name, what, cap)
+        except FileNotFoundError:
+            unread[name] = "missing"
+        except (FileFormatError, UnsafePath, OSError) as exc:
+            unread[name] = f"refused ({exc})"
+    # 1. files: the proof lists exactly the export's files, each with the SHA-256 of the bytes read
+    expected = {MODEL_FILE, CONFIG_FILE, RECIPE_FILE} | ({HF_TOKENIZER_FILE} if len(wanted) > 1 else set())
+    odd = sorted(set(proof["files"]) ^ expected)
+    rep.add("proof.json lists the export's files", not odd, f"unexpected or missing: {odd[:5]}" if odd else "")
+    for name, want in sorted(proof["files"].items()):
+        buf = raw.get(name)
+        got = hashlib.sha256(buf).hexdigest() if buf is not None and name in expected else unread.get(name, "not read")
+        rep.add(f"file {name}", got == want, "" if got == want else f"sha256 {got}, proof says {want}")
+    # 2. recipe, config and tokenizer
+    rep.add("recipe.json is the proof's recipe", recipe_digest(recipe) == proof["recipe_sha256"])
+    rep.add("genesis H_0 from the recipe", genesis(recipe) == proof["genesis"])
+    rep.add("the proof's data manifest is the recipe's", proof.get("manifest_sha256") == recipe["data"]["manifest_sha256"])
+    try:  # compared as canonical JSON (sorted keys): the whole file, every field
+        same_config = json_bytes(config) == json_bytes(export_config(cfg, identity))
+    except (ValueError, TypeError, RecursionError):  # a config nested too deep to write back
+        same_config = False
+    rep.add("config.json is the recipe's model, layout and parameter count (the whole file)", same_config)
+    why = _tokenizer_problem(identity, raw.get(HF_TOKENIZER_FILE))
+    rep.add("config.json's tokenizer is the export's", why is None, why or "")
     # 3. tensors
+    if MODEL_FILE not in raw:
+        rep.add(MODEL_FILE, False, unread.get(MODEL_FILE, "not read"))
+        return rep
     try:
-        tensors, _ = read_safetensors(safe_join(folder, MODEL_FILE))
-    except (FileFormatError, UnsafePath, OSError) as exc:
+        tensors, _ = parse_safetensors(raw[MODEL_FILE], str(folder / MODEL_FILE), MAX_HEADER_BYTES)
+    except FileFormatError as exc:
         rep.add(MODEL_FILE, False, str(exc))
         return rep
     digests = proof["tensor_digests"]
@@ -367,15 +522,42 @@ def verify_export(folder: str | os.PathLike, run: str | os.PathLike | None = Non
         rep.add(f"chain hash H_{step} from H_{step - 1}, the state root, the batch, the tokens and the bits of "
                 "loss, grad norm and lr", link == proof["chain_hash"])
     if run is not None:
-        _against_run(rep, Path(run), proof)
+        _against_run(rep, Path(run), proof, identity, data)
     return rep
 
 
-def _against_run(rep: ExportReport, run: Path, proof: dict) -> None:
+def run_tokenizer_identity(run: Path, recipe: dict, data: str | os.PathLike | None) -> dict:
+    """The tokenizer identity in the run's data manifest (``--data DIR``, or the recipe's data folder inside
+    the run), whose bytes are read once and must have the recipe's SHA-256. No shard or tokenizer file is read."""
+    from lockstep.fsio import safe_join
+    from lockstep.formats.manifest import MANIFEST_NAME, MAX_MANIFEST_BYTES
+
+    want = recipe["data"]["manifest_sha256"]
+    hint = f"pass --data DIR, the run's data folder (its manifest.json has SHA-256 {want})"
+    try:
+        where = Path(data) if data is not None else safe_join(run, recipe["data"]["folder"])
+        path = where / MANIFEST_NAME if where.is_dir() else where
+        buf = _read_once(path.parent, path.name, "data manifest", MAX_MANIFEST_BYTES)
+    except UnsafePath:
+        raise UseError(f"the run's data folder {recipe['data']['folder']!r} is outside {run} or not a plain "
+                       f"folder; {hint}") from None
+    except (FileFormatError, OSError) as exc:
+        raise UseError(f"the run's data manifest cannot be read ({exc}); {hint}") from None
+    if hashlib.sha256(buf).hexdigest() != want:
+        raise UseError(f"{path}: not the manifest the run was trained on (SHA-256 differs); {hint}")
+    try:
+        manifest = parse_json(buf, "data manifest", str(path), exact_decimals=True)
+        Manifest._check_structure(path, manifest)
+    except (DataError, FileFormatError) as exc:
+        raise UseError(f"{path}: {exc}") from None
+    return manifest["tokenizer"]
+
+
+def _against_run(rep: ExportReport, run: Path, proof: dict, identity, data) -> None:
     """The chain from the run's recipe through the export's step to the run's commitment."""
     from lockstep.formats import checkpoint as ckpt
     from lockstep.formats.rundir import (RunFileError, Strictness, genesis, load_recipe, read_commitment, read_trajectory,
-                                       recipe_digest)
+                                       recipe_configs, recipe_digest)
 
     step = proof["step"]
     try:
@@ -385,6 +567,10 @@ def _against_run(rep: ExportReport, run: Path, proof: dict) -> None:
         rep.add("the run directory", False, str(exc))
         return
     rep.add("the run's recipe is the export's", recipe_digest(recipe) == proof["recipe_sha256"])
+    try:  # the tokenizer: config.json's (and so tokenizer.json, by its SHA-256) must be the run's data manifest's
+        rep.add("config.json's tokenizer is the run's data manifest's", identity == run_tokenizer_identity(run, recipe, data))
+    except UseError as exc:
+        rep.add("the run's data manifest (its tokenizer)", False, str(exc))
     prev = genesis(recipe)
     broken = None
     for r in traj:
@@ -413,7 +599,7 @@ def _against_run(rep: ExportReport, run: Path, proof: dict) -> None:
         found = {}
     if step in found:
         try:
-            c = ckpt.load_checkpoint(found[step])
+            c = ckpt.load_checkpoint(found[step], max_bytes=ckpt.state_bytes_bound(recipe_configs(recipe)[0]))
             same = c.sidecar.get("tensor_digests") == proof["tensor_digests"]
             rep.add(f"checkpoint {step} of the run (verified) has the export's tensor digests", same)
         except ckpt.CheckpointError as exc:

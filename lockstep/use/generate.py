@@ -171,6 +171,42 @@ class CachedModel:
         return np.asarray(be.to_numpy(logits)).reshape(-1)
 
 
+def sample_memory_estimate(cfg: ModelConfig, prompt_tokens: int, max_new_tokens: int) -> int:
+    """Bytes generating ``max_new_tokens`` after a prompt of ``prompt_tokens`` needs, roughly (an order of magnitude).
+
+    The parameters three times (the host's, the backend's, the int8 forms), the KV cache of
+    ``seq_len`` positions (float32 keys and values per layer), the RoPE tables of ``seq_len``
+    positions (built on the host in float64: ``spec.rope.rope_tables`` keeps about 134 bytes
+    of temporaries per position and pair at its peak; 160 are counted), and the largest
+    prefill: the context (the end-of-document token and the prompt, or half the sequence
+    length when generation fills the cache) through the training forward: about 16
+    d_model + 4 ffn_dim values per token and layer, the attention scores (heads x T^2,
+    twice) and 3 x vocab logits per token, float32.
+    """
+    from lockstep.train.model import param_specs
+
+    params = sum(int(np.prod(s.shape)) for s in param_specs(cfg))
+    kv = 2 * cfg.n_layers * cfg.n_kv_heads * cfg.seq_len * cfg.head_dim * 4
+    rope = 160 * cfg.seq_len * (cfg.head_dim // 2)
+    t = min(cfg.seq_len, prompt_tokens + 1)
+    if prompt_tokens + 1 + max_new_tokens > cfg.seq_len:
+        t = max(t, cfg.seq_len // 2)
+    acts = 4 * (t * (16 * cfg.d_model + 4 * cfg.ffn_dim) + 2 * cfg.n_heads * t * t + 3 * t * cfg.vocab_size)
+    return 3 * 4 * params + kv + rope + acts
+
+
+def require_sample_memory(cfg: ModelConfig, prompt_tokens: int, max_new_tokens: int) -> None:
+    """``SamplingError`` when ``sample_memory_estimate`` is beyond this machine's memory (or the address-space
+    limit): refused before anything is allocated, as replay refuses a recipe too large to replay."""
+    from lockstep.audit.verify import available_memory
+
+    need, have = sample_memory_estimate(cfg, prompt_tokens, max_new_tokens), available_memory()
+    if have is not None and need > have:
+        raise SamplingError(f"the recipe's model ({cfg.n_layers} layers, d_model {cfg.d_model}, seq_len {cfg.seq_len}, "
+                            f"vocab {cfg.vocab_size}) needs about {need / 2**30:,.1f} GiB to sample from; this machine "
+                            f"has {have / 2**30:,.1f} GiB: use a machine with more memory")
+
+
 # ---------------------------------------------------------------- sampling
 
 @dataclass(frozen=True)

@@ -121,7 +121,7 @@ def open_model(run_dir: str | os.PathLike, step: int | None = None) -> RunModel:
                        f"step {n}: no chain link covers it{others}; run `lockstep audit verify {run_dir}`")
     step = step if step is not None else covered[-1]
     try:
-        c = ckpt.load_checkpoint(run_dir, step)
+        c = ckpt.load_checkpoint(run_dir, step, max_bytes=ckpt.state_bytes_bound(cfg))  # a larger state is refused unread
     except ckpt.CheckpointError as exc:
         raise UseError(f"refused: {exc}") from None
     except (UnsafePath, OSError) as exc:

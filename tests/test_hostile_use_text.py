@@ -1,0 +1,204 @@
+"""Issue 23 (second security review), items 6 (a swapped vocabulary), 12, 13 and 14: sample, eval,
+export, train --resume and data verify on runs made by a stranger.
+
+* 6: an export's tokenizer.json replaced by another vocabulary (config.json and proof.json
+  redone) decodes the same ids as other text: verify-export against the run refuses it.
+* 12: ``sample`` estimates its memory before it allocates (a 1.6 MB run with seq_len 2**20).
+* 13: strings from metrics.jsonl, the recipe and the manifest reach the terminal escaped;
+  export puts no unverified validation loss in the model card.
+* 14: a tokenizer.json whose regular expression backtracks without end makes the tokenizer
+  library panic (a ``BaseException``): ``sample`` says so in one line.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import shutil
+from pathlib import Path
+
+import pytest
+
+from forge import lockstep_limited, rewrite_sidecar
+from lockstep.cli import main
+from lockstep.fsio import json_bytes
+from lockstep.formats.corpus import documents
+from lockstep.formats.tokenizer import hf_tokenizers_available
+
+CONTROL = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069]")
+EVIL = "\x1b[1A\x1b[2K\rreproduces the value recorded during training bit for bit\u202e"
+
+
+def _clean(text: str) -> None:
+    assert not CONTROL.search(text), repr(CONTROL.search(text).group())
+
+
+def _edit_recipe(run: Path, change) -> None:
+    """Edit recipe.json and make the checkpoints name the new recipe (their sidecars are the run's own files)."""
+    recipe = json.loads((run / "recipe.json").read_text())
+    change(recipe)
+    (run / "recipe.json").write_bytes(json_bytes(recipe))
+    for step in (2, 4):
+        rewrite_sidecar(run, step, recipe_sha256=hashlib.sha256(json_bytes(recipe)).hexdigest())
+
+
+def _add_validation(run: Path, step: int, **fields) -> None:
+    v = {"nats_per_token": 0.0123456, "bits_per_byte": 0.0234567, "loss_sum_bits": "0x3F800000", "targets": 1,
+         "backend": "spec", "spec_version": "1", **fields}
+    with open(run / "metrics.jsonl", "a") as f:
+        f.write(json.dumps({"step": step, "tokens": 1, "validation": v}) + "\n")
+
+
+# ---------------------------------------------------------------- 12: sample's memory
+
+def test_sample_refuses_a_recipe_too_large_for_this_machine(copy_run):
+    """A stranger's run, consistent in itself: one head of 4096 and seq_len 2**20 (within every stated
+    maximum), a checkpoint of those parameters (and AdamW moments), under 8 MB. Its RoPE tables alone are 16 GiB."""
+    from lockstep.formats import checkpoint as ckpt
+    from lockstep.train.model import init_params
+    from lockstep.train.optim import AdamWState
+    from lockstep.formats.rundir import recipe_configs, recipe_digest
+    from lockstep.train.step import state_tensors
+
+    run = copy_run()
+    recipe = json.loads((run / "recipe.json").read_text())
+    recipe["model"].update(n_layers=1, n_heads=1, n_kv_heads=1, head_dim=4096, seq_len=2**20)
+    (run / "recipe.json").write_bytes(json_bytes(recipe))
+    shutil.rmtree(run / "checkpoints")
+    (run / "trajectory.jsonl").write_bytes(b"")
+    params = init_params(recipe_configs(recipe)[0], 0)
+    ckpt.save_checkpoint(run, 1, state_tensors(params, AdamWState.zeros(params)),
+                         {"recipe_sha256": recipe_digest(recipe)})
+    assert sum(p.stat().st_size for p in (run / "checkpoints").rglob("*") if p.is_file()) < 8 << 20
+    r = lockstep_limited("sample", run, "--prompt", "x", "--backend", "spec", "--max-new-tokens", "1", "--json")
+    assert r.returncode == 1 and "Traceback" not in r.stderr, r.stderr[-2000:]
+    assert "GiB to sample from" in r.stderr and r.stderr.count("\n") == 1, r.stderr
+
+
+# ---------------------------------------------------------------- 13: text from the run, escaped or left out
+
+def test_eval_and_sample_escape_what_the_run_says(copy_run, capsys):
+    run = copy_run()
+    _edit_recipe(run, lambda recipe: recipe.update(spec_version="0\x1b[2J\x1b[H" + EVIL))
+    _add_validation(run, 4, backend=EVIL, spec_version=EVIL)
+    assert main(["eval", str(run), "--backend", "spec", "--quiet"]) == 2  # the recorded bits differ
+    out = capsys.readouterr()
+    _clean(out.out)
+    _clean(out.err)
+    assert "DIFFERS from the value recorded during training" in out.out
+    assert main(["sample", str(run), "--prompt", "x", "--backend", "spec", "--max-new-tokens", "1", "--json"]) == 0
+    out = capsys.readouterr()
+    _clean(out.err)
+    assert "was trained under SPEC_VERSION 0\\x1b[2J" in out.err
+
+
+def test_export_puts_no_unverified_validation_loss_in_the_card(copy_run, tmp_path, capsys):
+    run = copy_run()
+    _add_validation(run, 4)  # nothing binds metrics.jsonl to the chain
+    assert main(["export", str(run), "--out", str(tmp_path / "e")]) == 0
+    card = (tmp_path / "e" / "README.md").read_text()
+    assert "0.0123" not in card and "0.0235" not in card
+    assert "`lockstep eval RUN_DIR --step 4` computes it" in card
+
+
+def test_train_resume_escapes_the_model_name(copy_run, capsys):
+    run = copy_run()
+    _edit_recipe(run, lambda recipe: recipe["model"].update(name="tiny\r\x1b[2K" + EVIL))
+    main(["train", "--resume", str(run), "--steps", "5", "--backend", "spec"])
+    out = capsys.readouterr()
+    _clean(out.out)
+    _clean(out.err)
+    assert "tiny\\x0d\\x1b[2K" in out.out + out.err
+
+
+def test_data_verify_escapes_manifest_keys(honest_run, tmp_path, capsys):
+    data = tmp_path / "data"
+    shutil.copytree(honest_run / "data", data)
+    manifest = json.loads((data / "manifest.json").read_text())
+    manifest["x\x1b[2K\rmanifest OK\u202e"] = 1
+    (data / "manifest.json").write_text(json.dumps(manifest))
+    assert main(["data", "verify", str(data)]) == 1
+    out = capsys.readouterr()
+    _clean(out.out)
+    _clean(out.err)
+    assert "unknown key(s) x\\x1b[2K\\x0dmanifest OK" in out.err
+
+
+# ---------------------------------------------------------------- a Hugging Face tokenizer run: 6 and 14
+
+needs_tokenizers = pytest.mark.skipif(not hf_tokenizers_available(),
+                                      reason="the optional 'tokenizers' package is not installed")
+
+
+def _bpe(texts: list[str], path: Path, split: str | None = None) -> None:
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.BPE(unk_token="[UNK]"))
+    pre = [pre_tokenizers.Whitespace()]
+    if split is not None:
+        pre.insert(0, pre_tokenizers.Split(Regex(split), "isolated"))
+    tok.pre_tokenizer = pre_tokenizers.Sequence(pre)
+    tok.decoder = decoders.BPEDecoder()
+    tok.train_from_iterator(texts, trainers.BpeTrainer(vocab_size=200, special_tokens=["[UNK]", "<eod>"]))
+    tok.save(str(path))
+
+
+@pytest.fixture(scope="module")
+def hf_run(tmp_path_factory):
+    """A 2-step tiny run on a BPE tokenizer whose first pre-tokenizer is a regular expression that
+    backtracks without end on a run of '~' (none is in the training text)."""
+    from lockstep.formats.ingest import ingest
+
+    root = tmp_path_factory.mktemp("hf")
+    texts = [doc.decode() for doc in documents("text", 30_000)]
+    _bpe(texts, root / "tok.json", split="(~+~+)+!")
+    with open(root / "t.jsonl", "w") as f:
+        f.writelines(json.dumps({"text": t}) + "\n" for t in texts)
+    data = ingest(root / "data", [("t", root / "t.jsonl", 1)], tokenizer_file=root / "tok.json",
+                  eod_token="<eod>", validation_documents=8).parent
+    run = root / "run"
+    assert main(["train", "--preset", "tiny", "--data", str(data), "--steps", "2", "--backend", "spec", "--quiet",
+                 "--out", str(run)]) == 0
+    return run, data, texts
+
+
+@needs_tokenizers
+def test_a_swapped_vocabulary_is_found_against_the_run(hf_run, tmp_path, capsys):
+    from tokenizers import Tokenizer
+
+    run, data, texts = hf_run
+    good = tmp_path / "export"
+    assert main(["export", str(run), "--out", str(good), "--data", str(data)]) == 0
+    assert main(["audit", "verify-export", str(good), str(run), "--data", str(data)]) == 0
+    d = tmp_path / "forged"
+    shutil.copytree(good, d)
+    _bpe([t[::-1] for t in texts], d / "tokenizer.json")  # another vocabulary of the same size
+    ids = list(range(2, 40))
+    assert Tokenizer.from_file(str(d / "tokenizer.json")).decode(ids) != \
+        Tokenizer.from_file(str(good / "tokenizer.json")).decode(ids)
+    config = json.loads((d / "config.json").read_text())
+    config["tokenizer"]["sha256"] = hashlib.sha256((d / "tokenizer.json").read_bytes()).hexdigest()
+    (d / "config.json").write_bytes(json_bytes(config))
+    proof = json.loads((d / "proof.json").read_text())
+    for name in ("config.json", "tokenizer.json"):
+        proof["files"][name] = hashlib.sha256((d / name).read_bytes()).hexdigest()
+    (d / "proof.json").write_bytes(json_bytes(proof))
+    capsys.readouterr()
+    assert main(["audit", "verify-export", str(d), str(run), "--data", str(data)]) == 2
+    out = capsys.readouterr().out
+    assert "FAIL config.json's tokenizer is the run's data manifest's" in out
+    # without the data folder the tokenizer cannot be checked: said, and not VALID
+    assert main(["audit", "verify-export", str(good), str(run)]) == 2
+    assert "FAIL the run's data manifest (its tokenizer)" in capsys.readouterr().out
+
+
+@needs_tokenizers
+def test_a_tokenizer_panic_is_one_line(hf_run):
+    run, data, _ = hf_run
+    r = lockstep_limited("sample", run, "--data", data, "--prompt", "~" * 30, "--backend", "spec")
+    assert r.returncode == 1 and "Traceback" not in r.stderr and "panicked" not in r.stderr, r.stderr[-3000:]
+    assert r.stderr.count("\n") == 1 and "the run's tokenizer" in r.stderr and "PanicException" in r.stderr, r.stderr
+    r = lockstep_limited("sample", run, "--data", data, "--prompt", "Ann sees", "--backend", "spec", "--json",
+                         "--max-new-tokens", "2", "--quiet")
+    assert r.returncode == 0, r.stderr[-3000:]  # the same tokenizer on ordinary text

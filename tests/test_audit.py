@@ -26,7 +26,8 @@ from lockstep.audit.plan import check_plan, coverage, plan_audit
 from lockstep.audit.replay import ReplayError, replay_step, replay_steps
 from lockstep.audit.verify import verify_run
 from lockstep.cli import main as lockstep_main
-from lockstep.fsio import json_bytes, read_safetensors
+from lockstep.fsio import json_bytes
+from lockstep.fsio.safetensors import read_safetensors
 from lockstep.spec import hashing
 from lockstep.formats import checkpoint as ckpt
 from lockstep.formats.config import preset, train_preset

@@ -16,17 +16,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from lockstep.fsio import (
-    FileFormatError,
-    SafetensorsError,
-    UnsafePath,
-    atomic_write_json,
-    atomic_write_text,
-    read_json,
-    read_safetensors,
-    safe_join,
-    write_safetensors,
-)
+from lockstep.fsio import FileFormatError, UnsafePath, atomic_write_json, atomic_write_text, read_json, safe_join
+from lockstep.fsio.safetensors import SafetensorsError, read_safetensors, write_safetensors
 from lockstep.spec.hashing import state_root
 from lockstep.formats.checkpoint import (
     CheckpointError,

@@ -28,7 +28,8 @@ import pytest
 
 from forge import lockstep_limited
 from lockstep.cli import main
-from lockstep.fsio import json_bytes, read_safetensors, write_safetensors
+from lockstep.fsio import json_bytes
+from lockstep.fsio.safetensors import read_safetensors, write_safetensors
 
 CONTROL = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069]")
 

@@ -19,7 +19,7 @@ import pytest
 from forge import lockstep_limited, rewrite_sidecar
 from lockstep.audit.verify import verify_run
 from lockstep.cli import main
-from lockstep.fsio import SafetensorsError, parse_safetensors
+from lockstep.fsio.safetensors import SafetensorsError, parse_safetensors
 from lockstep.formats.manifest import DataError, Manifest
 
 

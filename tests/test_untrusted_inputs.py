@@ -48,7 +48,8 @@ from lockstep.audit import certificate as cert_mod
 from lockstep.audit import plan as plan_mod
 from lockstep.audit.verify import verify_run
 from lockstep.conformance.search import SUITE_EXAMPLES
-from lockstep.fsio import FileFormatError, json_bytes, SafetensorsError, parse_json, parse_safetensors, read_safetensors
+from lockstep.fsio import FileFormatError, json_bytes, parse_json
+from lockstep.fsio.safetensors import SafetensorsError, parse_safetensors, read_safetensors
 from lockstep.formats import checkpoint as ckpt
 from lockstep.formats.manifest import DataError, Manifest
 from lockstep.formats.rundir import (DataLocationError, RunFileError, Strictness, load_recipe, open_run_data,

@@ -356,7 +356,7 @@ def test_export_verifies_alone_and_against_its_run(run, tmp_path, capsys):
     assert report["valid"] and len(report["checks"]) >= 15
     assert cli(["audit", "verify-export", str(out)]) == 0
     capsys.readouterr()
-    from lockstep.fsio import read_safetensors
+    from lockstep.fsio.safetensors import read_safetensors
 
     tensors, _ = read_safetensors(out / "model.safetensors")
     params = open_model(run).params
@@ -369,7 +369,8 @@ def test_export_verifies_alone_and_against_its_run(run, tmp_path, capsys):
 
 
 def test_verify_export_finds_forgeries(run, tmp_path, capsys):
-    from lockstep.fsio import json_bytes, read_safetensors, write_safetensors
+    from lockstep.fsio import json_bytes
+    from lockstep.fsio.safetensors import read_safetensors, write_safetensors
     from lockstep.formats.tokenizer import file_sha256
 
     good = tmp_path / "export"

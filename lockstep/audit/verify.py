@@ -50,8 +50,8 @@ from pathlib import Path
 
 import numpy as np
 
-from lockstep.fsio import (FileFormatError, UnsafePath, iter_lines, open_regular, parse_json, printable,
-                           read_json_regular, read_safetensors, safe_join)
+from lockstep.fsio import FileFormatError, UnsafePath, iter_lines, open_regular, parse_json, printable, read_json_regular, safe_join
+from lockstep.fsio.safetensors import read_safetensors
 from lockstep.fsio import file_kind as fsio_kind
 from lockstep.spec import SPEC_VERSION, hashing
 from lockstep.formats import checkpoint as ckpt

@@ -35,21 +35,8 @@ from typing import Any
 
 import numpy as np
 
-from lockstep.fsio import (
-    FileFormatError,
-    UnsafePath,
-    atomic_write_bytes,
-    atomic_writer,
-    fsync_dir,
-    json_bytes,
-    open_regular,
-    parse_json,
-    parse_safetensors,
-    read_regular,
-    safe_join,
-    safetensors_header,
-    write_safetensors_to,
-)
+from lockstep.fsio import FileFormatError, UnsafePath, atomic_write_bytes, atomic_writer, fsync_dir, json_bytes, open_regular, parse_json, read_regular, safe_join
+from lockstep.fsio.safetensors import parse_safetensors, safetensors_header, write_safetensors_to
 from lockstep.spec.hashing import state_root_from_digests, tensor_digests
 
 FORMAT = 1

@@ -49,9 +49,8 @@ from pathlib import Path
 
 import numpy as np
 
-from lockstep.fsio import (FileFormatError, UnsafePath, atomic_write_bytes, atomic_writer, fsync_dir, json_bytes,
-                           open_regular, parse_json, parse_safetensors, printable,
-                           write_safetensors_to)
+from lockstep.fsio import FileFormatError, UnsafePath, atomic_write_bytes, atomic_writer, fsync_dir, json_bytes, open_regular, parse_json, printable
+from lockstep.fsio.safetensors import parse_safetensors, write_safetensors_to
 from lockstep.spec import hashing
 from lockstep.spec.quant import quantize, weight_scale
 from lockstep.train.model import param_count, param_specs
@@ -287,7 +286,7 @@ lockstep audit replay RUN_DIR --step {model.step}          # replay the step tha
 ## Loading
 
 `model.safetensors` is a plain safetensors file (float32, int8): any safetensors reader
-loads it; `lockstep.fsio.read_safetensors` does without extra packages. To run the model
+loads it; `lockstep.fsio.safetensors.read_safetensors` does without extra packages. To run the model
 exactly as trained, use lockstep (`lockstep sample`, `lockstep eval`).
 """
 

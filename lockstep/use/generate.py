@@ -198,7 +198,7 @@ def sample_memory_estimate(cfg: ModelConfig, prompt_tokens: int, max_new_tokens:
 def require_sample_memory(cfg: ModelConfig, prompt_tokens: int, max_new_tokens: int) -> None:
     """``SamplingError`` when ``sample_memory_estimate`` is beyond this machine's memory (or the address-space
     limit): refused before anything is allocated, as replay refuses a recipe too large to replay."""
-    from lockstep.audit.verify import available_memory
+    from lockstep.train.memory import available_memory
 
     need, have = sample_memory_estimate(cfg, prompt_tokens, max_new_tokens), available_memory()
     if have is not None and need > have:

@@ -7,7 +7,6 @@ GPU tests skip with the backend's own one-line reason (``BackendUnavailable``).
 from __future__ import annotations
 
 import ctypes
-import json
 import subprocess
 import sys
 import types
@@ -15,6 +14,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from backend_cases import check_conformance, cli_state_roots, reference_run
 
 from lockstep.backends import BackendUnavailable, get_backend
 
@@ -127,7 +127,7 @@ def cuda_cache(tmp_path_factory):
 
 @pytest.fixture
 def fake_runtime(cuda_cache, monkeypatch):
-    pytest.importorskip("lockstep.backends.kernels.ops", reason="the shared kernels are not in this build")
+    pytest.importorskip("lockstep.backends.kernels.backend", reason="the shared kernels are not in this build")
     from lockstep.backends.cupy_cuda import nvrtc
     from lockstep.backends.cupy_cuda.runtime import CupyRuntime
 
@@ -150,7 +150,8 @@ def test_runtime_compiles_every_kernel_and_moves_bytes_exactly(fake_runtime):
 
 
 def test_runtime_launch_passes_buffers_scalars_and_param_blocks_by_value(fake_runtime):
-    from lockstep.backends.kernels.runtime import DeviceArray, ParamBlock, c_strides
+    from lockstep.backends.kernels.layout import DeviceArray, c_strides
+    from lockstep.backends.kernels.runtime import ParamBlock
 
     rt, launches = fake_runtime
     buf = rt.upload(np.zeros(8, np.float32))
@@ -169,11 +170,11 @@ def test_runtime_launch_passes_buffers_scalars_and_param_blocks_by_value(fake_ru
 
 def test_self_test_refuses_a_device_that_does_not_compute_the_specs_bits(fake_runtime, monkeypatch):
     """The stand-in's kernels do nothing (outputs stay zero): the first case, V1, must refuse the backend."""
-    from lockstep.backends import cupy_cuda
+    from lockstep.backends.kernels import backend
 
     rt, _ = fake_runtime
     monkeypatch.setitem(sys.modules, "cupy", rt.cp)
-    monkeypatch.setattr(cupy_cuda, "_RUNTIMES", {})
+    monkeypatch.setattr(backend, "_RUNTIMES", {})
     with pytest.raises(BackendUnavailable) as e:
         get_backend("cuda")
     msg = str(e.value)
@@ -198,26 +199,16 @@ def cuda_backend():
 
 
 def test_gpu_conformance_level_1(cuda_backend):
-    from lockstep.conformance.runner import run_conformance
-
-    results = run_conformance(cuda_backend, level=1, progress=False)
-    bad = [(r.op, r.status, r.messages[:3]) for r in results if r.status != "PASS"]
-    assert not bad, bad
+    check_conformance(cuda_backend, level=1)
 
 
 def test_gpu_tiny_training_steps_give_the_spec_state_roots(cuda_backend, tmp_path):
-    ref = json.loads((ROOT / "benchmarks" / "data" / "device_check_reference.json").read_text())
     from lockstep.spec import SPEC_VERSION
 
-    if ref["SPEC_VERSION"] != SPEC_VERSION:
-        pytest.skip(f"reference roots are for SPEC_VERSION {ref['SPEC_VERSION']}: python3 benchmarks/device_check.py make-reference")
-    run = ref["runs"]["tiny-int8"]
-    out = tmp_path / "run"
-    res = subprocess.run([sys.executable, "-m", "lockstep.cli", "train", *run["args"], "--backend", "cuda",
-                          "--out", str(out), "--quiet"], cwd=ROOT, capture_output=True, text=True, timeout=600)
-    assert res.returncode == 0, res.stderr
-    roots = [json.loads(x)["state_root"] for x in (out / "trajectory.jsonl").read_text().splitlines()]
-    assert roots == run["state_roots"]
+    run, version = reference_run("tiny-int8")
+    if version != SPEC_VERSION:
+        pytest.skip(f"reference roots are for SPEC_VERSION {version}: python3 benchmarks/device_check.py make-reference")
+    assert cli_state_roots(run, "cuda", tmp_path / "run") == run["state_roots"]
 
 
 # ---------------------------------------------------------------- the committed reference roots
@@ -225,11 +216,6 @@ def test_gpu_tiny_training_steps_give_the_spec_state_roots(cuda_backend, tmp_pat
 def test_committed_reference_roots_are_the_specs(tmp_path):
     """benchmarks/data/device_check_reference.json (what a GPU's training steps are checked against)
     holds the spec's state roots: retrain tiny (int8) with the spec itself and compare."""
-    ref = json.loads((ROOT / "benchmarks" / "data" / "device_check_reference.json").read_text())
-    run = ref["runs"]["tiny-int8"]
-    out = tmp_path / "run"
-    res = subprocess.run([sys.executable, "-m", "lockstep.cli", "train", *run["args"], "--backend", "spec",
-                          "--out", str(out), "--quiet"], cwd=ROOT, capture_output=True, text=True, timeout=600)
-    assert res.returncode == 0, res.stderr
-    roots = [json.loads(x)["state_root"] for x in (out / "trajectory.jsonl").read_text().splitlines()]
-    assert roots == run["state_roots"], "stale reference: regenerate with python3 benchmarks/device_check.py make-reference"
+    run, _ = reference_run("tiny-int8")
+    assert cli_state_roots(run, "spec", tmp_path / "run") == run["state_roots"], \
+        "stale reference: regenerate with python3 benchmarks/device_check.py make-reference"

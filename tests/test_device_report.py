@@ -14,6 +14,7 @@ import pytest
 
 from lockstep.backends import BackendUnavailable, get_backend
 from lockstep.conformance import report as device_report
+from lockstep.contract.vectors import FLUSH_VECTORS, SMALLEST_NORMAL
 
 try:
     get_backend("opencl")
@@ -46,7 +47,7 @@ def test_a_report_on_opencl_passes_and_holds_every_section(tmp_path):
     device_report.write_report(rep, path)
     text = path.read_text()
     for heading in ("# lockstep device report: backend `opencl`", "## Conformance, level 1",
-                    "## Training steps against the spec", "## Flush probe", "| V1 0x3F7FFFFF*0x00800000 | 0x00800000 |",
+                    "## Training steps against the spec", "## Flush probe", f"| {FLUSH_VECTORS[0].label} | 0x{SMALLEST_NORMAL:08X} |",
                     "- sqrt on every float32 in [0x3F800000, 0x3F840000) (262144): 0 differ from the spec"):
         assert heading in text, heading
     assert _json_of(text)["verdict"] == rep["verdict"]

@@ -13,15 +13,11 @@ import pytest
 from lockstep import spec
 from lockstep.backends import Backend, get_backend
 from lockstep.conformance import inputs as gen
+from lockstep.contract.vectors import FLUSH_VECTORS, SMALLEST_NORMAL
 from lockstep.conformance.registry import get_record
 from lockstep.conformance.runner import run_conformance
 
-VECTORS = [  # (op, a, b): spec result 0x00800000
-    ("mul", 0x3F7FFFFF, 0x00800000),
-    ("mul", 0x3F7FFFFE, 0x00800001),
-    ("div", 0x00FFFFFF, 0x40000000),
-    ("mul", 0x00FFFFFF, 0x3F000000),
-]
+VECTORS = [(v.op, v.a, v.b) for v in FLUSH_VECTORS]  # (op, a, b): spec result SMALLEST_NORMAL
 
 
 def _bits(x):
@@ -30,7 +26,7 @@ def _bits(x):
 
 def test_boundary_table_holds_the_new_values():
     patterns = {b for b, _ in gen.BOUNDARY_F32}
-    assert {0x3F7FFFFE, 0x00FFFFFF, 0x01000000} <= patterns
+    assert {0x01000000, *(x for v in FLUSH_VECTORS for x in (v.a, v.b))} <= patterns  # every operand of V1-V4
     assert len(patterns) == len(gen.BOUNDARY_F32) == gen.boundary_values().size
 
 
@@ -42,7 +38,7 @@ def test_every_vector_is_a_conformance_pair_and_gives_the_smallest_normal(op, a,
     where = np.nonzero((ca == a) & (cb == b))[0]
     assert where.size == 1, f"{op}: the pair 0x{a:08X}, 0x{b:08X} is not in the boundary pairs"
     out = _bits(getattr(spec, op)(*case.args))
-    assert out[where[0]] == 0x00800000
+    assert out[where[0]] == SMALLEST_NORMAL
     # the commuted product is there too
     if op == "mul":
         assert np.count_nonzero((ca == b) & (cb == a)) == 1
@@ -79,4 +75,4 @@ def test_numba_gives_the_spec_on_the_vectors():
     for op, a, b in VECTORS:
         x = spec.fp.from_bits(np.array([a], np.uint32)).copy()
         y = spec.fp.from_bits(np.array([b], np.uint32)).copy()
-        assert _bits(getattr(nb, op)(nb.asarray(x), nb.asarray(y)))[0] == 0x00800000, (op, hex(a), hex(b))
+        assert _bits(getattr(nb, op)(nb.asarray(x), nb.asarray(y)))[0] == SMALLEST_NORMAL, (op, hex(a), hex(b))

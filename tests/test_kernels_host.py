@@ -14,6 +14,7 @@ import pytest
 
 from lockstep import spec
 from lockstep.conformance import inputs as gen
+from lockstep.contract import vectors
 from lockstep.spec import fp
 from lockstep.spec.quant import quantize as spec_quantize
 
@@ -25,13 +26,8 @@ except host.HostBuildUnavailable as e:  # pragma: no cover - every CI image has 
     pytest.skip(str(e), allow_module_level=True)
 
 N_RANDOM = 10**6
-FLUSH_VECTORS = [  # DESIGN.md: the four products/quotients that separate flush rules
-    ("mul", 0x3F7FFFFF, 0x00800000),  # V1: exact 2**-126 - 2**-150 (a tie): spec 2**-126
-    ("mul", 0x3F7FFFFE, 0x00800001),  # V2: exact 2**-126 (1 - 2**-46)
-    ("div", 0x00FFFFFF, 0x40000000),  # V3: 0x00FFFFFF / 2
-    ("mul", 0x00FFFFFF, 0x3F000000),  # V4: 0x00FFFFFF * 0.5
-]
-SMALLEST_NORMAL = 0x00800000
+FLUSH_VECTORS = [(v.op, v.a, v.b) for v in vectors.FLUSH_VECTORS]  # the four that separate flush rules
+SMALLEST_NORMAL = vectors.SMALLEST_NORMAL
 # (label, flush model, fix-up): IEEE hardware, and hardware that flushes (before or after rounding)
 # running the Metal path's fix-up; every primitive must equal the spec on each.
 BUILDS = [("ieee", None, False), ("ftz_before+fixup", "ftz_before", True), ("ftz_after+fixup", "ftz_after", True)]
@@ -235,9 +231,10 @@ def test_flush_models_read_subnormal_inputs_as_zero():
 
 
 def test_the_backend_self_test_catches_hardware_that_flushes_before_rounding():
-    """``kernels.ops.self_test`` (run by every GPU backend on first use) on two op tables built from
-    the host build: the IEEE one passes, the flush-before-rounding model fails on a flush vector."""
-    from lockstep.backends.kernels.ops import self_test
+    """``kernels.selftest.boundary_problem`` (part of the self-test every GPU backend runs on first use)
+    on two op tables built from the host build: the IEEE one passes, the flush-before-rounding model
+    fails on a flush vector."""
+    from lockstep.backends.kernels.selftest import boundary_problem as self_test
 
     class HostOps:
         def __init__(self, fpl):

@@ -19,9 +19,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from backend_cases import check_conformance
 
 from lockstep.backends import BackendUnavailable, get_backend
-from lockstep.backends.kernels.runtime import DeviceArray, ParamBlock
+from lockstep.backends.kernels.layout import DeviceArray
+from lockstep.backends.kernels.runtime import ParamBlock
 from lockstep.backends.metal import runtime as metal_runtime
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -204,11 +206,7 @@ def metal():
 
 
 def test_metal_conformance_level_1(metal):
-    from lockstep.conformance.runner import run_conformance
-
-    results = run_conformance(metal, level=1, progress=False)
-    bad = [(r.op, r.status, r.messages[:3]) for r in results if r.status != "PASS"]
-    assert not bad, bad
+    check_conformance(metal, level=1)
 
 
 def test_metal_flush_probe_ops_equal_the_spec(metal):

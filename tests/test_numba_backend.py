@@ -4,7 +4,6 @@ Kernels compile on first use (about a minute for all of them on a 2-core machine
 then cached on disk next to the sources).
 """
 
-import io
 import json
 import os
 import subprocess
@@ -16,16 +15,12 @@ import pytest
 
 numba = pytest.importorskip("numba", reason="the numba backend needs numba: pip install 'lockstep[numba]'")
 
+from backend_cases import (assert_same, check_conformance, check_implements_every_spec_op, check_int8_linear,  # noqa: E402
+                           check_train_and_replay, check_training_steps, random_values, same_bits)
+
 from lockstep import spec  # noqa: E402
 from lockstep.backends import get_backend  # noqa: E402
 from lockstep.conformance import inputs as gen  # noqa: E402
-from lockstep.conformance.runner import all_passed, print_table, run_conformance  # noqa: E402
-from lockstep.spec.hashing import state_root  # noqa: E402
-from lockstep.formats.config import preset, train_preset  # noqa: E402
-from lockstep.train.model import init_params, loss_and_grads  # noqa: E402
-from lockstep.train.optim import AdamWState, optimizer_step  # noqa: E402
-from lockstep.formats.schedule import learning_rate  # noqa: E402
-from lockstep.train.step import state_tensors  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -35,86 +30,27 @@ def be():
     return get_backend("numba")
 
 
-def same_bits(want, got) -> bool:
-    want, got = np.asarray(want), np.asarray(got)
-    return want.dtype == got.dtype and want.shape == got.shape and want.tobytes() == np.ascontiguousarray(got).tobytes()
-
-
-def assert_same(want, got, what=""):
-    wants = want if isinstance(want, tuple) else (want,)
-    gots = got if isinstance(got, tuple) else (got,)
-    assert len(wants) == len(gots), what
-    for k, (w, g) in enumerate(zip(wants, gots)):
-        if w is None or g is None:
-            assert w is None and g is None, f"{what}[{k}]"
-            continue
-        if not same_bits(w, g):
-            w, g = np.asarray(w), np.asarray(g)
-            detail = ""
-            if w.shape == g.shape and w.dtype == g.dtype == np.float32:
-                d = np.nonzero(w.reshape(-1).view(np.uint32) != np.ascontiguousarray(g).reshape(-1).view(np.uint32))[0]
-                detail = f": {d.size} elements differ, first at {d[:3]}: spec {w.reshape(-1)[d[:3]]}, numba {g.reshape(-1)[d[:3]]}"
-            pytest.fail(f"{what}[out{k}] {w.dtype}{w.shape} vs {g.dtype}{g.shape}{detail}")
-
-
 # ---------------------------------------------------------------- the op table and conformance
 
 def test_backend_implements_every_spec_op(be):
-    assert be.name == "numba"
-    assert set(be.ops) == set(spec.OPS)
-    for op in spec.OPS:
-        assert be.implements(op)
+    check_implements_every_spec_op(be, "numba")
 
 
 def test_conformance_level1_all_pass(be):
-    out = io.StringIO()
-    results = run_conformance(be, level=1, seed=0, progress=False, out=out)
-    if not all_passed(results):
-        print_table(results, be, 1, 0, out=out)
-        pytest.fail(out.getvalue())
-    assert len(results) == len(spec.OPS)
+    check_conformance(be, level=1)
 
 
 # ---------------------------------------------------------------- whole training steps
 
-def _windows(cfg, batch: int, step: int) -> np.ndarray:
-    """Deterministic token windows (integer arithmetic only)."""
-    b = np.arange(batch, dtype=np.int64)[:, None]
-    t = np.arange(cfg.seq_len + 1, dtype=np.int64)[None, :]
-    return ((b * 7919 + t * 31 + step * 104729) % cfg.vocab_size).astype(np.int64)
-
-
-def _train(backend, cfg, tcfg, batch: int, steps: int):
-    """``steps`` optimizer steps of one micro-batch each: (state root, last loss, last grad norm)."""
-    params = init_params(cfg, seed=0)
-    state = AdamWState.zeros(params)
-    loss = norm = None
-    for step in range(steps):
-        lr = learning_rate(tcfg, step * batch * cfg.seq_len)
-        loss, grads = loss_and_grads(params, _windows(cfg, batch, step), cfg, backend)
-        params, state, norm = optimizer_step(params, grads, state, cfg, tcfg, lr, backend)
-    return state_root(state_tensors(params, state)), np.asarray(loss), np.asarray(norm)
-
-
 @pytest.mark.parametrize("quantize", [True, False])
 def test_tiny_training_steps_give_the_spec_state_root(be, quantize):
-    cfg = preset("tiny", quantize=quantize)
-    tcfg = train_preset("tiny")
-    want = _train(get_backend("spec"), cfg, tcfg, tcfg.micro_batch, steps=2)
-    got = _train(be, cfg, tcfg, tcfg.micro_batch, steps=2)
-    assert got[0] == want[0]
-    assert same_bits(want[1], got[1]) and same_bits(want[2], got[2])
+    check_training_steps(be, "tiny", quantize=quantize)
 
 
 @pytest.mark.slow
 def test_small_training_step_gives_the_spec_state_root(be):
     """``small`` (3M parameters, T = 256) with a micro-batch of one sequence: the spec takes ~20 s."""
-    cfg = preset("small")
-    tcfg = train_preset("small")
-    want = _train(get_backend("spec"), cfg, tcfg, batch=1, steps=1)
-    got = _train(be, cfg, tcfg, batch=1, steps=1)
-    assert got[0] == want[0]
-    assert same_bits(want[1], got[1]) and same_bits(want[2], got[2])
+    check_training_steps(be, "small", batch=1, steps=1)
 
 
 # ---------------------------------------------------------------- paths the random cases rarely reach
@@ -151,8 +87,7 @@ def test_attention_masked_terms_are_absent(be):
 
 
 def _tiny_values(seed, shape, lo_exp, hi_exp):
-    """Random float32 with exponents in [lo_exp, hi_exp): products near 2**-126 when both are small."""
-    return gen.random_normal_range(seed, ("numba-test", *shape, lo_exp + 200), shape, lo_exp, hi_exp).copy()
+    return random_values("numba-test", seed, shape, lo_exp, hi_exp)
 
 
 def test_attention_near_the_flush_range_and_with_nonfinite_inputs(be):
@@ -242,13 +177,7 @@ def test_matmul_rows_with_and_without_the_flush_tests(be):
 @pytest.mark.parametrize("m,k,n", [(1100, 24, 16), (8, 16, 1100), (7, 12, 5)])
 def test_int8_linear_chunked_and_odd_shapes(be, m, k, n):
     """M > 1024 and N > 1024 split the backward GEMMs into K-chunks; odd M has Hadamard block 1."""
-    x = gen.random_uniform(0, ("i8lin", m, k), (m, k), -2, 2)
-    w = gen.random_uniform(0, ("i8lin-w", k, n), (k, n), -0.1, 0.1)
-    dy = gen.random_uniform(0, ("i8lin-dy", m, n), (m, n), -1e-3, 1e-3)
-    assert_same(spec.int8_linear_forward(x, w), be.int8_linear_forward(x, w), "int8 forward")
-    for hadamard in (True, False):
-        assert_same(spec.int8_linear_backward(dy, x, w, hadamard), be.int8_linear_backward(dy, x, w, hadamard),
-                    f"int8 backward hadamard={hadamard}")
+    check_int8_linear(be, "i8lin", m, k, n)
 
 
 def test_thread_count_never_changes_bits(be, monkeypatch):
@@ -350,14 +279,7 @@ def test_no_fused_multiply_add_in_the_compiled_code(tmp_path):
 
 def test_a_run_trained_on_one_backend_replays_to_a_match_on_the_other(tmp_path, capsys):
     """``lockstep train`` on tiny with each backend; ``lockstep audit replay`` with the other."""
-    from lockstep.cli import main
-
-    for train_be, replay_be in (("numba", "spec"), ("spec", "numba")):
-        run = tmp_path / f"run-{train_be}"
-        assert main(["train", "--preset", "tiny", "--steps", "2", "--backend", train_be, "--out", str(run), "--quiet"]) == 0
-        assert main(["audit", "replay", str(run), "--step", "1-2", "--backend", replay_be]) == 0
-        out = capsys.readouterr().out
-        assert "MISMATCH" not in out and out.count("MATCH") >= 3, out
+    check_train_and_replay(tmp_path, capsys, (("numba", "spec"), ("spec", "numba")), "1-2", min_matches=3)
 
 
 def test_exp_without_its_needless_flush_tests_equals_the_line_by_line_port():

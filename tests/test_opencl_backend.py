@@ -6,24 +6,18 @@ one-line errors when PyOpenCL or a device is missing. Shapes are small: PoCL is 
 not a fast device.
 """
 
-import io
 import os
 import subprocess
 import sys
 
 import numpy as np
 import pytest
+from backend_cases import (assert_same, check_conformance, check_implements_every_spec_op, check_int8_linear,
+                           check_train_and_replay, check_training_steps, random_values, same_bits)
 
 from lockstep import spec
 from lockstep.backends import BackendUnavailable, get_backend
 from lockstep.conformance import inputs as gen
-from lockstep.conformance.runner import all_passed, print_table, run_conformance
-from lockstep.spec.hashing import state_root
-from lockstep.formats.config import preset, train_preset
-from lockstep.train.model import init_params, loss_and_grads
-from lockstep.train.optim import AdamWState, optimizer_step
-from lockstep.formats.schedule import learning_rate
-from lockstep.train.step import state_tensors
 
 try:
     _BE = get_backend("opencl")
@@ -39,96 +33,35 @@ def be():
     return _BE
 
 
-def same_bits(want, got) -> bool:
-    want, got = np.asarray(want), np.asarray(got)
-    return want.dtype == got.dtype and want.shape == got.shape and want.tobytes() == np.ascontiguousarray(got).tobytes()
-
-
-def assert_same(be, want, got, what=""):
-    wants = want if isinstance(want, tuple) else (want,)
-    gots = got if isinstance(got, tuple) else (got,)
-    assert len(wants) == len(gots), what
-    for k, (w, g) in enumerate(zip(wants, gots)):
-        if w is None or g is None:
-            assert w is None and g is None, f"{what}[{k}]"
-            continue
-        g = be.to_numpy(g)
-        if not same_bits(w, g):
-            w = np.asarray(w)
-            detail = ""
-            if w.shape == g.shape and w.dtype == g.dtype == np.float32:
-                d = np.nonzero(w.reshape(-1).view(np.uint32) != g.reshape(-1).view(np.uint32))[0]
-                detail = f": {d.size} differ, first at {d[:3]}: spec {w.reshape(-1)[d[:3]]}, opencl {g.reshape(-1)[d[:3]]}"
-            pytest.fail(f"{what}[out{k}] {w.dtype}{w.shape} vs {g.dtype}{g.shape}{detail}")
-
-
 # ---------------------------------------------------------------- the op table and conformance
 
 def test_backend_implements_every_spec_op(be):
-    assert be.name == "opencl"
-    assert set(be.ops) == set(spec.OPS)
+    check_implements_every_spec_op(be, "opencl")
     assert "OpenCL on" in be.description
 
 
 def test_conformance_level2_all_pass(be):
-    out = io.StringIO()
-    results = run_conformance(be, level=2, seed=0, progress=False, out=out)
-    if not all_passed(results):
-        print_table(results, be, 2, 0, out=out)
-        pytest.fail(out.getvalue())
-    assert len(results) == len(spec.OPS)
+    results = check_conformance(be, level=2)
     assert all(r.golden == "match" for r in results)
 
 
 # ---------------------------------------------------------------- whole training steps
 
-def _windows(cfg, batch: int, step: int) -> np.ndarray:
-    b = np.arange(batch, dtype=np.int64)[:, None]
-    t = np.arange(cfg.seq_len + 1, dtype=np.int64)[None, :]
-    return ((b * 7919 + t * 31 + step * 104729) % cfg.vocab_size).astype(np.int64)
-
-
-def _train(backend, cfg, tcfg, batch: int, steps: int):
-    params = init_params(cfg, seed=0)
-    state = AdamWState.zeros(params)
-    loss = norm = None
-    for step in range(steps):
-        lr = learning_rate(tcfg, step * batch * cfg.seq_len)
-        loss, grads = loss_and_grads(params, _windows(cfg, batch, step), cfg, backend)
-        params, state, norm = optimizer_step(params, grads, state, cfg, tcfg, lr, backend)
-        params = {k: backend.to_numpy(v) for k, v in params.items()}
-        state = AdamWState(state.step, {k: backend.to_numpy(v) for k, v in state.m.items()},
-                           {k: backend.to_numpy(v) for k, v in state.v.items()})
-    return state_root(state_tensors(params, state)), backend.to_numpy(loss), backend.to_numpy(norm)
-
-
 @pytest.mark.parametrize("quantize", [True, False])
 def test_tiny_training_steps_give_the_spec_state_root(be, quantize):
-    cfg = preset("tiny", quantize=quantize)
-    tcfg = train_preset("tiny")
-    want = _train(get_backend("spec"), cfg, tcfg, tcfg.micro_batch, steps=2)
-    got = _train(be, cfg, tcfg, tcfg.micro_batch, steps=2)
-    assert got[0] == want[0]
-    assert same_bits(want[1], got[1]) and same_bits(want[2], got[2])
+    check_training_steps(be, "tiny", quantize=quantize, to_host=True)
 
 
 def test_train_on_opencl_and_replay_on_numba_and_the_other_way(tmp_path, capsys):
     """``lockstep train --preset tiny --backend opencl`` runs; each run replays to a match on the other backend."""
     pytest.importorskip("numba", reason="the cross-backend replay needs the numba backend")
-    from lockstep.cli import main
-
-    for train_be, replay_be in (("opencl", "numba"), ("numba", "opencl")):
-        run = tmp_path / f"run-{train_be}"
-        assert main(["train", "--preset", "tiny", "--steps", "2", "--backend", train_be, "--out", str(run), "--quiet"]) == 0
-        assert main(["audit", "replay", str(run), "--step", "2", "--backend", replay_be]) == 0
-        out = capsys.readouterr().out
-        assert "MISMATCH" not in out and "MATCH" in out, out
+    check_train_and_replay(tmp_path, capsys, (("opencl", "numba"), ("numba", "opencl")), "2")
 
 
 # ---------------------------------------------------------------- paths the conformance cases rarely reach
 
 def _values(seed, shape, lo_exp, hi_exp):
-    return gen.random_normal_range(seed, ("opencl-test", *shape, lo_exp + 200), shape, lo_exp, hi_exp).copy()
+    return random_values("opencl-test", seed, shape, lo_exp, hi_exp)
 
 
 def test_attention_near_the_flush_range_with_windows_and_nonfinite_inputs(be):
@@ -139,51 +72,45 @@ def test_attention_near_the_flush_range_with_windows_and_nonfinite_inputs(be):
         v = _values(200, (b, g, t, dh), -66, -61)
         do = _values(300, (b, h, t, dh), -66, -61)
         fw = spec.attention_forward(q, k, v, window)
-        assert_same(be, fw, be.attention_forward(q, k, v, window), f"fwd window {window}")
-        assert_same(be, spec.attention_backward(do, q, k, v, *fw, window),
+        assert_same(fw, be.attention_forward(q, k, v, window), f"fwd window {window}")
+        assert_same(spec.attention_backward(do, q, k, v, *fw, window),
                     be.attention_backward(do, q, k, v, *fw, window), f"bwd window {window}")
     q, k, v = _values(7, (1, 2, 9, 3), -2, 2), _values(8, (1, 1, 9, 3), -2, 2), _values(9, (1, 1, 9, 3), -2, 2)
     v[0, 0, 8, 0] = np.inf  # masked for every query but the last: absent, so no 0 * inf
     v[0, 0, 0, 1] = np.nan
     fw = spec.attention_forward(q, k, v, 3)
-    assert_same(be, fw, be.attention_forward(q, k, v, 3), "fwd non-finite")
+    assert_same(fw, be.attention_forward(q, k, v, 3), "fwd non-finite")
 
 
 def test_matmul_views_tiles_and_broadcast_batches(be):
     a = _values(1, (70, 40), -3, 3)
     a[2] = _values(2, (40,), -70, -60)  # products in the flush range
     b = _values(3, (40, 130), -60, -50)
-    assert_same(be, spec.matmul(a, b), be.matmul(a, b), "matmul 70x40x130")
+    assert_same(spec.matmul(a, b), be.matmul(a, b), "matmul 70x40x130")
     da, db = be.asarray(a), be.asarray(b)
-    assert_same(be, spec.matmul(b.T, a.T), be.matmul(db.T, da.T), "matmul of transposed views")
+    assert_same(spec.matmul(b.T, a.T), be.matmul(db.T, da.T), "matmul of transposed views")
     x = _values(4, (2, 3, 5, 40), -2, 2)
-    assert_same(be, spec.matmul(x, b), be.matmul(x, b), "batched x 2-d")
-    assert_same(be, spec.matmul(a[None, :5], x[0, :, :, :].transpose(0, 2, 1)[:, :, :4]),
+    assert_same(spec.matmul(x, b), be.matmul(x, b), "batched x 2-d")
+    assert_same(spec.matmul(a[None, :5], x[0, :, :, :].transpose(0, 2, 1)[:, :, :4]),
                 be.matmul(a[None, :5], be.asarray(x)[0].transpose(0, 2, 1)[:, :, :4]), "broadcast batch, sliced view")
-    assert_same(be, spec.matmul(np.zeros((3, 0), np.float32), np.zeros((0, 2), np.float32)),
+    assert_same(spec.matmul(np.zeros((3, 0), np.float32), np.zeros((0, 2), np.float32)),
                 be.matmul(np.zeros((3, 0), np.float32), np.zeros((0, 2), np.float32)), "K = 0")
 
 
 @pytest.mark.parametrize("m,k,n", [(130, 24, 16), (8, 16, 70), (7, 12, 5)])
 def test_int8_linear_odd_shapes(be, m, k, n):
-    x = gen.random_uniform(0, ("ocl-i8", m, k), (m, k), -2, 2)
-    w = gen.random_uniform(0, ("ocl-i8-w", k, n), (k, n), -0.1, 0.1)
-    dy = gen.random_uniform(0, ("ocl-i8-dy", m, n), (m, n), -1e-3, 1e-3)
-    assert_same(be, spec.int8_linear_forward(x, w), be.int8_linear_forward(x, w), "int8 forward")
-    for hadamard in (True, False):
-        assert_same(be, spec.int8_linear_backward(dy, x, w, hadamard), be.int8_linear_backward(dy, x, w, hadamard),
-                    f"int8 backward hadamard={hadamard}")
+    check_int8_linear(be, "ocl-i8", m, k, n)
 
 
 def test_sum_of_squares_blocks_and_large_reductions(be):
     for n in (0, 1, 4096, 4097, 3 * 4096 + 5, 40000):
         g = _values(n, (n,), -70, 10)
-        assert_same(be, spec.sum_of_squares(g), be.sum_of_squares(g), f"sum_of_squares n={n}")
+        assert_same(spec.sum_of_squares(g), be.sum_of_squares(g), f"sum_of_squares n={n}")
     x = _values(5, (3, 70, 33), -20, 20)
     for axis in (0, 1, 2):
-        assert_same(be, spec.lane_tree_sum(x, axis), be.lane_tree_sum(x, axis), f"lane_tree_sum axis {axis}")
-        assert_same(be, spec.argmax(x, axis), be.argmax(x, axis), f"argmax axis {axis}")
-    assert_same(be, spec.column_sum(x.transpose(1, 0, 2)[::2]), be.column_sum(be.asarray(x).transpose(1, 0, 2)[::2]),
+        assert_same(spec.lane_tree_sum(x, axis), be.lane_tree_sum(x, axis), f"lane_tree_sum axis {axis}")
+        assert_same(spec.argmax(x, axis), be.argmax(x, axis), f"argmax axis {axis}")
+    assert_same(spec.column_sum(x.transpose(1, 0, 2)[::2]), be.column_sum(be.asarray(x).transpose(1, 0, 2)[::2]),
                 "column_sum of a view")
 
 

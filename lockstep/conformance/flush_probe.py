@@ -37,17 +37,13 @@ import time
 
 import numpy as np
 
+from lockstep.contract.vectors import FLUSH_VECTORS, SMALLEST_NORMAL
 from lockstep.spec import fp
 
 TWO_M126 = 2.0**-126
-SMALLEST_NORMAL_BITS = 0x00800000
-# DESIGN.md "Boundary vectors that separate flush rules": label -> (a bits, b bits, op)
-VECTORS = {
-    "V1 0x3F7FFFFF*0x00800000": (0x3F7FFFFF, 0x00800000, "mul"),
-    "V2 0x3F7FFFFE*0x00800001": (0x3F7FFFFE, 0x00800001, "mul"),
-    "V3 0x00FFFFFF/2": (0x00FFFFFF, 0x40000000, "div"),
-    "V4 0x00FFFFFF*0.5": (0x00FFFFFF, 0x3F000000, "mul"),
-}
+SMALLEST_NORMAL_BITS = SMALLEST_NORMAL
+# The flush-rule vectors V1-V4: label -> (a bits, b bits, op)
+VECTORS = {v.label: (v.a, v.b, v.op) for v in FLUSH_VECTORS}
 MODEL_NAMES = ("spec", "tininess before rounding", "tininess after rounding")
 
 
@@ -196,7 +192,7 @@ def probe(backend, n: int = 10**6, seed: int = 0, sqrt_count: int = 1 << 24) -> 
     Returns ``{"vectors": {label: {...}}, "random": {"mul": classify(...), "div": ...},
     "rounding": {"sqrt": ..., "div_extreme_divisors": ...}, "verdict": "...", "ops_equal_spec": bool,
     "seconds": ...}``."""
-    from lockstep.backends.kernels.ops import ops_for
+    from lockstep.backends.kernels.backend import ops_for
 
     runtime = backend.extras.get("runtime")
     if runtime is None:

@@ -8,77 +8,20 @@ from __future__ import annotations
 
 import numpy as np
 
+from lockstep.contract.vectors import BOUNDARY_F32, boundary_pairs, boundary_values  # noqa: F401 (re-exported)
 from lockstep.spec import fp
 from lockstep.spec.philox import PhiloxStream
 
-# Boundary bit patterns, in the manner of TestFloat's tables.
-BOUNDARY_F32: tuple[tuple[int, str], ...] = (
-    (0x00000000, "+0"),
-    (0x80000000, "-0"),
-    (0x00000001, "smallest subnormal (a zero once flushed)"),
-    (0x807FFFFF, "-largest subnormal (a zero once flushed)"),
-    (0x00800000, "smallest normal 2**-126"),
-    (0x80800000, "-smallest normal"),
-    (0x00800001, "smallest normal + 1 ulp"),
-    (0x00C00000, "1.5 * 2**-126"),
-    # Vectors that separate flush rules (DESIGN.md, GPU backends): the spec rounds on the
-    # subnormal grid, then flushes; hardware FTZ decides before rounding. Each of
-    # 0x3F7FFFFF * 0x00800000, 0x3F7FFFFE * 0x00800001, 0x00FFFFFF / 2 and 0x00FFFFFF * 0.5
-    # is 0x00800000 in the spec and 0 under flush-before-rounding (the first also under x86 FTZ).
-    (0x00FFFFFF, "2**-125 - 2**-149: largest float with exponent field 1 (its half rounds up to 2**-126)"),
-    (0x80FFFFFF, "-(2**-125 - 2**-149)"),
-    (0x01000000, "2**-125"),
-    (0x1F800000, "2**-64 (square rounds to subnormal)"),
-    (0x20000000, "2**-63 (square is the smallest normal)"),
-    (0x33800000, "2**-24 (half an ulp of 1: a rounding tie with 1)"),
-    (0x34000000, "2**-23 (one ulp of 1)"),
-    (0x3EFFFFFF, "0.5 - ulp"),
-    (0x3F000000, "0.5"),
-    (0x3F7FFFFE, "1 - 2 ulp (times 0x00800001: exact 2**-126 (1 - 2**-46), rounds up to 2**-126)"),
-    (0x3F7FFFFF, "1 - ulp (times 2**-126: exact 2**-126 - 2**-150, a tie that rounds up to 2**-126)"),
-    (0x3F800000, "1"),
-    (0x3F800001, "1 + ulp"),
-    (0x3F800003, "1 + 3 ulp (ties to even in sums)"),
-    (0xBF800000, "-1"),
-    (0x3FB504F3, "sqrt(2) rounded"),
-    (0x40000000, "2"),
-    (0x40490FDB, "pi rounded"),
-    (0x4B000000, "2**23 (ulp 1)"),
-    (0x4B800001, "2**24 + 2 (ulp 2)"),
-    (0x42B17218, "88.72: exp overflows just above"),
-    (0xC2AEAC50, "-87.34: exp reaches the subnormal range"),
-    (0xC2CE8ED0, "-103.28: exp underflows to 0"),
-    (0x5F800000, "2**64 (square overflows to... 2**128 = inf)"),
-    (0x7F7FFFFF, "largest finite"),
-    (0xFF7FFFFF, "-largest finite"),
-    (0x7F800000, "+inf"),
-    (0xFF800000, "-inf"),
-    (0x7FC00000, "canonical quiet NaN"),
-    (0xFFC00000, "negative quiet NaN (x86 default NaN)"),
-    (0x7F800001, "signalling NaN"),
-    (0x7FC12345, "quiet NaN with payload"),
-)
-
+# BOUNDARY_F32, boundary_values and boundary_pairs are the contract's (lockstep.contract.vectors):
+# the GPU backends' self-tests run them too.
 
 # Rows of the boundary matrix cases (matmul, column_sum, max): the table has 40 values.
 BOUNDARY_MATRIX_SHAPE = (5, 8)
 
 
-def boundary_values() -> np.ndarray:
-    """The boundary table as a float32 array (raw bits: subnormals and NaN payloads kept)."""
-    return fp.from_bits(np.array([b for b, _ in BOUNDARY_F32], dtype=np.uint32)).copy()
-
-
 def boundary_matrix() -> np.ndarray:
     """The boundary table as a (5, 8) float32 matrix, for the reductions and contractions."""
     return boundary_values().reshape(BOUNDARY_MATRIX_SHAPE)
-
-
-def boundary_pairs() -> tuple[np.ndarray, np.ndarray]:
-    """Every ordered pair of boundary values, as two float32 arrays."""
-    v = boundary_values()
-    a, b = np.meshgrid(v, v, indexing="ij")
-    return a.reshape(-1).copy(), b.reshape(-1).copy()
 
 
 def rounding_ties() -> tuple[np.ndarray, np.ndarray]:

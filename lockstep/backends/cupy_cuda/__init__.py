@@ -1,6 +1,6 @@
 """The CUDA backend (``get_backend("cuda")``, alias ``cupy``): the shared kernels on NVIDIA GPUs through CuPy.
 
-Every op is the shared host code of ``lockstep.backends.kernels.ops`` over ``CupyRuntime``
+Every op is the shared host code of ``lockstep.backends.kernels`` over ``CupyRuntime``
 (``runtime.py``); the arithmetic is the shared kernel source compiled with the CUDA
 prelude. How it stays exact on a GPU:
 
@@ -12,9 +12,10 @@ prelude. How it stays exact on a GPU:
   ``.approx``, every f32 add/sub/mul/div ``.rn``) before its cubin is loaded; CI runs the
   same compile and lint for sm_80 and sm_90 without a GPU.
 * Int8 GEMMs are cuBLAS ``gemmEx`` with 32-bit integer compute (exact in any order).
-* Self-test on first use: the flush-rule vectors V1-V4 of DESIGN.md and a few other
-  boundary cases through the compiled kernels, against the spec; a mismatch refuses the
-  backend (``BackendUnavailable``) instead of computing wrong bits.
+* Self-test on first use (``kernels.selftest``, run by the shared opener
+  ``kernels.backend.open_runtime``): the flush-rule vectors V1-V4 and a few other cases
+  through the compiled kernels and cuBLAS, then every boundary pair, against the spec; a
+  mismatch refuses the backend (``BackendUnavailable``) instead of computing wrong bits.
 
 Without CuPy, a GPU or NVRTC, ``make_backend()`` raises ``BackendUnavailable`` with one line.
 """
@@ -22,10 +23,10 @@ Without CuPy, a GPU or NVRTC, ``make_backend()`` raises ``BackendUnavailable`` w
 from __future__ import annotations
 
 from lockstep.backends import BackendUnavailable
+from lockstep.backends.kernels.backend import kernel_backend, one_line
+from lockstep.backends.kernels.backend import open_runtime as open_kernel_runtime
 
 from .nvrtc import NVRTCUnavailable
-
-_RUNTIMES: dict = {}  # device id -> CupyRuntime that passed the self-test (one per process)
 
 
 def _import_cupy():
@@ -48,47 +49,34 @@ def _check_device(cp, device_id: int) -> None:
         raise BackendUnavailable(f"no CUDA GPU {device_id} here ({count} found); the cuda backend needs an NVIDIA GPU")
 
 
-def _runtime(cp, device_id: int):
-    rt = _RUNTIMES.get(device_id)
-    if rt is not None:
-        return rt
+def _explain(e: BaseException) -> str | None:
+    """One line for what means "no CUDA kernels here" while building or self-testing; None for a bug."""
     from .nvrtc import NVRTCCompileError
     from .ptx_lint import PTXLintError
-    from .runtime import CupyRuntime
-    from .selftest import SelfTestFailure, run_self_test
 
-    try:
-        rt = CupyRuntime(cp, device_id)
-        run_self_test(rt)
-    except NVRTCUnavailable as e:
-        raise BackendUnavailable(str(e).splitlines()[0]) from e
-    except (NVRTCCompileError, PTXLintError) as e:
-        first = str(e).strip().splitlines()[0]
-        raise BackendUnavailable(f"the CUDA kernels did not build: {first} (run pytest tests/test_cuda_compile.py)") from e
-    except SelfTestFailure as e:
-        raise BackendUnavailable(str(e)) from e
-    except Exception as e:
-        if type(e).__name__ not in ("CUDADriverError", "CUDARuntimeError", "CUBLASError"):
-            raise
-        first = (str(e).strip().splitlines() or [type(e).__name__])[0]
-        raise BackendUnavailable(f"CUDA could not load or run the lockstep kernels: {first} (an NVRTC newer "
-                                 "than the driver? install the nvidia-cuda-nvrtc wheel matching the driver)") from e
-    _RUNTIMES[device_id] = rt
-    return rt
+    if isinstance(e, NVRTCUnavailable):
+        return one_line(e)
+    if isinstance(e, (NVRTCCompileError, PTXLintError)):
+        return f"the CUDA kernels did not build: {one_line(e)} (run pytest tests/test_cuda_compile.py)"
+    if type(e).__name__ in ("CUDADriverError", "CUDARuntimeError", "CUBLASError"):
+        return (f"CUDA could not load or run the lockstep kernels: {one_line(e)} (an NVRTC newer "
+                "than the driver? install the nvidia-cuda-nvrtc wheel matching the driver)")
+    return None
 
 
-def make_backend(device_id: int | None = None):
-    """The cuda backend on GPU ``device_id`` (default: ``LOCKSTEP_CUDA_DEVICE`` or 0)."""
+def make_backend(device_id: int | None = None, self_test: bool = True):
+    """The cuda backend on GPU ``device_id`` (default: ``LOCKSTEP_CUDA_DEVICE`` or 0).
+
+    ``self_test=False``: only for the validation report (see ``kernels.backend.open_runtime``)."""
     import os
 
     if device_id is None:
         device_id = int(os.environ.get("LOCKSTEP_CUDA_DEVICE", "0"))
     cp = _import_cupy()
     _check_device(cp, device_id)
-    rt = _runtime(cp, device_id)
-    from lockstep.backends.kernels.ops import make_backend as make_kernel_backend
+    from .runtime import CupyRuntime
 
-    return make_kernel_backend(rt, "cuda", rt.description,
-                               extras={"device": device_id, "arch": rt.arch, "gpu": rt.gpu_name,
+    rt = open_kernel_runtime("cuda", device_id, lambda: CupyRuntime(cp, device_id), explain=_explain, self_test=self_test)
+    return kernel_backend(rt, "cuda", {"device": device_id, "arch": rt.arch, "gpu": rt.gpu_name,
                                        "nvrtc": ".".join(map(str, rt.compiler.version)),
-                                       "kernel_cache": str(rt.built.cubin_path)})
+                                       "kernel_cache": str(rt.built.cubin_path)}, self_test=self_test)

@@ -1,7 +1,7 @@
 """The CuPy runtime: the shared kernels' ``Runtime`` protocol (``lockstep.backends.kernels.runtime``) on CUDA.
 
 It moves bytes and launches kernels; it never computes a float itself. Every op is the
-shared host code of ``lockstep.backends.kernels.ops``; this file only provides:
+shared host code of ``lockstep.backends.kernels`` (one module per spec module); this file only provides:
 
 * buffers: ``cupy.cuda.MemoryPointer`` from CuPy's memory pool (device arrays stay on
   the device between ops; ``download`` is the only way back);
@@ -21,26 +21,25 @@ from __future__ import annotations
 
 import numpy as np
 
+from lockstep.backends.kernels.backend import DeviceRuntime
+
 from .build import build_module
 from .cublas_int8 import Int8Gemm
 from .nvrtc import COMPILE_OPTIONS, load_nvrtc
 
 
-class CupyRuntime:
+class CupyRuntime(DeviceRuntime, dialect="cuda"):
     """``Runtime`` for one CUDA device through CuPy."""
-
-    name = "cuda"
-    dialect = "cuda"
 
     def __init__(self, cp, device_id: int = 0):
         from lockstep.backends.kernels import source
 
-        self.cp = cp
-        self.device = cp.cuda.Device(device_id)
-        self.arch = int(self.device.compute_capability)
         props = cp.cuda.runtime.getDeviceProperties(device_id)
         name = props["name"]
-        self.gpu_name = name.decode() if isinstance(name, bytes) else str(name)
+        super().__init__(cp.cuda.Device(device_id), name.decode() if isinstance(name, bytes) else str(name))
+        self.cp = cp
+        self.arch = int(self.device.compute_capability)
+        self.gpu_name = self.device_name
         self.sm_count = int(props["multiProcessorCount"])
         runtime_major = cp.cuda.runtime.runtimeGetVersion() // 1000
         self.compiler = load_nvrtc(prefer_major=runtime_major)
@@ -83,7 +82,8 @@ class CupyRuntime:
 
     def launch_argument(self, arg):
         """One kernel argument as CuPy passes it (see the module docstring)."""
-        from lockstep.backends.kernels.runtime import DeviceArray, ParamBlock
+        from lockstep.backends.kernels.layout import DeviceArray
+        from lockstep.backends.kernels.runtime import ParamBlock
 
         if isinstance(arg, DeviceArray):
             return arg.buffer
@@ -114,7 +114,7 @@ class CupyRuntime:
 
     def int8_gemm(self, a, b):
         """Exact (M, K) int8 x (K, N) int8 -> (M, N) int32 by cuBLAS gemmEx (contiguous result)."""
-        from lockstep.backends.kernels.runtime import DeviceArray, c_strides
+        from lockstep.backends.kernels.layout import DeviceArray, c_strides
 
         with self.device:
             c = self._int8_gemm(self._as_cupy(a), self._as_cupy(b))

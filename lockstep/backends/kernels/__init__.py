@@ -8,9 +8,13 @@ Files here (read ``README.md`` for the conventions):
 * ``prelude_<dialect>.h``: what differs between dialects (types, qualifiers, ids, local memory,
   barriers, the five IEEE operations, FP_CONTRACT pragmas), one small header each.
 * ``<module>.kc``: the kernels, one file per module of ``lockstep.spec``.
-* ``runtime.py``: the ``Runtime`` protocol a GPU backend implements and ``DeviceArray``.
-* ``ops.py``: every op of the spec written once against a ``Runtime`` (checks, allocation,
-  launch geometry), so a backend is a runtime plus ``make_backend()``.
+* ``<module>.py`` beside each ``<module>.kc``: the host side of that spec module's ops, written
+  once against a ``Runtime`` (checks, allocation, launch geometry); ``layout.py`` also holds
+  ``DeviceArray`` and the launch geometry every op uses.
+* ``runtime.py``: the ``Runtime`` protocol a GPU backend implements, and ``ParamBlock``.
+* ``backend.py``: the op table over a runtime and ``open_runtime``, the one opener every GPU
+  backend calls (build once, self-test with ``selftest.py``, cache, one-line refusals); so a
+  GPU backend is a prelude plus a runtime.
 * ``host.py``: the host build of ``ls_fp.h`` (C compiler + ctypes), used by the tests.
 
 ``source(dialect)`` assembles one translation unit (prelude, header, kernel files, with

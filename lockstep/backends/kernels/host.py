@@ -91,50 +91,43 @@ _L = ctypes.c_long
 BINARY = ("add", "sub", "mul", "div", "maximum", "minimum", "mul_raw", "div_raw", "add_raw", "mul_hw", "div_hw",
           "mul_exact", "div_exact")
 UNARY = ("sqrt", "neg", "abs", "exp", "log", "sigmoid", "silu", "canon")
+F32, I32, I8 = np.dtype(np.float32), np.dtype(np.int32), np.dtype(np.int8)
+_POINTER = {F32: _F, I32: _I32, I8: _I8}
+# every elementwise ls_host_<name>(n, in..., out): name -> (output dtype, input dtypes); inputs broadcast
+ELEMENTWISE = {**{name: (F32, (F32, F32)) for name in BINARY}, **{name: (F32, (F32,)) for name in UNARY},
+               "ldexp_exact": (F32, (F32, I32)), "total_key": (I32, (F32,)), "quantize": (I8, (F32, F32)),
+               "i32_to_f32": (F32, (I32,))}
 
 
 class HostFP:
-    """The header's primitives on NumPy arrays (float32 in, float32 out, elementwise)."""
+    """The header's primitives on NumPy arrays (elementwise ones by name: ``ELEMENTWISE``)."""
 
     def __init__(self, path: Path, model: str | None, opt: str, fixup: bool = False):
         self.path, self.model, self.opt, self.fixup = path, model, opt, fixup
         lib = ctypes.CDLL(str(path))
         self._lib = lib
-        for name in BINARY:
+        for name, (out, ins) in ELEMENTWISE.items():
             fn = getattr(lib, f"ls_host_{name}")
-            fn.argtypes, fn.restype = [_L, _F, _F, _F], None
-        for name in UNARY:
-            fn = getattr(lib, f"ls_host_{name}")
-            fn.argtypes, fn.restype = [_L, _F, _F], None
+            fn.argtypes, fn.restype = [_L, *(_POINTER[d] for d in ins), _POINTER[out]], None
         for name in ("exp_range", "log_range"):
             fn = getattr(lib, f"ls_host_{name}")
             fn.argtypes, fn.restype = [ctypes.c_uint64, _L, _F], None
-        lib.ls_host_ldexp_exact.argtypes = [_L, _F, _I32, _F]
-        lib.ls_host_total_key.argtypes = [_L, _F, _I32]
-        lib.ls_host_quantize.argtypes = [_L, _F, _F, _I8]
-        lib.ls_host_i32_to_f32.argtypes = [_L, _I32, _F]
         lib.ls_host_lane_tree_sum.argtypes = [_L, _L, _F, _F]
         lib.ls_host_dot_rows.argtypes = [_L, _L, _F, _F, _F]
         lib.ls_host_philox4x32.argtypes = [_L, _U32, _U32, ctypes.c_int, _U32]
 
     def __getattr__(self, name):
-        if name in BINARY:
-            return lambda a, b: self._binary(name, a, b)
-        if name in UNARY:
-            return lambda a: self._unary(name, a)
+        if name in ELEMENTWISE:
+            return lambda *args: self._elementwise(name, *args)
         raise AttributeError(name)
 
-    def _binary(self, name, a, b):
-        a, b = np.broadcast_arrays(np.asarray(a, dtype=np.float32), np.asarray(b, dtype=np.float32))
-        a, b = np.ascontiguousarray(a), np.ascontiguousarray(b)
-        out = np.empty(a.shape, dtype=np.float32)
-        getattr(self._lib, f"ls_host_{name}")(a.size, a.reshape(-1), b.reshape(-1), out.reshape(-1))
-        return out
-
-    def _unary(self, name, a):
-        a = np.ascontiguousarray(a, dtype=np.float32)
-        out = np.empty(a.shape, dtype=np.float32)
-        getattr(self._lib, f"ls_host_{name}")(a.size, a.reshape(-1), out.reshape(-1))
+    def _elementwise(self, name, *args):
+        out_dtype, dtypes = ELEMENTWISE[name]
+        if len(args) != len(dtypes):
+            raise TypeError(f"{name} takes {len(dtypes)} arrays, got {len(args)}")
+        ins = [np.ascontiguousarray(a) for a in np.broadcast_arrays(*(np.asarray(a, dtype=d) for a, d in zip(args, dtypes)))]
+        out = np.empty(ins[0].shape, dtype=out_dtype)
+        getattr(self._lib, f"ls_host_{name}")(out.size, *(a.reshape(-1) for a in ins), out.reshape(-1))
         return out
 
     def exp_range(self, first: int, count: int) -> np.ndarray:
@@ -145,32 +138,6 @@ class HostFP:
     def log_range(self, first: int, count: int) -> np.ndarray:
         out = np.empty(count, dtype=np.float32)
         self._lib.ls_host_log_range(first, count, out)
-        return out
-
-    def ldexp_exact(self, x, k):
-        x = np.ascontiguousarray(x, dtype=np.float32)
-        k = np.ascontiguousarray(np.broadcast_to(k, x.shape), dtype=np.int32)
-        out = np.empty(x.shape, dtype=np.float32)
-        self._lib.ls_host_ldexp_exact(x.size, x.reshape(-1), k.reshape(-1), out.reshape(-1))
-        return out
-
-    def total_key(self, x):
-        x = np.ascontiguousarray(x, dtype=np.float32)
-        out = np.empty(x.shape, dtype=np.int32)
-        self._lib.ls_host_total_key(x.size, x.reshape(-1), out.reshape(-1))
-        return out
-
-    def quantize(self, x, s):
-        x, s = np.broadcast_arrays(np.asarray(x, dtype=np.float32), np.asarray(s, dtype=np.float32))
-        x, s = np.ascontiguousarray(x), np.ascontiguousarray(s)
-        out = np.empty(x.shape, dtype=np.int8)
-        self._lib.ls_host_quantize(x.size, x.reshape(-1), s.reshape(-1), out.reshape(-1))
-        return out
-
-    def i32_to_f32(self, a):
-        a = np.ascontiguousarray(a, dtype=np.int32)
-        out = np.empty(a.shape, dtype=np.float32)
-        self._lib.ls_host_i32_to_f32(a.size, a.reshape(-1), out.reshape(-1))
         return out
 
     def lane_tree_sum(self, x):

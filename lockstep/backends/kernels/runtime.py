@@ -1,7 +1,8 @@
-"""The runtime protocol every GPU backend implements, and the device arrays the shared ops use.
+"""The runtime protocol every GPU backend implements, and the by-value parameter blocks of its launches.
 
-A GPU backend (OpenCL, CUDA, Metal) is a ``Runtime`` plus ``make_backend()``: the op
-implementations are written once, in ``ops.py``, against this protocol. A runtime moves bytes
+A GPU backend (OpenCL, CUDA, Metal) is a prelude plus a ``Runtime``: the op implementations are
+written once, in the module beside each kernel file (``norm.py`` beside ``norm.kc`` ...), against
+this protocol, and ``backend.py`` opens, self-tests and wraps a runtime. A runtime moves bytes
 and launches kernels of ``kernels.source(dialect)``; it never computes a float itself.
 
 Launch convention (the same in every dialect): ``launch(name, groups, local, args)`` runs
@@ -14,8 +15,6 @@ kernel takes views, are separate int arguments), NumPy scalars ``np.int32``/``np
 
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass
 from typing import Any, Protocol, Sequence, runtime_checkable
 
 import numpy as np
@@ -80,7 +79,7 @@ def _check_int32(name: str, v: int) -> None:
 
 @runtime_checkable
 class Runtime(Protocol):
-    """What a GPU backend provides. Everything else (every op) is shared, in ``ops.py``."""
+    """What a GPU backend provides. Everything else (every op) is shared, in the op modules here."""
 
     name: str          # "opencl", "cuda", "metal"
     dialect: str       # the kernel dialect its sources are compiled in
@@ -101,168 +100,8 @@ class Runtime(Protocol):
     def int8_gemm(self, a: "DeviceArray", b: "DeviceArray") -> "DeviceArray":
         """Exact ``(M, K) int8 x (K, N) int8 -> (M, N) int32`` as a new contiguous array. ``a`` and ``b``
         may be strided views (offset, strides); a library that needs a layout materializes them with
-        ``ops_for(runtime).contiguous``. Any order or library may compute it (integer sums are
-        exact, K <= 2**17 fits int32); ``default_int8_gemm`` is the shared tiled kernel."""
+        ``LayoutOps(runtime).contiguous`` (``layout.py``). Any order or library may compute it (integer
+        sums are exact, K <= 2**17 fits int32); ``reduce.default_int8_gemm`` is the shared tiled kernel."""
 
     def elementwise_groups(self, n: int, local: int) -> int:
         """How many work-groups of ``local`` items a grid-stride kernel over n elements should use."""
-
-
-@dataclass(frozen=True, eq=False)  # identity, not elementwise, equality
-class DeviceArray:
-    """A view of a device buffer: shape, dtype, strides and offset in elements (C order when contiguous).
-
-    Views (``.T``, ``transpose``, basic slicing, broadcasting) share the buffer; ``reshape`` of a
-    non-contiguous view and ``ops.contiguous`` materialize with the copy kernel.
-    """
-
-    runtime: Any
-    buffer: Any
-    shape: tuple
-    dtype: np.dtype
-    strides: tuple
-    offset: int = 0
-
-    @property
-    def ndim(self) -> int:
-        return len(self.shape)
-
-    @property
-    def size(self) -> int:
-        return math.prod(self.shape)
-
-    @property
-    def itemsize(self) -> int:
-        return DEVICE_DTYPES[self.dtype]
-
-    @property
-    def nbytes(self) -> int:
-        return self.size * self.itemsize
-
-    def __len__(self) -> int:
-        if not self.shape:
-            raise TypeError("len() of a 0-d device array")
-        return self.shape[0]
-
-    @property
-    def is_contiguous(self) -> bool:
-        """C-contiguous and starting at element 0 of its buffer."""
-        return self.offset == 0 and self.strides == c_strides(self.shape)
-
-    @property
-    def T(self) -> "DeviceArray":
-        return self.transpose()
-
-    def transpose(self, *axes) -> "DeviceArray":
-        if len(axes) == 1 and isinstance(axes[0], (tuple, list)):
-            axes = tuple(axes[0])
-        if not axes:
-            axes = tuple(reversed(range(self.ndim)))
-        axes = tuple(a % self.ndim for a in axes) if self.ndim else ()
-        if sorted(axes) != list(range(self.ndim)):
-            raise ValueError(f"axes {axes} are not a permutation of {self.ndim} dimensions")
-        return DeviceArray(self.runtime, self.buffer, tuple(self.shape[a] for a in axes), self.dtype,
-                           tuple(self.strides[a] for a in axes), self.offset)
-
-    def reshape(self, *shape) -> "DeviceArray":
-        if len(shape) == 1 and isinstance(shape[0], (tuple, list)):
-            shape = tuple(shape[0])
-        shape = _resolve_shape(tuple(int(s) for s in shape), self.size)
-        base = self if self.is_contiguous else self.runtime_ops().contiguous(self)
-        return DeviceArray(self.runtime, base.buffer, shape, self.dtype, c_strides(shape), 0)
-
-    def __getitem__(self, key) -> "DeviceArray":
-        if not isinstance(key, tuple):
-            key = (key,)
-        if sum(k is Ellipsis for k in key) > 1:
-            raise IndexError("an index can only have a single ellipsis")
-        n_real = sum(k is not Ellipsis and k is not None for k in key)
-        if n_real > self.ndim:
-            raise IndexError(f"too many indices for a {self.ndim}-d device array")
-        if Ellipsis in key:
-            i = key.index(Ellipsis)
-            key = key[:i] + (slice(None),) * (self.ndim - n_real) + key[i + 1:]
-        else:
-            key = key + (slice(None),) * (self.ndim - n_real)
-        shape, strides, offset, dim = [], [], self.offset, 0
-        for k in key:
-            if k is None:
-                shape.append(1)
-                strides.append(0)
-                continue
-            n, st = self.shape[dim], self.strides[dim]
-            if isinstance(k, slice):
-                start, stop, step = k.indices(n)
-                length = len(range(start, stop, step))
-                offset += start * st if length else 0
-                shape.append(length)
-                strides.append(st * step)
-            elif isinstance(k, (int, np.integer)):
-                i = int(k)
-                if not -n <= i < n:
-                    raise IndexError(f"index {i} is out of bounds for axis {dim} with size {n}")
-                offset += (i % n) * st
-            else:
-                raise TypeError(f"device arrays support int, slice, None and ... indices, not {type(k).__name__}")
-            dim += 1
-        return DeviceArray(self.runtime, self.buffer, tuple(shape), self.dtype, tuple(strides), offset)
-
-    def broadcast_to(self, shape) -> "DeviceArray":
-        """A view of this array broadcast to ``shape`` (NumPy rules; stride 0 on broadcast axes)."""
-        shape = tuple(int(s) for s in shape)
-        if len(shape) < self.ndim:
-            raise ValueError(f"cannot broadcast {self.shape} to {shape}")
-        pad = len(shape) - self.ndim
-        src_shape = (1,) * pad + self.shape
-        src_strides = (0,) * pad + self.strides
-        strides = []
-        for s_src, st, s in zip(src_shape, src_strides, shape):
-            if s_src == s:
-                strides.append(st if s != 1 else 0)
-            elif s_src == 1:
-                strides.append(0)
-            else:
-                raise ValueError(f"cannot broadcast {self.shape} to {shape}")
-        return DeviceArray(self.runtime, self.buffer, shape, self.dtype, tuple(strides), self.offset)
-
-    def runtime_ops(self):
-        """The shared op table bound to this array's runtime (for materializing views)."""
-        from .ops import ops_for
-
-        return ops_for(self.runtime)
-
-    def __array__(self, dtype=None, copy=None):
-        a = self.runtime_ops().to_numpy(self)
-        return a if dtype is None else a.astype(dtype)
-
-    def __repr__(self) -> str:
-        return f"DeviceArray({self.runtime.name}, {self.dtype}{list(self.shape)})"
-
-
-def c_strides(shape: tuple) -> tuple:
-    """Element strides of a C-contiguous array of ``shape``."""
-    strides, acc = [], 1
-    for s in reversed(shape):
-        strides.append(acc)
-        acc *= s
-    return tuple(reversed(strides))
-
-
-def _resolve_shape(shape: tuple, size: int) -> tuple:
-    if shape.count(-1) > 1:
-        raise ValueError("can only specify one unknown dimension")
-    if -1 in shape:
-        known = math.prod(s for s in shape if s != -1)
-        if known == 0 or size % known:
-            raise ValueError(f"cannot reshape array of size {size} into shape {shape}")
-        shape = tuple(size // known if s == -1 else s for s in shape)
-    if math.prod(shape) != size:
-        raise ValueError(f"cannot reshape array of size {size} into shape {shape}")
-    return shape
-
-
-def default_int8_gemm(runtime, a: DeviceArray, b: DeviceArray) -> DeviceArray:
-    """The shared exact int8 GEMM: ``ls_int8_gemm_kernel`` (int32 accumulators, tiled, any strides)."""
-    from .ops import ops_for
-
-    return ops_for(runtime).int8_gemm_kernel(a, b)

@@ -1,6 +1,6 @@
 """The Metal backend (``get_backend("metal")``): the shared kernels on an Apple GPU through PyObjC.
 
-Every op is the shared host code of ``lockstep.backends.kernels.ops`` over ``MetalRuntime``
+Every op is the shared host code of ``lockstep.backends.kernels`` over ``MetalRuntime``
 (``runtime.py``); the arithmetic is the shared kernel source compiled with the Metal prelude.
 How it stays exact on a GPU that flushes float32 subnormals in hardware:
 
@@ -14,9 +14,10 @@ How it stays exact on a GPU that flushes float32 subnormals in hardware:
   quotient through ``ls_fp.h``'s fix-up, which recomputes a zero from nonzero finite operands
   exactly with integers. CI runs that code over host models of both tininess rules
   (``tests/test_kernels_host.py``); no test runs Metal.
-* Self-test on first use (``kernels.ops.self_test``: the flush-rule vectors V1-V4 among every
-  boundary pair through ``+ - * /``, sqrt and exp sweeps): a device that computes other bits
-  is refused with ``BackendUnavailable``.
+* Self-test on first use (``kernels.selftest``: the flush-rule vectors V1-V4 and other named
+  cases, every boundary pair through ``+ - * /``, sqrt and exp sweeps), run by the shared opener
+  (``kernels.backend.open_runtime``): a device that computes other bits is refused with
+  ``BackendUnavailable``.
 
 Status: unverified on Apple hardware until a report from ``tools/validate_metal.sh`` exists
 (README, "Platforms"). Off macOS, without PyObjC (``pip install 'lockstep[metal]'``) or
@@ -26,10 +27,12 @@ without a Metal device, ``make_backend()`` raises ``BackendUnavailable`` with on
 from __future__ import annotations
 
 from lockstep.backends import BackendUnavailable
+from lockstep.backends.kernels.backend import kernel_backend, one_line
+from lockstep.backends.kernels.backend import open_runtime as open_kernel_runtime
 
 from .runtime import MetalCompileError, MetalRuntime, import_metal
 
-_RUNTIMES: dict = {}  # registry id of the device -> MetalRuntime that passed the self-test (one per process)
+VALIDATE = "please report it with tools/validate_metal.sh"
 
 
 def open_runtime(self_test: bool = True) -> MetalRuntime:
@@ -43,31 +46,18 @@ def open_runtime(self_test: bool = True) -> MetalRuntime:
         raise BackendUnavailable("no Metal device here (MTLCreateSystemDefaultDevice returned none); "
                                  "the metal backend needs a Mac with a Metal GPU")
     key = int(device.registryID()) if hasattr(device, "registryID") else str(device.name())
-    rt = _RUNTIMES.get(key)
-    if rt is not None:
-        return rt
-    try:
-        rt = MetalRuntime(Metal, device)
-    except MetalCompileError as e:
-        raise BackendUnavailable(f"the Metal kernels did not build: {str(e).splitlines()[0]} "
-                                 "(please report it with tools/validate_metal.sh)") from e
-    if self_test:
-        from lockstep.backends.kernels.ops import ops_for
-        from lockstep.backends.kernels.ops import self_test as run_self_test
 
-        problem = run_self_test(ops_for(rt))
-        if problem:
-            raise BackendUnavailable(f"Metal device {rt.device_name!r} failed the self-test, so the backend is refused: "
-                                     f"{problem} (please report it with tools/validate_metal.sh)")
-        _RUNTIMES[key] = rt
-    return rt
+    def explain(e: BaseException) -> str | None:
+        if isinstance(e, MetalCompileError):
+            return f"the Metal kernels did not build: {one_line(e)} ({VALIDATE})"
+        return None
+
+    return open_kernel_runtime("metal", key, lambda: MetalRuntime(Metal, device), explain=explain,
+                               hint=f" (Metal device {str(device.name())!r}; {VALIDATE})", self_test=self_test)
 
 
 def make_backend(self_test: bool = True):
     """The metal backend on the default Metal device (``BackendUnavailable`` with one line if it cannot run)."""
     rt = open_runtime(self_test=self_test)
-    from lockstep.backends.kernels.ops import make_backend as make_kernel_backend
-
-    return make_kernel_backend(rt, "metal", rt.description,
-                               extras={"device": rt.device_name, "compile_options": list(rt.option_words),
-                                       "unified_memory": rt.unified_memory, "self_test": "passed" if self_test else "skipped"})
+    return kernel_backend(rt, "metal", {"device": rt.device_name, "compile_options": list(rt.option_words),
+                                        "unified_memory": rt.unified_memory}, self_test=self_test)

@@ -26,7 +26,9 @@ import numpy as np
 
 from lockstep.backends import BackendUnavailable
 from lockstep.backends.kernels import kernel_names, source
-from lockstep.backends.kernels.runtime import DeviceArray, ParamBlock, default_int8_gemm
+from lockstep.backends.kernels.layout import DeviceArray
+from lockstep.backends.kernels.backend import DeviceRuntime
+from lockstep.backends.kernels.runtime import ParamBlock
 
 INSTALL_HINT = "pip install 'lockstep[metal]' (PyObjC's Metal bindings)"
 LANGUAGE_VERSION = (2, 4)  # MSL 2.4: macOS 12 and later
@@ -85,16 +87,12 @@ def _text(ns_object) -> str:
     return " ".join(text.split())
 
 
-class MetalRuntime:
+class MetalRuntime(DeviceRuntime, dialect="metal"):
     """One Metal device, its command queue, the compiled library and a pipeline per kernel."""
 
-    name = "metal"
-    dialect = "metal"
-
     def __init__(self, Metal, device):
+        super().__init__(device, str(device.name()))
         self.mtl = Metal
-        self.device = device
-        self.device_name = str(device.name())
         self.unified_memory = bool(device.hasUnifiedMemory()) if hasattr(device, "hasUnifiedMemory") else False
         self.queue = device.newCommandQueue()
         self.options, self.option_words = compile_options(Metal)
@@ -173,9 +171,6 @@ class MetalRuntime:
         if self._dispatches >= DISPATCHES_PER_COMMAND_BUFFER:
             self._commit()
 
-    def int8_gemm(self, a: DeviceArray, b: DeviceArray) -> DeviceArray:
-        return default_int8_gemm(self, a, b)
-
     def elementwise_groups(self, n: int, local: int) -> int:
         return max(1, min(-(-int(n) // int(local)), MAX_GROUPS))
 
@@ -204,6 +199,3 @@ class MetalRuntime:
             command_buffer.waitUntilCompleted()
             if int(command_buffer.status()) == COMMAND_BUFFER_ERROR:
                 raise RuntimeError(f"a Metal command buffer failed on {self.device_name}: {_text(command_buffer.error())}")
-
-    def __repr__(self) -> str:
-        return f"MetalRuntime({self.device_name!r})"

@@ -11,12 +11,14 @@ device. Arrays stay on the device between ops.
 
 from __future__ import annotations
 
-from lockstep.backends.kernels.ops import make_backend as _kernel_backend
+from lockstep.backends.kernels.backend import kernel_backend
 
 from .runtime import OpenCLRuntime, open_runtime  # noqa: F401  (raises BackendUnavailable)
 
 
-def make_backend():
-    """The opencl backend on the chosen device (``BackendUnavailable`` with one line if there is none)."""
-    rt = open_runtime()
-    return _kernel_backend(rt, "opencl", rt.description, {"device": rt.device_name})
+def make_backend(self_test: bool = True):
+    """The opencl backend on the chosen device (``BackendUnavailable`` with one line if there is none).
+
+    ``self_test=False``: only for the validation report (see ``kernels.backend.open_runtime``)."""
+    rt = open_runtime(self_test=self_test)
+    return kernel_backend(rt, "opencl", {"device": rt.device_name}, self_test=self_test)

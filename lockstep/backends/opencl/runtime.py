@@ -1,7 +1,8 @@
 """PyOpenCL runtime for the shared kernels: device choice, program build and binary cache, launches.
 
-Implements ``lockstep.backends.kernels.runtime.Runtime``. Build options: the source carries
-``#pragma OPENCL FP_CONTRACT OFF``; ``-cl-fp32-correctly-rounded-divide-sqrt`` makes ``/`` and
+Implements ``lockstep.backends.kernels.runtime.Runtime``; ``open_runtime`` goes through the shared
+opener (``kernels.backend.open_runtime``: built once, self-tested, one-line refusals). Build
+options: the source carries ``#pragma OPENCL FP_CONTRACT OFF``; ``-cl-fp32-correctly-rounded-divide-sqrt`` makes ``/`` and
 ``sqrt`` correctly rounded; nothing that relaxes float semantics (``-cl-fast-relaxed-math``,
 ``-cl-mad-enable``, ``-cl-denorms-are-zero``) is ever passed.
 """
@@ -16,34 +17,31 @@ import numpy as np
 
 from lockstep.backends import BackendUnavailable
 from lockstep.backends.kernels import cache_dir, source, source_digest, write_atomic
-from lockstep.backends.kernels.runtime import DeviceArray, ParamBlock, default_int8_gemm
+from lockstep.backends.kernels.backend import DeviceRuntime
+from lockstep.backends.kernels.backend import open_runtime as open_kernel_runtime
+from lockstep.backends.kernels.layout import DeviceArray
+from lockstep.backends.kernels.runtime import ParamBlock
 
 BUILD_OPTIONS = ("-cl-fp32-correctly-rounded-divide-sqrt", "-cl-std=CL1.2")
 DEVICE_ENV = "LOCKSTEP_OPENCL_DEVICE"
 INSTALL_HINT = "pip install 'lockstep[opencl]' (PyOpenCL with PoCL, which runs on any CPU) or install a GPU's OpenCL driver"
 
-_RUNTIMES: dict = {}
 
-
-def open_runtime() -> "OpenCLRuntime":
-    """The process's runtime for the chosen device (built once per process and device)."""
+def open_runtime(self_test: bool = True) -> "OpenCLRuntime":
+    """The process's runtime for the chosen device (built and self-tested once per process and device)."""
     try:
         import pyopencl as cl
     except ImportError as e:
         raise BackendUnavailable(f"backend 'opencl' needs PyOpenCL: {INSTALL_HINT}") from e
     device = _choose_device(cl)
-    key = (device.platform.name, device.name, device.int_ptr)
-    if key not in _RUNTIMES:
-        _check_float_support(cl, device)
-        rt = OpenCLRuntime(cl, device)
-        from lockstep.backends.kernels.ops import ops_for, self_test
 
-        problem = self_test(ops_for(rt))
-        if problem:
-            raise BackendUnavailable(f"OpenCL device {rt.device_name!r} does not compute the spec's float32 bits: "
-                                     f"{problem}; choose another device with {DEVICE_ENV}")
-        _RUNTIMES[key] = rt
-    return _RUNTIMES[key]
+    def build():
+        _check_float_support(cl, device)
+        return OpenCLRuntime(cl, device)
+
+    return open_kernel_runtime("opencl", (device.platform.name, device.name, device.int_ptr), build,
+                               hint=f" (OpenCL device {device.name.strip()!r}); choose another device with {DEVICE_ENV}",
+                               self_test=self_test)
 
 
 def _check_float_support(cl, device) -> None:
@@ -99,16 +97,12 @@ def _choose_device(cl):
     return devices[0]
 
 
-class OpenCLRuntime:
+class OpenCLRuntime(DeviceRuntime, dialect="opencl"):
     """One OpenCL device, context, in-order queue and the built program."""
 
-    name = "opencl"
-    dialect = "opencl"
-
     def __init__(self, cl, device):
+        super().__init__(device, device.name.strip())
         self.cl = cl
-        self.device = device
-        self.device_name = device.name.strip()
         self.is_gpu = bool(device.type & cl.device_type.GPU)
         self.compute_units = max(1, int(device.max_compute_units))
         self.ctx = cl.Context([device])
@@ -186,9 +180,6 @@ class OpenCLRuntime:
         global_size = tuple(int(g) * int(n) for g, n in zip(groups, local))
         self.cl.enqueue_nd_range_kernel(self.queue, k, global_size, tuple(int(n) for n in local))
 
-    def int8_gemm(self, a: DeviceArray, b: DeviceArray) -> DeviceArray:
-        return default_int8_gemm(self, a, b)
-
     def elementwise_groups(self, n: int, local: int) -> int:
         needed = -(-int(n) // int(local))
         cap = 64 * self.compute_units if self.is_gpu else 4 * self.compute_units
@@ -196,6 +187,3 @@ class OpenCLRuntime:
 
     def finish(self) -> None:
         self.queue.finish()
-
-    def __repr__(self) -> str:
-        return f"OpenCLRuntime({self.device_name!r})"

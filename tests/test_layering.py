@@ -1,0 +1,170 @@
+"""The layers point one way: every import of lockstep goes to a layer below, and nothing is cyclic.
+
+The graph is derived from the source (``ast``), lazy imports inside functions
+included, so the picture in ``docs/layout.md`` cannot drift from the code:
+
+    1  lockstep.fsio, lockstep.spec      untrusted-file helpers; the definition (pure NumPy)
+    2  lockstep.contract                 the typed op table, argument kinds, named vectors
+    3  lockstep.backends, .conformance   the backends; the suite a user runs on new hardware
+    4  lockstep.formats                  what train writes and audit/use read (when present)
+    5  lockstep.train                    model, optimizer, schedule, collectives, trainer
+    6  lockstep.audit, lockstep.use      verify, replay, certificates; sample, eval, export
+    7  lockstep.cli, lockstep.__main__   the command line
+
+A module may import its own package and any layer below; within a layer, packages may
+import each other only without a cycle. Module-level cycles are refused everywhere.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1] / "lockstep"
+
+LAYERS: dict[str, int] = {
+    "lockstep": 0,  # the package's own __init__ (its version): imports nothing
+    "lockstep.fsio": 1,
+    "lockstep.spec": 1,
+    "lockstep.contract": 2,
+    "lockstep.backends": 3,
+    "lockstep.conformance": 3,
+    "lockstep.formats": 4,
+    "lockstep.train": 5,
+    "lockstep.audit": 6,
+    "lockstep.use": 6,
+    "lockstep.cli": 7,
+    "lockstep.__main__": 7,
+}
+
+
+def module_name(path: Path) -> str:
+    parts = list(path.relative_to(ROOT.parent).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def all_modules() -> dict[str, Path]:
+    return {module_name(p): p for p in sorted(ROOT.rglob("*.py"))}
+
+
+def imports_of(name: str, path: Path, modules: dict[str, Path]) -> list[tuple[str, int]]:
+    """``(imported lockstep module, line)`` for every import in the file, at any depth."""
+    package = name if path.name == "__init__.py" else name.rsplit(".", 1)[0]
+    out = []
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            out += [(a.name, node.lineno) for a in node.names if a.name.split(".")[0] == "lockstep"]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")[: len(package.split(".")) - node.level + 1]
+                target = ".".join(base + ([node.module] if node.module else []))
+            else:
+                target = node.module or ""
+            if target.split(".")[0] != "lockstep":
+                continue
+            for a in node.names:  # `from lockstep import spec` imports the module lockstep.spec
+                sub = f"{target}.{a.name}"
+                out.append((sub if sub in modules else target, node.lineno))
+    return out
+
+
+def package_of(module: str) -> str:
+    for cut in range(module.count(".") + 1, 0, -1):
+        prefix = ".".join(module.split(".")[:cut])
+        if prefix in LAYERS:
+            return prefix
+    raise AssertionError(f"{module} belongs to no layer: add its package to LAYERS (and docs/layout.md)")
+
+
+def resolve(target: str, modules: dict[str, Path]) -> str:
+    while target not in modules and "." in target:  # `import a.b.c` of a name inside a module
+        target = target.rsplit(".", 1)[0]
+    return target
+
+
+def graph() -> dict[str, set[tuple[str, int]]]:
+    modules = all_modules()
+    return {name: {(resolve(t, modules), line) for t, line in imports_of(name, path, modules)}
+            for name, path in modules.items()}
+
+
+def find_cycle(edges: dict[str, set[str]]) -> list[str] | None:
+    """One cycle of the directed graph as a list of nodes (first == last), or None."""
+    state: dict[str, int] = {}
+    stack: list[str] = []
+
+    def visit(n: str) -> list[str] | None:
+        state[n] = 1
+        stack.append(n)
+        for m in sorted(edges.get(n, ())):
+            if state.get(m) == 1:
+                return stack[stack.index(m):] + [m]
+            if m not in state:
+                found = visit(m)
+                if found:
+                    return found
+        stack.pop()
+        state[n] = 2
+        return None
+
+    for n in sorted(edges):
+        if n not in state:
+            found = visit(n)
+            if found:
+                return found
+    return None
+
+
+def test_every_module_belongs_to_a_layer():
+    for name in all_modules():
+        package_of(name)
+
+
+def test_no_import_goes_up_a_layer():
+    bad = []
+    for name, targets in graph().items():
+        here = package_of(name)
+        for target, line in sorted(targets):
+            there = package_of(target)
+            if there != here and LAYERS[there] > LAYERS[here]:
+                bad.append(f"{name}:{line} imports {target} (layer {LAYERS[there]} {there} from layer "
+                           f"{LAYERS[here]} {here})")
+    assert not bad, "upward imports:\n" + "\n".join(bad)
+
+
+def test_packages_within_a_layer_form_no_cycle():
+    edges: dict[str, set[str]] = {}
+    for name, targets in graph().items():
+        here = package_of(name)
+        edges.setdefault(here, set()).update(package_of(t) for t, _ in targets if package_of(t) != here)
+    cycle = find_cycle(edges)
+    assert cycle is None, "package cycle: " + " -> ".join(cycle)
+
+
+def test_modules_form_no_cycle():
+    edges = {name: {t for t, _ in targets if t != name} for name, targets in graph().items()}
+    for name in list(edges):  # a package's __init__ importing its own submodules is how packages are made
+        edges[name] = {t for t in edges[name] if not (t.startswith(name + ".") and all_modules()[name].name == "__init__.py")}
+    cycle = find_cycle(edges)
+    assert cycle is None, "module cycle: " + " -> ".join(cycle)
+
+
+@pytest.mark.parametrize("source, expect", [
+    ("from lockstep.train import trainer\n", "upward"),
+    ("import lockstep.cli.train\n", "upward"),
+])
+def test_the_check_sees_an_upward_import(tmp_path, monkeypatch, source, expect):
+    """The test itself can fail: a planted upward import in the spec is reported."""
+    fake = tmp_path / "lockstep"
+    for p in ROOT.rglob("*.py"):
+        dst = fake / p.relative_to(ROOT)
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        dst.write_text(p.read_text(encoding="utf-8"), encoding="utf-8")
+    (fake / "spec" / "planted.py").write_text(source, encoding="utf-8")
+    monkeypatch.setitem(globals(), "ROOT", fake)
+    with pytest.raises(AssertionError, match=expect):
+        test_no_import_goes_up_a_layer()

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from forge import lockstep_limited, rewrite_sidecar
+from forge import lockstep_limited, read_traj, relink, rewrite_sidecar
 from lockstep.cli import main
 from lockstep.fsio import json_bytes
 from lockstep.formats.corpus import documents
@@ -61,15 +61,20 @@ def test_sample_refuses_a_recipe_too_large_for_this_machine(copy_run):
     from lockstep.formats.rundir import recipe_configs, recipe_digest
     from lockstep.train.step import state_tensors
 
+    from lockstep.spec.hashing import state_root
+
     run = copy_run()
     recipe = json.loads((run / "recipe.json").read_text())
     recipe["model"].update(n_layers=1, n_heads=1, n_kv_heads=1, head_dim=4096, seq_len=2**20)
     (run / "recipe.json").write_bytes(json_bytes(recipe))
     shutil.rmtree(run / "checkpoints")
-    (run / "trajectory.jsonl").write_bytes(b"")
     params = init_params(recipe_configs(recipe)[0], 0)
-    ckpt.save_checkpoint(run, 1, state_tensors(params, AdamWState.zeros(params)),
-                         {"recipe_sha256": recipe_digest(recipe)})
+    tensors = state_tensors(params, AdamWState.zeros(params))
+    recs = read_traj(run)[:1]  # one step whose record holds the forged state and chains from the new H_0
+    recs[0]["state_root"] = state_root(tensors)
+    (run / "trajectory.jsonl").write_bytes(b"")
+    ckpt.save_checkpoint(run, 1, tensors, {"recipe_sha256": recipe_digest(recipe)})
+    relink(run, recs, 1)
     assert sum(p.stat().st_size for p in (run / "checkpoints").rglob("*") if p.is_file()) < 8 << 20
     r = lockstep_limited("sample", run, "--prompt", "x", "--backend", "spec", "--max-new-tokens", "1", "--json")
     assert r.returncode == 1 and "Traceback" not in r.stderr, r.stderr[-2000:]
@@ -81,6 +86,7 @@ def test_sample_refuses_a_recipe_too_large_for_this_machine(copy_run):
 def test_eval_and_sample_escape_what_the_run_says(copy_run, capsys):
     run = copy_run()
     _edit_recipe(run, lambda recipe: recipe.update(spec_version="0\x1b[2J\x1b[H" + EVIL))
+    relink(run, read_traj(run), 1)  # a consistent stranger's run: the chain redone from the edited recipe's H_0
     _add_validation(run, 4, backend=EVIL, spec_version=EVIL)
     assert main(["eval", str(run), "--backend", "spec", "--quiet"]) == 2  # the recorded bits differ
     out = capsys.readouterr()

@@ -10,8 +10,7 @@ from lockstep import spec
 from lockstep.backends import Backend, BackendUnavailable, get_backend
 from lockstep.cli import main
 from lockstep.conformance import golden
-from lockstep.conformance.inputs import search_refusal_regressions
-from lockstep.conformance.registry import all_records
+from lockstep.conformance.registry import all_records, search_refusal_regressions
 from lockstep.conformance.runner import all_passed, print_table, run_conformance
 
 
@@ -75,7 +74,7 @@ def test_runner_reports_wrong_and_missing_ops():
 
 
 def test_runner_compares_refusals():
-    """The runner runs each op's refusal cases (conformance/inputs.py): a backend that raises
+    """The runner runs each op's refusal cases (their records' ``refusals``, conformance/ops/): a backend that raises
     another exception type than the spec, or answers, fails that op; the spec refuses alike."""
     sp = get_backend("spec")
     refusing_ops = sorted({op for op, _, _, _ in search_refusal_regressions()})

@@ -33,9 +33,9 @@ Inputs come from NumPy's generator (a benchmark, not a published number).
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 
 import numpy as np
+from record import append_results, markdown_table
 
 from lockstep.spec.quant import dequantized_activation, dequantized_weight, int8_linear_backward
 
@@ -45,7 +45,6 @@ OUTLIER_GAIN = (20.0, 50.0)  # each outlier row/column scaled by a factor drawn 
 W_STD = 0.02
 
 SCENARIOS = ("gaussian", "x channels", "x tokens", "x entries", "dy tokens", "dy channels")
-RESULTS = Path(__file__).resolve().parent / "RESULTS.md"
 
 
 def make_inputs(scenario: str, seed: int):
@@ -109,16 +108,9 @@ def run(seeds: int) -> dict[str, dict[str, float]]:
 
 
 def format_table(table) -> str:
-    lines = [
-        "| outliers | dx, no rotation | dx, Hadamard | dw, no rotation | dw, Hadamard |",
-        "|---|---:|---:|---:|---:|",
-    ]
-    for sc, r in table.items():
-        lines.append(
-            f"| {sc} | {100 * r['dx_plain']:.2f}% | {100 * r['dx_had']:.2f}% "
-            f"| {100 * r['dw_plain']:.2f}% | {100 * r['dw_had']:.2f}% |"
-        )
-    return "\n".join(lines)
+    columns = [("outliers", "left")] + [(f"{g}, {how}", "right") for g in ("dx", "dw") for how in ("no rotation", "Hadamard")]
+    return markdown_table(columns, [[sc] + [f"{100 * r[k]:.2f}%" for k in ("dx_plain", "dx_had", "dw_plain", "dw_had")]
+                                    for sc, r in table.items()])
 
 
 def main(argv=None) -> int:
@@ -132,7 +124,7 @@ def main(argv=None) -> int:
           f"relative Frobenius error vs float64 straight-through, median of {args.seeds} seeds")
     print(text)
     if args.record:
-        _append_results(section(table, args.seeds))
+        append_results(section(table, args.seeds))
     return 0
 
 
@@ -160,14 +152,6 @@ def section(table, seeds: int) -> str:
         f"give {t['x entries']['dw_plain']:.2f}% -> {t['x entries']['dw_had']:.2f}% for dw.\n\n"
         f"Command: `python benchmarks/bench_hadamard.py --seeds {seeds} --record`\n"
     )
-
-
-def _append_results(text: str) -> None:
-    """One append at the end of RESULTS.md (created with its title if absent)."""
-    head = "" if RESULTS.exists() else "# Benchmark results\n"
-    with open(RESULTS, "a", encoding="utf-8") as f:
-        f.write(head + text)
-    return 0
 
 
 if __name__ == "__main__":

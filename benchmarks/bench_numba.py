@@ -40,8 +40,9 @@ import sys
 import time
 from pathlib import Path
 
+from record import append_results
+
 HERE = Path(__file__).resolve().parent
-RESULTS = HERE / "RESULTS.md"
 
 # ---------------------------------------------------------------- worker side (imports inside)
 
@@ -408,9 +409,7 @@ def main(argv=None) -> int:
             f"Host: {host}. The machine is shared with other work: load average {load0:.1f} at the start and "
             f"{load1:.1f} at the end of the run, so wall times are noisy; CPU times are this process's own.\n"
         )
-        head = "" if RESULTS.exists() else "# Benchmark results\n"
-        with open(RESULTS, "a", encoding="utf-8") as f:
-            f.write(head + section)
+        append_results(section)
     return 0
 
 

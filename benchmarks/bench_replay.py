@@ -199,6 +199,16 @@ def table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def _data_folder(data: Path | None, work: Path) -> Path:
+    """The data folder given, or the default corpus built once under ``work``."""
+    if data is not None:
+        return data
+    from lockstep.formats.corpus import default_corpus
+
+    default_corpus(work / "data")
+    return work / "data"
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--config", action="append", help="preset:backend:R:batch:micro_batch (repeatable)")
@@ -213,12 +223,7 @@ def main(argv=None) -> int:
     configs = args.config or ["tiny:spec:1:6:2", "tiny:spec:2:6:2"]
     with tempfile.TemporaryDirectory(prefix="bench-replay-") as tmp:
         work = Path(tmp)
-        data = args.data
-        if data is None:
-            from lockstep.formats.corpus import default_corpus
-
-            data = work / "data"
-            default_corpus(data)
+        data = _data_folder(args.data, work)
         rows = []
         for spec in configs:
             preset, backend, world, batch, micro = spec.split(":")
@@ -243,12 +248,7 @@ def _memory_main(args) -> int:
     preset, backend, micro, counts = args.memory.split(":")
     with tempfile.TemporaryDirectory(prefix="bench-replay-mem-") as tmp:
         work = Path(tmp)
-        data = args.data
-        if data is None:
-            from lockstep.formats.corpus import default_corpus
-
-            data = work / "data"
-            default_corpus(data)
+        data = _data_folder(args.data, work)
         rows = memory_rows(preset, backend, int(micro), [int(c) for c in counts.split(",")], data, work)
     text = memory_table(rows)
     print(text)

@@ -18,17 +18,15 @@ import argparse
 import os
 import platform
 import time
-from pathlib import Path
 
 import numpy as np
+from record import append_results, markdown_table
 
 from lockstep.backends import get_backend
 from lockstep.formats.config import preset, train_preset
 from lockstep.train.model import init_params, loss_and_grads, param_count
 from lockstep.train.optim import AdamWState, optimizer_step
 from lockstep.formats.schedule import learning_rate
-
-RESULTS = Path(__file__).resolve().parent / "RESULTS.md"
 
 
 def windows_for(cfg, batch: int, step: int) -> np.ndarray:
@@ -65,17 +63,12 @@ def time_steps(name: str, repeats: int, quantize: bool = True) -> dict:
 
 
 def format_table(rows) -> str:
-    lines = [
-        "| preset | int8 | params | micro-batch (seqs x len) | runs | wall s/step (median) | CPU s/step (median) | tokens/s (CPU) |",
-        "|---|---|---:|---|---:|---:|---:|---:|",
-    ]
-    for r in rows:
-        seq = r["tokens"] // r["batch"]
-        lines.append(
-            f"| {r['preset']} | {'on' if r['quantize'] else 'off'} | {r['params']:,} | {r['batch']} x {seq} | {r['runs']} "
-            f"| {r['wall']:.2f} | {r['cpu']:.2f} | {r['tokens'] / r['cpu']:.0f} |"
-        )
-    return "\n".join(lines)
+    columns = [("preset", "left"), ("int8", "left"), ("params", "right"), ("micro-batch (seqs x len)", "left"),
+               ("runs", "right"), ("wall s/step (median)", "right"), ("CPU s/step (median)", "right"),
+               ("tokens/s (CPU)", "right")]
+    return markdown_table(columns, [
+        [r["preset"], "on" if r["quantize"] else "off", f"{r['params']:,}", f"{r['batch']} x {r['tokens'] // r['batch']}",
+         str(r["runs"]), f"{r['wall']:.2f}", f"{r['cpu']:.2f}", f"{r['tokens'] / r['cpu']:.0f}"] for r in rows])
 
 
 def main(argv=None) -> int:
@@ -107,15 +100,8 @@ def main(argv=None) -> int:
             f"Command: `python benchmarks/bench_spec_step.py --presets {' '.join(args.presets)} "
             f"--repeats {args.repeats} --small-repeats {args.small_repeats} --record`\n"
         )
-        _append_results(section)
+        append_results(section)
     return 0
-
-
-def _append_results(section: str) -> None:
-    """One append at the end of RESULTS.md (created with its title if absent)."""
-    head = "" if RESULTS.exists() else "# Benchmark results\n"
-    with open(RESULTS, "a", encoding="utf-8") as f:
-        f.write(head + section)
 
 
 if __name__ == "__main__":

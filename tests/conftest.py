@@ -4,6 +4,7 @@ Hypothesis profiles (``lockstep.conformance.search.register_profiles``): the sui
 ``lockstep-suite`` (derandomized, no example database, no deadline); ``deep`` is for
 ``python3 -m tools.conformance_search`` and ``pytest --hypothesis-profile=deep``.
 ``honest_run``: one small honest run that the hostile-input tests copy and attack.
+``corpus``: the default corpus, written once per test module, for tests that train their own runs.
 """
 
 from __future__ import annotations
@@ -19,6 +20,15 @@ from lockstep.conformance.search import SUITE_PROFILE, register_profiles
 
 register_profiles()
 settings.load_profile(SUITE_PROFILE)
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory) -> Path:
+    from lockstep.formats.corpus import default_corpus
+
+    folder = tmp_path_factory.mktemp("corpus") / "default"
+    default_corpus(folder)
+    return folder
 
 
 @pytest.fixture(scope="session")

@@ -17,6 +17,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from forge import read_traj as _traj
+from forge import rewrite_sidecar as _forge_sidecar
+from forge import write_traj as _write_traj
+from have_mpi import NO_MPI, have_mpi
 
 from lockstep.audit.certificate import (consistency_problems, generate_keypair, make_certificate,
                                         recheck_certificate, sign_certificate, signature_problem,
@@ -35,14 +39,6 @@ from lockstep.formats.config import preset, train_preset
 TINY = ["--preset", "tiny", "--backend", "spec", "--batch", "6", "--micro-batch", "2", "--quiet"]
 
 
-def _have_mpi():
-    try:
-        import mpi4py  # noqa: F401
-    except ImportError:
-        return False
-    return shutil.which("mpiexec") is not None
-
-
 def _cryptography():
     try:
         import cryptography  # noqa: F401
@@ -52,15 +48,6 @@ def _cryptography():
 
 
 needs_crypto = pytest.mark.skipif(not _cryptography(), reason="signing needs the cryptography package")
-
-
-@pytest.fixture(scope="module")
-def corpus(tmp_path_factory):
-    from lockstep.formats.corpus import default_corpus
-
-    folder = tmp_path_factory.mktemp("audit-corpus") / "default"
-    default_corpus(folder)
-    return folder
 
 
 @pytest.fixture(scope="module")
@@ -106,14 +93,6 @@ def _cli(*args) -> int:
     return lockstep_main(["audit", *map(str, args)])
 
 
-def _traj(run: Path) -> list[dict]:
-    return [json.loads(line) for line in (run / "trajectory.jsonl").read_text().splitlines() if line.strip()]
-
-
-def _write_traj(run: Path, recs: list[dict]) -> None:
-    (run / "trajectory.jsonl").write_bytes(b"".join(json.dumps(r, sort_keys=True).encode() + b"\n" for r in recs))
-
-
 def _forge_chain(run: Path, recs: list[dict], from_step: int) -> list[dict]:
     """Recompute every chain hash from ``from_step`` on, and the commitment, as a careful forger would."""
     from lockstep.formats.rundir import genesis, load_recipe
@@ -128,15 +107,6 @@ def _forge_chain(run: Path, recs: list[dict], from_step: int) -> list[dict]:
     return recs
 
 
-def _forge_sidecar(run: Path, step: int, **changes) -> None:
-    folder = run / "checkpoints" / ckpt.step_dirname(step)
-    side = json.loads((folder / "sidecar.json").read_text())
-    side.update(changes)
-    data = json_bytes(side)
-    (folder / "sidecar.json").write_bytes(data)
-    (folder / "COMPLETE").write_bytes((hashlib.sha256(data).hexdigest() + "\n").encode())
-
-
 # ---------------------------------------------------------------------------
 # Honest runs: verify passes, replays of random steps match on one process
 # ---------------------------------------------------------------------------
@@ -144,8 +114,8 @@ def _forge_sidecar(run: Path, step: int, **changes) -> None:
 
 @pytest.mark.parametrize("world", [1, 2, 3, 4])
 def test_replay_random_step_matches(world, run1, mpi_run, monkeypatch):
-    if world > 1 and not _have_mpi():
-        pytest.skip("needs mpi4py and mpiexec (pip install 'lockstep[mpi]')")
+    if world > 1 and not have_mpi():
+        pytest.skip(NO_MPI)
     run = run1 if world == 1 else mpi_run(world)
     rep = verify_run(run)
     assert rep.ok, rep.format()

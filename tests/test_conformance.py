@@ -1,7 +1,10 @@
 """The conformance suite: registry coverage, the runner, the golden vectors, the CLI."""
 
 import io
+import os
+import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -10,8 +13,7 @@ from lockstep import spec
 from lockstep.backends import Backend, BackendUnavailable, get_backend
 from lockstep.cli import main
 from lockstep.conformance import golden
-from lockstep.conformance.inputs import search_refusal_regressions
-from lockstep.conformance.registry import all_records
+from lockstep.conformance.registry import all_records, search_refusal_regressions
 from lockstep.conformance.runner import all_passed, print_table, run_conformance
 
 
@@ -22,6 +24,22 @@ def test_registry_covers_every_spec_op():
     for op in spec.OPS:
         assert callable(getattr(spec, op)), op
     assert all(r.tolerance == 0 for r in all_records())
+
+
+def test_records_and_runner_need_no_hypothesis():
+    """Hypothesis is a test extra: the records (whose modules also hold the search strategies) and the
+    runner load without it, with every record and its refusals; only the search refuses to load."""
+    code = ("import sys; sys.modules['hypothesis'] = None\n"
+            "from lockstep.conformance import registry, runner\n"
+            "print(len(registry.all_records()), len(registry.search_refusal_regressions()))\n"
+            "try:\n    import lockstep.conformance.search\nexcept ImportError as e:\n    print(e)\n")
+    root = str(Path(__file__).resolve().parents[1])
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([root, os.environ.get("PYTHONPATH", "")]))
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+    assert r.returncode == 0, r.stderr
+    counts, why = r.stdout.splitlines()
+    assert counts == f"{len(all_records())} {len(search_refusal_regressions())}"
+    assert "needs hypothesis" in why
 
 
 def test_spec_backend_mirrors_op_table():
@@ -75,7 +93,7 @@ def test_runner_reports_wrong_and_missing_ops():
 
 
 def test_runner_compares_refusals():
-    """The runner runs each op's refusal cases (conformance/inputs.py): a backend that raises
+    """The runner runs each op's refusal cases (their records' ``refusals``, conformance/ops/): a backend that raises
     another exception type than the spec, or answers, fails that op; the spec refuses alike."""
     sp = get_backend("spec")
     refusing_ops = sorted({op for op, _, _, _ in search_refusal_regressions()})

@@ -22,8 +22,8 @@ from hypothesis import given, settings
 from lockstep import spec
 from lockstep.backends import KNOWN_BACKENDS, Backend
 from lockstep.contract import OP_NAMES
-from lockstep.conformance import inputs as gen
 from lockstep.conformance import search
+from lockstep.conformance.registry import search_refusal_regressions
 from lockstep.spec import fp
 
 BACKENDS, UNAVAILABLE = search.installed_backends()
@@ -124,10 +124,10 @@ def test_search_finds_a_planted_defect(defect):
         run()
 
 
-@pytest.mark.parametrize("op,label,args,kwargs", gen.search_refusal_regressions(),
-                         ids=[f"{op}-{label}" for op, label, _, _ in gen.search_refusal_regressions()])
+@pytest.mark.parametrize("op,label,args,kwargs", search_refusal_regressions(),
+                         ids=[f"{op}-{label}" for op, label, _, _ in search_refusal_regressions()])
 def test_refused_regressions_are_refused_alike(op, label, args, kwargs):
-    """Bad inputs on which a backend once disagreed (lockstep/conformance/inputs.py): the spec refuses
+    """Bad inputs on which a backend once disagreed (each op's record, lockstep/conformance/ops/): the spec refuses
     each with ValueError/TypeError, and every backend raises the same type."""
     with pytest.raises((ValueError, TypeError)):
         getattr(spec, op)(*args, **kwargs)

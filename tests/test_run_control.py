@@ -16,6 +16,7 @@ from pathlib import Path
 
 import killpoint
 import pytest
+from have_mpi import needs_mpi
 from killpoint import Paused, read_until
 
 from lockstep.cli import main
@@ -27,26 +28,6 @@ LOCKSTEP = [sys.executable, "-m", "lockstep.cli"]
 TINY = ["--preset", "tiny", "--backend", "spec", "--batch", "6", "--micro-batch", "2", "--quiet"]
 APPLY_UPDATE = "lockstep.train.trainer:apply_update"  # called once per step, after the gradients are summed
 MPI_ENV = dict(os.environ, MPIR_CVAR_ENABLE_HEAVY_YIELD="1")
-
-
-def _have_mpi():
-    try:
-        import mpi4py  # noqa: F401
-    except ImportError:
-        return False
-    return shutil.which("mpiexec") is not None
-
-
-needs_mpi = pytest.mark.skipif(not _have_mpi(), reason="needs mpi4py and mpiexec (pip install 'lockstep[mpi]')")
-
-
-@pytest.fixture(scope="module")
-def corpus(tmp_path_factory):
-    from lockstep.formats.corpus import default_corpus
-
-    folder = tmp_path_factory.mktemp("control-corpus") / "default"
-    default_corpus(folder)
-    return folder
 
 
 def _run(args, launcher=(), env=None):

@@ -13,6 +13,7 @@ from pathlib import Path
 import killpoint
 import numpy as np
 import pytest
+from have_mpi import NO_MPI, have_mpi, needs_mpi
 from killpoint import Paused
 
 from lockstep.backends import get_backend
@@ -28,23 +29,6 @@ from lockstep.train.trainer import RecipeMismatch, train
 
 LOCKSTEP = [sys.executable, "-m", "lockstep.cli"]
 TINY_ARGS = ["--preset", "tiny", "--backend", "spec", "--batch", "6", "--micro-batch", "2", "--quiet"]
-
-
-def _have_mpi():
-    try:
-        import mpi4py  # noqa: F401
-    except ImportError:
-        return False
-    return shutil.which("mpiexec") is not None
-
-
-@pytest.fixture(scope="module")
-def corpus(tmp_path_factory):
-    from lockstep.formats.corpus import default_corpus
-
-    folder = tmp_path_factory.mktemp("corpus") / "default"
-    default_corpus(folder)
-    return folder
 
 
 def _run(args, timeout=600, **kw):
@@ -63,7 +47,6 @@ MPI_ENV = dict(os.environ, MPIR_CVAR_ENABLE_HEAVY_YIELD="1")
 RAMP_ARGS = ["--preset", "tiny", "--backend", "spec", "--batch-ramp", "0:6,384:10", "--micro-batch", "2", "--quiet",
              "--checkpoint-every", "2"]
 RAMP_STEPS = 6
-needs_mpi = pytest.mark.skipif(not _have_mpi(), reason="needs mpi4py and mpiexec (pip install 'lockstep[mpi]')")
 
 
 def _one_process_roots(run_dir: Path, steps: int) -> list[str]:
@@ -86,8 +69,8 @@ def _one_process_roots(run_dir: Path, steps: int) -> list[str]:
 @pytest.fixture(scope="module")
 def ramp_runs(tmp_path_factory, corpus):
     """The same recipe trained with mpiexec -n 1, 2, 3, 4 (``RAMP_STEPS`` steps, checkpoints every 2)."""
-    if not _have_mpi():
-        pytest.skip("needs mpi4py and mpiexec (pip install 'lockstep[mpi]')")
+    if not have_mpi():
+        pytest.skip(NO_MPI)
     runs = {}
     for world in (1, 2, 3, 4):
         out = tmp_path_factory.mktemp(f"ramp-r{world}") / "run"

@@ -353,6 +353,18 @@ def genuine(path: Path) -> tuple[bytes, object]:
     return raw, json.loads(raw)
 
 
+def damaged(ws: Workspace, data, path: Path, marker: bool = False) -> Planted:
+    """The file at ``path`` replaced, for one example, by a drawn mutation of its genuine bytes
+    (a ``.json`` file also mutated as JSON); ``.data`` is what was planted."""
+    raw = path.read_bytes()
+    return ws.plant(path, data.draw(mutations(raw, json.loads(raw) if path.suffix == ".json" else None)), marker=marker)
+
+
+def assert_messages(problems) -> None:
+    """A checker's answer: a list of messages (strings), never anything else."""
+    assert isinstance(problems, list) and all(isinstance(p, str) for p in problems)
+
+
 # Strategies are built from the genuine files, which exist only once the fixture ran: ``st.data()`` draws them.
 
 
@@ -445,8 +457,7 @@ def test_read_safetensors_refuses_a_damaged_file(ws, data):
 @given(data=st.data())
 def test_recipe_reader_refuses_a_damaged_recipe(ws, data):
     path = ws.run / "recipe.json"
-    raw, doc = genuine(path)
-    with ws.plant(path, data.draw(mutations(raw, doc))):
+    with damaged(ws, data, path):
         refused_cleanly(lambda: load_recipe(ws.run), RunFileError, str(path))
 
 
@@ -485,8 +496,7 @@ def test_trajectory_readers_refuse_damaged_lines(ws, data):
 @given(data=st.data())
 def test_commitment_reader_refuses_a_damaged_commitment(ws, data):
     path = ws.run / "commitment.json"
-    raw, doc = genuine(path)
-    with ws.plant(path, data.draw(mutations(raw, doc))):
+    with damaged(ws, data, path):
         refused_cleanly(lambda: read_commitment(ws.run), RunFileError, str(path))
         refused_cleanly(lambda: plan_mod._commitment_of(path), plan_mod.PlanError, str(path))
 
@@ -495,8 +505,7 @@ def test_commitment_reader_refuses_a_damaged_commitment(ws, data):
 @given(data=st.data())
 def test_target_reader_refuses_a_damaged_target(ws, data):
     path = ws.run / "target.json"
-    raw, doc = genuine(path)
-    with ws.plant(path, data.draw(mutations(raw, doc))):
+    with damaged(ws, data, path):
         refused_cleanly(lambda: read_target(ws.run), ValueError, "target.json")
 
 
@@ -582,8 +591,7 @@ def _load_and_check_stream(folder: Path):
 @given(data=st.data())
 def test_checkpoint_loader_refuses_a_damaged_sidecar(ws, data):
     path = ws.checkpoint / ckpt.SIDECAR_FILE
-    raw, doc = genuine(path)
-    with ws.plant(path, data.draw(mutations(raw, doc)), marker=True):
+    with damaged(ws, data, path, marker=True):
         refused_cleanly(lambda: _load_and_check_stream(ws.checkpoint), ckpt.CheckpointError, str(ws.checkpoint))
 
 
@@ -610,13 +618,14 @@ RUN_FILES = ["recipe.json", "trajectory.jsonl", "commitment.json", "target.json"
 def test_audit_verify_turns_any_damage_into_findings(ws, data):
     rel = data.draw(st.sampled_from(RUN_FILES))
     path = ws.run / rel
-    raw = path.read_bytes()
-    doc = json.loads(raw) if rel.endswith(".json") else None
-    with ws.plant(path, data.draw(mutations(raw, doc)), marker=rel.endswith("sidecar.json")):
+    planted = damaged(ws, data, path, marker=rel.endswith("sidecar.json"))
+    with planted:
         with watchdog():
             rep = verify_run(ws.run, batches=False)
         text = rep.format()
-    assert rep.findings or rel in ("metrics.jsonl",) or raw == path.read_bytes()  # damage is seen (or harmless)
+    # damage is seen, unless nothing changed; metrics.jsonl and target.json are not evidence
+    # (not in the chain: verify reads neither), so damage there is harmless
+    assert rep.findings or rel in ("metrics.jsonl", "target.json") or planted.data == path.read_bytes()
     assert all("\n" not in line for line in text.splitlines())
 
 
@@ -633,7 +642,7 @@ def _certificate_checks(path: Path, run: Path, plan: Path):
         assert isinstance(report.format(), str)
     cert = cert_mod.load_certificate(path)
     for problems in (cert_mod.consistency_problems(cert), cert_mod.run_problems(cert, run)):
-        assert isinstance(problems, list) and all(isinstance(p, str) for p in problems)
+        assert_messages(problems)
     why = cert_mod.signature_problem(cert)
     assert why is None or isinstance(why, str)
     return cert
@@ -642,8 +651,7 @@ def _certificate_checks(path: Path, run: Path, plan: Path):
 @budget(300)
 @given(data=st.data())
 def test_certificate_reader_refuses_a_damaged_certificate(ws, data):
-    raw, doc = genuine(ws.cert)
-    with ws.plant(ws.cert, data.draw(mutations(raw, doc))):
+    with damaged(ws, data, ws.cert):
         refused_cleanly(lambda: _certificate_checks(ws.cert, ws.run, ws.plan), cert_mod.CertificateError,
                         str(ws.cert))
 
@@ -653,8 +661,7 @@ def _plan_checks(path: Path, cert: Path):
 
     plan = plan_mod.load_plan(path)
     assert isinstance(merge_certificates([cert], plan).format(), str)
-    problems = plan_mod.check_plan(plan)
-    assert isinstance(problems, list) and all(isinstance(p, str) for p in problems)
+    assert_messages(plan_mod.check_plan(plan))
     assert isinstance(plan_mod.format_plan(plan), str)
     return plan
 
@@ -662,8 +669,7 @@ def _plan_checks(path: Path, cert: Path):
 @budget(50)
 @given(data=st.data())
 def test_plan_reader_refuses_a_damaged_plan(ws, data):
-    raw, doc = genuine(ws.plan)
-    with ws.plant(ws.plan, data.draw(mutations(raw, doc))):
+    with damaged(ws, data, ws.plan):
         refused_cleanly(lambda: _plan_checks(ws.plan, ws.cert), plan_mod.PlanError, str(ws.plan))
 
 
@@ -677,10 +683,8 @@ def test_export_reader_refuses_a_damaged_export(ws, data):
 
     rel = data.draw(st.sampled_from(EXPORT_FILES))
     path = ws.export / rel
-    raw = path.read_bytes()
-    doc = json.loads(raw) if rel.endswith(".json") else None
     against = data.draw(st.sampled_from([None, ws.run]))
-    with ws.plant(path, data.draw(mutations(raw, doc))):
+    with damaged(ws, data, path):
         rep = refused_cleanly(lambda: verify_export(ws.export, against), UseError, str(ws.export))
         if rep is not None:
             assert isinstance(rep.format(), str)

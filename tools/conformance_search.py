@@ -7,7 +7,8 @@ Usage (from the repository root)::
     python3 -m tools.conformance_search --seed 7 --json deep.json
 
 For each op (``lockstep.contract.OP_NAMES``) it draws ``--examples`` calls
-with the op's strategy (``lockstep.conformance.search``) and runs each on the spec and
+with the op's strategy (its record's ``draw``, ``lockstep/conformance/ops/<spec module>.py``;
+run by ``lockstep.conformance.search``) and runs each on the spec and
 on every backend ``get_backend`` can build here (the spec's own ``asarray`` path
 included), requiring the spec's bytes or the spec's exception type. Examples are
 counted as the search runs them: ``examples`` (calls run before any disagreement),
@@ -18,8 +19,9 @@ stops at the first and shrinks it; the shrunk call is printed and kept in the JS
 The search explores from ``--seed`` (so a run is reproducible from its seed) and keeps
 Hypothesis's example database in ``--database`` (default ``.hypothesis/deep``, ignored
 by git and absent from CI's clean clone), so a disagreement found once is tried
-first on the next run. Add every shrunk disagreement to the conformance cases
-(``lockstep/conformance/inputs.py``, "Regressions found by the conformance search").
+first on the next run. Add every shrunk disagreement to its op's record
+(``lockstep/conformance/ops/<spec module>.py``: ``regressions`` for a call the spec
+answers, ``refusals`` for one it refuses).
 
 Progress (one line per op, with the time taken) goes to stderr; the table to stdout.
 Exit status 1 when any op disagrees.

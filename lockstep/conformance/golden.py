@@ -120,11 +120,16 @@ def parse_golden(text: str, source: str = "golden file") -> dict[tuple[str, str]
             table[(parts[0], parts[1])] = parts[2]
         else:
             raise ValueError(f"{source}:{lineno}: cannot parse {raw!r}")
-    if header.get("format") != str(GOLDEN_FORMAT):
-        raise ValueError(f"{source}: unsupported golden format {header.get('format')!r} (expected {GOLDEN_FORMAT})")
+    _check_header(header, "golden", GOLDEN_FORMAT, source)
+    return table
+
+
+def _check_header(header: dict[str, str], what: str, expected_format: int, source: str) -> None:
+    """Refuse a file of another format or another SPEC_VERSION."""
+    if header.get("format") != str(expected_format):
+        raise ValueError(f"{source}: unsupported {what} format {header.get('format')!r} (expected {expected_format})")
     if header.get("spec_version") != spec.SPEC_VERSION:
         raise ValueError(f"{source}: written for SPEC_VERSION {header.get('spec_version')!r}, this is {spec.SPEC_VERSION!r}")
-    return table
 
 
 # ---------------------------------------------------------------- the inputs file
@@ -251,10 +256,7 @@ def parse_inputs(text: str, source: str = "inputs file") -> list[tuple[str, str,
             rows.append((parts[0], parts[1], parts[2], decode_arguments(parts[3:], f"{source}:{lineno}")))
         else:
             raise ValueError(f"{source}:{lineno}: cannot parse {raw[:80]!r}")
-    if header.get("format") != str(INPUTS_FORMAT):
-        raise ValueError(f"{source}: unsupported inputs format {header.get('format')!r} (expected {INPUTS_FORMAT})")
-    if header.get("spec_version") != spec.SPEC_VERSION:
-        raise ValueError(f"{source}: written for SPEC_VERSION {header.get('spec_version')!r}, this is {spec.SPEC_VERSION!r}")
+    _check_header(header, "inputs", INPUTS_FORMAT, source)
     return rows
 
 

@@ -78,95 +78,17 @@ def random_uint32(seed: int, purpose: tuple, shape) -> np.ndarray:
     return _stream(seed, *purpose).uint32(0, n).reshape(shape)
 
 
-# ---------------------------------------------------------------------------------
-# Regressions found by the conformance search (lockstep/conformance/search.py)
-# ---------------------------------------------------------------------------------
-# Every call on which the search (tests/test_conformance_search.py, or
-# `python3 -m tools.conformance_search`) found a backend disagreeing with the spec,
-# as Hypothesis shrank it; where it came from in the comment. Calls the spec answers
-# are conformance cases of their op (label "search-..."; ``registry.register`` adds
-# them to every record, so every backend's `lockstep conformance` runs them). Calls
-# the spec refuses are refusal cases: the conformance runner (``runner._check_refusals``)
-# and tests/test_conformance_search.py check that every backend raises the spec's
-# exception type for each.
+def random_ids(seed: int, purpose: tuple, shape, vocab: int) -> np.ndarray:
+    """int64 token ids in [0, vocab): uint32 values modulo vocab."""
+    return (random_uint32(seed, purpose, shape) % np.uint32(vocab)).astype(np.int64)
 
-def _f32_zeros(*shape) -> np.ndarray:
+
+def model_dims(level: int) -> list[tuple[int, ...]]:
+    """Shapes of the model ops' cases, ``(B, T, D, H, G, Dh, F, V)``: one small set, and a larger one at level 2."""
+    small = (2, 8, 16, 4, 2, 4, 24, 40)
+    return [small] if level <= 1 else [small, (2, 64, 64, 4, 1, 16, 96, 264)]
+
+
+def f32_zeros(*shape: int) -> np.ndarray:
+    """float32 zeros of ``shape`` (the search's regressions are mostly empty or zero arrays)."""
     return np.zeros(shape, dtype=np.float32)
-
-
-def search_regressions() -> dict[str, list[tuple[str, tuple, dict]]]:
-    """op -> [(label, args, kwargs)]: calls the spec answers, each once a disagreement."""
-    ids = np.zeros((1, 1), dtype=np.int64)
-    return {
-        # numba: swiglu with F = 0 raised "cannot reshape array of size 0" (suite search, fixed in the props branch)
-        "swiglu_forward": [("search-F0", (_f32_zeros(0),), {}), ("search-F0-rows", (_f32_zeros(3, 0),), {})],
-        "swiglu_backward": [("search-F0", (_f32_zeros(0), _f32_zeros(0)), {})],
-        # numba: rope with T = 0 raised the same reshape error (props branch)
-        # and opencl refused tables that broadcast to x's rows (the spec and numba accept them); found by
-        # the suite's search after the props merge: rope_forward(float32[0, 2], float32[1, 1], float32[1, 1])
-        "rope_backward": [("search-T0", (_f32_zeros(2, 0, 4), _f32_zeros(0, 2), _f32_zeros(0, 2)), {})],
-        "rope_forward": [("search-T0", (_f32_zeros(2, 0, 4), _f32_zeros(0, 2), _f32_zeros(0, 2)), {}),
-                         ("search-T0-row-table", (_f32_zeros(0, 2), _f32_zeros(1, 1), _f32_zeros(1, 1)), {}),
-                         ("search-row-table", (np.arange(12, dtype=np.float32).reshape(3, 4) - 5,
-                                               np.full((1, 2), 0.5, np.float32), np.full((1, 2), -0.25, np.float32)),
-                          {})],
-        # opencl (kernels branch, PoCL): raised "cannot reshape array of size 0 into shape (-1, 1, 0)";
-        # fixed in kernels/ops.py after the merge (an empty batched result returns at once)
-        "int8_matmul": [("search-empty-batch", (np.zeros((1, 0), np.int8), np.zeros((1, 0, 0), np.int8)), {}),
-                        ("search-empty-batch-b", (np.zeros((1, 1, 0), np.int8), np.zeros((0, 0), np.int8)), {}),
-                        # numba's VNNI path (tax branch), found by the suite's search after the merge: K = 0
-                        # raised "cannot reshape array of size 0 into shape (1,0)" (reshape(-1, m, k))
-                        ("search-K0", (np.zeros((1, 0), np.int8), np.zeros((0, 1), np.int8)), {})],
-        # opencl returned zeros where the spec and numba raised a reshape error for D = 0;
-        # the spec now gives the empty result (props branch)
-        "column_sum": [("search-D0", (_f32_zeros(1, 1, 0),), {})],
-        # opencl decided "decay or not" on the raw weight decay: a subnormal one (read as zero by the
-        # spec, so no decay term) gave 0 * inf = NaN for an infinite p (deep conformance search, seed 0)
-        "adamw_update": [("search-subnormal-decay",
-                          (np.full(31, np.inf, np.float32), _f32_zeros(31), _f32_zeros(31), _f32_zeros(31),
-                           *(np.uint32(b).view(np.float32) for b in (0x3B449BA6, 0x3F666666, 0x3F733333, 0x3DCCCCCD,
-                                                                      0x3D4CCCCD, 0x322BCC77, 0x00000001, 0x3E8AC083,
-                                                                      0x3DC7AE14))), {})],
-        "embedding_backward": [("search-D0", (_f32_zeros(1, 1, 0), ids, 1), {})],
-    }
-
-
-def search_refusal_regressions() -> list[tuple[str, str, tuple, dict]]:
-    """[(op, label, args, kwargs)]: calls the spec refuses (ValueError/TypeError), each once a
-    disagreement: a backend answered, or raised another exception type."""
-    one = _f32_zeros(1, 1, 1, 1)
-    return [
-        # spec raised IndexError; numba ValueError (suite search)
-        ("embedding_backward", "search-more-ids-than-rows", (_f32_zeros(1, 1, 1), np.zeros((1, 2), np.int64), 1), {}),
-        # spec returned a (4,) result for F = 1 with a (2,) dh; numba raised (suite search)
-        ("swiglu_backward", "search-dh-too-wide", (_f32_zeros(2), _f32_zeros(2)), {}),
-        # spec broadcast x (T = 1) against (2, 0) tables; numba returned (1, 0) (conformance_search --seed 11)
-        ("rope_forward", "search-table-rows", (_f32_zeros(1, 0), _f32_zeros(2, 0), _f32_zeros(2, 0)), {}),
-        # numba answered with k of head dim 2 for q of head dim 1; the spec refused (conformance_search --seed 11)
-        ("attention_forward", "search-k-head-dim", (one, _f32_zeros(1, 1, 1, 2), one, None), {}),
-        ("attention_backward", "search-k-head-dim",
-         (one, one, _f32_zeros(1, 1, 1, 2), one, one, _f32_zeros(1, 1, 1), _f32_zeros(1, 1, 1), None), {}),
-        # numba answered with dy (1, 2) for w (1, 1); the spec refused (conformance_search --seed 11)
-        ("int8_linear_backward", "search-dy-width", (_f32_zeros(1, 2), _f32_zeros(1, 1), _f32_zeros(1, 1), False), {}),
-        # spec returned an empty result for an odd head dim; numba refused (suite search)
-        ("rope_forward", "search-odd-head-dim", (_f32_zeros(0, 1), _f32_zeros(0, 0), _f32_zeros(0, 0)), {}),
-        # opencl (kernels branch) answered an axis out of range, or raised ValueError where the
-        # spec raises NumPy's AxisError (conformance_search --seed 21 --examples 300)
-        ("lane_tree_sum", "search-axis-out-of-range", (_f32_zeros(0),), {"axis": 1}),
-        ("max", "search-axis-out-of-range", (_f32_zeros(0),), {"axis": 1}),
-        ("argmax", "search-axis-out-of-range", (_f32_zeros(0),), {"axis": 1}),
-        # opencl answered Dh = 0 and an odd SwiGLU width, which the spec now refuses (same run)
-        ("attention_forward", "search-head-dim-0", (_f32_zeros(1, 1, 1, 0),) * 3, {"window": None}),
-        ("swiglu_forward", "search-odd-width", (_f32_zeros(1),), {}),
-        ("swiglu_backward", "search-odd-width", (_f32_zeros(0), _f32_zeros(1)), {}),
-        # the spec and numba broadcast a size-1 operand where the contract means one value per column,
-        # row or element; opencl refused (tools/conformance_search deep profile, seed 0): now refused alike
-        ("rmsnorm_forward", "search-gain-broadcast", (_f32_zeros(0), _f32_zeros(1), 1e-6), {}),
-        ("rmsnorm_forward", "search-gain-broadcast-rows", (_f32_zeros(2, 3), np.ones(1, np.float32), 1e-6), {}),
-        ("rmsnorm_backward", "search-gain-broadcast", (_f32_zeros(0), _f32_zeros(0), _f32_zeros(1), _f32_zeros()), {}),
-        ("cross_entropy_backward", "search-lse-broadcast",
-         (_f32_zeros(0, 1), np.zeros(0, np.int64), _f32_zeros(1), 1e-4, np.float32(0)), {}),
-        ("adamw_update", "search-g-broadcast",
-         (_f32_zeros(0), _f32_zeros(1), _f32_zeros(0), _f32_zeros(0), *(np.float32(x) for x in
-          (1e-3, 0.9, 0.95, 0.1, 0.05, 1e-8, 0.1, 0.1, 0.05))), {}),
-    ]

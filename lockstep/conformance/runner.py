@@ -6,9 +6,10 @@ in hex with their inputs, up to ``max_errors``. The spec's own outputs are check
 against the committed golden vectors first (at the golden seed and level), so a
 machine whose NumPy misbehaves is caught even when the spec is the backend under test.
 
-Errors are compared too: each op's refusal cases (``inputs.search_refusal_regressions``,
-bad inputs the spec refuses with ValueError or TypeError through ``spec.checks``) must
-raise the spec's exception type on the backend, not another type and not a result.
+Errors are compared too: each op's refusal cases (its record's ``refusals``, in
+``ops/<spec module>.py``: bad inputs the spec refuses with ValueError or TypeError
+through ``spec.checks``) must raise the spec's exception type on the backend, not
+another type and not a result.
 """
 
 from __future__ import annotations
@@ -24,8 +25,7 @@ from lockstep.backends import Backend
 from lockstep.contract import move_arguments, result_problem, signature_problem
 
 from . import golden
-from .inputs import search_refusal_regressions
-from .registry import Case, all_records, as_outputs, describe_inputs
+from .registry import Case, OpRecord, all_records, as_outputs, describe_inputs
 
 
 @dataclass
@@ -84,7 +84,7 @@ def _refusal_problem(backend: Backend, op: str, fn, args: tuple, kwargs: dict) -
     """Why the backend does not refuse this bad input as the spec does (None when it does)."""
     try:
         getattr(spec, op)(*args, **kwargs)
-        return "the spec answers this refusal case (inputs.search_refusal_regressions is out of date)"
+        return "the spec answers this refusal case (the record's refusals are out of date)"
     except (ValueError, TypeError) as e:
         want = e
     try:
@@ -97,15 +97,13 @@ def _refusal_problem(backend: Backend, op: str, fn, args: tuple, kwargs: dict) -
     return f"returned a result; the spec raises {type(want).__name__} ({want})"
 
 
-def _check_refusals(backend: Backend, op: str, fn, res: OpResult) -> None:
+def _check_refusals(backend: Backend, rec: OpRecord, fn, res: OpResult) -> None:
     """Run the op's refusal cases: the backend must raise the spec's exception type for each."""
-    for case_op, label, args, kwargs in search_refusal_regressions():
-        if case_op != op:
-            continue
-        problem = _refusal_problem(backend, op, fn, args, kwargs)
+    for case in rec.refusals():
+        problem = _refusal_problem(backend, rec.name, fn, case.args, case.kwargs)
         if problem:
             res.status = "FAIL" if res.status == "PASS" else res.status
-            res.messages.append(f"  {label} (a refusal): {problem}")
+            res.messages.append(f"  {case.label} (a refusal): {problem}")
         else:
             res.refusals += 1
 
@@ -189,7 +187,7 @@ def run_conformance(backend: Backend, level: int = 1, seed: int = 0, max_errors:
                     lines = _first_mismatches(w, g, Case(f"{case.label}[out{k}]", case.args), max(errors_left, 0))
                     errors_left -= len(lines) - 1
                     res.messages.extend(lines)
-        _check_refusals(backend, rec.name, fn, res)
+        _check_refusals(backend, rec, fn, res)
         if golden_ok is False:
             res.status = "FAIL"
             res.golden = "DIFFER"

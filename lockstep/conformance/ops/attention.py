@@ -1,0 +1,153 @@
+"""Conformance of ``spec.attention``: attention_forward, attention_backward (GQA, causal or sliding window).
+
+Causal and window-3 cases at the model shapes, plus two built to catch a kernel that
+computes masked pairs (they are absent, not zero-weighted): one whose sum flushes to
+-0.0, one with +inf in a value only the last query may see. The search adds H not a
+multiple of G, Dh = 0, k and v of another T or head dim (refused), windows at every
+edge, and o, m, l that the forward did not make.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from lockstep import spec
+
+from .. import inputs as gen
+from ..draws import Viewed, canonical_host, composite, f32_array, mismatched, rarely, sometimes, st
+from ..registry import Case, OpRecord, register
+
+
+def _attn_inputs(seed, dims, tag):
+    b, t, d, h, g, dh, *_rest = dims
+    q = gen.random_uniform(seed, (tag, "q", t), (b, h, t, dh), -2, 2)
+    k = gen.random_uniform(seed, (tag, "k", t), (b, g, t, dh), -2, 2)
+    v = gen.random_uniform(seed, (tag, "v", t), (b, g, t, dh), -2, 2)
+    return q, k, v
+
+
+def _masked_negzero_inputs():
+    """q = k = 0, so p splits evenly; query 1 sums 0.5*v0 + 0.5*v1 = -2**-148, which flushes to -0.0.
+
+    Masked pairs are absent (SPEC_VERSION 2), so it stays -0.0; a kernel that adds a masked
+    +0 * v2 term makes it +0.0. Backward (window 2): key 0 gets 1*do0 + 0.5*do1 = -2**-148
+    from its allowed queries 0 and 1 (query 2 is masked for it).
+    """
+    f = np.float32
+    z = np.zeros((1, 1, 3, 1), f)
+    v = np.array([2.0**-125, -(2.0**-125 + 2.0**-147), 1.0], f).reshape(1, 1, 3, 1)
+    do = np.array([2.0**-126, -(2.0**-125 + 2.0**-147), 1.0], f).reshape(1, 1, 3, 1)
+    return z, v, do
+
+
+def _masked_inf_inputs(seed):
+    """v is +inf at the last key: only the last query may attend it, so every other output is finite
+    (a kernel that multiplies masked zeros by v gets NaN there)."""
+    q = gen.random_uniform(seed, ("attn-inf", "q"), (1, 2, 6, 4), -2, 2)
+    k = gen.random_uniform(seed, ("attn-inf", "k"), (1, 1, 6, 4), -2, 2)
+    v = gen.random_uniform(seed, ("attn-inf", "v"), (1, 1, 6, 4), -2, 2)
+    v[0, 0, 5, :] = np.inf
+    return q, k, v
+
+
+def _attn_fwd_cases(seed, level):
+    out = []
+    for dims in gen.model_dims(level):
+        q, k, v = _attn_inputs(seed, dims, "attn")
+        t = dims[1]
+        out.append(Case(f"causal-T{t}", (q, k, v, None)))
+        out.append(Case(f"window3-T{t}", (q, k, v, 3)))
+    z, v, _ = _masked_negzero_inputs()
+    out.append(Case("masked-absent-negzero", (z, z, v, None)))
+    q, k, v = _masked_inf_inputs(seed)
+    out.append(Case("masked-absent-inf", (q, k, v, None)))
+    return out
+
+
+def _attn_bwd_cases(seed, level):
+    out = []
+    for dims in gen.model_dims(level):
+        q, k, v = _attn_inputs(seed, dims, "attnb")
+        t = dims[1]
+        for window in (None, 3):
+            o, m, l = spec.attention_forward(q, k, v, window)
+            do = gen.random_uniform(seed, ("attnb-do", t, window or 0), o.shape)
+            out.append(Case(f"{'causal' if window is None else 'window3'}-T{t}", (do, q, k, v, o, m, l, window)))
+    z, _, do = _masked_negzero_inputs()
+    ones = np.ones((1, 1, 3, 1), np.float32)
+    o, m, l = spec.attention_forward(z, z, ones, 2)
+    out.append(Case("masked-absent-negzero", (do, z, z, ones, o, m, l, 2)))
+    q, k, v = _masked_inf_inputs(seed)
+    o, m, l = spec.attention_forward(q, k, v, None)
+    do = gen.random_uniform(seed, ("attn-inf", "do"), o.shape)
+    out.append(Case("masked-absent-inf", (do, q, k, v, o, m, l, None)))
+    return out
+
+
+# ---------------------------------------------------------------- search
+
+@composite
+def _attention_dims(draw):
+    g = draw(st.integers(1, 2))
+    rep = draw(st.integers(1, 3))
+    h = g * rep + 1 if rarely(draw) else g * rep  # H not a multiple of G: refused
+    t = draw(st.one_of(st.sampled_from((1, 2, 31, 32, 33, 40)), st.integers(1, 40)))
+    dh = 0 if rarely(draw) else draw(st.sampled_from((1, 2, 3, 4, 8)))  # Dh = 0: refused
+    return draw(st.integers(1, 2)), h, g, t, dh
+
+
+def _window(draw, t: int):
+    return draw(st.one_of(st.none(), st.sampled_from(sorted({0, 1, 2, 3, t - 1, t, t + 1, -1, 31, 32, 33})), st.integers(0, t + 2)))
+
+
+@composite
+def _qkv(draw, dims, profile="finite"):
+    b, h, g, t, dh = dims
+    k_shape = (b, g, mismatched(draw, t), mismatched(draw, dh))
+    return tuple(draw(f32_array(s, profile)) for s in ((b, h, t, dh), k_shape, (b, g, t, dh)))
+
+
+def _draw_forward(draw, op):
+    dims = draw(_attention_dims())
+    profile = draw(st.sampled_from(("finite", "finite", "wild", "tiny")))
+    q, k, v = draw(_qkv(dims, profile))
+    window = _window(draw, dims[3])
+    return ((q, k, v, window), {}) if draw(st.booleans()) else ((q, k, v), {"window": window})
+
+
+def _draw_backward(draw, op):
+    dims = draw(_attention_dims())
+    b, h, g, t, dh = dims
+    profile = draw(st.sampled_from(("finite", "finite", "wild", "tiny")))
+    q, k, v = draw(_qkv(dims, profile))
+    window = _window(draw, t)
+    do = draw(f32_array((b, h, t, mismatched(draw, dh)), profile))
+    k_shape = (k.value if isinstance(k, Viewed) else k).shape
+    if h % g == 0 and dh > 0 and k_shape[2:] == (t, dh) and not sometimes(draw):  # o, m, l as the forward makes them
+        o, m, l = spec.attention_forward(canonical_host(q), canonical_host(k), canonical_host(v), window)
+    else:
+        o, m, l = draw(f32_array((b, h, t, dh), profile)), draw(f32_array((b, h, t), profile)), draw(f32_array((b, h, mismatched(draw, t))))
+    return (do, q, k, v, o, m, l, window), {}
+
+
+# ---------------------------------------------------------------- regressions found by the search
+# numba answered with k of head dim 2 for q of head dim 1; the spec refused (conformance_search --seed 11)
+
+def _one():
+    return gen.f32_zeros(1, 1, 1, 1)
+
+
+def _forward_refusals():
+    return [Case("search-k-head-dim", (_one(), gen.f32_zeros(1, 1, 1, 2), _one(), None)),
+            # opencl answered Dh = 0, which the spec now refuses (conformance_search --seed 21 --examples 300)
+            Case("search-head-dim-0", (gen.f32_zeros(1, 1, 1, 0),) * 3, {"window": None})]
+
+
+def _backward_refusals():
+    return [Case("search-k-head-dim", (_one(), _one(), gen.f32_zeros(1, 1, 1, 2), _one(), _one(),
+                                       gen.f32_zeros(1, 1, 1), gen.f32_zeros(1, 1, 1), None))]
+
+
+register(OpRecord("attention_forward", _attn_fwd_cases, draw=_draw_forward, search_cost=4, refusals=_forward_refusals))
+register(OpRecord("attention_backward", _attn_bwd_cases, draw=_draw_backward, search_cost=8,
+                  refusals=_backward_refusals))

@@ -116,7 +116,7 @@ def worker(max_bytes: int, out_json: str) -> None:
     keep_freed_memory()  # as the trainer does
     numba_be = get_backend("numba")
     adds = {"numba": numba_be.add, "numpy": np.add}
-    adds_into = {"numba": numba_be.extras["add_into"], "numpy": lambda a, b, out: np.add(a, b, out=out)}
+    adds_into = {"numba": numba_be.capabilities.add_into, "numpy": lambda a, b, out: np.add(a, b, out=out)}
     real_fits = collectives._power_of_two_fits
     rows = []
 

@@ -61,7 +61,7 @@ def measure(repeats: int, steps: int) -> dict:
     from lockstep.train.step import state_tensors
 
     ocl, nb, sp = get_backend("opencl"), get_backend("numba"), get_backend("spec")
-    rt = ocl.extras["runtime"]
+    rt = ocl.capabilities.kernel_runtime
     out = {"device": ocl.description, "numba": nb.description, "ops": []}
 
     def as_tuple(r, be):

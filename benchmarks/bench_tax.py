@@ -137,7 +137,7 @@ class LockstepSide:
             return call
 
         ops = {name: timed(FAMILIES.get(name, OPTIM_FAMILY), fn) for name, fn in self.be.ops.items()}
-        be = Backend(name="numba", ops=ops, asarray=self.be.asarray, to_numpy=self.be.to_numpy, extras=self.be.extras)
+        be = Backend(name="numba", ops=ops, asarray=self.be.asarray, to_numpy=self.be.to_numpy, info=self.be.info, capabilities=self.be.capabilities)
         real_gemm = int8gemm.matmul_rescaled
         int8gemm.matmul_rescaled = timed(GEMM_FAMILY, real_gemm)
         try:

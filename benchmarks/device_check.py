@@ -134,7 +134,7 @@ def section_versions(work: Path) -> dict:
 
         be = get_backend("cuda")
         out["backend"] = be.description
-        out["kernel_cache"] = be.extras.get("kernel_cache")
+        out["kernel_cache"] = be.info.get("kernel_cache")
     except Exception as e:  # noqa: BLE001
         out["backend"] = f"unavailable: {type(e).__name__}: {e}"
     out["backend_seconds"] = round(time.perf_counter() - t0, 2)

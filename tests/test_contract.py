@@ -196,3 +196,21 @@ def test_sum_of_squares_cases_separate_the_blocked_order_from_one_lane_tree():
             assert blocked == one_tree, case.label
         else:
             assert blocked != one_tree, case.label
+
+
+def test_capabilities_are_typed_and_info_is_only_facts():
+    """What a backend offers beyond its ops is a typed ``Capabilities``; ``info`` holds no callables."""
+    from lockstep.contract.capabilities import Capabilities
+
+    for name in KNOWN_BACKENDS:
+        try:
+            be = get_backend(name)
+        except BackendUnavailable:
+            continue
+        assert isinstance(be.capabilities, Capabilities), name
+        assert not any(callable(v) for v in be.info.values()), (name, be.info)
+        for cap in be.capabilities.offered():
+            assert cap in Capabilities.__dataclass_fields__, (name, cap)
+    numba = pytest.importorskip("numba") and get_backend("numba")
+    assert numba.capabilities.offered() == ["add_into", "weights_unchanged", "watch_compilation"]
+    assert get_backend("spec").capabilities.offered() == []

@@ -228,7 +228,7 @@ transcendental.check_exp_fast(stride=1 << 20)
 import numpy as np
 a, b = np.arange(5000, dtype=np.float32), np.ones(5000, np.float32)
 for out in (np.empty_like(a), a, b):  # the add_into extra's three kernels (the trainer's in-place sums)
-    be.extras["add_into"](a, b, out)
+    be.capabilities.add_into(a, b, out)
 found = {}
 for info in pkgutil.iter_modules(pkg.__path__):
     mod = importlib.import_module(f"{pkg.__name__}.{info.name}")

@@ -19,6 +19,7 @@ import pytest
 from have_mpi import needs_mpi
 from killpoint import Paused, read_until
 
+from lockstep.contract.capabilities import Capabilities
 from lockstep.cli import main
 from lockstep.formats import checkpoint as ckpt
 from lockstep.formats.rundir import Strictness, read_trajectory
@@ -316,7 +317,7 @@ def test_first_step_announces_kernel_compilation(tmp_path, corpus, monkeypatch):
         first_element(a)
         return spec.add(a, b)
 
-    fake = Backend("numba", ops={**spec.ops, "add": add}, extras={"watch_compilation": watch_compilation})
+    fake = Backend("numba", ops={**spec.ops, "add": add}, capabilities=Capabilities(watch_compilation=watch_compilation))
     monkeypatch.setattr(backends, "get_backend", lambda name: fake)
     out = tmp_path / "run"
     said = []  # each message with the number of steps recorded when it was said

@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from lockstep.contract.capabilities import Capabilities
 from lockstep.backends import get_backend
 from lockstep.spec import fp, tree
 from lockstep.train.collectives import tree_allreduce
@@ -47,7 +48,7 @@ def numba_be():
 
 
 def test_add_into_gives_the_bits_of_add_whichever_operand_it_overwrites(numba_be):
-    add_into = numba_be.extras["add_into"]
+    add_into = numba_be.capabilities.add_into
     a, b = _special_operands(100_003, 1)  # odd length: a short last block
     want = _bits(fp.add(a, b))
     assert _bits(numba_be.add(a, b)) == want
@@ -65,7 +66,7 @@ def test_add_into_gives_the_bits_of_add_whichever_operand_it_overwrites(numba_be
 
 
 def test_add_into_refuses_what_it_cannot_write_in_place(numba_be):
-    add_into = numba_be.extras["add_into"]
+    add_into = numba_be.capabilities.add_into
     a = np.ones(8, F32)
     with pytest.raises(TypeError):
         add_into(a, a.astype(np.float64), a)
@@ -125,7 +126,7 @@ def test_in_place_sums_from_a_reused_pool_are_the_spec_tree(numba_be, m):
 
 
 def test_a_backend_without_add_into_adds_through_its_own_add(numba_be):
-    be = dataclasses.replace(numba_be, extras={})
+    be = dataclasses.replace(numba_be, capabilities=Capabilities())
     pool = VectorPool(5)
     a, b = pool.take(), pool.take()
     a[:], b[:] = np.array([1, 2**-24, -0.0, 3e38, 1], F32), np.array([2**-24, 1, 0.0, 3e38, -1], F32)
@@ -218,8 +219,8 @@ def test_weights_quantized_once_inside_the_scope_give_the_same_bits(numba_be, mo
     calls = []
     real = quant.weight_scale
     monkeypatch.setattr(quant, "weight_scale", lambda w2: calls.append(1) or real(w2))
-    with numba_be.extras["weights_unchanged"]():
-        with numba_be.extras["weights_unchanged"]():  # nested: the outer block owns the memo
+    with numba_be.capabilities.weights_unchanged():
+        with numba_be.capabilities.weights_unchanged():  # nested: the outer block owns the memo
             pass
         got = [(_bits(numba_be.int8_linear_forward(x, w)),) + tuple(_bits(g) for g in numba_be.int8_linear_backward(dy, x, w))
                for x, dy in zip(xs, dys)]
@@ -233,6 +234,6 @@ def test_weights_quantized_once_inside_the_scope_give_the_same_bits(numba_be, mo
     assert len(calls) == 4  # outside the block every call quantizes its weight
     kept: dict = {}  # a memo the caller keeps across blocks (the sampler's cached model does)
     for i, x in enumerate(xs):
-        with numba_be.extras["weights_unchanged"](kept):
+        with numba_be.capabilities.weights_unchanged(kept):
             assert _bits(numba_be.int8_linear_forward(x, w)) == want[i][0]
     assert len(calls) == 5 and quant._memo is None

@@ -23,6 +23,7 @@ from typing import Any, Callable
 import numpy as np
 
 from lockstep.contract import OP_NAMES, BackendUnavailable
+from lockstep.contract.capabilities import NO_CAPABILITIES, Capabilities
 
 __all__ = ["Backend", "BackendUnavailable", "BACKEND_ALIASES", "BACKEND_MODULES", "FASTEST_FIRST", "KNOWN_BACKENDS", "get_backend", "spec_backend"]
 
@@ -49,7 +50,8 @@ class Backend:
     asarray: Callable[[np.ndarray], Any] = np.asarray
     to_numpy: Callable[[Any], np.ndarray] = np.asarray
     description: str = ""
-    extras: dict[str, Any] = field(default_factory=dict)
+    info: dict[str, Any] = field(default_factory=dict)  # facts for reports (threads, device, arch): never callables
+    capabilities: Capabilities = NO_CAPABILITIES  # what it offers beyond its ops (``lockstep.contract.capabilities``)
 
     def implements(self, op: str) -> bool:
         return op in self.ops

@@ -187,14 +187,14 @@ def div_extremes_check(ops, n: int, rng: np.random.Generator) -> dict:
 
 
 def probe(backend, n: int = 10**6, seed: int = 0, sqrt_count: int = 1 << 24) -> dict:
-    """The flush probe on a backend built from the shared kernels (its ``extras["runtime"]``).
+    """The flush probe on a backend built from the shared kernels (its capability ``kernel_runtime``).
 
     Returns ``{"vectors": {label: {...}}, "random": {"mul": classify(...), "div": ...},
     "rounding": {"sqrt": ..., "div_extreme_divisors": ...}, "verdict": "...", "ops_equal_spec": bool,
     "seconds": ...}``."""
     from lockstep.backends.kernels.backend import ops_for
 
-    runtime = backend.extras.get("runtime")
+    runtime = backend.capabilities.kernel_runtime
     if runtime is None:
         raise ValueError(f"backend {backend.name!r} is not built from the shared kernels; the flush probe needs one")
     ops = ops_for(runtime)

@@ -161,11 +161,12 @@ def build_report(backend_name: str, level: int = 2, seed: int = 0, probe_pairs: 
         report["verdict"] = f"UNAVAILABLE: {report['self_test']['reason']}"
         return report
     report["description"] = backend.description
-    report["extras"] = {k: v for k, v in backend.extras.items() if isinstance(v, (str, int, float, bool, list))}
+    report["info"] = {k: v for k, v in backend.info.items() if isinstance(v, (str, int, float, bool, list))}
+    report["capabilities"] = backend.capabilities.offered()
     _say(f"conformance level {level}")
     report["conformance"] = conformance_section(backend, level, seed)
     report["training"] = training_section(backend_name, runs)
-    if "runtime" in backend.extras:
+    if backend.capabilities.kernel_runtime is not None:
         _say(f"flush probe: V1-V4, {probe_pairs} random products and quotients near 2**-126, sqrt on {sqrt_count} inputs")
         try:
             report["flush_probe"] = flush_probe.probe(backend, n=probe_pairs, sqrt_count=sqrt_count)

@@ -122,7 +122,7 @@ def in_place_add(backend, pool: VectorPool):
     (the backend's ``add_into`` extra where it has one, else its ``add`` and a copy), and
     ``right`` given back to the pool. The same bits as ``backend.add``."""
     be = backend
-    add_into = be.extras.get("add_into")
+    add_into = be.capabilities.add_into
 
     def add(left: np.ndarray, right: np.ndarray) -> np.ndarray:
         if add_into is not None:
@@ -162,7 +162,7 @@ def subtree_sums(params: dict, windows: np.ndarray, plan: StepPlan, lo: int, hi:
     layout = GradLayout.of(cfg)
     pool = pool if pool is not None else VectorPool(layout.size)
     folder = tree.TreeFolder(len(bounds), in_place_add(be, pool), start=lo)
-    same_weights = be.extras.get("weights_unchanged", contextlib.nullcontext)
+    same_weights = be.capabilities.weights_unchanged or contextlib.nullcontext
     with same_weights():  # every micro-batch reads the same parameters: a backend may quantize them once
         for j in range(lo, hi):
             start, stop = bounds[j]

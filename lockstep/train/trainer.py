@@ -355,7 +355,7 @@ def _run_loop(comm, rank, world, run_dir: Path, st: _Start, be, checkpoint_every
             parts = subtree_sums(params, windows, plan, lo, hi, cfg, tcfg, be, pool)
             if world > 1:
                 summed = tree_allreduce(comm, parts, m, layout.size, be.add, out=pool.take(),
-                                        add_into=be.extras.get("add_into"))
+                                        add_into=be.capabilities.add_into)
                 pool.give(*(v for _, _, v in parts))
             else:
                 [(_, _, summed)] = parts
@@ -410,7 +410,7 @@ def _say_idle_ranks(tcfg: TrainConfig, seq_len: int, first: int, last: int, worl
 @contextlib.contextmanager
 def _compile_notice(be, say, first: bool):
     """Around the first step of a process: say when kernel compilation starts, and what it cost."""
-    watch = be.extras.get("watch_compilation") if first else None
+    watch = be.capabilities.watch_compilation if first else None
     if watch is None:
         yield
         return

@@ -114,7 +114,7 @@ class CachedModel:
     def __init__(self, params: dict, cfg: ModelConfig, backend):
         self.cfg, self.be = cfg, backend
         self.P = device_params(params, backend)
-        keep = backend.extras.get("weights_unchanged")
+        keep = backend.capabilities.weights_unchanged
         self._weight_forms: dict = {}
         self._same_weights = (lambda: keep(self._weight_forms)) if keep is not None else contextlib.nullcontext
         cos, sin = _rope(cfg.seq_len, cfg.head_dim, cfg.rope_theta)

@@ -15,6 +15,7 @@ from typing import Callable
 
 from lockstep import spec
 from lockstep.backends import Backend
+from lockstep.contract.capabilities import Capabilities
 from lockstep.contract import BackendUnavailable
 
 from .attention import AttentionOps
@@ -107,9 +108,10 @@ def open_runtime(backend: str, key, build: Callable[[], object], *, explain: Cal
     return rt
 
 
-def kernel_backend(runtime, name: str, extras: dict | None = None, self_test: bool = True):
-    """A ``lockstep.backends.Backend`` over ``runtime``: every spec op, ``asarray`` and ``to_numpy``."""
+def kernel_backend(runtime, name: str, info: dict | None = None, self_test: bool = True):
+    """A ``lockstep.backends.Backend`` over ``runtime``: every spec op, ``asarray`` and ``to_numpy``; its
+    capability ``kernel_runtime`` is ``runtime`` (the flush probe and the device report read it)."""
     ops = ops_for(runtime)
-    extras = dict(extras or {}, runtime=runtime, self_test="passed" if self_test else "skipped")
+    info = dict(info or {}, self_test="passed" if self_test else "skipped")
     return Backend(name=name, ops={op: getattr(ops, op) for op in spec.OPS}, asarray=ops.asarray, to_numpy=ops.to_numpy,
-                   description=runtime.description, extras=extras)
+                   description=runtime.description, info=info, capabilities=Capabilities(kernel_runtime=runtime))

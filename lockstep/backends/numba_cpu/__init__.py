@@ -65,6 +65,7 @@ use_source_keyed_cache()
 
 from lockstep import spec
 from lockstep.contract import OP_NAMES
+from lockstep.contract.capabilities import Capabilities
 
 from . import attention, embedding, fp, layout, loss, norm, optim, philox, quant, reduce, rope, swiglu, transcendental
 
@@ -156,6 +157,7 @@ def make_backend() -> Backend:
         asarray=asarray,
         to_numpy=to_numpy,
         description=f"Numba {numba.__version__} CPU kernels, {numba.config.NUMBA_NUM_THREADS} threads",
-        extras={"threads": numba.config.NUMBA_NUM_THREADS, "watch_compilation": watch_compilation,
-                "add_into": fp.add_into, "weights_unchanged": quant.weights_unchanged},
+        info={"threads": numba.config.NUMBA_NUM_THREADS},
+        capabilities=Capabilities(add_into=fp.add_into, weights_unchanged=quant.weights_unchanged,
+                                  watch_compilation=watch_compilation),
     )

@@ -543,7 +543,7 @@ def add_into(a, b, out) -> np.ndarray:
     fresh result array; ``out`` may be ``a`` or ``b`` (the same elements, through any view),
     and then one kernel writes the sum over it (each element is read before it is written);
     any other overlap is refused. The same bits as ``add``. Not a contract op:
-    ``make_backend`` offers it as the extra ``add_into``, with which the trainer sums
+    ``make_backend`` offers it as the capability ``add_into``, with which the trainer sums
     micro-batch vectors in place and the butterfly sums into its result."""
     for x in (a, b, out):
         if not (isinstance(x, np.ndarray) and x.dtype == np.float32 and x.ndim == 1 and x.flags.c_contiguous):

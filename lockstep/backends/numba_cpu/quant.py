@@ -222,7 +222,7 @@ def weights_unchanged(memo: dict | None = None) -> Iterator[None]:
 
     The caller promises that no weight array is modified while its forms are kept: a
     step's micro-batches all read the same parameters, so ``train.step.subtree_sums`` runs
-    them in one block (the backend's extra ``weights_unchanged``), and
+    them in one block (the backend's capability ``weights_unchanged``), and
     ``use.generate.CachedModel`` keeps its own ``memo`` (a dict it passes in every time)
     for the life of the model. The bits are those of the calls without it: a form is
     exactly what the call would compute, computed once. Each entry holds its array, so an

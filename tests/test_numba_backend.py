@@ -147,6 +147,7 @@ def test_hadamard_in_registers_along_rows_and_down_columns(n):
     """The register butterflies (``numba_cpu.butterflies``) give ``spec.quant.hadamard_transform``'s bits,
     along rows (blocks of 16..256) and down columns (radix 16, columns not a multiple of 16 included),
     with values that take the register path and values near the flush range that must not."""
+    from lockstep.backends.numba_cpu import hadamard as nh
     from lockstep.backends.numba_cpu import quant as nq
     from lockstep.spec.quant import hadamard_block, hadamard_transform
 
@@ -154,7 +155,7 @@ def test_hadamard_in_registers_along_rows_and_down_columns(n):
         x = _tiny_values(n + 200 + lo_exp, (4, n), lo_exp, hi_exp)
         rows = x.copy()  # finite, no subnormals: already entered
         for r in range(rows.shape[0]):
-            nq.hadamard_row(rows[r], hadamard_block(n))
+            nh.hadamard_row(rows[r], hadamard_block(n))
         assert rows.tobytes() == hadamard_transform(x, axis=1).tobytes()
         m, c = (256, 40) if n <= 256 else (512, n // 16)
         col_in = _tiny_values(n + 201 + lo_exp, (m, c), lo_exp, hi_exp)
@@ -181,7 +182,7 @@ def test_int8_linear_chunked_and_odd_shapes(be, m, k, n):
 
 
 def test_thread_count_never_changes_bits(be, monkeypatch):
-    from lockstep.backends.numba_cpu import fp as nfp
+    from lockstep.backends.numba_cpu import tasks as ntasks
 
     x = gen.random_uniform(0, ("threads", "x"), (2, 4, 40, 8), -2, 2)
     k = gen.random_uniform(0, ("threads", "k"), (2, 2, 40, 8), -2, 2)
@@ -193,10 +194,10 @@ def test_thread_count_never_changes_bits(be, monkeypatch):
         return (o, be.attention_backward(x, x, k, k, *o, 16), be.int8_linear_backward(dy, x, w),
                 be.rmsnorm_backward(x, x, None, be.rmsnorm_forward(x, None, 1e-6)[1]), be.matmul(x, w), be.exp(x))
 
-    monkeypatch.setattr(nfp, "PARALLEL_MIN_WORK", 0)
+    monkeypatch.setattr(ntasks, "PARALLEL_MIN_WORK", 0)
     outs = []
     for threads in (1, 3):
-        monkeypatch.setattr(nfp, "num_threads", lambda threads=threads: threads)
+        monkeypatch.setattr(ntasks, "num_threads", lambda threads=threads: threads)
         outs.append(run())
 
     def flat(r):
@@ -216,7 +217,7 @@ import importlib, json, pkgutil, re, sys
 from numba.core.dispatcher import Dispatcher
 import lockstep.backends.numba_cpu as pkg
 from lockstep.backends import get_backend
-from lockstep.backends.numba_cpu import fp as nfp, int8gemm, transcendental
+from lockstep.backends.numba_cpu import int8gemm, tasks as ntasks, transcendental
 from lockstep.conformance.runner import all_passed, run_conformance
 
 be = get_backend("numba")
@@ -233,7 +234,7 @@ found = {}
 for info in pkgutil.iter_modules(pkg.__path__):
     mod = importlib.import_module(f"{pkg.__name__}.{info.name}")
     for name, obj in vars(mod).items():
-        disp = obj.dispatcher if isinstance(obj, nfp.TaskKernel) else obj
+        disp = obj.dispatcher if isinstance(obj, ntasks.TaskKernel) else obj
         if isinstance(disp, Dispatcher):
             found.setdefault(id(disp), (f"{info.name}.{name}", disp))
 fast_flag = re.compile(r"\b(fadd|fsub|fmul|fdiv|frem|fneg|fcmp|call)\s+(fast|reassoc|contract|nnan|ninf|nsz|arcp|afn)\b")

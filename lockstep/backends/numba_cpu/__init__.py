@@ -2,17 +2,20 @@
 
 One module per spec module, with the same op names (``fp``, ``transcendental``,
 ``reduce``, ``philox``, ``embedding``, ``norm``, ``rope``, ``attention``, ``swiglu``,
-``quant``, ``loss``, ``optim``, ``layout``). Each op's docstring names the spec op it
-reproduces; the order of operations is the spec's. How the kernels stay exact
-while fast:
+``quant``, ``loss``, ``optim``, ``layout``), plus ``tasks`` (how every kernel is compiled
+and split into tasks), ``hadamard`` (the rotation of the int8 backward) and the register
+micro-kernels below. Each op's docstring names the spec op it reproduces; the order of
+operations is the spec's. How the kernels stay exact while fast:
 
 * Every float32 result goes through ``fp.fl`` (round, then flush: a bit test) and
   every stored output through ``fp.cn`` (plus the canonical NaN). ``njit`` never
   with ``fastmath``, so no FMA contraction; constants are ``np.float32``.
 * Parallelism only over independent outputs (rows, heads, column blocks, lane
-  groups), never across the steps of one sum: ``fp.TaskKernel`` runs a kernel's
+  groups), never across the steps of one sum: ``tasks.TaskKernel`` runs a kernel's
   tasks on ``NUMBA_NUM_THREADS`` threads (``nogil`` Numba code on a Python thread
-  pool; small calls stay on the calling thread).
+  pool; small calls stay on the calling thread), its task count given from Python.
+* One lane tree (``reduce.lane_tree``) and one column sum (``reduce.add_rows_into``)
+  serve every op that sums in those orders; constants and bit masks are the spec's.
 * Contractions vectorize across outputs with ascending order per output; a row
   whose products provably never reach the flush range skips the flush tests
   (``fp.safe_products``: same bits). ``exp`` keeps only the flush tests whose
@@ -27,7 +30,8 @@ while fast:
   wherever no flush can happen (see ``attention``).
 * Register micro-kernels written as Numba intrinsics (LLVM IR: vectors, one IEEE
   operation per step, no fast-math flags): ``tiles`` (ascending contractions),
-  ``butterflies`` (Hadamard stages), ``int8gemm`` (VNNI).
+  ``butterflies`` (Hadamard stages), ``int8gemm`` (VNNI); ``irloop`` is the
+  accumulator loop that ``tiles`` and ``int8gemm`` emit.
 * Inputs are read canonically (``asarray`` canonicalizes; kernels also flush what
   they load), as the contract (``lockstep.contract``) requires.
 
@@ -36,7 +40,7 @@ Kernels are compiled on first use and cached on disk (``cache=True``) in
 ``$XDG_CACHE_HOME/lockstep``, else ``~/.cache/lockstep``), where the digest covers every
 source file of this backend and of the spec (``source_digest``). Why: Numba keys a cached
 kernel on its own file only, and freezes the globals it reads, so an edit to a helper
-module (``fp``, ``tiles``, ``butterflies``, the intrinsics in ``int8gemm``) or to a spec
+module (``fp``, ``tasks``, ``tiles``, ``butterflies``, the intrinsics in ``int8gemm``) or to a spec
 constant would otherwise leave kernels of other modules running the old code. A set
 ``NUMBA_CACHE_DIR`` is used as it is (the user then owns that rule).
 """

@@ -5,7 +5,8 @@ kernels visit only the allowed keys ``j in [i - W + 1, i]`` of each query, and t
 allowed queries ``i in [j, j + W - 1]`` of each key, and nothing else:
 
 * ``m`` is the exact max over the allowed scores; ``l`` the lane tree over the
-  allowed ``e`` with key j in lane ``j mod 32`` (``_lane_tree_keys``).
+  allowed ``e`` with key j in lane ``j mod 32`` (``reduce.lane_tree`` from the first
+  allowed key).
 * The contractions (``o = p v``, ``dq = ds k``, ``dk = ds^T q``, ``dv = p^T do``)
   add the allowed terms only, in ascending order from +0.0.
 
@@ -26,9 +27,9 @@ import numpy as np
 
 from lockstep.spec.checks import check_attention_shapes
 
-from .fp import (EXPONENT_MASK, ONE, ZERO, bits, cn, entered, fl, kernel, min_nonzero_abs, parallel_kernel,
-                 safe_products)
+from .fp import EXPONENT_MASK, ONE, ZERO, bits, cn, entered, fl, min_nonzero_abs, safe_products
 from .reduce import LANES, accumulate_rows, lane_tree, row_max_total
+from .tasks import kernel, parallel_kernel
 from .tiles import tile_4x16, tile_4x64, tile_8x32
 from .transcendental import exp_diff_row
 
@@ -43,43 +44,13 @@ def attention_scale(head_dim):
 
 @kernel
 def _scores_row(qi, kt, lo, hi, fast, scale, s):
-    """``s[j] = (sum_d qi[d] * kt[d, j]) * scale`` for j in [lo, hi), ascending d from +0.0.
-
-    Vectorized across j; in the fast path four d per pass (each s[j] still adds its
-    terms one at a time in ascending d). Loops run over zero-based slices: Numba then
-    knows the indices are non-negative and leaves out its wraparound checks, which
-    would otherwise keep LLVM from vectorizing.
-    """
+    """``s[j] = (sum_d qi[d] * kt[d, j]) * scale`` for j in [lo, hi), ascending d from +0.0
+    (``reduce.accumulate_rows`` over the rows of kt, vectorized across j)."""
     ss = s[lo:hi]
-    n = ss.size
-    for j in range(n):
+    for j in range(ss.size):
         ss[j] = ZERO
-    dh = qi.size
-    if fast:
-        d4 = dh - dh % 4
-        for d in range(0, d4, 4):
-            q0 = qi[d]
-            q1 = qi[d + 1]
-            q2 = qi[d + 2]
-            q3 = qi[d + 3]
-            k0 = kt[d, lo:hi]
-            k1 = kt[d + 1, lo:hi]
-            k2 = kt[d + 2, lo:hi]
-            k3 = kt[d + 3, lo:hi]
-            for j in range(n):
-                ss[j] = (((ss[j] + q0 * k0[j]) + q1 * k1[j]) + q2 * k2[j]) + q3 * k3[j]
-        for d in range(d4, dh):
-            qd = qi[d]
-            kr = kt[d, lo:hi]
-            for j in range(n):
-                ss[j] = ss[j] + qd * kr[j]
-    else:
-        for d in range(dh):
-            qd = qi[d]
-            kr = kt[d, lo:hi]
-            for j in range(n):
-                ss[j] = fl(ss[j] + fl(qd * kr[j]))
-    for j in range(n):
+    accumulate_rows(ss, qi, kt, lo, fast)
+    for j in range(ss.size):
         ss[j] = fl(ss[j] * scale)
 
 
@@ -92,36 +63,6 @@ def _accumulate(acc, w, x, fast):
     else:
         for d in range(acc.size):
             acc[d] = fl(acc[d] + fl(w * x[d]))
-
-
-@kernel
-def _lane_tree_keys(seg, first_key, lanes):
-    """Lane-tree(32) sum of ``seg`` whose element jj is key ``first_key + jj`` (lane = key mod 32).
-
-    Each lane adds its keys in ascending order from +0.0, then the lanes fold; the
-    keys before ``first_key`` are masked: absent, their lanes skip them.
-    """
-    for ln in range(LANES):
-        lanes[ln] = ZERO
-    n = seg.size
-    head = min(n, (LANES - first_key % LANES) % LANES)
-    off = first_key % LANES
-    for jj in range(head):
-        lanes[off + jj] = fl(lanes[off + jj] + seg[jj])
-    full_end = head + ((n - head) // LANES) * LANES
-    for g0 in range(head, full_end, LANES):
-        grp = seg[g0:g0 + LANES]
-        for ln in range(LANES):
-            lanes[ln] = fl(lanes[ln] + grp[ln])
-    tail = seg[full_end:]
-    for ln in range(tail.size):
-        lanes[ln] = fl(lanes[ln] + tail[ln])
-    w = LANES // 2
-    while w >= 1:
-        for ln in range(w):
-            lanes[ln] = fl(lanes[ln] + lanes[ln + w])
-        w //= 2
-    return lanes[0]
 
 
 # ---------------------------------------------------------------- register-tiled blocks
@@ -182,6 +123,32 @@ def _block_rows(a, klo, n, rows, out):
 
 
 @kernel
+def _block_contract(w, klo, khi, i0, nr, window, rows, min_rows, tiled, buf, out):
+    """``out[i0 + r] = sum_j w[r, j] * rows[j]`` over the allowed keys j of query i0 + r, ascending
+    from +0.0, canonical, for r < nr: ``o = p v`` and ``dq = ds k`` of one block of queries.
+
+    ``tiled``: the caller proved that no flush can happen anywhere in the block, so it runs
+    as register tiles (``_block_rows``, masked pairs as zeros); else row by row, each row
+    with its own flush proof (``accumulate_rows``). buf: (QB, Dh) scratch."""
+    dh = out.shape[1]
+    if tiled:
+        _block_rows(w, klo, khi - klo, rows[klo:khi], buf)
+    else:
+        for r in range(nr):
+            i = i0 + r
+            lo = max(0, i - window + 1)
+            seg = w[r, lo:i + 1]
+            acc = buf[r]
+            for d in range(dh):
+                acc[d] = ZERO
+            accumulate_rows(acc, seg, rows[lo:i + 1], 0, safe_products(min_nonzero_abs(seg), min_rows))
+    for r in range(nr):
+        orow = out[i0 + r]
+        for d in range(dh):
+            orow[d] = cn(buf[r, d])
+
+
+@kernel
 def _block_keys_accumulate(a, klo, n, rows, acc):
     """``acc[klo + j, :] += a[r, klo + j] * rows[r, :]`` for r < QB ascending, j < n rounded up to 4.
 
@@ -202,7 +169,12 @@ def _block_keys_accumulate(a, klo, n, rows, acc):
 
 # ---------------------------------------------------------------- forward
 
-@parallel_kernel(weight=16)
+def _query_heads(q, *args) -> int:
+    """Tasks of the forward: one per (batch, head)."""
+    return q.shape[0] * q.shape[1]
+
+
+@parallel_kernel(_query_heads, weight=16)
 def _forward_kernel(t0, t1, q, k, ktp, v, window, o, m_out, l_out):
     """q (B, H, T, Dh); k, v (B, G, T, Dh); ktp (B, G, Dh, T + KEY_PAD) = k transposed, zero-padded.
 
@@ -213,9 +185,6 @@ def _forward_kernel(t0, t1, q, k, ktp, v, window, o, m_out, l_out):
     nb, nh, t, dh = q.shape
     ng = k.shape[1]
     rep = nh // ng
-    ntasks = nb * nh
-    if t0 < 0:
-        return ntasks
     scale = attention_scale(dh)
     tiled_width = _tiled_width(dh)
     min_k = np.empty(nb * ng)
@@ -230,7 +199,7 @@ def _forward_kernel(t0, t1, q, k, ktp, v, window, o, m_out, l_out):
     p = np.zeros((QB, width), dtype=np.float32)  # probabilities, zero at the block's masked keys
     ob = np.empty((QB, dh), dtype=np.float32)
     lanes = np.empty(LANES, dtype=np.float32)
-    for bh in range(t0, min(t1, ntasks)):
+    for bh in range(t0, t1):
         b = bh // nh
         h = bh % nh
         g = h // rep
@@ -265,30 +234,13 @@ def _forward_kernel(t0, t1, q, k, ktp, v, window, o, m_out, l_out):
                     prow[jj] = ZERO
                 seg = prow[lo:hi]
                 exp_diff_row(srow, mx, seg)  # (separate in/out arrays: in-place would not vectorize)
-                li = _lane_tree_keys(seg, lo, lanes)  # masked keys absent
+                li = lane_tree(seg, lo, lanes)  # masked keys absent
                 for jj in range(seg.size):
                     seg[jj] = fl(seg[jj] / li)
                 m_out[b, h, i] = cn(mx)
                 l_out[b, h, i] = cn(li)
-            if tiled and v_finite[bg] and safe_products(_block_min(p, klo, khi), min_v[bg]):
-                _block_rows(p, klo, n, vg[klo:khi], ob)
-                for r in range(nr):
-                    orow = o[b, h, i0 + r]
-                    for d in range(dh):
-                        orow[d] = cn(ob[r, d])
-            else:
-                for r in range(nr):
-                    i = i0 + r
-                    lo = max(0, i - window + 1)
-                    seg = p[r, lo:i + 1]
-                    acc = ob[r]
-                    for d in range(dh):
-                        acc[d] = ZERO
-                    accumulate_rows(acc, seg, vg[lo:i + 1], safe_products(min_nonzero_abs(seg), min_v[bg]))
-                    orow = o[b, h, i]
-                    for d in range(dh):
-                        orow[d] = cn(acc[d])
-    return ntasks
+            tiled_o = tiled and v_finite[bg] and safe_products(_block_min(p, klo, khi), min_v[bg])
+            _block_contract(p, klo, khi, i0, nr, window, vg, min_v[bg], tiled_o, ob, o[b, h])
 
 
 def _window(window, t: int) -> int:
@@ -313,7 +265,12 @@ def attention_forward(q, k, v, window: int | None = None):
 
 # ---------------------------------------------------------------- backward
 
-@parallel_kernel(weight=16)
+def _kv_groups(do, q, k, *args) -> int:
+    """Tasks of the backward: one per (batch, KV group)."""
+    return k.shape[0] * k.shape[1]
+
+
+@parallel_kernel(_kv_groups, weight=16)
 def _backward_kernel(t0, t1, do, q, k, v, o, m, l, window, dq, dk, dv):
     """One task per (batch, KV group g): dq rows of the group's heads, dk and dv of its keys.
 
@@ -330,9 +287,6 @@ def _backward_kernel(t0, t1, do, q, k, v, o, m, l, window, dq, dk, dv):
     nb, nh, t, dh = q.shape
     ng = k.shape[1]
     rep = nh // ng
-    ntasks = nb * ng
-    if t0 < 0:
-        return ntasks
     scale = attention_scale(dh)
     tiled_width = _tiled_width(dh)
     width = t + KEY_PAD
@@ -345,7 +299,7 @@ def _backward_kernel(t0, t1, do, q, k, v, o, m, l, window, dq, dk, dv):
     qb = np.empty((QB, dh), dtype=np.float32)
     dk_acc = np.empty((t + 4, dh), dtype=np.float32)  # 4 spare rows: tiles of 4 keys may pass T
     dv_acc = np.empty((t + 4, dh), dtype=np.float32)
-    for task in range(t0, min(t1, ntasks)):
+    for task in range(t0, t1):
         b = task // ng
         g = task % ng
         ktp = np.zeros((dh, width), dtype=np.float32)
@@ -378,7 +332,7 @@ def _backward_kernel(t0, t1, do, q, k, v, o, m, l, window, dq, dk, dv):
                     orow = oh[i]
                     for d in range(dh):
                         tmp[d] = fl(dor[d] * orow[d])
-                    d_rows[i] = lane_tree(tmp, lanes)
+                    d_rows[i] = lane_tree(tmp, 0, lanes)
                 for i0 in range(0, t, QB):
                     nr = min(QB, t - i0)
                     klo = max(0, i0 - window + 1)
@@ -423,24 +377,8 @@ def _backward_kernel(t0, t1, do, q, k, v, o, m, l, window, dq, dk, dv):
                             dsv[jj] = fl(fl(pv[jj] * fl(dsv[jj] - d_i)) * scale)  # ds
                     # dq[i] = sum_{j allowed} ds[j] k[j, :], ascending j
                     ds_min = _block_min(ds[:nr], klo, khi)
-                    if full and k_finite and safe_products(ds_min, min_k):
-                        _block_rows(ds, klo, n, kg[klo:khi], qb)
-                        for r in range(nr):
-                            dqrow = dq[b, h, i0 + r]
-                            for d in range(dh):
-                                dqrow[d] = cn(qb[r, d])
-                    else:
-                        for r in range(nr):
-                            i = i0 + r
-                            lo = max(0, i - window + 1)
-                            dsv = ds[r, lo:i + 1]
-                            acc = qb[r]
-                            for d in range(dh):
-                                acc[d] = ZERO
-                            accumulate_rows(acc, dsv, kg[lo:i + 1], safe_products(min_nonzero_abs(dsv), min_k))
-                            dqrow = dq[b, h, i]
-                            for d in range(dh):
-                                dqrow[d] = cn(acc[d])
+                    tiled_dq = full and k_finite and safe_products(ds_min, min_k)
+                    _block_contract(ds, klo, khi, i0, nr, window, kg, min_k, tiled_dq, qb, dq[b, h])
                     # dk[j] += ds[i, j] q[i], dv[j] += p[i, j] do[i] for the block's rows i ascending
                     if fast_kv:
                         if not (full and safe_products(ds_min, min_q) and safe_products(_block_min(p[:nr], klo, khi),
@@ -464,7 +402,6 @@ def _backward_kernel(t0, t1, do, q, k, v, o, m, l, window, dq, dk, dv):
             for d in range(dh):
                 dk_out[j, d] = cn(dk_acc[j, d])
                 dv_out[j, d] = cn(dv_acc[j, d])
-    return ntasks
 
 
 def attention_backward(do, q, k, v, o, m, l, window: int | None = None):

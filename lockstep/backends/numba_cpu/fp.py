@@ -19,108 +19,21 @@ Every kernel in this backend is built from the helpers here:
 Compilation rules (DESIGN.md, lock 2): ``njit`` without ``fastmath`` (so LLVM never
 contracts ``a*b + c`` into an FMA), ``error_model="numpy"`` (IEEE division by zero,
 no Python exception), every constant a ``np.float32`` so no intermediate is promoted
-to float64, ``cache=True``. ``kernel``/``parallel_kernel`` are those decorators.
+to float64, ``cache=True``: the decorators and the task skeleton are in ``tasks``.
 """
 
 from __future__ import annotations
 
-import functools
-import threading
-from concurrent.futures import ThreadPoolExecutor
 from types import FunctionType
 
-import numba
 import numpy as np
 from llvmlite import ir
-from numba import njit, types
+from numba import types
 from numba.extending import intrinsic
 
 from lockstep.spec.fp import CANONICAL_NAN_BITS, EXPONENT_MASK, MANTISSA_MASK, SIGN_BIT
 
-kernel = functools.partial(njit, cache=True, error_model="numpy", fastmath=False)
-scalar = functools.partial(njit, cache=True, error_model="numpy", fastmath=False)
-# For large scalar functions (exp, log) that LLVM's inliner would leave as calls,
-# which would keep the loops that call them from vectorizing.
-inlined = functools.partial(njit, cache=True, error_model="numpy", fastmath=False, inline="always")
-
-# Below this much work (elements touched times the kernel's ``weight``) a parallel
-# kernel runs on the calling thread alone: handing work to another thread costs tens
-# of microseconds on an idle machine and whole scheduler slices on a busy one.
-PARALLEL_MIN_WORK = 1 << 18
-
-_POOL: ThreadPoolExecutor | None = None
-_POOL_LOCK = threading.Lock()
-
-
-def num_threads() -> int:
-    """Threads the kernels use: ``NUMBA_NUM_THREADS`` (default: the CPU count)."""
-    return max(1, int(numba.config.NUMBA_NUM_THREADS))
-
-
-def _pool() -> ThreadPoolExecutor:
-    global _POOL
-    with _POOL_LOCK:
-        if _POOL is None:
-            _POOL = ThreadPoolExecutor(max_workers=max(1, num_threads() - 1), thread_name_prefix="lockstep-numba")
-        return _POOL
-
-
-class TaskKernel:
-    """A kernel over independent tasks (rows, heads, column blocks), run on a few threads.
-
-    The Numba function is written ``f(t0, t1, *args)`` and runs tasks ``[t0, t1)``.
-    Its task count comes from ``tasks(*args)``, a Python function, when one is given
-    (the kernel then needs no count of its own); otherwise the kernel computes it:
-    it returns its count ``ntasks`` at once when ``t0 < 0`` and clips ``t1`` to it.
-    It is compiled ``nogil``, so Python threads run the chunks truly in parallel.
-    Tasks write disjoint outputs, so how they are split never changes a bit. (This
-    stands in for ``prange``: Numba's parallel compiler costs seconds per kernel to
-    compile, and its OpenMP workers spin while waiting, which stalls badly on a
-    shared machine.)
-
-    The work estimate is the total size of the array arguments times ``weight``
-    (about the cost per element relative to an add).
-    """
-
-    def __init__(self, fn, weight: int = 1, tasks=None):
-        self.dispatcher = njit(cache=True, nogil=True, error_model="numpy", fastmath=False)(fn)
-        self.weight = weight
-        self.tasks = tasks
-        functools.update_wrapper(self, fn)
-
-    def _count(self, args) -> int:
-        return self.tasks(*args) if self.tasks is not None else self.dispatcher(-1, 0, *args)
-
-    def __call__(self, *args):
-        threads = num_threads()
-        work = sum(a.size for a in args if isinstance(a, np.ndarray)) * self.weight
-        if threads == 1 or work < PARALLEL_MIN_WORK:
-            if self.tasks is None:
-                return self.dispatcher(0, 1 << 62, *args)
-            ntasks = self.tasks(*args)
-            self.dispatcher(0, ntasks, *args)
-            return ntasks
-        ntasks = self._count(args)
-        parts = min(threads, ntasks)
-        if parts <= 1:
-            self.dispatcher(0, ntasks, *args)
-            return ntasks
-        bounds = [ntasks * i // parts for i in range(parts + 1)]
-        pool = _pool()
-        futures = [pool.submit(self.dispatcher, bounds[i], bounds[i + 1], *args) for i in range(1, parts)]
-        self.dispatcher(bounds[0], bounds[1], *args)
-        for f in futures:
-            f.result()
-        return ntasks
-
-
-def parallel_kernel(fn=None, *, weight: int = 1, tasks=None):
-    """Decorator for a ``TaskKernel``: ``@parallel_kernel``, ``@parallel_kernel(weight=8)`` or
-    ``@parallel_kernel(tasks=count)`` (``count(*args)`` gives the task count)."""
-    if fn is None:
-        return lambda f: TaskKernel(f, weight, tasks)
-    return TaskKernel(fn, weight, tasks)
-
+from .tasks import TaskKernel, block_bounds, element_blocks, kernel, scalar
 
 F32 = np.float32
 # The float32 bit fields are the spec's (``spec.fp``), imported, not copied.
@@ -131,9 +44,6 @@ ONE = np.float32(1.0)
 # A contraction whose every nonzero product has magnitude >= 2**-103 never flushes
 # (see ``safe_products``).
 SAFE_PRODUCT = 2.0**-103
-
-# Elementwise kernels split work into blocks of this many elements per task.
-BLOCK = 16384
 
 
 @intrinsic
@@ -269,29 +179,18 @@ def safe_products(min_a, min_b):
 
 # ---------------------------------------------------------------- the elementwise template
 
-def element_blocks(*args) -> int:
-    """Tasks of an elementwise kernel: blocks of ``BLOCK`` elements of its output (the last argument)."""
-    return (args[-1].size + BLOCK - 1) // BLOCK
-
-
 def _unary_template(t0, t1, a, out):
-    n = out.size
     for blk in range(t0, t1):
-        lo = blk * BLOCK
-        hi = min(n, lo + BLOCK)
-        a_b = a[lo:hi]
-        out_b = out[lo:hi]
+        lo, hi = block_bounds(blk, out.size)
+        a_b, out_b = a[lo:hi], out[lo:hi]
         for i in range(hi - lo):
             out_b[i] = cn(op(a_b[i]))  # noqa: F821 - ``op`` is bound by ``elementwise``
 
 
 def _unary_then_canonical_template(t0, t1, a, out):
-    n = out.size
     for blk in range(t0, t1):
-        lo = blk * BLOCK
-        hi = min(n, lo + BLOCK)
-        a_b = a[lo:hi]
-        out_b = out[lo:hi]
+        lo, hi = block_bounds(blk, out.size)
+        a_b, out_b = a[lo:hi], out[lo:hi]
         for i in range(hi - lo):
             out_b[i] = op(a_b[i])  # noqa: F821 - ``op`` is bound by ``elementwise``
         for i in range(hi - lo):
@@ -299,35 +198,25 @@ def _unary_then_canonical_template(t0, t1, a, out):
 
 
 def _binary_template(t0, t1, a, b, out):
-    n = out.size
     for blk in range(t0, t1):
-        lo = blk * BLOCK
-        hi = min(n, lo + BLOCK)
-        a_b = a[lo:hi]
-        b_b = b[lo:hi]
-        out_b = out[lo:hi]
+        lo, hi = block_bounds(blk, out.size)
+        a_b, b_b, out_b = a[lo:hi], b[lo:hi], out[lo:hi]
         for i in range(hi - lo):
             out_b[i] = cn(op(a_b[i], b_b[i]))  # noqa: F821 - ``op`` is bound by ``elementwise``
 
 
 def _scalar_template(t0, t1, a, s, out):
-    n = out.size
     for blk in range(t0, t1):
-        lo = blk * BLOCK
-        hi = min(n, lo + BLOCK)
-        a_b = a[lo:hi]
-        out_b = out[lo:hi]
+        lo, hi = block_bounds(blk, out.size)
+        a_b, out_b = a[lo:hi], out[lo:hi]
         for i in range(hi - lo):
             out_b[i] = cn(op(a_b[i], s))  # noqa: F821 - ``op`` is bound by ``elementwise``
 
 
 def _binary_into_left_template(t0, t1, a, b):
-    n = a.size
     for blk in range(t0, t1):
-        lo = blk * BLOCK
-        hi = min(n, lo + BLOCK)
-        a_b = a[lo:hi]
-        b_b = b[lo:hi]
+        lo, hi = block_bounds(blk, a.size)
+        a_b, b_b = a[lo:hi], b[lo:hi]
         for i in range(hi - lo):
             a_b[i] = cn(op(a_b[i], b_b[i]))  # noqa: F821 - ``op`` is bound by ``elementwise``
 
@@ -341,7 +230,7 @@ _TEMPLATES = {1: _unary_template, 2: _binary_template, "scalar": _scalar_templat
 
 def elementwise(op, arity, name: str, weight: int = 1) -> "TaskKernel":
     """The parallel kernel ``out[i] = cn(op(a[i]))`` (arity 1), ``cn(op(a[i], b[i]))`` (2) or
-    ``cn(op(a[i], s))`` ("scalar": s one float32), in blocks of ``BLOCK`` elements per task.
+    ``cn(op(a[i], s))`` ("scalar": s one float32), in blocks of ``tasks.BLOCK`` elements per task.
     Arity ``"1, then cn"`` is arity 1 in two passes over each block, ``op`` then ``cn``: the
     same bits, and about 5% faster for the large inlined transcendentals (measured:
     benchmarks/RESULTS.md, "One home for each concern").
@@ -355,7 +244,7 @@ def elementwise(op, arity, name: str, weight: int = 1) -> "TaskKernel":
     template = _TEMPLATES[arity]
     fn = FunctionType(template.__code__, {**template.__globals__, "op": op}, name)
     fn.__qualname__ = name
-    return TaskKernel(fn, weight, tasks=element_blocks)
+    return TaskKernel(fn, element_blocks, weight)
 
 
 # ---------------------------------------------------------------- array helpers
@@ -422,8 +311,9 @@ def f32(x) -> np.ndarray:
     return out
 
 
-def as_f32(x) -> np.ndarray:
-    """A C-contiguous float32 view or copy (rounded from float64 when needed; no flush)."""
+def contiguous_f32(x) -> np.ndarray:
+    """A C-contiguous float32 view or copy (rounded from float64 when needed; not flushed: the
+    kernels flush what they load). ``f32`` is the one that flushes."""
     return np.ascontiguousarray(np.asarray(x, dtype=np.float32))
 
 
@@ -513,7 +403,7 @@ def _flat_operands(a, b):
     a = np.asarray(a, dtype=np.float32)
     b = np.asarray(b, dtype=np.float32)
     if a.shape == b.shape:
-        return as_f32(a).reshape(-1), as_f32(b).reshape(-1), a.shape
+        return contiguous_f32(a).reshape(-1), contiguous_f32(b).reshape(-1), a.shape
     shape = np.broadcast_shapes(a.shape, b.shape)
     return (np.ascontiguousarray(np.broadcast_to(a, shape)).reshape(-1),
             np.ascontiguousarray(np.broadcast_to(b, shape)).reshape(-1), shape)
@@ -529,7 +419,7 @@ def _binary(kern, a, b):
 def _unary(kern, a):
     a = np.asarray(a, dtype=np.float32)
     out = np.empty(a.shape, dtype=np.float32)
-    kern(as_f32(a).reshape(-1), out.reshape(-1))
+    kern(contiguous_f32(a).reshape(-1), out.reshape(-1))
     return out
 
 
@@ -577,12 +467,12 @@ def mul(a, b) -> np.ndarray:
     b_arr = np.asarray(b, dtype=np.float32)
     if b_arr.size == 1 and b_arr.ndim <= a_arr.ndim:
         out = np.empty(a_arr.shape, dtype=np.float32)
-        _mul_scalar_kernel(as_f32(a_arr).reshape(-1), canon_scalar(b_arr.reshape(-1)[0]), out.reshape(-1))
+        _mul_scalar_kernel(contiguous_f32(a_arr).reshape(-1), canon_scalar(b_arr.reshape(-1)[0]), out.reshape(-1))
         return out
     if a_arr.size == 1 and a_arr.ndim <= b_arr.ndim:
         out = np.empty(b_arr.shape, dtype=np.float32)
         # a*b == b*a bit for bit (IEEE multiplication is commutative, NaNs are canonicalized)
-        _mul_scalar_kernel(as_f32(b_arr).reshape(-1), canon_scalar(a_arr.reshape(-1)[0]), out.reshape(-1))
+        _mul_scalar_kernel(contiguous_f32(b_arr).reshape(-1), canon_scalar(a_arr.reshape(-1)[0]), out.reshape(-1))
         return out
     return _binary(_mul_kernel, a_arr, b_arr)
 

@@ -36,7 +36,9 @@ from llvmlite import ir
 from numba import types
 from numba.extending import intrinsic
 
-from .fp import cn, fl, inlined, kernel, parallel_kernel
+from .fp import cn, fl
+from .irloop import accumulator_loop
+from .tasks import inlined, kernel, parallel_kernel, rows
 
 MR = 8  # rows of A per micro-kernel call: 8 x 2 accumulators = 16 of the 32 AVX-512 registers
 NR = 32  # columns of a B panel: two 16-lane int32 vectors
@@ -97,37 +99,21 @@ def _vnni_tile_codegen(builder, out_i, ldo_v, a_i, lda_v, b_i, k4_v, corr_i, epi
     for r in range(MR):
         start = splat(builder.neg(builder.load(builder.gep(corr_p, [ir.Constant(i64, r)]), align=4)), v16)
         init += [start, start]
-    entry = builder.block
-    loop = builder.append_basic_block("vnni.loop")
-    done = builder.append_basic_block("vnni.done")
-    builder.branch(loop)
+    def step(g, acc):  # one group of 4 k
+        panel_off = builder.mul(g, ir.Constant(i64, 4 * NR))
+        b_vecs = [builder.load(builder.bitcast(builder.gep(b_p, [builder.add(panel_off, ir.Constant(i64, 64 * h))]),
+                                               v64b.as_pointer()), align=1) for h in range(2)]
+        a_off = builder.mul(g, ir.Constant(i64, 4))
+        new = []
+        for r in range(MR):
+            a_ptr = builder.gep(a_p, [builder.add(a_off, builder.mul(lda_v, ir.Constant(i64, r)))])
+            a4 = builder.load(builder.bitcast(a_ptr, i32.as_pointer()), align=1)  # 4 bytes of row r
+            a_all = builder.bitcast(splat(a4, v16), v64b)
+            for h in range(2):
+                new.append(builder.call(dpbusd, [acc[2 * r + h], b_vecs[h], a_all]))
+        return new
 
-    builder.position_at_end(loop)  # one group of 4 k per iteration
-    g = builder.phi(i64)
-    g.add_incoming(ir.Constant(i64, 0), entry)
-    acc = []
-    for v in init:
-        phi = builder.phi(v16)
-        phi.add_incoming(v, entry)
-        acc.append(phi)
-    panel_off = builder.mul(g, ir.Constant(i64, 4 * NR))
-    b_vecs = [builder.load(builder.bitcast(builder.gep(b_p, [builder.add(panel_off, ir.Constant(i64, 64 * h))]),
-                                           v64b.as_pointer()), align=1) for h in range(2)]
-    a_off = builder.mul(g, ir.Constant(i64, 4))
-    new = []
-    for r in range(MR):
-        a_ptr = builder.gep(a_p, [builder.add(a_off, builder.mul(lda_v, ir.Constant(i64, r)))])
-        a4 = builder.load(builder.bitcast(a_ptr, i32.as_pointer()), align=1)  # 4 bytes of row r
-        a_all = builder.bitcast(splat(a4, v16), v64b)
-        for h in range(2):
-            new.append(builder.call(dpbusd, [acc[2 * r + h], b_vecs[h], a_all]))
-    g_next = builder.add(g, ir.Constant(i64, 1))
-    g.add_incoming(g_next, loop)
-    for phi, v in zip(acc, new):
-        phi.add_incoming(v, loop)
-    builder.cbranch(builder.icmp_signed("<", g_next, k4_v), loop, done)
-
-    builder.position_at_end(done)
+    new = accumulator_loop(builder, "vnni", k4_v, init, step)
     for r in range(MR):
         for h in range(2):
             vec, elem = epilogue(r, h, new[2 * r + h])
@@ -192,7 +178,11 @@ def vnni_tile_rescaled(typingctx, out_addr, ldo, a_addr, lda, b_addr, k4, corr_a
     return sig, codegen
 
 
-@parallel_kernel
+def _panels(b, bp) -> int:
+    return bp.shape[0]
+
+
+@parallel_kernel(_panels)
 def _pack_b(t0, t1, b, bp):
     """bp[p, g, jj, t] = b[4g + t, 32p + jj] + 128 as uint8 (0 + 128 past the edges); tasks are panels.
 
@@ -200,12 +190,9 @@ def _pack_b(t0, t1, b, bp):
     never stored (N padding).
     """
     k, n = b.shape
-    npanel, k4 = bp.shape[0], bp.shape[1]
-    ntasks = npanel
-    if t0 < 0:
-        return ntasks
+    k4 = bp.shape[1]
     bias = np.int32(128)
-    for p in range(t0, min(t1, ntasks)):
+    for p in range(t0, t1):
         j0 = p * NR
         jn = min(NR, n - j0)
         for g in range(k4):
@@ -220,7 +207,6 @@ def _pack_b(t0, t1, b, bp):
                     for jj in range(NR):
                         v = np.int32(b[kk, j0 + jj]) if (kk < k and jj < jn) else np.int32(0)
                         dst[jj, t] = np.uint8(v + bias)
-    return ntasks
 
 
 @kernel(nogil=True)
@@ -246,7 +232,12 @@ def rescale1(v, sa, sb, factor, fast):
     return cn(fl(fl(fl(x * sa) * sb) * factor))
 
 
-@parallel_kernel(weight=64)
+def _row_tiles(a, *args) -> int:
+    """Tasks of ``_vnni_gemm``: blocks of MR rows of A."""
+    return -(-a.shape[0] // MR)
+
+
+@parallel_kernel(_row_tiles, weight=64)
 def _vnni_gemm(t0, t1, a, bp, corr, n, rows_per_block, out, rescale, sa, sb, factor, fast, out_f32):
     """out (M, N) int32 = a (M, Kp) int8 @ B, B packed in bp; tasks are blocks of MR rows.
 
@@ -260,9 +251,6 @@ def _vnni_gemm(t0, t1, a, bp, corr, n, rows_per_block, out, rescale, sa, sb, fac
     k4 = kp // 4
     npanel = bp.shape[0]
     per_row = sa.size > 1
-    ntasks = (m + MR - 1) // MR
-    if t0 < 0:
-        return ntasks
     tile = np.empty((MR, NR), dtype=np.int32)
     tile_f = np.empty((MR, NR), dtype=np.float32)
     spare = np.zeros((MR, kp), dtype=np.int8)
@@ -270,10 +258,9 @@ def _vnni_gemm(t0, t1, a, bp, corr, n, rows_per_block, out, rescale, sa, sb, fac
     spare_sa = np.ones(MR, dtype=np.float32)
     sb_pad = np.zeros(npanel * NR, dtype=np.float32)
     sb_pad[:n] = sb[:n]
-    t_end = min(t1, ntasks)
     per_block = max(1, rows_per_block // MR)
-    for blk0 in range(t0, t_end, per_block):
-        blk1 = min(t_end, blk0 + per_block)
+    for blk0 in range(t0, t1, per_block):
+        blk1 = min(t1, blk0 + per_block)
         for p in range(npanel):
             j0 = p * NR
             jn = min(NR, n - j0)
@@ -315,7 +302,6 @@ def _vnni_gemm(t0, t1, a, bp, corr, n, rows_per_block, out, rescale, sa, sb, fac
                     out[i0:i0 + rows, j0:j0 + jn] = tile[:rows, :jn]
                 else:
                     vnni_tile(out[i0, j0:].ctypes.data, n, a_addr, kp, panel.ctypes.data, k4, c_addr)
-    return ntasks
 
 
 def _vnni_matmul(a: np.ndarray, b: np.ndarray, scales=None) -> np.ndarray:
@@ -373,21 +359,17 @@ def matmul(a: np.ndarray, b: np.ndarray, use_vnni: bool | None = None) -> np.nda
     return _vnni_matmul(a, b) if use_vnni else _blas_matmul(a, b)
 
 
-@parallel_kernel
+@parallel_kernel(rows)
 def _rescale_kernel(t0, t1, acc, sa, sb, factor, fast, out):
     """out[m, n] = rescale1(acc[m, n], sa[m or 0], sb[n], factor, fast), rows in parallel."""
-    m, n = acc.shape
+    n = acc.shape[1]
     per_row = sa.size > 1
-    ntasks = m
-    if t0 < 0:
-        return ntasks
-    for r in range(t0, min(t1, ntasks)):
+    for r in range(t0, t1):
         a = sa[r] if per_row else sa[0]
         row = acc[r]
         dst = out[r]
         for j in range(n):
             dst[j] = rescale1(row[j], a, sb[j], factor, fast)
-    return ntasks
 
 
 def matmul_rescaled(a: np.ndarray, b: np.ndarray, sa: np.ndarray, sb: np.ndarray, factor: np.float32,

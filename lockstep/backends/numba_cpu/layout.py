@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .reduce import _canon_inplace
+from .reduce import canon_inplace
 
 
 def concat_last(arrays) -> np.ndarray:
@@ -12,5 +12,5 @@ def concat_last(arrays) -> np.ndarray:
     out = np.concatenate([np.asarray(a, dtype=np.float32) for a in arrays], axis=-1)
     out = np.ascontiguousarray(out)
     if out.size:
-        _canon_inplace(out.reshape(-1))
+        canon_inplace(out.reshape(-1))
     return out

@@ -1,8 +1,9 @@
 """RMSNorm (``lockstep.spec.norm``).
 
 Rows are independent and run in parallel; each row's sums use ``reduce.lane_tree``.
-The gain gradient (a ``column_sum``, see ``reduce``) adds rows in ascending order, so
-threads split the columns instead, each visiting every row in order.
+The gain gradient is the spec's ``column_sum(dy * xhat)``: the backward's row kernel
+writes the products as it makes ``xhat``, and ``reduce.add_rows_into`` (the column
+sum: threads split the columns, each visiting every row in order) adds them.
 """
 
 from __future__ import annotations
@@ -11,14 +12,15 @@ import numpy as np
 
 from lockstep.spec.checks import check_norm_shapes  # the same input checks as the spec
 
-from .fp import ONE, as_f32, canon_scalar, cn, fl, parallel_kernel
-from .reduce import LANES, canonical_copy, column_block, lane_tree
+from .fp import ONE, canon_scalar, cn, contiguous_f32, fl
+from .reduce import LANES, add_rows_into, canonical_copy, lane_tree
+from .tasks import column_block, parallel_kernel, rows
 
 
 def _rows(x):
     x = np.asarray(x, dtype=np.float32)
     d = x.shape[-1]
-    return as_f32(x).reshape(int(np.prod(x.shape[:-1], dtype=np.int64)), d), x.shape  # (not -1: D may be 0)
+    return contiguous_f32(x).reshape(int(np.prod(x.shape[:-1], dtype=np.int64)), d), x.shape  # (not -1: D may be 0)
 
 
 def _gain_rows(gain, shape):
@@ -29,34 +31,28 @@ def _gain_rows(gain, shape):
     return canonical_copy(np.asarray(gain, dtype=np.float32), (d,)).reshape(1, d), True
 
 
-@parallel_kernel
+@parallel_kernel(rows)
 def _rmsnorm_forward_kernel(t0, t1, x, gain, has_gain, eps, y, rstd):
-    n, d = x.shape
+    d = x.shape[1]
     df = np.float32(d)
     g_rows = gain.shape[0]
-    nchunks = min(n, 64)
-    ntasks = nchunks
-    if t0 < 0:
-        return ntasks
-    for c in range(t0, min(t1, ntasks)):
-        lanes = np.empty(LANES, dtype=np.float32)
-        sq = np.empty(d, dtype=np.float32)
-        for r in range(c * n // nchunks, (c + 1) * n // nchunks):
+    lanes = np.empty(LANES, dtype=np.float32)
+    sq = np.empty(d, dtype=np.float32)
+    for r in range(t0, t1):
+        for j in range(d):
+            xv = fl(x[r, j])
+            sq[j] = fl(xv * xv)
+        ss = lane_tree(sq, 0, lanes)
+        ms = fl(ss / df)
+        rs = fl(ONE / fl(np.sqrt(fl(ms + eps))))
+        gr = r if g_rows > 1 else 0
+        if has_gain:
             for j in range(d):
-                xv = fl(x[r, j])
-                sq[j] = fl(xv * xv)
-            ss = lane_tree(sq, lanes)
-            ms = fl(ss / df)
-            rs = fl(ONE / fl(np.sqrt(fl(ms + eps))))
-            gr = r if g_rows > 1 else 0
-            if has_gain:
-                for j in range(d):
-                    y[r, j] = cn(fl(fl(fl(x[r, j]) * rs) * gain[gr, j]))
-            else:
-                for j in range(d):
-                    y[r, j] = cn(fl(fl(x[r, j]) * rs))
-            rstd[r] = cn(rs)
-    return ntasks
+                y[r, j] = cn(fl(fl(fl(x[r, j]) * rs) * gain[gr, j]))
+        else:
+            for j in range(d):
+                y[r, j] = cn(fl(fl(x[r, j]) * rs))
+        rstd[r] = cn(rs)
 
 
 def rmsnorm_forward(x, gain, eps: float):
@@ -74,58 +70,30 @@ def rmsnorm_forward(x, gain, eps: float):
     return y, rstd
 
 
-@parallel_kernel
-def _rmsnorm_backward_dx_kernel(t0, t1, dy, x, gain, has_gain, rstd, dx):
-    n, d = x.shape
+@parallel_kernel(rows)
+def _rmsnorm_backward_dx_kernel(t0, t1, dy, x, gain, has_gain, rstd, dx, dy_xhat):
+    """dx, and with a gain ``dy_xhat = dy * xhat`` (the rows of the spec's gain gradient)."""
+    d = x.shape[1]
     df = np.float32(d)
     g_rows = gain.shape[0]
-    nchunks = min(n, 64)
-    ntasks = nchunks
-    if t0 < 0:
-        return ntasks
-    for c in range(t0, min(t1, ntasks)):
-        lanes = np.empty(LANES, dtype=np.float32)
-        t = np.empty(d, dtype=np.float32)
-        gy = np.empty(d, dtype=np.float32)
-        xh = np.empty(d, dtype=np.float32)
-        for r in range(c * n // nchunks, (c + 1) * n // nchunks):
-            rs = fl(rstd[r])
-            gr = r if g_rows > 1 else 0
-            for j in range(d):
-                xh[j] = fl(fl(x[r, j]) * rs)
-                if has_gain:
-                    gy[j] = fl(fl(dy[r, j]) * gain[gr, j])
-                else:
-                    gy[j] = fl(dy[r, j])
-                t[j] = fl(gy[j] * xh[j])
-            m = fl(lane_tree(t, lanes) / df)
-            for j in range(d):
-                dx[r, j] = cn(fl(rs * fl(gy[j] - fl(xh[j] * m))))
-    return ntasks
-
-
-@parallel_kernel
-def _dgain_kernel(t0, t1, dy, x, rstd, out, col_block):
-    """``column_sum(dy * (x * rstd))``: ascending rows, columns split among threads."""
-    n, d = x.shape
-    nblocks = (d + col_block - 1) // col_block
-    ntasks = nblocks
-    if t0 < 0:
-        return ntasks
-    for c in range(t0, min(t1, ntasks)):
-        lo = c * col_block
-        hi = min(d, lo + col_block)
-        acc = np.zeros(hi - lo, dtype=np.float32)
-        for r in range(n):
-            rs = fl(rstd[r])
-            dyr = dy[r, lo:hi]
-            xr = x[r, lo:hi]
-            for j in range(acc.size):
-                acc[j] = fl(acc[j] + fl(fl(dyr[j]) * fl(fl(xr[j]) * rs)))
-        ob = out[lo:hi]
-        for j in range(acc.size):
-            ob[j] = cn(acc[j])
-    return ntasks
+    lanes = np.empty(LANES, dtype=np.float32)
+    t = np.empty(d, dtype=np.float32)
+    gy = np.empty(d, dtype=np.float32)
+    xh = np.empty(d, dtype=np.float32)
+    for r in range(t0, t1):
+        rs = fl(rstd[r])
+        gr = r if g_rows > 1 else 0
+        for j in range(d):
+            xh[j] = fl(fl(x[r, j]) * rs)
+            if has_gain:
+                gy[j] = fl(fl(dy[r, j]) * gain[gr, j])
+                dy_xhat[r, j] = fl(fl(dy[r, j]) * xh[j])
+            else:
+                gy[j] = fl(dy[r, j])
+            t[j] = fl(gy[j] * xh[j])
+        m = fl(lane_tree(t, 0, lanes) / df)
+        for j in range(d):
+            dx[r, j] = cn(fl(rs * fl(gy[j] - fl(xh[j] * m))))
 
 
 def rmsnorm_backward(dy, x, gain, rstd):
@@ -133,15 +101,16 @@ def rmsnorm_backward(dy, x, gain, rstd):
     check_norm_shapes(x, gain, dy, rstd)
     x2, shape = _rows(x)
     n, d = x2.shape
-    dy2 = as_f32(np.broadcast_to(np.asarray(dy, dtype=np.float32), shape)).reshape(n, d)
-    r = as_f32(np.broadcast_to(np.asarray(rstd, dtype=np.float32), shape[:-1])).reshape(-1)
+    dy2 = contiguous_f32(np.broadcast_to(np.asarray(dy, dtype=np.float32), shape)).reshape(n, d)
+    r = contiguous_f32(np.broadcast_to(np.asarray(rstd, dtype=np.float32), shape[:-1])).reshape(-1)
     g, has_gain = _gain_rows(gain, shape)
     dx = np.empty(shape, dtype=np.float32)
+    dy_xhat = np.empty((n, d) if has_gain else (0, 0), dtype=np.float32)
     if n and d:
-        _rmsnorm_backward_dx_kernel(dy2, x2, g, has_gain, r, dx.reshape(n, d))
+        _rmsnorm_backward_dx_kernel(dy2, x2, g, has_gain, r, dx.reshape(n, d), dy_xhat)
     if not has_gain:
         return dx, None
-    dgain = np.empty(d, dtype=np.float32)
+    dgain = np.empty((1, d), dtype=np.float32)
     if d:
-        _dgain_kernel(dy2, x2, r, dgain, column_block(d))
-    return dx, dgain
+        add_rows_into(dy_xhat, np.zeros(n, dtype=np.int64), dgain, column_block(d))
+    return dx, dgain.reshape(-1)

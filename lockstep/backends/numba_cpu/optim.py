@@ -1,8 +1,9 @@
 """Global-norm clipping and AdamW (``lockstep.spec.optim``), elementwise in parallel.
 
-``sum_of_squares`` is the spec's blocked order: a lane tree per block of
-``SUM_OF_SQUARES_BLOCK`` (4096) consecutive elements, blocks in parallel (each
-block's 32 lanes a few SIMD registers), then one lane tree over the block sums.
+``sum_of_squares`` is the spec's blocked order: a lane tree (``reduce.lane_tree``)
+of the squares of each block of ``SUM_OF_SQUARES_BLOCK`` (4096) consecutive elements,
+blocks in parallel (each block's squares stay in L1), then one lane tree over the
+block sums.
 """
 
 from __future__ import annotations
@@ -10,68 +11,43 @@ from __future__ import annotations
 import numpy as np
 
 from lockstep.spec.checks import check_adamw_shapes  # the same input checks as the spec
-from lockstep.spec.optim import SUM_OF_SQUARES_BLOCK
+from lockstep.spec.optim import CLIP_EPS, SUM_OF_SQUARES_BLOCK
 
-from .fp import (BLOCK, ZERO, add, as_f32, canon_scalar, cn, div, element_blocks, fl, kernel, minimum, mul,
-                 parallel_kernel)
-from .reduce import LANES, lane_tree
+from .fp import ZERO, add, canon_scalar, cn, contiguous_f32, div, fl, minimum, mul
+from .reduce import LANES, lane_tree, lane_tree_value
+from .tasks import block_bounds, element_blocks, kernel, parallel_kernel
 
-CLIP_EPS = np.float32(1e-6)
 BLOCKS_PER_TASK = 16  # 64k elements per task: enough work to hand to a thread
 
 
-@kernel
-def _block_sum_of_squares(x, lanes):
-    """Lane-tree(32) sum of ``fl(x*x)`` over one block (x flushed on load); lanes: scratch (32,)."""
-    for j in range(LANES):
-        lanes[j] = ZERO
-    n = x.size
-    full = (n // LANES) * LANES
-    for s in range(0, full, LANES):
-        grp = x[s:s + LANES]
-        for j in range(LANES):
-            v = fl(grp[j])
-            lanes[j] = fl(lanes[j] + fl(v * v))
-    tail = x[full:]
-    for j in range(tail.size):
-        v = fl(tail[j])
-        lanes[j] = fl(lanes[j] + fl(v * v))
-    w = LANES // 2
-    while w >= 1:
-        for j in range(w):
-            lanes[j] = fl(lanes[j] + lanes[j + w])
-        w //= 2
-    return lanes[0]
+def _block_tasks(g, block_sums) -> int:
+    """Tasks of ``_block_sums_kernel``: ``BLOCKS_PER_TASK`` blocks each."""
+    return -(-block_sums.size // BLOCKS_PER_TASK)
 
 
-@parallel_kernel
+@parallel_kernel(_block_tasks)
 def _block_sums_kernel(t0, t1, g, block_sums):
+    """``block_sums[k]`` = the lane tree of ``fl(x * x)`` over block k of g (x flushed on load)."""
     n = g.size
-    nblocks = block_sums.size
-    ntasks = (nblocks + BLOCKS_PER_TASK - 1) // BLOCKS_PER_TASK
-    if t0 < 0:
-        return ntasks
     lanes = np.empty(LANES, dtype=np.float32)
-    for task in range(t0, min(t1, ntasks)):
-        for k in range(task * BLOCKS_PER_TASK, min(nblocks, (task + 1) * BLOCKS_PER_TASK)):
-            lo = k * SUM_OF_SQUARES_BLOCK
-            block_sums[k] = _block_sum_of_squares(g[lo:min(n, lo + SUM_OF_SQUARES_BLOCK)], lanes)
-    return ntasks
-
-
-@kernel
-def _lane_tree_canonical(x):
-    lanes = np.empty(LANES, dtype=np.float32)
-    return cn(lane_tree(x, lanes))
+    sq = np.empty(SUM_OF_SQUARES_BLOCK, dtype=np.float32)
+    for task in range(t0, t1):
+        for k in range(task * BLOCKS_PER_TASK, min(block_sums.size, (task + 1) * BLOCKS_PER_TASK)):
+            x = g[k * SUM_OF_SQUARES_BLOCK:min(n, (k + 1) * SUM_OF_SQUARES_BLOCK)]
+            sqk = sq[:x.size]
+            for j in range(x.size):
+                v = fl(x[j])
+                sqk[j] = fl(v * v)
+            block_sums[k] = lane_tree(sqk, 0, lanes)
 
 
 def sum_of_squares(g) -> np.ndarray:
     """``spec.optim.sum_of_squares``: lane trees of ``g * g`` per block of 4096, then a lane tree of the block sums."""
-    flat = as_f32(np.asarray(g, dtype=np.float32)).reshape(-1)
+    flat = contiguous_f32(np.asarray(g, dtype=np.float32)).reshape(-1)
     block_sums = np.empty(-(-flat.size // SUM_OF_SQUARES_BLOCK), dtype=np.float32)
     if flat.size:
         _block_sums_kernel(flat, block_sums)
-    return np.array(np.float32(_lane_tree_canonical(block_sums)), dtype=np.float32)
+    return np.array(np.float32(lane_tree_value(block_sums)), dtype=np.float32)
 
 
 @kernel
@@ -107,19 +83,12 @@ def scale(g, coef) -> np.ndarray:
     return mul(g, coef)
 
 
-@parallel_kernel(tasks=element_blocks)
+@parallel_kernel(element_blocks)
 def _adamw_kernel(t0, t1, p, g, m, v, lr, beta1, beta2, omb1, omb2, eps, wd, decay, bc1, bc2, p_out, m_out, v_out):
-    n = p.size
     for blk in range(t0, t1):
-        lo = blk * BLOCK
-        hi = min(n, lo + BLOCK)
-        g_b = g[lo:hi]
-        m_b = m[lo:hi]
-        m_out_b = m_out[lo:hi]
-        p_b = p[lo:hi]
-        p_out_b = p_out[lo:hi]
-        v_b = v[lo:hi]
-        v_out_b = v_out[lo:hi]
+        lo, hi = block_bounds(blk, p.size)
+        p_b, g_b, m_b, v_b = p[lo:hi], g[lo:hi], m[lo:hi], v[lo:hi]
+        p_out_b, m_out_b, v_out_b = p_out[lo:hi], m_out[lo:hi], v_out[lo:hi]
         for i in range(hi - lo):
             pi = fl(p_b[i])
             gi = fl(g_b[i])
@@ -138,7 +107,7 @@ def adamw_update(p, g, m, v, lr, beta1, beta2, one_minus_beta1, one_minus_beta2,
     check_adamw_shapes(p, g, m, v)
     arrays = [np.asarray(a, dtype=np.float32) for a in (p, g, m, v)]
     shape = arrays[0].shape
-    flat = [as_f32(np.broadcast_to(a, shape)).reshape(-1) for a in arrays]
+    flat = [contiguous_f32(np.broadcast_to(a, shape)).reshape(-1) for a in arrays]
     outs = [np.empty(shape, dtype=np.float32) for _ in range(3)]
     if flat[0].size:
         s = [canon_scalar(x) for x in (lr, beta1, beta2, one_minus_beta1, one_minus_beta2, eps, weight_decay, bc1, bc2)]

@@ -6,7 +6,7 @@ import numpy as np
 
 from lockstep.spec.philox import DEFAULT_ROUNDS, PHILOX_M4x32_0, PHILOX_M4x32_1, PHILOX_W32_0, PHILOX_W32_1
 
-from .fp import parallel_kernel
+from .tasks import parallel_kernel, rows
 
 M0 = np.uint64(PHILOX_M4x32_0)
 M1 = np.uint64(PHILOX_M4x32_1)
@@ -16,13 +16,10 @@ MASK32 = np.uint64(0xFFFFFFFF)
 SHIFT32 = np.uint64(32)
 
 
-@parallel_kernel(weight=8)
+@parallel_kernel(rows, weight=8)
 def _philox_kernel(t0, t1, ctr, key, rounds, out):
     """ctr (n, 4), key (n, 2), out (n, 4), all uint32; one block per row."""
-    ntasks = ctr.shape[0]
-    if t0 < 0:
-        return ntasks
-    for i in range(t0, min(t1, ntasks)):
+    for i in range(t0, t1):
         c0 = np.uint32(ctr[i, 0])
         c1 = np.uint32(ctr[i, 1])
         c2 = np.uint32(ctr[i, 2])
@@ -44,7 +41,6 @@ def _philox_kernel(t0, t1, ctr, key, rounds, out):
         out[i, 1] = c1
         out[i, 2] = c2
         out[i, 3] = c3
-    return ntasks
 
 
 def philox4x32(counter, key, rounds: int = DEFAULT_ROUNDS) -> np.ndarray:

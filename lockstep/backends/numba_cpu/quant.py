@@ -1,7 +1,7 @@
 """The int8 W8A8 linear layer and its backward (``lockstep.spec.quant``).
 
-Every float step (scales, quantization, Hadamard butterflies, dequantization,
-rescaling) is a Numba kernel that follows the spec's order. The quantized operands
+Every float step (scales, quantization, the Hadamard rotation of ``hadamard``,
+dequantization, rescaling) is a Numba kernel that follows the spec's order. The quantized operands
 are int8 arrays, as in the spec, and the int8 GEMMs are exact, so they run on
 whatever this CPU does fastest (``int8gemm.matmul_rescaled``: AVX-512 VNNI, else
 float32 BLAS on int8 values), with the spec's rescale applied as the result is stored.
@@ -19,27 +19,18 @@ from collections.abc import Callable, Iterator
 import numpy as np
 
 from lockstep.spec.checks import check_linear_shapes
-from lockstep.spec.quant import HADAMARD_MAX_BLOCK
+from lockstep.spec.fp import EXPONENT_MASK
+from lockstep.spec.quant import ONE, QMAX, TWO, hadamard_block
+from lockstep.spec.reduce import LANES
 
 from . import int8gemm
-from .butterflies import radix16_columns, transform16, transform32, transform64, transform128, transform256
-from .fp import (ABS_MASK, CANONICAL_NAN_BITS, ONE, ZERO, as_f32, bits, cn, fl, from_bits, inlined, kernel,
-                 min_nonzero_abs, parallel_kernel)
-from .reduce import LANES
+from .fp import ABS_MASK, CANONICAL_NAN_BITS, ZERO, bits, cn, contiguous_f32, fl, from_bits, min_nonzero_abs
+from .hadamard import ADDITIVE_SAFE, hadamard_columns, hadamard_row
+from .tasks import kernel, parallel_kernel, rows
 
-QMAX = np.float32(127.0)
-NEG_QMAX = np.float32(-127.0)
-TWO = np.float32(2.0)
-SQRT_QMAX = np.float32(np.sqrt(np.float32(127.0)))  # fp.sqrt(127): IEEE sqrt, one rounding, normal
-INF_BITS = np.uint32(0x7F800000)
-
-
-def hadamard_block(n: int) -> int:
-    """The rotation block for a dimension of length n: largest power of two dividing n, <= 256."""
-    b = 1
-    while n % (2 * b) == 0 and 2 * b <= HADAMARD_MAX_BLOCK:
-        b *= 2
-    return b
+NEG_QMAX = -QMAX
+SQRT_QMAX = np.float32(np.sqrt(QMAX))  # fp.sqrt(127): IEEE sqrt, one rounding, normal
+INF_BITS = EXPONENT_MASK  # +inf is the exponent field alone
 
 
 # ---------------------------------------------------------------- scalar pieces
@@ -78,6 +69,12 @@ def abs_max_bits_to_float(m):
 
 
 @kernel
+def scale_from_abs_max_bits(m):
+    """``nonzero(max|x| / 127)`` from the max of the |x| bit patterns (exact in any order): a scale."""
+    return nonzero_scale(fl(abs_max_bits_to_float(m) / QMAX))
+
+
+@kernel
 def abs_bits_entered(x):
     """Bits of ``|f32(x)|``: flushed to 0 if subnormal, sign cleared (NaNs stay above inf)."""
     return bits(fl(x)) & ABS_MASK
@@ -85,19 +82,19 @@ def abs_bits_entered(x):
 
 # ---------------------------------------------------------------- scales
 
-@parallel_kernel
+def _chunks(x, nchunks, out) -> int:
+    return nchunks
+
+
+@parallel_kernel(_chunks)
 def _abs_max_bits(t0, t1, x, nchunks, out):
     n = x.size
-    ntasks = nchunks
-    if t0 < 0:
-        return ntasks
-    for c in range(t0, min(t1, ntasks)):
+    for c in range(t0, t1):
         m = np.uint32(0)
         part = x[c * n // nchunks:(c + 1) * n // nchunks]
         for i in range(part.size):
             m = max(m, np.uint32(abs_bits_entered(part[i])))
         out[c] = m
-    return ntasks
 
 
 def activation_scale(x_flat) -> np.float32:
@@ -112,15 +109,16 @@ def activation_scale(x_flat) -> np.float32:
 
 @kernel
 def _activation_scale_from_bits(m):
-    return cn(nonzero_scale(fl(abs_max_bits_to_float(m) / QMAX)))
+    return cn(scale_from_abs_max_bits(m))
 
 
 @kernel
 def _weight_scale_kernel(w, col_block, sw):
     """Per column n: ``(2 * (lane_tree_sum_k |w[k, n]| / K)) / sqrt(127)``, 0 -> 1.
 
-    The lane tree runs down each column; lanes are held for a block of columns at
-    once so the loads are contiguous rows.
+    The lane tree of ``reduce.lane_tree`` runs down each column; lanes are held for a
+    block of columns at once, so the loads are contiguous rows and the adds and the fold
+    vectorize across the columns.
     """
     k, n = w.shape
     kf = np.float32(k)
@@ -159,30 +157,12 @@ def weight_scale(w2) -> np.ndarray:
 
 # ---------------------------------------------------------------- forward
 
-@parallel_kernel
-def _quantize_rows_scalar(t0, t1, x, s, out):
-    """out = quantize(f32(x), s) for a scalar scale (the activations), rows in parallel."""
-    m, k = x.shape
-    ntasks = m
-    if t0 < 0:
-        return ntasks
-    for r in range(t0, min(t1, ntasks)):
-        for j in range(k):
-            out[r, j] = quantize_i8(fl(x[r, j]), s)
-    return ntasks
-
-
-@parallel_kernel
-def _quantize_cols(t0, t1, w, sw, out):
-    """out[k, n] = quantize(f32(w[k, n]), sw[n]) (int8), rows in parallel."""
-    k, n = w.shape
-    ntasks = k
-    if t0 < 0:
-        return ntasks
-    for r in range(t0, min(t1, ntasks)):
-        for j in range(n):
-            out[r, j] = quantize_i8(fl(w[r, j]), sw[j])
-    return ntasks
+@parallel_kernel(rows)
+def _quantize_by_columns(t0, t1, x, scales, q):
+    """``q[r, j] = quantize(f32(x[r, j]), scales[j])`` (int8), rows in parallel."""
+    for r in range(t0, t1):
+        for j in range(x.shape[1]):
+            q[r, j] = quantize_i8(fl(x[r, j]), scales[j])
 
 
 def _rescale_is_exact(sa, sb, factor) -> bool:
@@ -264,7 +244,7 @@ def _forward_weight(w, w2) -> tuple[np.ndarray, np.ndarray]:
     def codes() -> np.ndarray:
         wq = np.empty(w2.shape, dtype=np.int8)
         if wq.size:
-            _quantize_cols(w2, sw, wq)
+            _quantize_by_columns(w2, sw, wq)
         return wq
 
     return sw, _weight_form(w, ("codes",), codes)
@@ -274,264 +254,89 @@ def int8_linear_forward(x, w) -> np.ndarray:
     """``spec.quant.int8_linear_forward``: (..., K), (K, N) -> (..., N)."""
     check_linear_shapes(x, w)
     x = np.asarray(x, dtype=np.float32)
-    w2 = as_f32(w)
+    w2 = contiguous_f32(w)
     lead = x.shape[:-1]
-    x2 = as_f32(x).reshape(-1, x.shape[-1])
+    x2 = contiguous_f32(x).reshape(-1, x.shape[-1])
     sx = activation_scale(x2.reshape(-1))
     sw, wq = _forward_weight(w, w2)
     xq = np.empty(x2.shape, dtype=np.int8)
     if xq.size:
-        _quantize_rows_scalar(x2, sx, xq)
+        _quantize_by_columns(x2, np.full(x2.shape[1], sx, dtype=np.float32), xq)
     y = _int8_gemm_rescaled(xq, wq, np.array([sx], dtype=np.float32), sw, ONE)
     return y.reshape(lead + (w2.shape[1],))
 
 
-# ---------------------------------------------------------------- Hadamard pieces
-#
-# The transform is sums and differences only. If every input is a multiple of
-# 2**-126 (true of 0 and of every float32 with |x| >= 2**-103), every exact sum
-# and difference is one too, and so is its rounding: nothing is ever subnormal
-# and the flush tests can be left out (``fast``) with the same bits.
-
-ADDITIVE_SAFE = 2.0**-103
-
-
-@inlined
-def _butterfly_run(va, vb, fast):
-    """``(va[i], vb[i]) = (va[i] + vb[i], va[i] - vb[i])``, each rounded (and flushed)."""
-    if fast:
-        for i in range(va.size):
-            x = va[i]
-            y = vb[i]
-            va[i] = x + y
-            vb[i] = x - y
-    else:
-        for i in range(va.size):
-            x = va[i]
-            y = vb[i]
-            va[i] = fl(x + y)
-            vb[i] = fl(x - y)
-
-
-@inlined
-def _butterfly4_run(va, vb, vc, vd, fast):
-    """Stages h and 2h on four runs at i, i+h, i+2h, i+3h: (a, b, c, d) ->
-    stage h: (a+b, a-b, c+d, c-d), then stage 2h: pairs (0, 2) and (1, 3)."""
-    if fast:
-        for i in range(va.size):
-            y0 = va[i] + vb[i]
-            y1 = va[i] - vb[i]
-            y2 = vc[i] + vd[i]
-            y3 = vc[i] - vd[i]
-            va[i] = y0 + y2
-            vc[i] = y0 - y2
-            vb[i] = y1 + y3
-            vd[i] = y1 - y3
-    else:
-        for i in range(va.size):
-            y0 = fl(va[i] + vb[i])
-            y1 = fl(va[i] - vb[i])
-            y2 = fl(vc[i] + vd[i])
-            y3 = fl(vc[i] - vd[i])
-            va[i] = fl(y0 + y2)
-            vc[i] = fl(y0 - y2)
-            vb[i] = fl(y1 + y3)
-            vd[i] = fl(y1 - y3)
-
-
 @kernel
-def _radix8_flushed(v):
-    """Stages h = 1, 2, 4 of the transform on each group of 8 consecutive elements."""
-    for c in range(0, v.size, 8):
-        g = v[c:c + 8]
-        y0 = fl(g[0] + g[1]); y1 = fl(g[0] - g[1]); y2 = fl(g[2] + g[3]); y3 = fl(g[2] - g[3])  # noqa: E702
-        y4 = fl(g[4] + g[5]); y5 = fl(g[4] - g[5]); y6 = fl(g[6] + g[7]); y7 = fl(g[6] - g[7])  # noqa: E702
-        z0 = fl(y0 + y2); z1 = fl(y1 + y3); z2 = fl(y0 - y2); z3 = fl(y1 - y3)  # noqa: E702
-        z4 = fl(y4 + y6); z5 = fl(y5 + y7); z6 = fl(y4 - y6); z7 = fl(y5 - y7)  # noqa: E702
-        g[0] = fl(z0 + z4); g[1] = fl(z1 + z5); g[2] = fl(z2 + z6); g[3] = fl(z3 + z7)  # noqa: E702
-        g[4] = fl(z0 - z4); g[5] = fl(z1 - z5); g[6] = fl(z2 - z6); g[7] = fl(z3 - z7)  # noqa: E702
-
-
-@kernel
-def _radix8_exact(v):
-    """``_radix8_flushed`` without the flush tests (for inputs that are multiples of 2**-126)."""
-    for c in range(0, v.size, 8):
-        g = v[c:c + 8]
-        y0 = g[0] + g[1]; y1 = g[0] - g[1]; y2 = g[2] + g[3]; y3 = g[2] - g[3]  # noqa: E702
-        y4 = g[4] + g[5]; y5 = g[4] - g[5]; y6 = g[6] + g[7]; y7 = g[6] - g[7]  # noqa: E702
-        z0 = y0 + y2; z1 = y1 + y3; z2 = y0 - y2; z3 = y1 - y3  # noqa: E702
-        z4 = y4 + y6; z5 = y5 + y7; z6 = y4 - y6; z7 = y5 - y7  # noqa: E702
-        g[0] = z0 + z4; g[1] = z1 + z5; g[2] = z2 + z6; g[3] = z3 + z7  # noqa: E702
-        g[4] = z0 - z4; g[5] = z1 - z5; g[6] = z2 - z6; g[7] = z3 - z7  # noqa: E702
-
-
-@kernel
-def _vector_blocks(v, blk):
-    """Every block of ``blk`` (16..256) contiguous elements of v transformed in registers (no flush tests)."""
-    for b0 in range(0, v.size, blk):
-        addr = v[b0:].ctypes.data
-        if blk == 16:
-            transform16(addr)
-        elif blk == 32:
-            transform32(addr)
-        elif blk == 64:
-            transform64(addr)
-        elif blk == 128:
-            transform128(addr)
-        else:
-            transform256(addr)
-
-
-@kernel
-def hadamard_row(v, blk):
-    """``spec.quant.hadamard_transform`` of one contiguous row (already entered), in place.
-
-    Blocks are independent and the stages of a block run in the spec's order, so
-    running each stage over all blocks before the next stage gives the same bits.
-    Where no flush can happen, blocks of 16 to 256 run whole in registers (``butterflies``).
-    """
-    fast = min_nonzero_abs(v) >= ADDITIVE_SAFE
-    if fast and 16 <= blk <= 256:
-        _vector_blocks(v, blk)
-        return
-    h = 1
-    if blk >= 8:
-        if fast:
-            _radix8_exact(v)
-        else:
-            _radix8_flushed(v)
-        h = 8
-    while 4 * h <= blk:
-        _radix4_row(v.reshape(v.size // (4 * h), 4, h), fast)
-        h *= 4
-    while h < blk:
-        _radix2_row(v.reshape(v.size // (2 * h), 2, h), fast)
-        h *= 2
-
-
-@kernel
-def _radix4_row(v3, fast):
-    """Stages h and 2h on a row viewed as (groups, 4, h): see ``_butterfly4_run``."""
-    for gi in range(v3.shape[0]):
-        _butterfly4_run(v3[gi, 0], v3[gi, 1], v3[gi, 2], v3[gi, 3], fast)
-
-
-@kernel
-def _radix2_row(v3, fast):
-    """Stage h on a row viewed as (groups, 2, h)."""
-    for gi in range(v3.shape[0]):
-        _butterfly_run(v3[gi, 0], v3[gi, 1], fast)
-
-
-@kernel
-def _row_abs_max_scale(row):
-    """``nonzero(max |row| / 127)`` (exact total-order max of |.|; NaN -> NaN)."""
+def _rotate_quantize_row(row, blk, rotate, q):
+    """Rotate the entered row in place (optional), then quantize it by ``max|row| / 127`` into q;
+    returns that scale."""
+    if rotate:
+        hadamard_row(row, blk)
     mx = np.uint32(0)
     for j in range(row.size):
         mx = max(mx, np.uint32(bits(row[j]) & ABS_MASK))
-    return nonzero_scale(fl(abs_max_bits_to_float(mx) / QMAX))
-
-
-@kernel
-def _quantize_row(row, s, q):
+    s = scale_from_abs_max_bits(mx)
     for j in range(row.size):
         q[j] = quantize_i8(row[j], s)
+    return s
 
 
-@parallel_kernel(weight=4)
+@parallel_kernel(rows, weight=4)
 def _rows_rotate_quantize(t0, t1, a, blk, rotate, q, sa):
     """Rows of a (M, C), contracted along C: enter (flush), rotate (optional),
     ``sa[m] = max|.| / 127``, quantize. ``q`` (int8) receives the quantized rows."""
-    m, c = a.shape
-    ntasks = m
-    if t0 < 0:
-        return ntasks
-    row = np.empty(c, dtype=np.float32)
-    for r in range(t0, min(t1, ntasks)):
+    row = np.empty(a.shape[1], dtype=np.float32)
+    for r in range(t0, t1):
         src = a[r]
-        for j in range(c):
+        for j in range(row.size):
             row[j] = fl(src[j])
-        if rotate:
-            hadamard_row(row, blk)
-        s = _row_abs_max_scale(row)
-        sa[r] = cn(s)
-        _quantize_row(row, s, q[r])
-    return ntasks
+        sa[r] = cn(_rotate_quantize_row(row, blk, rotate, q[r]))
 
 
-@parallel_kernel(weight=4)
+@parallel_kernel(rows, weight=4)
 def _weight_rows_rotate_quantize(t0, t1, w, sw, blk, rotate, q, sb):
     """Rows k of wdq = dequantized_weight(w) (K, N), rotated along N, scaled and quantized (int8 q).
 
     ``wdq[k, n] = quantize(w[k, n], sw[n]) * sw[n]`` (one rounded product). Rows in parallel.
     """
-    k, n = w.shape
-    ntasks = k
-    if t0 < 0:
-        return ntasks
-    row = np.empty(n, dtype=np.float32)
-    for r in range(t0, min(t1, ntasks)):
+    row = np.empty(w.shape[1], dtype=np.float32)
+    for r in range(t0, t1):
         src = w[r]
-        for j in range(n):
+        for j in range(row.size):
             row[j] = fl(quantize1(fl(src[j]), sw[j]) * sw[j])
-        if rotate:
-            hadamard_row(row, blk)
-        s = _row_abs_max_scale(row)
-        sb[r] = cn(s)
-        _quantize_row(row, s, q[r])
-    return ntasks
+        sb[r] = cn(_rotate_quantize_row(row, blk, rotate, q[r]))
 
 
-@parallel_kernel
+@parallel_kernel(rows)
 def _dequantize_activation(t0, t1, x, sx, out):
     """``xdq = quantize(f32(x), sx) * sx`` elementwise (rows in parallel)."""
-    m, k = x.shape
-    ntasks = m
-    if t0 < 0:
-        return ntasks
-    for r in range(t0, min(t1, ntasks)):
+    k = x.shape[1]
+    for r in range(t0, t1):
         src = x[r]
         dst = out[r]
         for j in range(k):
             dst[j] = fl(quantize1(fl(src[j]), sx) * sx)
-    return ntasks
 
 
 COL_CHUNK = 256  # columns per task of the column transform: a 256 x 256 tile stays in L2
 
 
-@kernel
-def _column_stages(dst, r0, blk, lo, hi, h, fast):
-    """Stages h, 2h, ... < blk of the transform down rows [r0, r0 + blk) on columns [lo, hi):
-    pairs of stages as four-row butterflies, vectorized across the columns."""
-    while 4 * h <= blk:
-        for g in range(r0, r0 + blk, 4 * h):
-            for i in range(g, g + h):
-                _butterfly4_run(dst[i, lo:hi], dst[i + h, lo:hi], dst[i + 2 * h, lo:hi], dst[i + 3 * h, lo:hi], fast)
-        h *= 4
-    while h < blk:
-        for g in range(r0, r0 + blk, 2 * h):
-            for i in range(g, g + h):
-                _butterfly_run(dst[i, lo:hi], dst[i + h, lo:hi], fast)
-        h *= 2
+def _row_blocks_by_column_chunks(src, dst, blk, rotate, partial) -> int:
+    """Tasks of ``_cols_transform_max``: (block of ``blk`` rows) x (chunk of ``COL_CHUNK`` columns)."""
+    return partial.shape[0] * -(-src.shape[1] // COL_CHUNK)
 
 
-@parallel_kernel(weight=4)
+@parallel_kernel(_row_blocks_by_column_chunks, weight=4)
 def _cols_transform_max(t0, t1, src, dst, blk, rotate, partial):
     """dst = ``spec.quant.hadamard_transform(f32(src), axis=0)`` (or just f32(src)), and
     ``partial[row_block, c]`` = max over the block's rows of |dst[:, c]| (bit patterns).
 
-    Tasks are (block of ``blk`` rows) x (chunk of columns). Where no flush can happen,
-    groups of 16 columns take four stages per pass in registers (``radix16_columns``);
-    the other stages and columns go through ``_column_stages``.
+    Tasks are (block of ``blk`` rows) x (chunk of columns); the rotation is
+    ``hadamard.hadamard_columns``.
     """
-    m, c = src.shape
-    nrb = m // blk
+    c = src.shape[1]
     ncc = (c + COL_CHUNK - 1) // COL_CHUNK
-    ntasks = nrb * ncc
-    if t0 < 0:
-        return ntasks
-    for task in range(t0, min(t1, ntasks)):
+    for task in range(t0, t1):
         rb = task // ncc
         r0 = rb * blk
         lo = (task % ncc) * COL_CHUNK
@@ -543,19 +348,8 @@ def _cols_transform_max(t0, t1, src, dst, blk, rotate, partial):
             for j in range(drow.size):
                 drow[j] = fl(srow[j])
             mn = min(mn, min_nonzero_abs(drow))
-        fast = mn >= ADDITIVE_SAFE
         if rotate:
-            c16 = lo + ((hi - lo) // 16) * 16 if (fast and blk >= 16) else lo
-            h = 1
-            if c16 > lo:
-                while 16 * h <= blk:
-                    for g in range(r0, r0 + blk, 16 * h):
-                        for i in range(g, g + h):
-                            for col in range(lo, c16, 16):
-                                radix16_columns(dst[i, col:].ctypes.data, c, h)
-                    h *= 16
-                _column_stages(dst, r0, blk, lo, c16, h, fast)
-            _column_stages(dst, r0, blk, c16, hi, 1, fast)
+            hadamard_columns(dst, r0, blk, lo, hi, mn >= ADDITIVE_SAFE)
         pm = partial[rb, lo:hi]
         for j in range(pm.size):
             pm[j] = np.uint32(0)
@@ -563,7 +357,6 @@ def _cols_transform_max(t0, t1, src, dst, blk, rotate, partial):
             drow = dst[i, lo:hi]
             for j in range(pm.size):
                 pm[j] = max(pm[j], np.uint32(bits(drow[j]) & ABS_MASK))
-    return ntasks
 
 
 @kernel
@@ -574,23 +367,9 @@ def _col_scales(partial, s_out, sc):
         mx = np.uint32(0)
         for p in range(partial.shape[0]):
             mx = max(mx, partial[p, j])
-        s = nonzero_scale(fl(abs_max_bits_to_float(mx) / QMAX))
+        s = scale_from_abs_max_bits(mx)
         sc[j] = s
         s_out[j] = cn(s)
-
-
-@parallel_kernel
-def _quantize_by_cols(t0, t1, a, sc, q):
-    m, c = a.shape
-    ntasks = m
-    if t0 < 0:
-        return ntasks
-    for r in range(t0, min(t1, ntasks)):
-        row = a[r]
-        qr = q[r]
-        for j in range(c):
-            qr[j] = quantize_i8(row[j], sc[j])
-    return ntasks
 
 
 def _cols_rotate_quantize(src, dst, blk, rotate, s_out, q):
@@ -605,7 +384,7 @@ def _cols_rotate_quantize(src, dst, blk, rotate, s_out, q):
     _cols_transform_max(src, dst, blk, rotate, partial)
     sc = np.empty(c, dtype=np.float32)
     _col_scales(partial, s_out, sc)
-    _quantize_by_cols(dst, sc, q)
+    _quantize_by_columns(dst, sc, q)
 
 
 def int8_linear_backward(dy, x, w, hadamard: bool = True):
@@ -614,10 +393,10 @@ def int8_linear_backward(dy, x, w, hadamard: bool = True):
     x = np.asarray(x, dtype=np.float32)
     lead = x.shape[:-1]
     kdim = x.shape[-1]
-    x2 = as_f32(x).reshape(-1, kdim)
+    x2 = contiguous_f32(x).reshape(-1, kdim)
     dy = np.asarray(dy, dtype=np.float32)
-    dy2 = as_f32(dy).reshape(-1, dy.shape[-1])
-    w2 = as_f32(w)
+    dy2 = contiguous_f32(dy).reshape(-1, dy.shape[-1])
+    w2 = contiguous_f32(w)
     m, n = dy2.shape
 
     # dx = int8_rotated_matmul(dy, wdq^T): contracted over N.

@@ -1,7 +1,9 @@
 """Reductions and contractions in the spec's orders (``lockstep.spec.reduce``).
 
 * ``lane_tree_sum``: lane j (0..31) sums elements j, j+32, ... ascending from +0.0,
-  then the lanes fold 16, 8, 4, 2, 1 (``lane_tree``). Rows run in parallel.
+  then the lanes fold 16, 8, 4, 2, 1 (``lane_tree``: THE lane tree of this backend,
+  which the norms, the loss, attention's softmax and ``sum_of_squares`` use; the
+  fold alone is ``lane_fold``). Rows run in parallel.
 * ``matmul``: per output element ascending over k from +0.0, ``acc = acc + a*b`` with
   product and sum each rounded and flushed. The loop order is: for each output row
   (in parallel), for k ascending, for n vectorized: ``acc[n] += a[m, k] * b[k, n]``,
@@ -13,7 +15,8 @@
   VNNI where the CPU has it, else float32 BLAS on int8 values in exact K chunks).
 * ``max``/``argmax``: exact in the total order; rows in parallel.
 * ``column_sum``: rows added in ascending order from +0.0, so threads split the
-  columns instead, each visiting every row in order.
+  columns instead, each visiting every row in order (``add_rows_into``: THE column
+  sum, which the norm's gain gradient and the embedding's backward use too).
 """
 
 from __future__ import annotations
@@ -21,31 +24,21 @@ from __future__ import annotations
 import numpy as np
 
 from lockstep.spec.checks import check_int8_operands, check_matmul_shapes
+from lockstep.spec.reduce import LANES
 
 from . import int8gemm
+from .fp import (CANONICAL_NAN_BITS, ONE, ZERO, cn, contiguous_f32, entered, fl, from_bits, min_nonzero_abs,
+                 safe_products, total_key)
+from .tasks import (block_bounds, column_block, column_blocks, column_bounds, element_blocks, inlined, kernel,
+                    parallel_kernel, rows)
 from .tiles import tile_8x32
-from .fp import (CANONICAL_NAN_BITS, ONE, ZERO, as_f32, cn, entered, fl, from_bits, inlined, kernel, min_nonzero_abs,
-                 num_threads, parallel_kernel, safe_products, total_key)
-
-LANES = 32
 
 
 # ---------------------------------------------------------------- lane tree
 
 @kernel
-def lane_tree(row, lanes):
-    """Lane-tree(32) sum of a 1-D float32 array (elements flushed on entry); ``lanes`` is scratch (32,)."""
-    for j in range(LANES):
-        lanes[j] = ZERO
-    n = row.size
-    full = (n // LANES) * LANES
-    for s in range(0, full, LANES):
-        grp = row[s:s + LANES]
-        for j in range(LANES):
-            lanes[j] = fl(lanes[j] + fl(grp[j]))
-    tail = row[full:]
-    for j in range(tail.size):
-        lanes[j] = fl(lanes[j] + fl(tail[j]))
+def lane_fold(lanes):
+    """The fold of the 32 lanes: lane j += lane j + w for w = 16, 8, 4, 2, 1; returns lane 0."""
     w = LANES // 2
     while w >= 1:
         for j in range(w):
@@ -55,31 +48,48 @@ def lane_tree(row, lanes):
 
 
 @kernel
+def lane_tree(row, first, lanes):
+    """Lane-tree(32) sum of a 1-D float32 array whose element jj is element ``first + jj`` of the
+    row the spec sums (lane ``(first + jj) mod 32``; elements flushed on entry); ``lanes`` is
+    scratch (32,). ``first`` > 0: the row's first elements are absent (attention's masked
+    keys), so their lanes start later; ``first`` = 0 is ``spec.reduce.lane_tree_sum``."""
+    for j in range(LANES):
+        lanes[j] = ZERO
+    n = row.size
+    off = first % LANES
+    head = min(n, (LANES - off) % LANES)
+    for jj in range(head):
+        lanes[off + jj] = fl(lanes[off + jj] + fl(row[jj]))
+    full = head + ((n - head) // LANES) * LANES
+    for s in range(head, full, LANES):
+        grp = row[s:s + LANES]
+        for j in range(LANES):
+            lanes[j] = fl(lanes[j] + fl(grp[j]))
+    tail = row[full:]
+    for j in range(tail.size):
+        lanes[j] = fl(lanes[j] + fl(tail[j]))
+    return lane_fold(lanes)
+
+
+@kernel
 def lane_tree_value(row):
     """The canonical lane-tree sum of one row (a float32, returned to Python as a float)."""
     lanes = np.empty(LANES, dtype=np.float32)
-    return cn(lane_tree(row, lanes))
+    return cn(lane_tree(row, 0, lanes))
 
 
-@parallel_kernel
+@parallel_kernel(rows)
 def _lane_tree_rows(t0, t1, x, out):
-    rows = x.shape[0]
-    nchunks = min(rows, 64)
-    ntasks = nchunks
-    if t0 < 0:
-        return ntasks
-    for c in range(t0, min(t1, ntasks)):
-        lanes = np.empty(LANES, dtype=np.float32)
-        for r in range(c * rows // nchunks, (c + 1) * rows // nchunks):
-            out[r] = cn(lane_tree(x[r], lanes))
-    return ntasks
+    lanes = np.empty(LANES, dtype=np.float32)
+    for r in range(t0, t1):
+        out[r] = cn(lane_tree(x[r], 0, lanes))
 
 
 def lane_tree_sum(x, axis: int = -1) -> np.ndarray:
     """``spec.reduce.lane_tree_sum``."""
     x = np.moveaxis(np.asarray(x, dtype=np.float32), axis, -1)
     lead = x.shape[:-1]
-    x2 = as_f32(x).reshape(-1, x.shape[-1]) if x.size else np.zeros((int(np.prod(lead)), 0), np.float32)
+    x2 = contiguous_f32(x).reshape(-1, x.shape[-1]) if x.size else np.zeros((int(np.prod(lead)), 0), np.float32)
     out = np.empty(x2.shape[0], dtype=np.float32)
     if out.size:
         _lane_tree_rows(x2, out)
@@ -89,16 +99,18 @@ def lane_tree_sum(x, axis: int = -1) -> np.ndarray:
 # ---------------------------------------------------------------- float32 contraction
 
 @kernel
-def accumulate_rows(acc, w, rows, fast):
-    """``acc[d] = acc[d] + w[j] * rows[j, d]`` for j ascending: THE ascending contraction
+def accumulate_rows(acc, w, rows, col0, fast):
+    """``acc[d] = acc[d] + w[j] * rows[j, col0 + d]`` for j ascending: THE ascending contraction
     (every product and sum rounded and flushed; never an FMA), which ``contract_row``
-    and attention's ``o = p v``, ``dq = ds k`` use.
+    and attention's scores, ``o = p v`` and ``dq = ds k`` use.
 
     ``fast``: the caller proved (``safe_products``) that nothing flushes, so the flush
     tests are left out; the bits are the same. The fast loop takes four j per pass
     over acc (unroll-and-jam): each element still gets its terms one at a time in
     ascending j, with every product and sum rounded, but acc is loaded and stored a
-    quarter as often.
+    quarter as often. The loops run over zero-based slices (``rows[j, col0:col0 + dh]``):
+    Numba then knows the indices are non-negative and leaves out its wraparound checks,
+    which would otherwise keep LLVM from vectorizing.
     """
     dh = acc.size
     n = w.size
@@ -109,21 +121,21 @@ def accumulate_rows(acc, w, rows, fast):
             w1 = w[j + 1]
             w2 = w[j + 2]
             w3 = w[j + 3]
-            x0 = rows[j]
-            x1 = rows[j + 1]
-            x2 = rows[j + 2]
-            x3 = rows[j + 3]
+            x0 = rows[j, col0:col0 + dh]
+            x1 = rows[j + 1, col0:col0 + dh]
+            x2 = rows[j + 2, col0:col0 + dh]
+            x3 = rows[j + 3, col0:col0 + dh]
             for d in range(dh):
                 acc[d] = (((acc[d] + w0 * x0[d]) + w1 * x1[d]) + w2 * x2[d]) + w3 * x3[d]
         for j in range(n4, n):
             wj = w[j]
-            x = rows[j]
+            x = rows[j, col0:col0 + dh]
             for d in range(dh):
                 acc[d] = acc[d] + wj * x[d]
     else:
         for j in range(n):
             wj = w[j]
-            x = rows[j]
+            x = rows[j, col0:col0 + dh]
             for d in range(dh):
                 acc[d] = fl(acc[d] + fl(wj * x[d]))
 
@@ -134,7 +146,7 @@ def contract_row(a_row, b, acc, fast):
     (``accumulate_rows`` from a zeroed acc)."""
     for j in range(acc.size):
         acc[j] = ZERO
-    accumulate_rows(acc, a_row, b, fast)
+    accumulate_rows(acc, a_row, b, 0, fast)
     for j in range(acc.size):
         acc[j] = cn(acc[j])
 
@@ -198,7 +210,12 @@ def _tiled_rows(a_rows, b, b_tail, tail_col, out_rows, tile):
             acc[j] = cn(acc[j])
 
 
-@parallel_kernel(weight=16)
+def _row_blocks(a, b, out) -> int:
+    """Tasks of ``_matmul_kernel``: blocks of ROW_BLOCK output rows of each batch element."""
+    return a.shape[0] * -(-a.shape[1] // ROW_BLOCK)
+
+
+@parallel_kernel(_row_blocks, weight=16)
 def _matmul_kernel(t0, t1, a, b, out):
     """a (Bt, M, K), b (Bt, K, N), both canonical; out (Bt, M, N). Tasks: blocks of output rows.
 
@@ -207,9 +224,6 @@ def _matmul_kernel(t0, t1, a, b, out):
     nb, m, kk = a.shape
     n = b.shape[2]
     blocks = (m + ROW_BLOCK - 1) // ROW_BLOCK
-    ntasks = nb * blocks
-    if t0 < 0:
-        return ntasks
     min_b = np.empty(nb)
     for i in range(nb):
         min_b[i] = min_nonzero_abs(b[i].reshape(-1))
@@ -217,7 +231,7 @@ def _matmul_kernel(t0, t1, a, b, out):
     b_tail = np.zeros((kk, 32), dtype=np.float32)
     tail_of = -1  # which batch element's tail b_tail holds
     tile = np.empty((ROW_BLOCK, 32), dtype=np.float32)
-    for task in range(t0, min(t1, ntasks)):
+    for task in range(t0, t1):
         bi = task // blocks
         r0 = (task % blocks) * ROW_BLOCK
         r1 = min(m, r0 + ROW_BLOCK)
@@ -234,7 +248,6 @@ def _matmul_kernel(t0, t1, a, b, out):
         else:
             for r in range(r0, r1):
                 contract_row(a[bi, r], b[bi], out[bi, r], safe_products(min_nonzero_abs(a[bi, r]), min_b[bi]))
-    return ntasks
 
 
 def canonical_copy(x, shape=None) -> np.ndarray:
@@ -243,24 +256,17 @@ def canonical_copy(x, shape=None) -> np.ndarray:
     if shape is not None and a.shape != tuple(shape):
         a = np.broadcast_to(a, shape)
     out = np.array(a, dtype=np.float32, order="C", copy=True)
-    _canon_inplace(out.reshape(-1))
+    canon_inplace(out.reshape(-1))
     return out
 
 
-@parallel_kernel
-def _canon_inplace(t0, t1, x):
-    n = x.size
-    nb = (n + 16383) // 16384
-    ntasks = nb
-    if t0 < 0:
-        return ntasks
-    for blk in range(t0, min(t1, ntasks)):
-        lo = blk * 16384
-        hi = min(n, lo + 16384)
+@parallel_kernel(element_blocks)
+def canon_inplace(t0, t1, x):
+    for blk in range(t0, t1):
+        lo, hi = block_bounds(blk, x.size)
         x_b = x[lo:hi]
         for i in range(hi - lo):
             x_b[i] = cn(x_b[i])
-    return ntasks
 
 
 def matmul(a, b) -> np.ndarray:
@@ -323,23 +329,16 @@ def row_max_total(row):
     return best
 
 
-def _rows_of(*args) -> int:
-    return args[0].shape[0]
-
-
-@parallel_kernel(tasks=_rows_of)
+@parallel_kernel(rows)
 def _max_rows(t0, t1, x, out):
     for r in range(t0, t1):
         out[r] = row_max_total(x[r])
 
 
-@parallel_kernel
+@parallel_kernel(rows)
 def _argmax_rows(t0, t1, x, out):
-    rows, n = x.shape
-    ntasks = rows
-    if t0 < 0:
-        return ntasks
-    for r in range(t0, min(t1, ntasks)):
+    n = x.shape[1]
+    for r in range(t0, t1):
         idx = 0
         bk = np.int64(-(2**62))
         for j in range(n):
@@ -352,14 +351,13 @@ def _argmax_rows(t0, t1, x, out):
                 bk = kv
                 idx = j
         out[r] = idx
-    return ntasks
 
 
 def _rows_along(x, axis: int, what: str):
     x = np.moveaxis(np.asarray(x, dtype=np.float32), axis, -1)
     if x.shape[-1] == 0:
         raise ValueError(f"{what} of an empty axis")
-    return as_f32(x).reshape(-1, x.shape[-1]), x.shape[:-1]
+    return contiguous_f32(x).reshape(-1, x.shape[-1]), x.shape[:-1]
 
 
 def max(x, axis: int = -1) -> np.ndarray:  # noqa: A001 - the op is called max in every backend
@@ -382,47 +380,44 @@ def argmax(x, axis: int = -1) -> np.ndarray:
 
 # ---------------------------------------------------------------- column sum
 
-@parallel_kernel
-def _column_sum_kernel(t0, t1, x, out, col_block):
-    n, d = x.shape
-    nblocks = (d + col_block - 1) // col_block
-    ntasks = nblocks
-    if t0 < 0:
-        return ntasks
-    for c in range(t0, min(t1, ntasks)):
-        lo = c * col_block
-        hi = min(d, lo + col_block)
-        acc = np.zeros(hi - lo, dtype=np.float32)
-        for r in range(n):
-            xr = x[r, lo:hi]
+@parallel_kernel(column_blocks)
+def add_rows_into(t0, t1, x, ids, out, col_block):
+    """``out[v] = +0.0 + x[p] + x[p'] + ...`` over the rows p with ``ids[p] = v``, ascending p
+    (each add rounded, flushed; canonical result): x (N, D), ids (N,), out (V, D).
+
+    THE column sum: ``column_sum`` is the case V = 1 (every id 0), the embedding's backward
+    the case of the token ids. Tasks are blocks of ``col_block`` columns, each visiting
+    every row in order.
+    """
+    v, d = out.shape
+    for c in range(t0, t1):
+        lo, hi = column_bounds(c, d, col_block)
+        for r in range(v):
+            acc = out[r, lo:hi]
+            for j in range(acc.size):
+                acc[j] = ZERO
+        for p in range(ids.size):
+            acc = out[ids[p], lo:hi]
+            xr = x[p, lo:hi]
             for j in range(acc.size):
                 acc[j] = fl(acc[j] + fl(xr[j]))
-        ob = out[lo:hi]
-        for j in range(acc.size):
-            ob[j] = cn(acc[j])
-    return ntasks
-
-
-def column_block(d: int) -> int:
-    """Columns per task: one contiguous share per thread (rows stay long runs)."""
-    share = -(-d // num_threads())
-    return share if share > 8 else 8  # (not max(): this module's max is the op)
+        for r in range(v):
+            acc = out[r, lo:hi]
+            for j in range(acc.size):
+                acc[j] = cn(acc[j])
 
 
 def column_sum(x) -> np.ndarray:
     """``spec.reduce.column_sum``: (..., D) -> (D,), rows added in ascending order from +0.0."""
     x = np.asarray(x, dtype=np.float32)
-    x2 = as_f32(x).reshape(int(np.prod(x.shape[:-1], dtype=np.int64)), x.shape[-1])  # (not -1: D may be 0)
-    out = np.empty(x2.shape[1], dtype=np.float32)
+    x2 = contiguous_f32(x).reshape(int(np.prod(x.shape[:-1], dtype=np.int64)), x.shape[-1])  # (not -1: D may be 0)
+    out = np.empty((1, x2.shape[1]), dtype=np.float32)
     if out.size:
-        if x2.shape[0]:
-            _column_sum_kernel(x2, out, column_block(x2.shape[1]))
-        else:
-            out[...] = 0.0
-    return out
+        add_rows_into(x2, np.zeros(x2.shape[0], dtype=np.int64), out, column_block(x2.shape[1]))
+    return out.reshape(-1)
 
 
 # names the other modules share
-__all__ = ["lane_tree", "lane_tree_sum", "accumulate_rows", "contract_row", "row_max_total", "matmul", "int8_matmul",
-           "max", "argmax", "column_sum", "column_block", "canonical_copy", "ONE", "ZERO"]
-
+__all__ = ["LANES", "lane_fold", "lane_tree", "lane_tree_value", "lane_tree_sum", "accumulate_rows", "contract_row",
+           "row_max_total", "matmul", "int8_matmul", "max", "argmax", "add_rows_into", "column_sum", "canonical_copy",
+           "ONE", "ZERO"]

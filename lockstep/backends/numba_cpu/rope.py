@@ -10,19 +10,17 @@ import numpy as np
 
 from lockstep.spec.checks import check_rope_shapes  # the same shape checks as the spec
 
-from .fp import as_f32, cn, fl, parallel_kernel
+from .fp import cn, contiguous_f32, fl
+from .tasks import parallel_kernel, rows
 
 
-@parallel_kernel
+@parallel_kernel(rows)
 def _rotate_kernel(t0, t1, x, cos, sin, out, sign):
     """x (R, T, 2P); cos/sin (1 or R, T, P). sign +1: forward; -1: the transpose (backward)."""
-    rows, t, dh = x.shape
+    t, dh = x.shape[1], x.shape[2]
     p = dh // 2
     tab_rows = cos.shape[0]
-    ntasks = rows
-    if t0 < 0:
-        return ntasks
-    for r in range(t0, min(t1, ntasks)):
+    for r in range(t0, t1):
         tr = min(np.int64(r), tab_rows - 1)  # one shared table, or one per row
         for i in range(t):
             for j in range(p):
@@ -36,7 +34,6 @@ def _rotate_kernel(t0, t1, x, cos, sin, out, sign):
                 else:
                     out[r, i, j] = cn(fl(fl(a * c) + fl(b * s)))
                     out[r, i, j + p] = cn(fl(fl(b * c) - fl(a * s)))
-    return ntasks
 
 
 def _rotate(x, cos, sin, sign):
@@ -47,14 +44,14 @@ def _rotate(x, cos, sin, sign):
     out = np.empty(x.shape, dtype=np.float32)
     if out.size == 0:  # reshape(-1, t, dh) is ambiguous for an empty array
         return out
-    x3 = as_f32(x).reshape(-1, t, dh)
+    x3 = contiguous_f32(x).reshape(-1, t, dh)
     tables = []
     for tab in (cos, sin):
         tab = np.asarray(tab, dtype=np.float32)
         try:
-            tables.append(as_f32(np.broadcast_to(tab, (t, p))).reshape(1, t, p))
+            tables.append(contiguous_f32(np.broadcast_to(tab, (t, p))).reshape(1, t, p))
         except ValueError:
-            tables.append(as_f32(np.broadcast_to(tab, x.shape[:-1] + (p,))).reshape(-1, t, p))
+            tables.append(contiguous_f32(np.broadcast_to(tab, x.shape[:-1] + (p,))).reshape(-1, t, p))
     _rotate_kernel(x3, tables[0], tables[1], out.reshape(x3.shape), sign)
     return out
 

@@ -6,40 +6,30 @@ import numpy as np
 
 from lockstep.spec.checks import check_swiglu_shapes  # the same shape checks as the spec
 
-from .fp import ONE, as_f32, cn, fl, parallel_kernel
+from .fp import ONE, cn, contiguous_f32, fl
+from .tasks import parallel_kernel, rows
 from .transcendental import sigmoid_row, silu_from_sigmoid
 
 
-@parallel_kernel(weight=8)
+@parallel_kernel(rows, weight=8)
 def _swiglu_forward_kernel(t0, t1, gu, h):
-    n, f = h.shape
-    ntasks = n
-    if t0 < 0:
-        return ntasks
+    f = h.shape[1]
     sg = np.empty(f, dtype=np.float32)
-    for r in range(t0, min(t1, ntasks)):
-        gate_row = gu[r, :f]
-        up_row = gu[r, f:]
+    for r in range(t0, t1):
+        gate_row, up_row, out = gu[r, :f], gu[r, f:], h[r]
         sigmoid_row(gate_row, sg)
-        out = h[r]
         for j in range(f):
-            gate = fl(gate_row[j])
-            out[j] = cn(fl(silu_from_sigmoid(gate, sg[j]) * fl(up_row[j])))
-    return ntasks
+            out[j] = cn(fl(silu_from_sigmoid(fl(gate_row[j]), sg[j]) * fl(up_row[j])))
 
 
-@parallel_kernel(weight=8)
+@parallel_kernel(rows, weight=8)
 def _swiglu_backward_kernel(t0, t1, dh, gu, out):
-    n, f = dh.shape
-    ntasks = n
-    if t0 < 0:
-        return ntasks
+    """``out[r] = [dgate, dup]``: rows of dh (N, F), gu and out (N, 2F)."""
+    f = dh.shape[1]
     sg = np.empty(f, dtype=np.float32)
-    for r in range(t0, min(t1, ntasks)):
-        gate_row = gu[r, :f]
-        up_row = gu[r, f:]
-        sigmoid_row(gate_row, sg)
-        d_row = dh[r]
+    for r in range(t0, t1):
+        sigmoid_row(gu[r, :f], sg)
+        gate_row, up_row, d_row = gu[r, :f], gu[r, f:], dh[r]
         dgate = out[r, :f]
         dup = out[r, f:]
         for j in range(f):
@@ -49,7 +39,6 @@ def _swiglu_backward_kernel(t0, t1, dh, gu, out):
             dup[j] = cn(fl(d * silu_from_sigmoid(gate, s)))
             dsilu = fl(s * fl(ONE + fl(gate * fl(ONE - s))))
             dgate[j] = cn(fl(fl(d * fl(up_row[j])) * dsilu))
-    return ntasks
 
 
 def swiglu_forward(gu) -> np.ndarray:
@@ -59,7 +48,7 @@ def swiglu_forward(gu) -> np.ndarray:
     f = gu.shape[-1] // 2
     h = np.empty(gu.shape[:-1] + (f,), dtype=np.float32)
     if h.size:  # (reshape(-1, 0) of an empty array is ambiguous, so only here)
-        _swiglu_forward_kernel(as_f32(gu).reshape(-1, gu.shape[-1]), h.reshape(-1, f))
+        _swiglu_forward_kernel(contiguous_f32(gu).reshape(-1, gu.shape[-1]), h.reshape(-1, f))
     return h
 
 
@@ -71,5 +60,5 @@ def swiglu_backward(dh, gu) -> np.ndarray:
     d = np.asarray(dh, dtype=np.float32)
     out = np.empty(gu.shape, dtype=np.float32)
     if out.size:  # (reshape(-1, 0) of an empty array is ambiguous, so only here)
-        _swiglu_backward_kernel(as_f32(d).reshape(-1, f), as_f32(gu).reshape(-1, gu.shape[-1]), out.reshape(-1, 2 * f))
+        _swiglu_backward_kernel(contiguous_f32(d).reshape(-1, f), contiguous_f32(gu).reshape(-1, gu.shape[-1]), out.reshape(-1, 2 * f))
     return out

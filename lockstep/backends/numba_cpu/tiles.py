@@ -31,6 +31,8 @@ from llvmlite import ir
 from numba import types
 from numba.extending import intrinsic
 
+from .irloop import accumulator_loop
+
 LANES16 = 16  # float32 lanes of one AVX-512 register (LLVM splits it where the CPU is narrower)
 
 
@@ -65,39 +67,25 @@ def _contract_tile(mr: int, nv: int):
                 for h in range(nv):
                     loaded = builder.load(out_slot(r, h), align=4)
                     init.append(builder.select(acc_bool, loaded, zero))
-            entry = builder.block
-            loop = builder.append_basic_block("tile.loop")
-            done = builder.append_basic_block("tile.done")
-            builder.branch(loop)
+            def step(kk, accs):  # one k: every accumulator += a[r, k] * b[k, c]
+                b_row = builder.mul(kk, ldb_v)
+                b_vecs = [builder.load(builder.bitcast(builder.gep(b_p, [builder.add(b_row, c64(LANES16 * h))]),
+                                                       vec.as_pointer()), align=4) for h in range(nv)]
+                a_col = builder.mul(kk, ainc_v)
+                new = []
+                for r in range(mr):
+                    a_val = builder.load(builder.gep(a_p, [builder.add(a_col, builder.mul(lda_v, c64(r)))]),
+                                         align=4)
+                    splat = builder.insert_element(ir.Constant(vec, ir.Undefined), a_val,
+                                                   ir.Constant(ir.IntType(32), 0))
+                    splat = builder.shuffle_vector(splat, ir.Constant(vec, ir.Undefined),
+                                                   ir.Constant(ir.VectorType(ir.IntType(32), LANES16), None))
+                    for h in range(nv):
+                        prod = builder.fmul(splat, b_vecs[h])  # rounded
+                        new.append(builder.fadd(accs[r * nv + h], prod))  # rounded: two roundings, never an FMA
+                return new
 
-            builder.position_at_end(loop)
-            kk = builder.phi(i64)
-            kk.add_incoming(c64(0), entry)
-            accs = []
-            for v in init:
-                phi = builder.phi(vec)
-                phi.add_incoming(v, entry)
-                accs.append(phi)
-            b_row = builder.mul(kk, ldb_v)
-            b_vecs = [builder.load(builder.bitcast(builder.gep(b_p, [builder.add(b_row, c64(LANES16 * h))]),
-                                                   vec.as_pointer()), align=4) for h in range(nv)]
-            a_col = builder.mul(kk, ainc_v)
-            new = []
-            for r in range(mr):
-                a_val = builder.load(builder.gep(a_p, [builder.add(a_col, builder.mul(lda_v, c64(r)))]), align=4)
-                splat = builder.insert_element(ir.Constant(vec, ir.Undefined), a_val, ir.Constant(ir.IntType(32), 0))
-                splat = builder.shuffle_vector(splat, ir.Constant(vec, ir.Undefined),
-                                               ir.Constant(ir.VectorType(ir.IntType(32), LANES16), None))
-                for h in range(nv):
-                    prod = builder.fmul(splat, b_vecs[h])  # rounded
-                    new.append(builder.fadd(accs[r * nv + h], prod))  # rounded: two roundings, never an FMA
-            k_next = builder.add(kk, c64(1))
-            kk.add_incoming(k_next, loop)
-            for phi, v in zip(accs, new):
-                phi.add_incoming(v, loop)
-            builder.cbranch(builder.icmp_signed("<", k_next, k_v), loop, done)
-
-            builder.position_at_end(done)
+            new = accumulator_loop(builder, "tile", k_v, init, step)
             for r in range(mr):
                 for h in range(nv):
                     builder.store(new[r * nv + h], out_slot(r, h), align=4)

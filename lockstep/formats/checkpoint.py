@@ -283,18 +283,22 @@ def _marked_sidecar(folder: Path) -> tuple[bytes | None, str | None]:
     if why is not None:
         return None, why
     root, prefix = _anchor(folder)
-    try:
-        want = read_regular(root, f"{prefix}/{COMPLETE_FILE}", "checkpoint marker", MAX_MARKER_BYTES)
-    except FileNotFoundError:
-        return None, f"no {COMPLETE_FILE} marker (the save did not finish)"
-    except (UnsafePath, FileFormatError, OSError) as exc:
-        return None, str(exc)
-    try:
-        side = read_regular(root, f"{prefix}/{SIDECAR_FILE}", "checkpoint sidecar", MAX_SIDECAR_BYTES)
-    except FileNotFoundError:
-        return None, f"{COMPLETE_FILE} present but {SIDECAR_FILE} missing"
-    except (UnsafePath, FileFormatError, OSError) as exc:
-        return None, str(exc)
+
+    def read(name: str, what: str, cap: int, missing: str) -> tuple[bytes | None, str | None]:
+        try:
+            return read_regular(root, f"{prefix}/{name}", what, cap), None
+        except FileNotFoundError:
+            return None, missing
+        except (UnsafePath, FileFormatError, OSError) as exc:
+            return None, str(exc)
+
+    want, why = read(COMPLETE_FILE, "checkpoint marker", MAX_MARKER_BYTES,
+                     f"no {COMPLETE_FILE} marker (the save did not finish)")
+    if why is not None:
+        return None, why
+    side, why = read(SIDECAR_FILE, "checkpoint sidecar", MAX_SIDECAR_BYTES, f"{COMPLETE_FILE} present but {SIDECAR_FILE} missing")
+    if why is not None:
+        return None, why
     want_hex = want.decode("ascii", "replace").strip()
     got = hashlib.sha256(side).hexdigest()
     if want_hex != got:

@@ -46,6 +46,7 @@ units must be below ``2**32``.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import io
 import math
@@ -181,21 +182,29 @@ def member_path(folder: Path, rel, manifest_path: Path) -> Path:
                         f"relative and inside {folder}: fix the manifest or re-ingest") from None
 
 
-def _check_digest(folder: Path, rel: str, expected: str, manifest_path: Path) -> None:
-    """The SHA-256 of ``folder/rel`` (a regular file reached without symlinks) must be ``expected``."""
+@contextlib.contextmanager
+def _data_file(folder: Path, rel: str, manifest_path: Path, what: str):
+    """``fsio.open_regular(folder, rel)`` with its refusals as ``DataError`` naming the manifest."""
     path = member_path(folder, rel, manifest_path)
     try:
-        with open_regular(folder, rel, "data file") as f:
-            h = hashlib.sha256()
-            for block in iter(lambda: f.read(1 << 20), b""):
-                h.update(block)
+        with open_regular(folder, rel, what) as f:
+            yield f
     except FileNotFoundError:
         raise DataError(
             f"{path}: file missing (named by {manifest_path}); restore it, or rebuild the data folder "
             "with `lockstep data ingest` / `lockstep data default`"
         ) from None
     except (UnsafePath, FileFormatError) as e:
-        raise DataError(f"{e}; keep every data file a regular file inside the data folder") from None
+        raise DataError(f"{e}; keep every {what} a regular file inside the data folder") from None
+
+
+def _check_digest(folder: Path, rel: str, expected: str, manifest_path: Path) -> None:
+    """The SHA-256 of ``folder/rel`` (a regular file reached without symlinks) must be ``expected``."""
+    path = member_path(folder, rel, manifest_path)
+    with _data_file(folder, rel, manifest_path, "data file") as f:
+        h = hashlib.sha256()
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
     if h.hexdigest() != expected:
         raise DataError(
             f"{path}: SHA-256 {h.hexdigest()} does not match {expected} in {manifest_path}; the file was altered "
@@ -253,25 +262,17 @@ def _load_shard_file(folder: Path, rel: str, expected_sha256: str, manifest_path
     the ones that were hashed. The file is closed before this returns.
     """
     path = member_path(folder, rel, manifest_path)
-    try:
-        with open_regular(folder, rel, "shard file") as f:
-            size = os.fstat(f.fileno()).st_size
-            shape, dtype, _ = _npy_layout(f.read(NPY_MAX_HEADER), size, path)  # a size check only: trusts nothing
-            if shape[0] != length or dtype.itemsize not in itemsizes:
-                raise DataError(f"{path}: declares {shape[0]} entries of {dtype} but the manifest {manifest_path} "
-                                f"expects {length} of {' or '.join(f'{b}-byte' for b in itemsizes)} integers; "
-                                "the file was altered: restore it or rebuild the data folder")
-            f.seek(0)
-            buf = bytearray(size)
-            got = f.readinto(buf)
-            extra = f.read(1)
-    except FileNotFoundError:
-        raise DataError(
-            f"{path}: file missing (named by {manifest_path}); restore it, or rebuild the data folder "
-            "with `lockstep data ingest` / `lockstep data default`"
-        ) from None
-    except (UnsafePath, FileFormatError) as e:
-        raise DataError(f"{e}; keep every shard a regular file inside the data folder") from None
+    with _data_file(folder, rel, manifest_path, "shard file") as f:
+        size = os.fstat(f.fileno()).st_size
+        shape, dtype, _ = _npy_layout(f.read(NPY_MAX_HEADER), size, path)  # a size check only: trusts nothing
+        if shape[0] != length or dtype.itemsize not in itemsizes:
+            raise DataError(f"{path}: declares {shape[0]} entries of {dtype} but the manifest {manifest_path} "
+                            f"expects {length} of {' or '.join(f'{b}-byte' for b in itemsizes)} integers; "
+                            "the file was altered: restore it or rebuild the data folder")
+        f.seek(0)
+        buf = bytearray(size)
+        got = f.readinto(buf)
+        extra = f.read(1)
     if got != size or extra:
         raise DataError(f"{path}: changed size while being read; the storage is not stable: copy the data folder "
                         "to local disk and audit that copy")

@@ -274,7 +274,11 @@ def test_no_fused_multiply_add_in_the_compiled_code(tmp_path):
     report = json.loads(proc.stdout.strip().splitlines()[-1])
     assert not report["problems"], "\n".join(report["problems"])
     assert report["passed"], "the numba backend failed its conformance suite in the probe"
-    assert [name for name, inline in report["not_compiled"] if inline != "always"] == []
+    from lockstep.backends.numba_cpu import int8gemm
+
+    # the VNNI GEMM's kernels run (and compile) only on a CPU with AVX-512 VNNI; elsewhere BLAS does that GEMM
+    unused_here = set() if int8gemm.HAVE_VNNI else {f"int8gemm.{k}" for k in int8gemm.VNNI_ONLY_KERNELS}
+    assert [name for name, inline in report["not_compiled"] if inline != "always" and name not in unused_here] == []
     assert len(report["inspected"]) >= 100, report["inspected"]
 
 

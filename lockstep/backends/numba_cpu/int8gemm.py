@@ -66,6 +66,8 @@ def _host_has_vnni() -> bool:
 
 
 HAVE_VNNI = _host_has_vnni()
+# the kernels only the VNNI path calls: on a CPU without AVX-512 VNNI they are never compiled
+VNNI_ONLY_KERNELS = ("_pack_b", "_row_corrections", "_vnni_gemm")
 
 
 def implementation() -> str:

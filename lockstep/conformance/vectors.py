@@ -186,6 +186,7 @@ def compute_vectors() -> list[str]:
     lines.append(f"genesis recipe_digest={rd} manifest_digest={md} spec_version={spec.SPEC_VERSION} h0={h0}")
     prev = h0
     for step, tokens, loss, gn, lr in ((1, 4096, 5.5, 1.25, 3e-4), (2, 8192, 5.25, 0.75, 6e-4)):
+        # any 32 bytes stand for the batch digest here (the trainer's is ``stream.batch_digest``)
         root, batch = hashing.state_root(state), hashing.array_digest(np.array([[step]], dtype=np.int32))
         bits = [f"{hashing.float32_bits(v):08X}" for v in (loss, gn, lr)]
         h = hashing.chain_hash(step, prev, root, batch, tokens, *(f"0x{b}" for b in bits))

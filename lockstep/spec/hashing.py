@@ -29,9 +29,11 @@ language can recompute it. Multi-byte integers are little-endian.
   so an edited loss curve breaks the chain. ``H_0 = SHA-256(b"lockstep.genesis.v1\\0"
   || recipe_digest || manifest_digest || u32 len(SPEC_VERSION) || SPEC_VERSION)``
   (``genesis_hash``: what each of the three is).
-* Array digest (``array_digest``, the trajectory's batch digests): a *plain*
-  ``SHA-256(header || data)`` of the canonical bytes under the empty name, not the
-  Merkle tensor digest.
+* Array digest (``array_digest``): a *plain* ``SHA-256(header || data)`` of the
+  canonical bytes under the empty name, not the Merkle tensor digest. (The
+  trajectory's batch digests are not array digests: ``lockstep.train.stream.batch_digest``
+  writes its own layout, ``SHA-256(b"lockstep.batch-digest.v1\\0" || b"int32" || u64 ndim
+  || u64 shape[...] || int32 values)``.)
 
 Leaves are hashed on a thread pool (hashlib releases the GIL on large buffers), so
 digests of big states use every core; the result does not depend on the thread count.
@@ -240,7 +242,7 @@ def record_chain_hash(prev: str | bytes, record: dict) -> str:
 
 
 def array_digest(x: np.ndarray) -> str:
-    """SHA-256 hex of an array's canonical bytes under the empty name (batch digests).
+    """SHA-256 hex of an array's canonical bytes under the empty name.
 
     A plain SHA-256 of ``tensor_header("", x) || data``: no Merkle tree, no chunks, no
     length word, so it differs from ``tensor_digest("", x)``. The shape is bound as the

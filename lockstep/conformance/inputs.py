@@ -21,7 +21,7 @@ BOUNDARY_F32: tuple[tuple[int, str], ...] = (
     (0x80800000, "-smallest normal"),
     (0x00800001, "smallest normal + 1 ulp"),
     (0x00C00000, "1.5 * 2**-126"),
-    # Vectors that separate flush rules (DESIGN.md, GPU backends): the spec rounds on the
+    # Vectors that separate flush rules (docs/numerical-contract.md, "Round, then flush"): the spec rounds on the
     # subnormal grid, then flushes; hardware FTZ decides before rounding. Each of
     # 0x3F7FFFFF * 0x00800000, 0x3F7FFFFE * 0x00800001, 0x00FFFFFF / 2 and 0x00FFFFFF * 0.5
     # is 0x00800000 in the spec and 0 under flush-before-rounding (the first also under x86 FTZ).

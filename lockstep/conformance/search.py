@@ -552,7 +552,7 @@ def flush_window_pairs(seed: int, n: int, op: str) -> tuple[np.ndarray, np.ndarr
     ulps of ``2**-126``, as uint32 bit patterns (random signs).
 
     Round-then-flush gives ``2**-126`` and flush-before-rounding hardware gives 0
-    exactly when the exact result lies in ``[2**-126 - 2**-150, 2**-126)`` (DESIGN.md).
+    exactly when the exact result lies in ``[2**-126 - 2**-150, 2**-126)`` (docs/gpu-kernels.md, "Subnormals on GPUs").
     mul: b in [0.5, 1), a the float32 nearest ``2**-126 / b`` moved by -2..2 ulps
     (about 14% of pairs land in that window). div: a quotient of two float32 lands
     there only as ``(2 - 2**-23) * 2**(E-127) / 2**E`` (a's mantissa all ones, b the

@@ -1,6 +1,6 @@
 """The float32 rules every lockstep number obeys.
 
-Contract (DESIGN.md, "the four locks"):
+Contract (the four locks of ``docs/numerical-contract.md``):
 
 * Arithmetic is IEEE-754 binary32, round-to-nearest-even. Each of ``+ - * / sqrt``
   is rounded separately; ``a*b + c`` is always two roundings (never an FMA).

@@ -3,7 +3,7 @@
 Legend: M rows (tokens), K input width, N output width; weights are (K, N) and
 ``y = x @ w`` (notation only: the product is the exact int8 GEMM below, never NumPy's float ``@``).
 
-Forward (per DESIGN.md): weight scale per output channel, recomputed from the
+Forward (``docs/numerical-contract.md``, "Exact where possible"): weight scale per output channel, recomputed from the
 weights at every call as ``2 * mean(|w[:, n]|) / sqrt(127)``; activation scale per
 tensor from the absolute maximum; an exact int8 x int8 -> int32 GEMM; rescale.
 Backward (straight-through): ``dx = dy @ wdq^T`` and ``dw = xdq^T @ dy`` (notation: int8 GEMMs, exact) where

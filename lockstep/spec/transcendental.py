@@ -1,6 +1,6 @@
 """float32 ``exp``, ``log``, ``sigmoid`` and ``silu``, defined from ``+ - * /`` only.
 
-Why this file exists (DESIGN.md, lock 4; ``np.exp``/libm are named here, never called): they give different bits
+Why this file exists (lock 4 of ``docs/numerical-contract.md``; ``np.exp``/libm are named here, never called): they give different bits
 on different CPUs and SIMD levels, and GPUs have their own. lockstep therefore
 *defines* each transcendental as a fixed sequence of the operations in ``fp``:
 

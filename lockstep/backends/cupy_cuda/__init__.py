@@ -12,7 +12,7 @@ prelude. How it stays exact on a GPU:
   ``.approx``, every f32 add/sub/mul/div ``.rn``) before its cubin is loaded; CI runs the
   same compile and lint for sm_80 and sm_90 without a GPU.
 * Int8 GEMMs are cuBLAS ``gemmEx`` with 32-bit integer compute (exact in any order).
-* Self-test on first use: the flush-rule vectors V1-V4 of DESIGN.md and a few other
+* Self-test on first use: the flush-rule vectors V1-V4 of docs/numerical-contract.md and a few other
   boundary cases through the compiled kernels, against the spec; a mismatch refuses the
   backend (``BackendUnavailable``) instead of computing wrong bits.
 

@@ -1,7 +1,7 @@
 """The self-test run once per process before the cuda backend computes anything.
 
-Cheap insurance against toolchain or driver drift (GPU-NOTES.md 7.2): the four vectors that
-separate flush rules (DESIGN.md, V1-V4), a subnormal sum, IEEE division and square root, a
+Cheap insurance against toolchain or driver drift (docs/gpu-kernels.md, "PTX lint and self-test"): the four vectors that
+separate flush rules (V1-V4 of docs/numerical-contract.md), a subnormal sum, IEEE division and square root, a
 canonical NaN, exp/log/silu at a few points, a lane-tree sum, a float contraction and an int8
 GEMM through cuBLAS, each through the compiled kernels, compared byte for byte with the spec.
 Any difference refuses the backend: wrong bits are never computed silently.

@@ -2,7 +2,7 @@
 
     python3 benchmarks/cuda_flush_probe.py [--n 10000000] [--seed 0] [--json out.json]
 
-Needs CuPy and a GPU. For V1-V4 of DESIGN.md and ``--n`` random products and quotients
+Needs CuPy and a GPU. For V1-V4 of docs/numerical-contract.md and ``--n`` random products and quotients
 whose exact result lies near 2**-126, it computes on the GPU
 
 * ``mul.rn.f32`` / ``div.rn.f32`` followed by lockstep's software flush (what the CUDA

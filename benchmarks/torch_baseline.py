@@ -4,8 +4,8 @@
     python3 benchmarks/torch_baseline.py bench --model small|100m [--device cuda] [--dtype float32|bf16]
                                               [--batch 8] [--steps 5] [--json out.json]
 
-The same architecture as ``lockstep/train/model.py`` with ``quantize`` off (DESIGN.md
-"The model"): untied embedding and LM head, RMSNorm on the embedding output, pre-norm
+The same architecture as ``lockstep/train/model.py`` with ``quantize`` off (the model
+docstring): untied embedding and LM head, RMSNorm on the embedding output, pre-norm
 blocks, GQA with QK-norm (no gain) and half-split RoPE (lockstep's own float32 tables),
 sliding-window attention except every 5th layer and the last, SwiGLU with one fused
 gate/up weight, cross-entropy + z-loss, AdamW. Parameters have lockstep's names and

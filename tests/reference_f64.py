@@ -1,6 +1,6 @@
 """An independent float64 forward of the model, for checking the spec's mathematics.
 
-Written from DESIGN.md ("The model") and the op docstrings, not from
+Written from the model's description (``lockstep/train/model.py``'s docstring) and the op docstrings, not from
 ``lockstep/train/model.py``: plain NumPy in float64, where ``np.exp``, ``np.log``,
 ``np.sin`` and ``@`` (BLAS) are fine because nothing here is published; this
 file only answers "is the spec computing the right function?". A deterministic
@@ -25,7 +25,7 @@ def as_f64(params: dict) -> dict[str, np.ndarray]:
     return {k: np.asarray(v, dtype=F64).copy() for k, v in params.items()}
 
 
-# ---- quantization (float64 fake-quant; quantize=True semantics of DESIGN.md)
+# ---- quantization (float64 fake-quant; quantize=True semantics of lockstep/spec/quant.py)
 
 def _nonzero(s):
     return np.where(s == 0, 1.0, s)

@@ -89,7 +89,7 @@ def _off_by_one_bit(fn):
 
 def _ftz_before_rounding_mul(a, b):
     """Multiplication as flush-before-rounding hardware does it: a result whose exact value is
-    below 2**-126 becomes zero even when it rounds up to 2**-126 (DESIGN.md, Apple GPUs)."""
+    below 2**-126 becomes zero even when it rounds up to 2**-126 (docs/gpu-kernels.md, Apple GPUs)."""
     a, b = np.broadcast_arrays(fp.f32(a), fp.f32(b))
     exact = a.astype(np.float64) * b.astype(np.float64)  # exact: 24-bit x 24-bit fits in 53 bits
     r = spec.mul(a, b)

@@ -1,6 +1,6 @@
 """The conformance inputs separate the spec's round-then-flush from hardware flush rules.
 
-DESIGN.md ("GPU backends") names four vectors whose exact result lies just below
+docs/numerical-contract.md ("Round, then flush") names four vectors whose exact result lies just below
 2**-126 and rounds up to it: the spec gives 0x00800000, a flush-before-rounding
 (Apple-style) multiplier or divider gives 0, x86 FTZ gives 0 on the first. They must
 be in the boundary pairs that every backend's mul and div run on, and a backend that

@@ -1,7 +1,7 @@
 """The host build of ls_fp.h (the GPU kernels' arithmetic header) against the spec, bit for bit.
 
 Every primitive on the conformance boundary values and on >= 10**6 seeded random inputs; the
-flush-rule vectors V1-V4 of DESIGN.md; the hardware-flush models (tininess before and after
+flush-rule vectors V1-V4 of docs/numerical-contract.md; the hardware-flush models (tininess before and after
 rounding). Each primitive is checked on three builds: IEEE (OpenCL, CUDA), and each flush model
 with the Metal backend's tiny-result fix-up on (``prelude_host.h`` runs the same fix-up code as
 ``prelude_metal.h``), which is how the Metal arithmetic is tested without Apple hardware. Inputs
@@ -211,7 +211,7 @@ def test_flush_models_flush_exactly_where_their_rule_says(model):
 
 
 def test_flush_models_on_the_four_vectors():
-    """Before rounding flushes all four; x86-style after rounding keeps V2 (GPU-NOTES 2.2)."""
+    """Before rounding flushes all four; x86-style after rounding keeps V2 (docs/gpu-kernels.md, "Subnormals on GPUs")."""
     expect = {"ftz_before": [0, 0, 0, 0], "ftz_after": [0, SMALLEST_NORMAL, 0, 0]}
     for model, want in expect.items():
         m = host.load(model)

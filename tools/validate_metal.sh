@@ -9,7 +9,7 @@
 #   1. conformance level 2: every op on the GPU against the spec, byte for byte;
 #   2. `lockstep train --preset tiny --steps 2` (int8 on and off) on metal and on the spec:
 #      every step's state root, loss, gradient norm and chain hash must be equal;
-#   3. the flush probe: V1-V4 of DESIGN.md and 10**6 random products and quotients near
+#   3. the flush probe: V1-V4 of docs/numerical-contract.md and 10**6 random products and quotients near
 #      2**-126, through the GPU's bare * and / (which tininess rule Apple's hardware follows)
 #      and through lockstep's ops (which must equal the spec).
 # It takes a few minutes. Attach REPORT.md to an issue whatever it says: a report that

@@ -3,11 +3,12 @@ whether lockstep's ops undo it.
 
 The spec rounds on the IEEE grid (gradual underflow) and then flushes a subnormal result to a
 zero of its sign. Hardware that flushes subnormals itself differs only for products and
-quotients of normal operands whose exact value lies just below 2**-126 (GPU-NOTES 2.2):
+quotients of normal operands whose exact value lies just below 2**-126 (docs/gpu-kernels.md,
+"Subnormals on GPUs"):
 
 * tininess BEFORE rounding (ARM FZ, Apple GPUs reportedly): flushed iff the exact |result| is
   below 2**-126, so the band ``[2**-126 - 2**-150, 2**-126)``, which the spec rounds up to
-  2**-126, becomes 0 (all four vectors V1-V4 of DESIGN.md);
+  2**-126, becomes 0 (all four vectors V1-V4 of docs/numerical-contract.md);
 * tininess AFTER rounding with an unbounded exponent (x86 FTZ): flushed iff the result rounded to
   24 bits is below 2**-126; it keeps ``[2**-126 - 2**-151, 2**-126)`` (V2) and flushes the rest
   of the band (V1, V3, V4).
@@ -25,7 +26,8 @@ everywhere. It works on any backend built from the shared kernels (``metal``, ``
 ``cuda``); on IEEE hardware the bare results keep subnormals and the verdict says so.
 
 Two rounding checks ride along, for what the fix-up does not cover and a GPU might get wrong
-(GPU-NOTES 9.2): ``sqrt`` on every float32 in [1, 4) (every significand at both exponent
+(docs/gpu-kernels.md, "Rounding checks the fix-up does not cover"): ``sqrt`` on every
+float32 in [1, 4) (every significand at both exponent
 parities, which decides the rounding of every normal input of a correctly scaled sqrt), and
 ``/`` with divisors beyond 2**100 and below 2**-100 (where a quotient formed through a
 reciprocal would underflow or overflow).

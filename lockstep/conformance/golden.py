@@ -37,8 +37,13 @@ The arguments are every parameter of the op in the contract's order
 * ``seq:3`` followed by 3 tokens: a list (``F32_SEQUENCE``, ``F32_SCALAR_SEQUENCE``).
 
 The digest is the same as in the digests file (``tests/test_conformance.py`` runs
-every line through the spec and compares). Regenerate both, after a deliberate spec
-change and a ``SPEC_VERSION`` bump, with::
+every line through the spec and compares).
+
+``golden/spec_v<SPEC_VERSION>_vectors.txt`` holds the known answers that are not op
+cases: the constants the spec docstrings quote, Philox blocks, the derivation of keyed
+streams, and the hashing layouts (format in ``lockstep/conformance/vectors.py`` and in
+the file's header). Regenerate all three, after a deliberate spec change and a
+``SPEC_VERSION`` bump, with::
 
     python -m lockstep.conformance.golden --write
 """
@@ -58,6 +63,7 @@ from lockstep.fsio import atomic_write_text
 from lockstep.spec.hashing import canonical_bytes
 
 from .registry import all_records, as_outputs
+from .vectors import compute_vectors, format_vectors
 
 GOLDEN_FORMAT = 1
 INPUTS_FORMAT = 1
@@ -72,6 +78,10 @@ def golden_path(spec_version: str = spec.SPEC_VERSION) -> Path:
 
 def inputs_path(spec_version: str = spec.SPEC_VERSION) -> Path:
     return GOLDEN_DIR / f"spec_v{spec_version}_inputs.txt"
+
+
+def vectors_path(spec_version: str = spec.SPEC_VERSION) -> Path:
+    return GOLDEN_DIR / f"spec_v{spec_version}_vectors.txt"
 
 
 def outputs_digest(result) -> str:
@@ -270,15 +280,18 @@ def load_golden() -> dict[tuple[str, str], str]:
     return parse_golden(path.read_text(encoding="utf-8"), str(path))
 
 
-def write_golden(path: Path | None = None, inputs: Path | None = None) -> tuple[Path, Path]:
-    """Write the digests file and the inputs file (one pass over the cases)."""
+def write_golden(path: Path | None = None, inputs: Path | None = None,
+                 vectors: Path | None = None) -> tuple[Path, Path, Path]:
+    """Write the digests file, the inputs file (one pass over the cases) and the vectors file."""
     path = path or golden_path()
     inputs = inputs or inputs_path()
+    vectors = vectors or vectors_path()
     rows = compute_inputs(progress=lambda op: print(f"  {op}", file=sys.stderr))
     path.parent.mkdir(parents=True, exist_ok=True)
     atomic_write_text(path, format_golden({(op, label): digest for op, label, digest, _ in rows}))
     atomic_write_text(inputs, format_inputs(rows))
-    return path, inputs
+    atomic_write_text(vectors, format_vectors(compute_vectors()))
+    return path, inputs, vectors
 
 
 def main(argv=None) -> int:
@@ -296,8 +309,13 @@ def main(argv=None) -> int:
         print(f"MISMATCH {k[0]} {k[1]}: expected {expected[k]}, got {got.get(k)}")
     for k in missing:
         print(f"NOT IN GOLDEN FILE {k[0]} {k[1]}")
-    print("golden vectors " + ("match" if not bad and not missing else "DIFFER"))
-    return 0 if not bad and not missing else 1
+    vectors_same = (vectors_path().exists()
+                    and vectors_path().read_text(encoding="utf-8") == format_vectors(compute_vectors()))
+    if not vectors_same:
+        print(f"VECTORS DIFFER {vectors_path()}")
+    ok = not bad and not missing and vectors_same
+    print("golden vectors " + ("match" if ok else "DIFFER"))
+    return 0 if ok else 1
 
 
 if __name__ == "__main__":

@@ -9,7 +9,7 @@ Three checks, each against the spec computed here, on this machine:
 2. **training**: ``lockstep train --preset tiny --steps 2`` with int8 on and off, once with the
    backend and once with the spec; every step's state root, loss, gradient norm and chain hash
    must be equal (and equal the committed reference roots, where this is a checkout that has them);
-3. **the flush probe** (``flush_probe.probe``): V1-V4 of DESIGN.md and random products and
+3. **the flush probe** (``flush_probe.probe``): V1-V4 of docs/numerical-contract.md and random products and
    quotients near 2**-126, through the device's bare ``*`` and ``/`` (which tininess rule the
    hardware follows) and through the ops (which must equal the spec); and the ops' ``sqrt`` on
    every float32 in [1, 4) and ``/`` with extreme divisors.

@@ -2,7 +2,9 @@
 
 Run directory::
 
-    recipe.json          everything that defines the run; its digest is bound into H_0
+    recipe.json          everything that defines the run; H_0 binds its genesis fields (all
+                         but lockstep_version, model.name and data.folder, which change no
+                         bit: ``genesis_recipe``); unknown keys are refused
                          (``make_recipe``, ``write_recipe``, ``load_recipe``, ``genesis``)
     target.json          the step the run is to reach; not part of the chain
     data/                the embedded default corpus (manifest + shards), when used
@@ -67,7 +69,7 @@ import numpy as np
 import lockstep
 from lockstep.fsio import (FileFormatError, UnsafePath, append_line, atomic_write_bytes, atomic_write_json,
                            iter_lines, json_bytes, open_regular, parse_json, read_json, read_json_regular, safe_join)
-from lockstep.spec import SPEC_VERSION, hashing
+from lockstep.spec import SPEC_VERSION, fp, hashing
 
 from .checkpoint import CHECKPOINTS_DIR
 from .config import ModelConfig, TrainConfig
@@ -85,6 +87,7 @@ KNOWN_FILES = {RECIPE_FILE, TRAJECTORY_FILE, METRICS_FILE, COMMITMENT_FILE, LOSS
 KNOWN_DIRS = {DATA_DIR, CHECKPOINTS_DIR}
 
 RECIPE_FORMAT = "lockstep.recipe"
+RECIPE_VERSION = 1
 TARGET_FORMAT = "lockstep.target"
 COMMITMENT_FORMAT = "lockstep.commitment"
 
@@ -129,7 +132,7 @@ def make_recipe(cfg: ModelConfig, tcfg: TrainConfig, manifest: Manifest, data_fo
     """Everything that defines the run's bits (not the number of ranks: it changes none)."""
     return {
         "format": RECIPE_FORMAT,
-        "version": 1,
+        "version": RECIPE_VERSION,
         "model": cfg.to_dict(),
         "train": tcfg.to_dict(),
         "data": {"manifest_sha256": manifest.sha256, "folder": data_folder},
@@ -146,13 +149,83 @@ def write_recipe(run_dir: Path, recipe: dict) -> None:
 
 
 def recipe_digest(recipe: dict) -> str:
-    """SHA-256 of the recipe's canonical JSON (sorted keys, no spaces, ASCII)."""
+    """SHA-256 of the whole recipe's canonical JSON (``fsio.json_bytes``: sorted keys, 2-space
+    indent, UTF-8, final newline); for a recipe ``write_recipe`` wrote, the file's own bytes.
+    Checkpoint sidecars record it (``recipe_sha256``) to bind a checkpoint to its run; H_0
+    binds ``genesis_recipe_digest`` instead."""
     return hashlib.sha256(json_bytes(recipe)).hexdigest()
 
 
+# The top-level keys a recipe may have, and those of its "data" object; ``load_recipe``
+# refuses any other, so no extra key can be added to the file (it would be inert for H_0
+# anyway, but a recipe says what it means).
+RECIPE_KEYS = frozenset({"format", "version", "model", "train", "data", "seed", "micro_batch", "spec_version",
+                         "lockstep_version"})
+RECIPE_DATA_KEYS = frozenset({"folder", "manifest_sha256"})
+# Recipe fields that change no trained bit, so H_0 leaves them out: which lockstep release
+# wrote the recipe, the preset's label, and where the data folder lies (the manifest's
+# digest binds the data itself).
+NON_BIT_FIELDS = ("lockstep_version", "model.name", "data.folder")
+
+
+# Float settings that reach every op only as a float32 (``np.float32(v)`` or the backend's
+# HOST_FLOAT -> float32 operand, read canonically): every float64 of one float32 rounding
+# interval trains the same bits, so H_0 binds the float32 value. The others (peak_lr,
+# min_lr_ratio, beta1, beta2, init_std, rope_theta) enter float64 host math first, so
+# their float64 value is what counts. A new use of one of these five as a float64 must
+# move it to the second list.
+FLOAT32_SETTINGS = {"model": ("norm_eps", "z_loss"), "train": ("eps", "weight_decay", "grad_clip")}
+
+
+def _settings(values: dict, cls, section: str) -> dict:
+    """A model/train section written out in full: every field (defaults filled in), floats as
+    floats, the ``FLOAT32_SETTINGS`` as the float32 the ops read (``fp.f32``: rounded, a
+    subnormal read as a zero of its sign)."""
+    cfg = cls.from_dict(values)
+    out = cfg.to_dict()
+    for f in dataclasses.fields(cls):
+        if isinstance(f.default, float):
+            out[f.name] = float(out[f.name])
+        if f.name in FLOAT32_SETTINGS[section]:
+            out[f.name] = float(fp.f32(out[f.name])[()])
+    return out
+
+
+def genesis_recipe(recipe: dict) -> dict:
+    """The fields of a recipe that ``H_0`` binds: the recipe without ``NON_BIT_FIELDS``, with
+    every model and train setting written out in full (defaults filled in, an integer given
+    for a float setting as the float, a ``FLOAT32_SETTINGS`` value as its float32). Recipes
+    that differ only in how they spell the same settings, or in fields that change no bit,
+    have the same genesis fields, so no such edit can give a run another ``H_0``."""
+    model = _settings(recipe["model"], ModelConfig, "model")
+    del model["name"]
+    return {
+        "format": recipe["format"],
+        "version": recipe.get("version", RECIPE_VERSION),
+        "model": model,
+        "train": _settings(recipe["train"], TrainConfig, "train"),
+        "data": {"manifest_sha256": recipe["data"]["manifest_sha256"]},
+        "seed": recipe["seed"],
+        "micro_batch": recipe["micro_batch"],
+        "spec_version": recipe["spec_version"],
+    }
+
+
+def genesis_recipe_digest(recipe: dict) -> str:
+    """SHA-256 of ``genesis_recipe(recipe)``'s canonical JSON (``fsio.json_bytes``): H_0's recipe digest."""
+    return hashlib.sha256(json_bytes(genesis_recipe(recipe))).hexdigest()
+
+
 def genesis(recipe: dict) -> str:
-    """``H_0``: binds the recipe's digest, the data's manifest digest and the SPEC_VERSION."""
-    return hashing.genesis_hash(recipe_digest(recipe), recipe["data"]["manifest_sha256"], recipe["spec_version"])
+    """``H_0 = hashing.genesis_hash(genesis_recipe_digest(recipe), data.manifest_sha256, spec_version)``.
+
+    It binds the recipe's genesis fields (``genesis_recipe``: everything but
+    ``lockstep_version``, ``model.name`` and ``data.folder``, settings in full), the data
+    manifest's SHA-256 and the SPEC_VERSION; see ``lockstep.spec.hashing.genesis_hash``
+    for the bytes.
+    """
+    return hashing.genesis_hash(genesis_recipe_digest(recipe), recipe["data"]["manifest_sha256"],
+                                recipe["spec_version"])
 
 
 def recipe_configs(recipe: dict) -> tuple[ModelConfig, TrainConfig]:
@@ -262,10 +335,23 @@ def load_recipe(run_dir: str | os.PathLike) -> dict:
     for key in ("model", "train", "data", "seed", "micro_batch", "spec_version"):
         if key not in recipe:
             raise RunFileError(f"{path}: key {key!r} missing")
+    extra = sorted(set(recipe) - RECIPE_KEYS)
+    if extra:
+        raise RunFileError(f"{path}: unknown key(s) {', '.join(map(_shown, extra[:5]))}; a recipe holds only "
+                           f"{', '.join(sorted(RECIPE_KEYS))}")
+    version = recipe.get("version", RECIPE_VERSION)
+    if type(version) is not int or version != RECIPE_VERSION:
+        raise RunFileError(f"{path}: recipe version must be {RECIPE_VERSION}, got {version!r}")
+    if "lockstep_version" in recipe and not (isinstance(recipe["lockstep_version"], str)
+                                             and len(recipe["lockstep_version"]) <= 200):
+        raise RunFileError(f"{path}: lockstep_version must be a short string")
     data = recipe["data"]
     if not (isinstance(data, dict) and isinstance(data.get("folder"), str)
             and isinstance(data.get("manifest_sha256"), str) and HEX64.fullmatch(data["manifest_sha256"])):
         raise RunFileError(f"{path}: 'data' must hold a folder and a 64-digit manifest_sha256")
+    if set(data) - RECIPE_DATA_KEYS:
+        raise RunFileError(f"{path}: unknown 'data' key(s) "
+                           f"{', '.join(map(_shown, sorted(set(data) - RECIPE_DATA_KEYS)[:5]))}")
     if type(recipe["seed"]) is not int or not 0 <= recipe["seed"] < 2**64:
         raise RunFileError(f"{path}: seed must be an integer in [0, 2**64), got {recipe['seed']!r}")
     if not isinstance(recipe["spec_version"], str):

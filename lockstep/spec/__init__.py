@@ -33,7 +33,9 @@ from .swiglu import swiglu_backward, swiglu_forward
 # state root, the chain); regenerate the golden vectors with
 # ``python -m lockstep.conformance.golden --write`` in the same commit.
 # 2: the chain link H_t binds the tokens and the bits of loss, grad norm and lr.
-SPEC_VERSION = "2"
+# 3: a 0-d tensor hashes with ndim 0 (it hashed as shape (1,)); H_0 binds the recipe's
+#    genesis fields (no lockstep_version, model.name, data.folder; settings in full).
+SPEC_VERSION = "3"
 
 # The op table: every backend implements these names, in this order, with the signatures
 # that the backend contract (``lockstep.contract``, the layer above the spec) types;

@@ -1,6 +1,6 @@
 """The float32 rules every lockstep number obeys.
 
-Contract (DESIGN.md, "the four locks"):
+Contract (the four locks of ``docs/numerical-contract.md``):
 
 * Arithmetic is IEEE-754 binary32, round-to-nearest-even. Each of ``+ - * / sqrt``
   is rounded separately; ``a*b + c`` is always two roundings (never an FMA).
@@ -95,8 +95,14 @@ def f32(x) -> np.ndarray:
     """Bring a value into the spec: cast to float32 (round to nearest), then read it
     canonically (a subnormal is a zero of its sign, any NaN is ``0x7FC00000``).
 
-    Integer inputs are converted exactly when representable; float64 inputs are
-    rounded once to float32. The result is a fresh C-contiguous array.
+    Integer inputs are converted exactly when representable (|i| <= 2**24 always is).
+    A NumPy integer array (int64 included) that is not exactly representable is rounded
+    once, straight from the exact integer, to the nearest float32 (ties to even): C's
+    ``(float)i`` for an ``int64_t i``, NOT ``(float)(double)i``, which rounds twice and
+    differs above 2**53 (``2**60 + 2**36 + 1`` gives ``2**60 + 2**37`` here, ``2**60``
+    through a double). A bare Python ``int`` (or a list of them) is first made a float64
+    by NumPy, so it *is* rounded twice: pass integers beyond 2**53 as an int64 array.
+    float64 inputs are rounded once to float32. The result is a fresh C-contiguous array.
 
     Subnormal inputs: become zeros of their sign (DAZ), as do float64 values that round
     to a float32 subnormal.

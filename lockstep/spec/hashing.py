@@ -9,7 +9,11 @@ language can recompute it. Multi-byte integers are little-endian.
       || u32 len(dtype) || dtype (NumPy ``str``, little-endian form, e.g. ``<f4``)
       || u32 ndim || u64 shape[0] || ... || u64 shape[ndim-1]
 
-  followed by the data: the C-order elements, little-endian.
+  followed by the data: the C-order elements, little-endian. The shape is the
+  array's own: a 0-d array (a NumPy scalar array) has ``ndim 0`` and no shape words,
+  so it never shares bytes with the shape-(1,) or (1, 1) array of the same element
+  (SPEC_VERSION 3; under 2, ``canonical_bytes``, ``tensor_digest``, ``state_root`` and
+  ``array_digest`` hashed a 0-d array as shape (1,)).
 * Merkle digest of the data: split it into chunks of ``CHUNK_BYTES`` (1 MiB; the
   last may be shorter; an empty tensor has one empty chunk). Leaf i is
   ``SHA-256(0x00 || u64 i || chunk_i)``; a parent is ``SHA-256(0x01 || left || right)``;
@@ -23,7 +27,13 @@ language can recompute it. Multi-byte integers are little-endian.
   three ``*_bits`` are the float32 bit patterns of the step's loss, gradient norm
   (before clipping) and learning rate: exactly what the trajectory record publishes,
   so an edited loss curve breaks the chain. ``H_0 = SHA-256(b"lockstep.genesis.v1\\0"
-  || recipe_digest || manifest_digest || u32 len(SPEC_VERSION) || SPEC_VERSION)``.
+  || recipe_digest || manifest_digest || u32 len(SPEC_VERSION) || SPEC_VERSION)``
+  (``genesis_hash``: what each of the three is).
+* Array digest (``array_digest``): a *plain* ``SHA-256(header || data)`` of the
+  canonical bytes under the empty name, not the Merkle tensor digest. (The
+  trajectory's batch digests are not array digests: ``lockstep.formats.stream.batch_digest``
+  writes its own layout, ``SHA-256(b"lockstep.batch-digest.v1\\0" || b"int32" || u64 ndim
+  || u64 shape[...] || int32 values)``.)
 
 Leaves are hashed on a thread pool (hashlib releases the GIL on large buffers), so
 digests of big states use every core; the result does not depend on the thread count.
@@ -58,11 +68,15 @@ def _pool() -> ThreadPoolExecutor:
 
 
 def _le_contiguous(x: np.ndarray) -> np.ndarray:
-    """The array as C-contiguous little-endian (a view when it already is)."""
+    """The array as C-contiguous little-endian, its shape kept (a view when it already is).
+
+    Not ``np.ascontiguousarray``: that returns a 0-d array as shape ``(1,)``, and the
+    header must say ``ndim 0`` (SPEC_VERSION 3; before, a 0-d tensor hashed as ``(1,)``).
+    """
     x = np.asarray(x)
     if x.dtype.byteorder == ">" or (x.dtype.byteorder == "=" and not np.little_endian):
         x = x.astype(x.dtype.newbyteorder("<"))
-    return np.ascontiguousarray(x)
+    return x if x.flags.c_contiguous else x.copy(order="C")
 
 
 def dtype_name(dtype) -> str:
@@ -168,7 +182,25 @@ def _b32(h: str | bytes, what: str) -> bytes:
 
 
 def genesis_hash(recipe_digest: str | bytes, manifest_digest: str | bytes, spec_version: str) -> str:
-    """``H_0``: binds the recipe, the data manifest and the spec version (hex)."""
+    """``H_0`` (hex): ``SHA-256(b"lockstep.genesis.v1\\0" || recipe_digest || manifest_digest
+    || u32 len(spec_version) || spec_version (UTF-8))``.
+
+    * ``recipe_digest`` (32 bytes): SHA-256 of the canonical JSON (``fsio.json_bytes``:
+      keys sorted, 2-space indent, UTF-8, a final newline) of the recipe's *genesis
+      fields* (``lockstep.formats.rundir.genesis_recipe``): the recipe with every field
+      that changes no trained bit taken out (``lockstep_version``, ``model.name``,
+      ``data.folder``) and every model/train setting written out in full, defaults
+      included, floats as floats, and the settings the ops read only as float32
+      (``rundir.FLOAT32_SETTINGS``: ``norm_eps``, ``z_loss``, ``eps``, ``weight_decay``,
+      ``grad_clip``) as that float32. So neither a cosmetic edit nor an equivalent spelling
+      of a setting gives a new H_0 (SPEC_VERSION 3; a trainer could otherwise re-link
+      the chain under many H_0 to pick an audit plan). It is not the digest of the
+      recipe file's bytes (that one, ``rundir.recipe_digest``, binds checkpoints to
+      their run).
+    * ``manifest_digest`` (32 bytes): the data manifest's SHA-256, as the recipe's
+      ``data.manifest_sha256`` records it (``lockstep.formats.manifest``).
+    * ``spec_version``: the recipe's ``spec_version`` string.
+    """
     if not isinstance(spec_version, str):
         raise TypeError(f"spec_version must be a string, got a {type(spec_version).__name__}")
     sv = spec_version.encode("utf-8")
@@ -210,5 +242,10 @@ def record_chain_hash(prev: str | bytes, record: dict) -> str:
 
 
 def array_digest(x: np.ndarray) -> str:
-    """SHA-256 hex of an array's canonical bytes under the empty name (batch digests)."""
+    """SHA-256 hex of an array's canonical bytes under the empty name.
+
+    A plain SHA-256 of ``tensor_header("", x) || data``: no Merkle tree, no chunks, no
+    length word, so it differs from ``tensor_digest("", x)``. The shape is bound as the
+    header writes it (0-d included).
+    """
     return hashlib.sha256(canonical_bytes("", np.asarray(x))).hexdigest()

@@ -19,10 +19,13 @@ import numpy as np
 # Multipliers chosen by the Philox authors for good avalanche (Random123 philox.h).
 PHILOX_M4x32_0 = np.uint64(0xD2511F53)
 PHILOX_M4x32_1 = np.uint64(0xCD9E8D57)
-# Weyl key increments: the golden ratio and sqrt(3) - 1, as 32-bit fractions.
+# Weyl key increments: the fractional parts of the golden ratio (1.6180339887...) and of
+# sqrt(3) - 1 (0.7320508075...), times 2**32, TRUNCATED (rounding to nearest would give
+# 0xBB67AE86 for the second; Random123 and cuRAND use these truncated values).
 PHILOX_W32_0 = np.uint32(0x9E3779B9)  # golden ratio
 PHILOX_W32_1 = np.uint32(0xBB67AE85)  # sqrt(3) - 1
 DEFAULT_ROUNDS = 10
+MIN_ROUNDS, MAX_ROUNDS = 1, 16
 
 _MASK32 = np.uint64(0xFFFFFFFF)
 _SHIFT32 = np.uint64(32)
@@ -39,12 +42,22 @@ def philox4x32(counter, key, rounds: int = DEFAULT_ROUNDS) -> np.ndarray:
 
     One round, with counter words (c0, c1, c2, c3) and key (k0, k1)::
 
-        hi0, lo0 = mulhilo(M0, c0)
+        hi0, lo0 = mulhilo(M0, c0)      # the 64-bit product M0 * c0: high and low 32 bits
         hi1, lo1 = mulhilo(M1, c2)
         c = (hi1 ^ c1 ^ k0, lo1, hi0 ^ c3 ^ k1, lo0)
 
-    and between rounds the key is bumped: ``k0 += W0, k1 += W1`` (mod 2**32).
-    Leading dimensions broadcast.
+    and between rounds (not before the first) the key is bumped:
+    ``k0 += W0, k1 += W1`` (mod 2**32). The output is the counter after the last round.
+    ``rounds`` must be an integer from 1 to 16 (``MIN_ROUNDS``..``MAX_ROUNDS``, as in
+    Random123); lockstep's streams always use 10. Leading dimensions broadcast.
+
+    Constants (Random123 ``philox.h``; W0 and W1 are the fractional parts of the golden
+    ratio and of sqrt(3) - 1 times 2**32, truncated, not rounded)::
+
+        PHILOX_M4x32_0 = 0xD2511F53     # M0
+        PHILOX_M4x32_1 = 0xCD9E8D57     # M1
+        PHILOX_W32_0   = 0x9E3779B9     # W0, golden ratio
+        PHILOX_W32_1   = 0xBB67AE85     # W1, sqrt(3) - 1
     """
     counter = np.asarray(counter, dtype=np.uint32)
     key = np.asarray(key, dtype=np.uint32)
@@ -52,8 +65,8 @@ def philox4x32(counter, key, rounds: int = DEFAULT_ROUNDS) -> np.ndarray:
         raise ValueError(
             f"philox4x32 needs counter (..., 4) and key (..., 2) uint32, got {counter.shape} and {key.shape}"
         )
-    if not 1 <= int(rounds) <= 16:
-        raise ValueError(f"philox4x32 rounds must be in 1..16, got {rounds}")
+    if not MIN_ROUNDS <= int(rounds) <= MAX_ROUNDS:
+        raise ValueError(f"philox4x32 rounds must be in {MIN_ROUNDS}..{MAX_ROUNDS}, got {rounds}")
     shape = np.broadcast_shapes(counter.shape[:-1], key.shape[:-1])
     c0, c1, c2, c3 = (np.broadcast_to(counter[..., i], shape).copy() for i in range(4))
     k0, k1 = (np.broadcast_to(key[..., i], shape).copy() for i in range(2))
@@ -91,12 +104,29 @@ STREAM_DOMAIN = b"lockstep.philox-stream.v1\x00"
 class PhiloxStream:
     """An endless uint32 stream keyed by ``(seed, *purpose)``.
 
-    Derivation (all exact): ``d = SHA-256(STREAM_DOMAIN || enc(seed) || enc(p1) || ...)``
-    where ``enc`` is the tagged, length-prefixed encoding of ``_encode_purpose``.
-    The Philox key is ``(d[0:4], d[4:8])`` and the two high counter words are
-    ``(d[8:12], d[12:16])``, each read little-endian. Value ``i`` of the stream is
-    word ``i % 4`` of ``philox4x32((b mod 2**32, b div 2**32, n0, n1), key)`` with
-    block ``b = i // 4``. So value i is a pure function of the key and i.
+    Derivation (all exact)::
+
+        d = SHA-256(STREAM_DOMAIN || enc(seed) || enc(p1) || enc(p2) || ...)
+
+    ``STREAM_DOMAIN`` is the 26 bytes ``b"lockstep.philox-stream.v1\\x00"`` (ASCII
+    ``lockstep.philox-stream.v1`` then one zero byte). ``enc`` (``_encode_purpose``)
+    writes each element of ``(seed, *purpose)`` as a one-byte tag and a payload,
+    multi-byte integers little-endian:
+
+    * an integer v with 0 <= v < 2**64 (the seed always is one): ``b"i"`` (0x69)
+      then ``u64 v``, 9 bytes in all;
+    * a string: ``b"s"`` (0x73), ``u64`` byte length of its UTF-8 encoding, the UTF-8 bytes;
+    * bytes: ``b"b"`` (0x62), ``u64`` length, the bytes.
+
+    Bools, negative integers and other types are refused. For example
+    ``PhiloxStream(7, "init", 2)`` hashes
+    ``STREAM_DOMAIN || 69 0700000000000000 || 73 0400000000000000 696e6974 || 69 0200000000000000``.
+    The Philox key is ``(k0, k1) = (d[0:4], d[4:8])`` and the two high counter words
+    are ``(n0, n1) = (d[8:12], d[12:16])``, each 4 bytes read as a little-endian u32;
+    ``d[16:32]`` is unused. Value ``i`` of the stream is word ``i % 4`` of
+    ``philox4x32((b mod 2**32, b div 2**32, n0, n1), (k0, k1))`` with block ``b = i // 4``
+    (10 rounds). So value i is a pure function of the key and i. Known answers:
+    ``stream`` lines of ``lockstep/conformance/golden/spec_v<SPEC_VERSION>_vectors.txt``.
     """
 
     def __init__(self, seed: int, *purpose):

@@ -3,7 +3,7 @@
 Legend: M rows (tokens), K input width, N output width; weights are (K, N) and
 ``y = x @ w`` (notation only: the product is the exact int8 GEMM below, never NumPy's float ``@``).
 
-Forward (per DESIGN.md): weight scale per output channel, recomputed from the
+Forward (``docs/numerical-contract.md``, "Exact where possible"): weight scale per output channel, recomputed from the
 weights at every call as ``2 * mean(|w[:, n]|) / sqrt(127)``; activation scale per
 tensor from the absolute maximum; an exact int8 x int8 -> int32 GEMM; rescale.
 Backward (straight-through): ``dx = dy @ wdq^T`` and ``dw = xdq^T @ dy`` (notation: int8 GEMMs, exact) where
@@ -44,12 +44,20 @@ def quantize(x, scale) -> np.ndarray:
 
 
 def _nonzero_scale(s: np.ndarray) -> np.ndarray:
-    """A zero scale (all-zero operand) becomes 1, so 0 / scale stays 0."""
+    """A zero scale becomes 1, so ``x / scale`` stays finite.
+
+    The test is on the scale as computed, *after* the flush: an all-zero operand gives
+    scale 0, but so does a nonzero operand whose scale rounds below 2**-126 (e.g. max|x|
+    below about 1.5e-36 for an activation). Those also get scale 1, so their values
+    quantize to ``rint(x / 1) = 0``: a tiny nonzero operand is quantized to all zeros.
+    """
     return np.where(s == 0, ONE, s).astype(np.float32)
 
 
 def weight_scale(w) -> np.ndarray:
-    """Per output channel: ``(2 * (lane_tree_sum_k |w[k, n]| / K)) / sqrt(127)``; 0 -> 1. (K, N) -> (N,)."""
+    """Per output channel: ``(2 * (lane_tree_sum_k |w[k, n]| / K)) / sqrt(127)``, then a scale
+    that is 0 after the flush becomes 1 (``_nonzero_scale``: an all-zero column, or one so
+    small that its scale flushes; its weights then quantize to 0). (K, N) -> (N,)."""
     w = fp.f32(w)
     k = np.float32(w.shape[0])
     mean_abs = fp.div(lane_tree_sum(fp.abs(w).T), k)
@@ -57,7 +65,9 @@ def weight_scale(w) -> np.ndarray:
 
 
 def activation_scale(x) -> np.float32:
-    """Per tensor: ``max |x| / 127`` (exact max over all elements); 0 -> 1."""
+    """Per tensor: ``max |x| / 127`` (exact max over all elements), then a scale that is 0
+    after the flush becomes 1 (``_nonzero_scale``): an all-zero x, or a nonzero x whose
+    ``max |x| / 127`` is below 2**-126, gets scale 1, so its activations quantize to 0."""
     x = fp.f32(x)
     amax = row_max(fp.abs(x).reshape(-1))
     return _nonzero_scale(fp.div(amax, QMAX))[()]

@@ -140,6 +140,26 @@ def normal_from_centered(q) -> np.ndarray:
             z   = -z if q > 0                  # exact
         NaN or |q| >= 1/2 -> canonical NaN
 
+    Constants (float32 bit patterns). ``ACKLAM_A``/``ACKLAM_B`` are Acklam's central
+    polynomials re-expanded exactly in ``t = 1/4 - q*q`` and rounded to nearest float32
+    (all positive, so Horner has no cancellation); ``ACKLAM_C``/``ACKLAM_D`` are Acklam's
+    published tail coefficients c1..c6, d1..d4 rounded to nearest float32::
+
+        ACKLAM_A[0] = 0x421EC98E    ACKLAM_B[0] = 0x4259E786    # multiply t**5
+        ACKLAM_A[1] = 0x432B5337    ACKLAM_B[1] = 0x42BAFB3F
+        ACKLAM_A[2] = 0x429F95FB    ACKLAM_B[2] = 0x41E14920
+        ACKLAM_A[3] = 0x41010434    ACKLAM_B[3] = 0x40070833
+        ACKLAM_A[4] = 0x3E413E9D    ACKLAM_B[4] = 0x3D1D83DD
+        ACKLAM_A[5] = 0x3A3A004B    ACKLAM_B[5] = 0x38E788EF    # constant terms
+        ACKLAM_C[0] = 0xBBFF186D    ACKLAM_D[0] = 0x3BFF16C3    # C1, D1
+        ACKLAM_C[1] = 0xBEA51126    ACKLAM_D[1] = 0x3EA51A69
+        ACKLAM_C[2] = 0xC019A606    ACKLAM_D[2] = 0x401C7D14
+        ACKLAM_C[3] = 0xC0232ED1    ACKLAM_D[3] = 0x4070483B    # C4, D4
+        ACKLAM_C[4] = 0x408BFD40
+        ACKLAM_C[5] = 0x403C0AE1                                # C6
+        ACKLAM_CENTRAL_MAX = 0x3EF39581    # 0.47575 = 1/2 - p_low
+        HALF = 0x3F000000    ONE = 0x3F800000    MINUS_TWO = 0xC0000000
+
     Both branches are odd in q exactly, so ``f(-q) = -f(q)`` bit for bit. Only the
     tail lanes (about 4.85% of a uniform sample) evaluate the tail branch; the
     result is elementwise, so that is the same as evaluating it everywhere.

@@ -1,6 +1,6 @@
 """float32 ``exp``, ``log``, ``sigmoid`` and ``silu``, defined from ``+ - * /`` only.
 
-Why this file exists (DESIGN.md, lock 4; ``np.exp``/libm are named here, never called): they give different bits
+Why this file exists (lock 4 of ``docs/numerical-contract.md``; ``np.exp``/libm are named here, never called): they give different bits
 on different CPUs and SIMD levels, and GPUs have their own. lockstep therefore
 *defines* each transcendental as a fixed sequence of the operations in ``fp``:
 
@@ -182,6 +182,24 @@ def exp(x) -> np.ndarray:
     r_err * y1 is the first-order correction exp(r + r_err) ~ exp(r) * (1 + r_err);
     the compensated sums leave the last addition ``y2 + tail`` as the one rounding
     that matters, which is why the result is within 0.531 ulp.
+
+    Constants (float32 bit patterns; ``EXP_Cn`` is 1/n! rounded to nearest float32,
+    ``LN2_HI`` is ln 2 rounded to 16 significant bits, ``LN2_LO`` is ln 2 - LN2_HI
+    rounded to nearest)::
+
+        INV_LN2     = 0x3FB8AA3B    # 1/ln 2 = 1.4426950...
+        LN2_HI      = 0x3F317200    # 45426 / 2**16 = 0.693145751953125
+        LN2_LO      = 0x35BFBE8E    # 1.4286068e-06
+        ROUND_MAGIC = 0x4B400000    # 1.5 * 2**23
+        EXP_ARG_MAX = 0x42B20000    # 89.0
+        EXP_ARG_MIN = 0xC2D00000    # -104.0
+        EXP_C3      = 0x3E2AAAAB    # 1/3!
+        EXP_C4      = 0x3D2AAAAB    # 1/4!
+        EXP_C5      = 0x3C088889    # 1/5!
+        EXP_C6      = 0x3AB60B61    # 1/6!
+        EXP_C7      = 0x39500D01    # 1/7!
+        EXP_C8      = 0x37D00D01    # 1/8!
+        HALF        = 0x3F000000    # 0.5;  ONE = 0x3F800000 (1.0)
     """
     x, shape = _flat_f32(x)
     nan = _is_nan(x)
@@ -271,6 +289,19 @@ def log(x) -> np.ndarray:
     2s = f - s*f, and f*f/2 - s*f = s*f*f/2, so log(1+f) = f - f*f/2 + s*(f*f/2 + R).
     The large terms (e*LN2_HI, f, f*f/2) are added exactly; only the small t, the
     low parts and the final addition are rounded.
+
+    Constants (float32 bit patterns unless marked; ``LOG_Ln`` is 2/n rounded to nearest
+    float32; ``LN2_HI``/``LN2_LO`` as in ``exp``)::
+
+        LOG_L3             = 0x3F2AAAAB    # 2/3
+        LOG_L5             = 0x3ECCCCCD    # 2/5
+        LOG_L7             = 0x3E924925    # 2/7
+        LOG_L9             = 0x3E638E39    # 2/9
+        LOG_L11            = 0x3E3A2E8C    # 2/11
+        LN2_HI             = 0x3F317200
+        LN2_LO             = 0x35BFBE8E
+        LOG_SQRT2_MANTISSA = 0x3504F4      # integer: stored significand bits of the first float32 above sqrt 2
+        TWO                = 0x40000000    # 2.0
     """
     x, shape = _flat_f32(x)
     u = fp.bits(x)

@@ -2,7 +2,7 @@
 
 Integer sums are exact in any order, so cuBLAS may pick any algorithm, tiling,
 split-K or tensor-core path: the bits cannot change. ``cupy.matmul`` is never used
-on int8: it returns int8 (NumPy promotion) and wraps (GPU-NOTES.md 3).
+on int8: it returns int8 (NumPy promotion) and wraps (docs/gpu-kernels.md, "Toolchain traps").
 
 cuBLAS's 32-bit integer path needs alpha = 1, beta = 0 as int32 host scalars,
 4-byte aligned pointers (CuPy allocations are 256-byte aligned) and leading

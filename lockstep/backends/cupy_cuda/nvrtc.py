@@ -2,7 +2,7 @@
 
 Why not CuPy's own compiler: ``cupy.RawModule(code=...)`` and ``RawKernel`` append
 ``-ftz=true`` after the caller's options (why they are not used here), and NVRTC lets the last ``-ftz`` win
-(GPU-NOTES.md 0.1). lockstep compiles with NVRTC itself, with exactly
+(docs/gpu-kernels.md, "Toolchain traps"). lockstep compiles with NVRTC itself, with exactly
 ``COMPILE_OPTIONS`` plus the language standard and the architecture, and loads the
 cubin with ``cupy.RawModule(path=...)``.
 
@@ -27,7 +27,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-# The run-time options, in this order, for every lockstep kernel (DESIGN.md "GPU backends"):
+# The run-time options, in this order, for every lockstep kernel (docs/gpu-kernels.md, "Toolchain traps"):
 #   --fmad=false     never contract a*b+c into one FMA (NVRTC's default is true)
 #   -ftz=false       keep IEEE subnormal results; lockstep flushes in software after rounding
 #   -prec-div=true   division correctly rounded (div.rn.f32, not div.approx / div.full)

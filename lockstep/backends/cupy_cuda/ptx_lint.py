@@ -1,10 +1,11 @@
 """The PTX lint: what NVRTC emitted must be the arithmetic the spec defines, nothing looser.
 
-Rules (GPU-NOTES.md 7.2), each a regular expression over one PTX instruction:
+Rules (docs/gpu-kernels.md, "PTX lint and self-test"), each a regular expression over one PTX instruction:
 
 * ``fma``/``mad`` on a float type: a contracted ``a*b+c`` (one rounding where the spec
   has two). ``mad.lo.s32`` and other integer forms are fine.
-* ``.ftz`` anywhere: hardware flush-to-zero decides tininess its own way (GPU-NOTES 2.2),
+* ``.ftz`` anywhere: hardware flush-to-zero decides tininess its own way (docs/gpu-kernels.md,
+  "Subnormals on GPUs"),
   the spec rounds first and flushes by an exponent test in software.
 * ``.approx`` anywhere, and the approximate-only instructions ``ex2 lg2 sin cos rsqrt
   tanh`` (``rcp`` unless ``.rn``): not correctly rounded.

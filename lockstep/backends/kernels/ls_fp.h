@@ -41,7 +41,7 @@
  * (IEEE rounds it on the subnormal grid up to the smallest normal, and the flush keeps that), and
  * 0 where the flush decides tininess before rounding (Apple, reportedly; ARM FZ); deciding after
  * rounding (x86 FTZ) keeps [2**-126 - 2**-151, 2**-126) and flushes the rest of the band. Every
- * value the hardware keeps is IEEE's (GPU-NOTES 2.2).
+ * value the hardware keeps is IEEE's (docs/gpu-kernels.md, "Subnormals on GPUs").
  *
  * So ls_mul_tiny_fixup / ls_div_tiny_fixup take the hardware's result r and, only when r is a
  * zero while both operands are nonzero and finite, recompute the spec's result exactly with

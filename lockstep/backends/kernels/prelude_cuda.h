@@ -1,7 +1,7 @@
 /* prelude_cuda.h -- CUDA C++ dialect of the lockstep kernels (NVRTC; lockstep/backends/cupy_cuda).
  * Compile with --fmad=false -ftz=false -prec-div=true -prec-sqrt=true (never through CuPy's
  * RawModule(code=...), which appends -ftz=true: not used anywhere). The five operations are inline PTX with an
- * explicit .rn and no .ftz, so no compiler flag can contract or flush them (GPU-NOTES 0.3). */
+ * explicit .rn and no .ftz, so no compiler flag can contract or flush them (docs/gpu-kernels.md, "Toolchain traps"). */
 #define LS_DIALECT_CUDA 1
 
 typedef unsigned int ls_u32;

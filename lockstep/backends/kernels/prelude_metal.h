@@ -1,7 +1,7 @@
 /* prelude_metal.h -- Metal Shading Language dialect of the lockstep kernels (lockstep/backends/metal).
  * Compile with fast math off (MTLCompileOptions.mathMode = safe, or fastMathEnabled = NO;
  * mathFloatingPointFunctions = precise). The pragma below is needed as well: Metal is reported
- * to contract a*b+c into an FMA even in safe mode (GPU-NOTES 0.6).
+ * to contract a*b+c into an FMA even in safe mode (docs/gpu-kernels.md, "Toolchain traps").
  *
  * Apple GPUs flush float32 subnormals in hardware (inputs and results) and reportedly decide
  * "too small" before rounding, while the spec rounds first: a product or quotient whose exact

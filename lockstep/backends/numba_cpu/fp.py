@@ -16,7 +16,7 @@ Every kernel in this backend is built from the helpers here:
   (a bit test in a register, free next to the load), so a host array that never
   went through ``asarray`` is read under the same rule.
 
-Compilation rules (DESIGN.md, lock 2): ``njit`` without ``fastmath`` (so LLVM never
+Compilation rules (docs/numerical-contract.md, lock 2): ``njit`` without ``fastmath`` (so LLVM never
 contracts ``a*b + c`` into an FMA), ``error_model="numpy"`` (IEEE division by zero,
 no Python exception), every constant a ``np.float32`` so no intermediate is promoted
 to float64, ``cache=True``: the decorators and the task skeleton are in ``tasks``.

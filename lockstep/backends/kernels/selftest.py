@@ -1,7 +1,7 @@
 """The self-test every GPU backend runs once per process, before it computes anything.
 
 Cheap insurance against a toolchain or driver that contracts, flushes or approximates
-(GPU-NOTES.md 7.2): first named cases (the flush-rule vectors V1-V4 of ``contract.vectors``, a
+(docs/gpu-kernels.md, "PTX lint and self-test"): first named cases (the flush-rule vectors V1-V4 of ``contract.vectors``, a
 subnormal difference, IEEE division and square root, exp/log/silu at a few points, a lane-tree
 sum, a float contraction and an int8 GEMM through the runtime's own ``int8_gemm``), then every
 boundary pair through ``+ - * /`` and sqrt/exp over the boundary values and a sweep. Each is

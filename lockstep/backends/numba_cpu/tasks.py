@@ -2,7 +2,7 @@
 
 * ``kernel``/``scalar``/``inlined``: ``njit`` without ``fastmath`` (so LLVM never
   contracts ``a*b + c`` into an FMA), ``error_model="numpy"`` (IEEE division by zero,
-  no Python exception), ``cache=True`` (DESIGN.md, lock 2).
+  no Python exception), ``cache=True`` (docs/numerical-contract.md, "Why two machines disagree": lock 2).
 * ``parallel_kernel(count)``: a kernel ``f(t0, t1, *args)`` over independent tasks
   ``[t0, t1)`` (rows, heads, column blocks, element blocks), whose task count
   ``count(*args)`` is a Python function given with it; ``TaskKernel`` splits the tasks

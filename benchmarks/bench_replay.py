@@ -64,7 +64,7 @@ def _train_step_cpu(run: Path, step: int, backend: str, world: int) -> tuple[flo
     from lockstep.formats import checkpoint as ckpt
     from lockstep.train.collectives import rank_micro_batches
     from lockstep.formats.manifest import Manifest
-    from lockstep.formats.rundir import load_recipe, recipe_configs
+    from lockstep.formats.recipe import load_recipe, recipe_configs
     from lockstep.train.step import apply_update, plan_step, split_state, subtree_sums
     from lockstep.formats.stream import GlobalStream
 
@@ -125,7 +125,7 @@ def _replay_step_cpu(run: Path, backend: str) -> float:
     from lockstep.backends import get_backend
     from lockstep.formats import checkpoint as ckpt
     from lockstep.formats.manifest import Manifest
-    from lockstep.formats.rundir import load_recipe, recipe_configs
+    from lockstep.formats.recipe import load_recipe, recipe_configs
     from lockstep.train.step import plan_step, split_state, tree_step
     from lockstep.formats.stream import GlobalStream
 

@@ -26,7 +26,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from lockstep.formats.rundir import Strictness, load_recipe, read_trajectory  # noqa: E402
+from lockstep.formats.recipe import load_recipe  # noqa: E402
+from lockstep.formats.trajectory import Strictness, read_trajectory
 from lockstep.use.evaluate import recorded_validations  # noqa: E402
 from lockstep.use.plots import run_curves  # noqa: E402
 

@@ -33,7 +33,7 @@ def write_commitment(run: Path, recs: list[dict]) -> None:
 
 def relink(run: Path, recs: list[dict], from_step: int) -> list[dict]:
     """Recompute every chain hash from ``from_step`` on, the commitment, and the checkpoints' chain hashes."""
-    from lockstep.formats.rundir import genesis, load_recipe
+    from lockstep.formats.recipe import genesis, load_recipe
 
     h = genesis(load_recipe(run)) if from_step == 1 else recs[from_step - 2]["chain_hash"]
     for r in recs[from_step - 1:]:
@@ -68,7 +68,8 @@ def train_on_other_windows(run: Path, at_step: int, window: int) -> int:
     """
     from lockstep.backends import get_backend
     from lockstep.formats.manifest import Manifest
-    from lockstep.formats.rundir import load_recipe, recipe_configs, recipe_digest, step_record
+    from lockstep.formats.recipe import load_recipe, recipe_configs, recipe_digest
+    from lockstep.formats.trajectory import step_record
     from lockstep.train.step import plan_step, split_state, state_tensors, tree_step
     from lockstep.formats.stream import GlobalStream, batch_digest
 

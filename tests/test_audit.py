@@ -95,7 +95,7 @@ def _cli(*args) -> int:
 
 def _forge_chain(run: Path, recs: list[dict], from_step: int) -> list[dict]:
     """Recompute every chain hash from ``from_step`` on, and the commitment, as a careful forger would."""
-    from lockstep.formats.rundir import genesis, load_recipe
+    from lockstep.formats.recipe import genesis, load_recipe
 
     h = genesis(load_recipe(run)) if from_step == 1 else recs[from_step - 2]["chain_hash"]
     for r in recs[from_step - 1:]:

@@ -12,8 +12,8 @@ import pytest
 
 from lockstep.spec import SPEC_VERSION
 from lockstep.formats.config import preset, train_preset
-from lockstep.formats.rundir import (RunFileError, genesis, genesis_recipe, load_recipe, make_recipe, recipe_digest,
-                                   write_recipe)
+from lockstep.formats.rundir import RunFileError
+from lockstep.formats.recipe import genesis, genesis_recipe, load_recipe, make_recipe, recipe_digest, write_recipe
 
 
 def _recipe() -> dict:

@@ -30,7 +30,8 @@ from lockstep.audit.replay import ReplayError, replay_step, replay_steps
 from lockstep.audit.verify import verify_run
 from lockstep.cli import main
 from lockstep.formats import checkpoint as ckpt
-from lockstep.formats.rundir import RunFileError, Strictness, read_trajectory
+from lockstep.formats.rundir import RunFileError
+from lockstep.formats.trajectory import Strictness, read_trajectory
 
 
 def _value_of(bits: str) -> float:
@@ -41,7 +42,7 @@ def _value_of(bits: str) -> float:
 
 
 def test_an_honest_trajectory_writes_each_decimal_as_its_bits_value(honest_run):
-    from lockstep.formats.rundir import bits_value
+    from lockstep.formats.trajectory import bits_value
 
     recs = read_traj(honest_run)
     for r in recs:

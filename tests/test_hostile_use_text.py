@@ -58,7 +58,7 @@ def test_sample_refuses_a_recipe_too_large_for_this_machine(copy_run):
     from lockstep.formats import checkpoint as ckpt
     from lockstep.train.model import init_params
     from lockstep.train.optim import AdamWState
-    from lockstep.formats.rundir import recipe_configs, recipe_digest
+    from lockstep.formats.recipe import recipe_configs, recipe_digest
     from lockstep.train.step import state_tensors
 
     from lockstep.spec.hashing import state_root

@@ -22,7 +22,7 @@ from killpoint import Paused, read_until
 from lockstep.contract.capabilities import Capabilities
 from lockstep.cli import main
 from lockstep.formats import checkpoint as ckpt
-from lockstep.formats.rundir import Strictness, read_trajectory
+from lockstep.formats.trajectory import Strictness, read_trajectory
 from lockstep.train.trainer import train
 
 LOCKSTEP = [sys.executable, "-m", "lockstep.cli"]

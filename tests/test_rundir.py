@@ -9,8 +9,8 @@ import sys
 
 import pytest
 
-from lockstep.formats.rundir import (TRAJECTORY_FILE, RunFileError, Strictness, read_trajectory, record_line,
-                                   write_trajectory)
+from lockstep.formats.rundir import TRAJECTORY_FILE, RunFileError
+from lockstep.formats.trajectory import Strictness, read_trajectory, record_line, write_trajectory
 
 
 def _record(step: int, prev: str) -> dict:

@@ -23,7 +23,8 @@ from lockstep.formats.manifest import Manifest
 from lockstep.formats.stream import GlobalStream
 from lockstep.train.model import init_params
 from lockstep.train.optim import AdamWState, NonFiniteError
-from lockstep.formats.rundir import Strictness, genesis, load_recipe, make_recipe, read_trajectory, recipe_configs
+from lockstep.formats.recipe import genesis, load_recipe, make_recipe, recipe_configs
+from lockstep.formats.trajectory import Strictness, read_trajectory
 from lockstep.train.step import plan_step, tree_step
 from lockstep.train.trainer import RecipeMismatch, train
 

@@ -1,12 +1,12 @@
 """Every parser of a file a stranger can hand us, fuzzed (Hypothesis): the documented refusal or nothing.
 
 The files: the data manifest (``Manifest.load``, ``rundir.open_run_data``), the run
-recipe (``rundir.load_recipe``, which ``train --resume`` and the audit use),
-trajectory lines (``rundir.read_trajectory`` with ``Strictness.AUDIT``, as ``audit verify``
+recipe (``recipe.load_recipe``, which ``train --resume`` and the audit use),
+trajectory lines (``trajectory.read_trajectory`` with ``Strictness.AUDIT``, as ``audit verify``
 reads, and ``Strictness.LIVE``, as ``train --resume`` reads), the commitment, the run target, certificates
 (``audit.certificate``), audit plans (``audit.plan``), safetensors headers and offsets
 (``fsio.parse_safetensors`` / ``read_safetensors``), checkpoint sidecars and state
-(``checkpoint.load_checkpoint``), export bundles (``use.export.verify_export``), the
+(``checkpoint.load_checkpoint``), export bundles (``use.export_verify.verify_export``), the
 tokenizer read from the manifest (``use.run.open_tokenizer``) and validation lines of
 metrics.jsonl (``use.evaluate.recorded_validations``); and ``audit verify`` over the whole
 damaged run.
@@ -52,8 +52,9 @@ from lockstep.fsio import FileFormatError, json_bytes, parse_json
 from lockstep.fsio.safetensors import SafetensorsError, parse_safetensors, read_safetensors
 from lockstep.formats import checkpoint as ckpt
 from lockstep.formats.manifest import DataError, Manifest
-from lockstep.formats.rundir import (DataLocationError, RunFileError, Strictness, load_recipe, open_run_data,
-                                   read_commitment, read_target, read_trajectory)
+from lockstep.formats.rundir import DataLocationError, RunFileError, open_run_data, read_target
+from lockstep.formats.recipe import load_recipe
+from lockstep.formats.trajectory import Strictness, read_commitment, read_trajectory
 from lockstep.use.run import UseError
 
 # the deep profile (10,000 examples) multiplies every budget here by 25; the suite's gives 1
@@ -679,7 +680,7 @@ EXPORT_FILES = ["proof.json", "config.json", "recipe.json", "model.safetensors"]
 @budget(40)
 @given(data=st.data())
 def test_export_reader_refuses_a_damaged_export(ws, data):
-    from lockstep.use.export import verify_export
+    from lockstep.use.export_verify import verify_export
 
     rel = data.draw(st.sampled_from(EXPORT_FILES))
     path = ws.export / rel
@@ -719,7 +720,7 @@ def test_certificate_claiming_step_10_to_the_12_is_checked_without_a_loop(ws, tm
 def test_export_proof_with_an_integer_digest_is_a_failed_check(ws):
     """Found by test_export_reader_refuses_a_damaged_export: a proof whose batch_digest is the integer 2**63
     reached ``bytes(2**63)`` in the hashing (OverflowError; 10**9 would have allocated a gigabyte)."""
-    from lockstep.use.export import verify_export
+    from lockstep.use.export_verify import verify_export
 
     path = ws.export / "proof.json"
     doc = json.loads(path.read_bytes())

@@ -443,7 +443,8 @@ def auditor_id(cert: dict, fallback: str) -> str:
 
 def run_problems(cert: dict, run_dir: str | os.PathLike) -> list[str]:
     """Published values the certificate quotes that are not the run's (reads the trajectory only)."""
-    from lockstep.formats.rundir import RunFileError, Strictness, read_commitment, read_trajectory
+    from lockstep.formats.rundir import RunFileError
+    from lockstep.formats.trajectory import Strictness, read_commitment, read_trajectory
 
     run_dir = Path(run_dir)
     try:

@@ -92,7 +92,9 @@ def _intact_commitment(run_dir: Path) -> dict:
     """A run's commitment, checked here (not left to a separate ``audit verify``): it must be ``H_N`` of
     the published chain, recomputed from ``H_0`` link by link, so no plan is drawn for a broken chain."""
     from lockstep.spec import hashing
-    from lockstep.formats.rundir import RunFileError, Strictness, genesis, load_recipe, read_commitment, read_trajectory
+    from lockstep.formats.rundir import RunFileError
+    from lockstep.formats.recipe import genesis, load_recipe
+    from lockstep.formats.trajectory import Strictness, read_commitment, read_trajectory
 
     try:
         c = read_commitment(run_dir)

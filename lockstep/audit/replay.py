@@ -46,9 +46,9 @@ from lockstep.fsio import UnsafePath
 from lockstep.spec import SPEC_VERSION, hashing
 from lockstep.formats import checkpoint as ckpt
 from lockstep.train.malloc import keep_freed_memory
-from lockstep.formats.rundir import (RunFileError, Strictness, checkpoints_beyond, genesis, load_recipe, open_run_data,
-                                   read_commitment, read_trajectory, recipe_configs, recipe_digest,
-                                   recorded_world_sizes)
+from lockstep.formats.rundir import RunFileError, checkpoints_beyond, open_run_data, recorded_world_sizes
+from lockstep.formats.recipe import genesis, load_recipe, recipe_configs, recipe_digest
+from lockstep.formats.trajectory import Strictness, read_commitment, read_trajectory
 from lockstep.formats.stream import GlobalStream, batch_digest
 
 from lockstep.train.memory import require_memory

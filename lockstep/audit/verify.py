@@ -7,7 +7,7 @@ The checks, in order (each failure is one ``Finding``; all are collected):
    run directory; every ``step-NNNNNNNN`` folder is complete (its ``COMPLETE`` marker
    matches its sidecar). Leftover ``.tmp-*`` folders and unknown files are warnings.
 2. **Recipe.** Strict JSON, known keys only (``ModelConfig.from_dict``), and its
-   SHA-256 (``rundir.recipe_digest``) gives ``H_0 = genesis(recipe)``.
+   SHA-256 (``recipe.recipe_digest``) gives ``H_0 = genesis(recipe)``.
 3. **Data.** ``rundir.open_run_data``: the recipe's data folder, which must be inside
    the run (a folder elsewhere, as ``train --data DIR`` records it, is read only when
    the auditor names it with ``--data DIR``); the manifest's digest must be the
@@ -58,10 +58,9 @@ from lockstep.formats import checkpoint as ckpt
 from lockstep.formats.config import ModelConfig, TrainConfig
 from lockstep.formats.manifest import Manifest
 from lockstep.formats.stream import GlobalStream, batch_digest
-from lockstep.formats.rundir import (COMMITMENT_FILE, KNOWN_DIRS, KNOWN_FILES, MAX_RECORD_BYTES, MAX_TRAJECTORY_BYTES,
-                                   METRICS_FILE, RECIPE_FILE, TRAJECTORY_FILE, RunFileError, Strictness, genesis,
-                                   load_recipe, open_run_data, read_commitment, read_trajectory, recipe_configs,
-                                   recipe_digest, run_data_folder)
+from lockstep.formats.rundir import (COMMITMENT_FILE, KNOWN_DIRS, KNOWN_FILES, MAX_RECORD_BYTES, MAX_TRAJECTORY_BYTES, METRICS_FILE, RECIPE_FILE, TRAJECTORY_FILE, RunFileError, open_run_data, run_data_folder)
+from lockstep.formats.recipe import genesis, load_recipe, recipe_configs, recipe_digest
+from lockstep.formats.trajectory import Strictness, read_commitment, read_trajectory
 
 KNOWN_TOP_LEVEL = KNOWN_FILES | KNOWN_DIRS
 

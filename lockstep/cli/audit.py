@@ -169,7 +169,7 @@ def _verify(args) -> int:
             return _err(f"no loss curve drawn: {args.run} is invalid (see above); a curve is drawn only from a "
                         "valid run")
         from lockstep.fsio import atomic_write_bytes
-        from lockstep.formats.rundir import Strictness, read_trajectory
+        from lockstep.formats.trajectory import Strictness, read_trajectory
         from lockstep.use.plots import loss_curve_png
 
         png = loss_curve_png(read_trajectory(args.run, Strictness.AUDIT),
@@ -218,7 +218,8 @@ def _planned_steps(args) -> list[int] | int:
     names and the run's commitment; an exit code when it cannot be used."""
     from lockstep.audit.certificate import public_key_hex
     from lockstep.audit.plan import PlanError, check_plan, load_plan, planned_auditor
-    from lockstep.formats.rundir import RunFileError, read_commitment
+    from lockstep.formats.rundir import RunFileError
+    from lockstep.formats.trajectory import read_commitment
 
     if not args.beacon:
         return _err("--plan needs --beacon HEX: the beacon value the auditors named (the plan's own copy is not "

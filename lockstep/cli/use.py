@@ -317,7 +317,8 @@ def add_export_parser(subparsers) -> argparse.ArgumentParser:
 
 
 def run_export(args) -> int:
-    from lockstep.use.export import make_export, verify_export
+    from lockstep.use.export import make_export
+    from lockstep.use.export_verify import verify_export
     from lockstep.use.run import UseError, open_model, open_tokenizer
 
     try:
@@ -355,7 +356,7 @@ def add_verify_export_parser(subparsers) -> argparse.ArgumentParser:
 
 
 def run_verify_export(args) -> int:
-    from lockstep.use.export import verify_export
+    from lockstep.use.export_verify import verify_export
     from lockstep.use.run import UseError
 
     try:

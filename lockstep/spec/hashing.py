@@ -187,15 +187,15 @@ def genesis_hash(recipe_digest: str | bytes, manifest_digest: str | bytes, spec_
 
     * ``recipe_digest`` (32 bytes): SHA-256 of the canonical JSON (``fsio.json_bytes``:
       keys sorted, 2-space indent, UTF-8, a final newline) of the recipe's *genesis
-      fields* (``lockstep.formats.rundir.genesis_recipe``): the recipe with every field
+      fields* (``lockstep.formats.recipe.genesis_recipe``): the recipe with every field
       that changes no trained bit taken out (``lockstep_version``, ``model.name``,
       ``data.folder``) and every model/train setting written out in full, defaults
       included, floats as floats, and the settings the ops read only as float32
-      (``rundir.FLOAT32_SETTINGS``: ``norm_eps``, ``z_loss``, ``eps``, ``weight_decay``,
+      (``recipe.FLOAT32_SETTINGS``: ``norm_eps``, ``z_loss``, ``eps``, ``weight_decay``,
       ``grad_clip``) as that float32. So neither a cosmetic edit nor an equivalent spelling
       of a setting gives a new H_0 (SPEC_VERSION 3; a trainer could otherwise re-link
       the chain under many H_0 to pick an audit plan). It is not the digest of the
-      recipe file's bytes (that one, ``rundir.recipe_digest``, binds checkpoints to
+      recipe file's bytes (that one, ``recipe.recipe_digest``, binds checkpoints to
       their run).
     * ``manifest_digest`` (32 bytes): the data manifest's SHA-256, as the recipe's
       ``data.manifest_sha256`` records it (``lockstep.formats.manifest``).

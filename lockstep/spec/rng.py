@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import fp, hostmath
+from . import erf, fp
 from .philox import PhiloxStream, uniform_open_from_uint32
 from .transcendental import log
 
@@ -208,13 +208,13 @@ def normal(stream: PhiloxStream, start: int, count: int) -> np.ndarray:
 def truncated_normal_constants(bound: float) -> tuple[np.float32, np.float32]:
     """(mass, bound32) for ``truncated_normal``: float32 of ``Phi(b) - Phi(-b)``, and of b.
 
-    Host computation (float64, ``hostmath``): ``mass = erf(b * SQRT1_2)`` rounded
+    Host computation (float64, ``spec.erf``): ``mass = erf(b * SQRT1_2)`` rounded
     once to float32; ``bound32 = float32(b)``.
     """
     b = float(bound)
     if not (b > 0.0 and b < float("inf")):
         raise ValueError(f"truncated_normal bound must be a positive finite number, got {bound!r}")
-    mass = fp.f32(hostmath.erf(b * hostmath.SQRT1_2)).reshape(-1)[0]
+    mass = fp.f32(erf.erf(b * erf.SQRT1_2)).reshape(-1)[0]
     return mass, fp.f32(b).reshape(-1)[0]
 
 

@@ -30,7 +30,7 @@ import numpy as np
 
 from lockstep.formats.config import ModelConfig, TrainConfig
 from lockstep.formats.params import param_specs
-from lockstep.formats.rundir import float_record  # noqa: F401 - the trajectory's float32 record
+from lockstep.formats.trajectory import float_record  # noqa: F401 - the trajectory's float32 record
 from lockstep.formats.schedule import StepPlan, learning_rate, plan_step  # noqa: F401 - the step's batch
 from lockstep.spec import hashing, tree
 

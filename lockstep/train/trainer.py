@@ -38,11 +38,10 @@ from lockstep.formats.manifest import Manifest
 from lockstep.formats.stream import GlobalStream, batch_digest
 from .model import init_params
 from .optim import AdamWState
-from lockstep.formats.rundir import (DATA_DIR, METRICS_FILE, RECIPE_FILE, TARGET_FILE, TRAJECTORY_FILE, Strictness,
-                     genesis, load_recipe, make_recipe, open_run_data, read_target, recipe_configs, recipe_digest,
-                     read_trajectory, step_record, write_commitment, write_recipe, write_target,
-                     write_trajectory)
-from lockstep.formats.rundir import append_record
+from lockstep.formats.rundir import (DATA_DIR, METRICS_FILE, RECIPE_FILE, TARGET_FILE, TRAJECTORY_FILE, open_run_data, read_target, write_target)
+from lockstep.formats.recipe import genesis, load_recipe, make_recipe, recipe_configs, recipe_digest, write_recipe
+from lockstep.formats.trajectory import Strictness, read_trajectory, step_record, write_commitment, write_trajectory
+from lockstep.formats.trajectory import append_record
 from .malloc import keep_freed_memory
 from .memory import require_memory
 from .step import GradLayout, VectorPool, apply_update, plan_step, split_state, state_tensors, subtree_sums

@@ -38,7 +38,7 @@ from lockstep.formats.config import ModelConfig
 from lockstep.formats.manifest import Manifest
 from lockstep.formats.stream import ValidationSplit, validation_windows
 from lockstep.train.model import device_params, forward
-from lockstep.formats.rundir import float_record
+from lockstep.formats.trajectory import float_record
 from lockstep.formats.tokenizer import BYTE_VOCAB, ByteTokenizer
 
 from .run import UseError

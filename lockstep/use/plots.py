@@ -28,7 +28,8 @@ def _pyplot():
 def run_curves(run_dir: Path, trajectory: list[dict] | None = None) -> tuple[list, list, list, list]:
     """``(train_tokens, train_loss, val_tokens, val_loss)`` of a run (last record per step; the training
     loss from each record's chained bits)."""
-    from lockstep.formats.rundir import BITS_RE, Strictness, read_trajectory, record_value
+    from lockstep.formats.rundir import BITS_RE
+    from lockstep.formats.trajectory import Strictness, read_trajectory, record_value
 
     from .evaluate import recorded_validations
 
@@ -60,7 +61,7 @@ def loss_curve_png(trajectory: list[dict], title: str) -> bytes | None:
     Drawn from the records' chained ``loss_bits`` only (``audit verify --plot`` draws it
     from a valid run; ``loss.png`` is derived from files that are not evidence).
     """
-    from lockstep.formats.rundir import record_value
+    from lockstep.formats.trajectory import record_value
 
     plt = _pyplot()
     if plt is None:

@@ -65,7 +65,7 @@ class RunModel:
 
 def load_run_recipe(run_dir: Path) -> tuple[dict, ModelConfig, TrainConfig]:
     """The recipe (strict JSON, read inside the run) and its two configs."""
-    from lockstep.formats.rundir import load_recipe, recipe_configs
+    from lockstep.formats.recipe import load_recipe, recipe_configs
 
     if not run_dir.is_dir():
         raise UseError(f"{run_dir} is not a run directory (no such folder)")
@@ -80,7 +80,7 @@ def load_run_recipe(run_dir: Path) -> tuple[dict, ModelConfig, TrainConfig]:
 
 
 def _trajectory(run_dir: Path) -> list[dict]:
-    from lockstep.formats.rundir import Strictness, read_trajectory
+    from lockstep.formats.trajectory import Strictness, read_trajectory
 
     try:
         return read_trajectory(run_dir, Strictness.LIVE)
@@ -97,7 +97,8 @@ def open_model(run_dir: str | os.PathLike, step: int | None = None) -> RunModel:
     checkpoint beyond the trajectory's last step is covered by no chain link and is
     refused (and never chosen by default).
     """
-    from lockstep.formats.rundir import first_broken_link, recipe_digest
+    from lockstep.formats.recipe import recipe_digest
+    from lockstep.formats.trajectory import first_broken_link
 
     run_dir = Path(run_dir)
     recipe, cfg, tcfg = load_run_recipe(run_dir)

@@ -84,3 +84,99 @@ def test_backward_matches_float64_gradients(window):
     for name, g, want in zip(("dq", "dk", "dv"), got, _reference_backward(do, q, k, v, window)):
         assert g.shape == want.shape, name
         assert np.abs(g - want).max() <= BACKWARD_TOL * np.abs(want).max(), name
+
+
+# ---------------------------------------------------------------- decode_attention (one query over a KV cache)
+
+def _composition_generate_used(q, k_cache, v_cache, n, window):
+    """The decode attention that ``use/generate.py`` composed from spec ops before it became the op
+    ``spec.decode_attention`` (kept here as the reference: the op must give these bits).
+    q (H, Dh); caches (G, C, Dh); returns (H, Dh)."""
+    h, dh = q.shape
+    g = k_cache.shape[0]
+    j0 = max(0, n - window) if window else 0
+    rep = h // g
+    kh = np.repeat(k_cache[:, j0:n], rep, axis=0)
+    vh = np.repeat(v_cache[:, j0:n], rep, axis=0)
+    s = spec.mul(spec.matmul(q.reshape(h, 1, dh), np.ascontiguousarray(kh.transpose(0, 2, 1))),
+                 spec.attention.attention_scale(dh))
+    m = spec.max(s, axis=-1)
+    e = spec.exp(spec.sub(s, m.reshape(h, 1, 1)))
+    pad = j0 % 32
+    lanes = spec.concat_last([np.zeros((h, 1, pad), dtype=np.float32), e]) if pad else e
+    p = spec.div(e, spec.lane_tree_sum(lanes).reshape(h, 1, 1))
+    return spec.matmul(p, vh).reshape(h, dh)
+
+
+def _decode_inputs(kind, h, g, cap, dh, seed):
+    shapes = ((h, dh), (g, cap, dh), (g, cap, dh))
+    if kind == "random":
+        return tuple(gen.random_normal_range(seed, ("decode-test", i), s, -3, 3) for i, s in enumerate(shapes))
+    # boundary: q and k from the table's values below 100 in magnitude (zeros, subnormals, smallest
+    # normals, ties, 88.7 ...: scores whose exp flushes or overflows), v from all its finite values;
+    # every third trial one inf or NaN at a drawn filled position of k or v
+    b = gen.boundary_values()
+    small, finite = b[np.abs(b) < 100], b[np.isfinite(b)]
+    out = []
+    for i, (s, table) in enumerate(zip(shapes, (small, small, finite))):
+        pick = gen.random_uint32(seed, ("decode-test-b", i), (int(np.prod(s)),)) % table.size
+        out.append(table[pick].reshape(s))
+    if seed % 3 == 0:
+        u = gen.random_uint32(seed, ("decode-test-special",), (4,))
+        out[1 + int(u[0] % 2)][u[1] % g, u[2] % min(cap, 1 + seed % cap), 0] = b[34 + u[3] % 6]
+    return tuple(out)
+
+
+@pytest.mark.parametrize("kind", ["random", "boundary"])
+@pytest.mark.parametrize("h,g", [(4, 2), (2, 2), (2, 1)])
+def test_decode_attention_gives_the_bits_of_the_composition_generate_used(kind, h, g):
+    cap, dh = 100, 8
+    for trial, (n, window) in enumerate([(n, w) for n in (1, 2, 31, 32, 33, 63, 64, 65, 96, 97, 100)
+                                         for w in (None, 0, 1, 16, 31, 32, 33, 64, 99, 100, 200)]):
+        q, k, v = _decode_inputs(kind, h, g, cap, dh, trial)
+        got = spec.decode_attention(q, k, v, n, window)
+        want = _composition_generate_used(q, k, v, n, window)
+        assert got.dtype == np.float32 and got.shape == (h, dh)
+        assert got.tobytes() == want.tobytes(), (kind, h, g, n, window)
+
+
+@pytest.mark.parametrize("window", [None, 1, 5, 32, 33])
+def test_decode_attention_is_the_last_row_of_attention_forward(window):
+    """Finite inputs: query n - 1 over the first n positions, as the training forward computes it
+    (the keys before j0 absent there, and +0.0 lanes here: the same bits)."""
+    h, g, dh, cap = 4, 2, 8, 72
+    for n in (1, 7, 32, 33, 40, 64, 65, 72):
+        q, k, v = (gen.random_normal_range(n, ("decode-last-row", i), s, -2, 2)
+                   for i, s in enumerate(((1, h, n, dh), (1, g, cap, dh), (1, g, cap, dh))))
+        o = spec.attention_forward(q, k[:, :, :n], v[:, :, :n], window)[0]
+        got = spec.decode_attention(q[0, :, n - 1], k[0], v[0], n, window)
+        assert got.tobytes() == np.ascontiguousarray(o[0, :, n - 1]).tobytes(), (n, window)
+
+
+def test_decode_attention_never_reads_past_n():
+    q, k, v = _decode_inputs("random", 2, 1, 40, 4, 0)
+    want = spec.decode_attention(q, k, v, 20, None)
+    k2, v2 = k.copy(), v.copy()
+    k2[:, 20:], v2[:, 20:] = np.nan, np.inf
+    assert spec.decode_attention(q, k2, v2, 20, None).tobytes() == want.tobytes()
+
+
+@pytest.mark.parametrize("args, match", [
+    (((1, 1), (1, 2, 1), (1, 2, 1), 0, None), "n = 0"),
+    (((1, 1), (1, 2, 1), (1, 2, 1), 3, None), "n = 3"),
+    (((1, 1), (1, 2, 1), (1, 2, 1), True, None), "must be an int"),
+    (((1, 1), (1, 2, 1), (1, 2, 1), 1.0, None), "must be an int"),
+    (((1, 1), (1, 2, 1), (1, 2, 1), 1, 2.5), "window must be an int or None"),
+    (((1, 1), (1, 2, 1), (1, 2, 1), 1, True), "window must be an int or None"),
+    (((3, 1), (2, 2, 1), (2, 2, 1), 1, None), "not a positive multiple"),
+    (((0, 1), (1, 2, 1), (1, 2, 1), 1, None), "not a positive multiple"),
+    (((1, 0), (1, 2, 0), (1, 2, 0), 1, None), "Dh >= 1"),
+    (((1, 2), (1, 2, 1), (1, 2, 2), 1, None), "must both be"),
+    (((1, 1), (1, 2, 1), (1, 3, 1), 1, None), "must both be"),
+    (((1, 1, 1, 1), (1, 2, 1), (1, 2, 1), 1, None), r"q \(H, Dh\)"),
+])
+def test_decode_attention_refuses_bad_input(args, match):
+    q, k, v, n, window = args
+    q, k, v = (np.zeros(s, np.float32) for s in (q, k, v))
+    with pytest.raises(ValueError, match=match):
+        spec.decode_attention(q, k, v, n, window)

@@ -21,7 +21,7 @@ from lockstep.conformance.registry import all_records
 
 def test_contract_is_the_protocol_and_every_op_has_kinds():
     assert OP_NAMES == tuple(n for n in vars(interface.BackendOps) if not n.startswith("_"))
-    assert len(OP_NAMES) == len(set(OP_NAMES)) == 40
+    assert len(OP_NAMES) == len(set(OP_NAMES)) == 41
     for name, c in CONTRACT.items():
         assert c.params, name
         assert all(isinstance(p.kind, Kind) for p in c.params), name
@@ -30,6 +30,8 @@ def test_contract_is_the_protocol_and_every_op_has_kinds():
     # a few that the kernel authors will look up
     assert [p.name for p in CONTRACT["attention_backward"].params] == ["do", "q", "k", "v", "o", "m", "l", "window"]
     assert CONTRACT["attention_backward"].params[-1].default is None
+    assert [(p.name, p.kind) for p in CONTRACT["decode_attention"].params] == [
+        ("q", Kind.F32), ("k", Kind.F32), ("v", Kind.F32), ("n", Kind.HOST_INT), ("window", Kind.WINDOW)]
     assert CONTRACT["rmsnorm_backward"].returns == (Kind.F32, Kind.F32_OR_NONE)
     assert CONTRACT["cross_entropy_forward"].returns == (Kind.F32_SCALAR, Kind.F32)
     assert CONTRACT["int8_matmul"].returns == (Kind.INT32,) and not CONTRACT["int8_matmul"].returns_tuple

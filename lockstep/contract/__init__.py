@@ -225,6 +225,8 @@ class BackendOps(Protocol):
     def attention_backward(self, do: F32, q: F32, k: F32, v: F32, o: F32, m: F32, l: F32,
                            window: Window = None) -> tuple[F32, F32, F32]:
         """``(dq, dk, dv)``."""
+    def decode_attention(self, q: F32, k: F32, v: F32, n: HostInt, window: Window = None) -> F32:
+        """(H, Dh), (G, C, Dh), (G, C, Dh), n -> o (H, Dh): the last query over cache positions 0 .. n-1."""
     def swiglu_forward(self, gu: F32) -> F32:
         """(..., 2F) -> (..., F)."""
     def swiglu_backward(self, dh: F32, gu: F32) -> F32:

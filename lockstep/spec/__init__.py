@@ -19,7 +19,7 @@ from .fp import abs, add, div, f32, maximum, minimum, mul, neg, sqrt, sub
 from .philox import PhiloxStream, philox4x32
 from .reduce import argmax, column_sum, int8_matmul, lane_tree_sum, matmul, max
 from .transcendental import exp, log, sigmoid, silu
-from .attention import attention_backward, attention_forward
+from .attention import attention_backward, attention_forward, decode_attention
 from .embedding import embedding_backward, embedding_forward
 from .layout import concat_last
 from .loss import cross_entropy_backward, cross_entropy_forward
@@ -50,7 +50,7 @@ OPS: tuple[str, ...] = (
     # the model's ops, forward and backward
     "embedding_forward", "embedding_backward", "rmsnorm_forward", "rmsnorm_backward",
     "rope_forward", "rope_backward", "attention_forward", "attention_backward",
-    "swiglu_forward", "swiglu_backward", "int8_linear_forward", "int8_linear_backward",
+    "decode_attention", "swiglu_forward", "swiglu_backward", "int8_linear_forward", "int8_linear_backward",
     "cross_entropy_forward", "cross_entropy_backward",
     # the optimizer (optim)
     "sum_of_squares", "global_norm", "clip_coefficient", "scale", "adamw_update",

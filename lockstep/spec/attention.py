@@ -29,9 +29,13 @@ from __future__ import annotations
 
 import numpy as np
 
+from types import SimpleNamespace
+
 from . import fp
 from .checks import check_attention_shapes  # noqa: F401 - re-exported: the shared input check
-from .reduce import lane_tree_sum, matmul
+from .checks import check_decode_attention
+from .layout import concat_last
+from .reduce import LANES, lane_tree_sum, matmul
 from .reduce import max as row_max
 from .transcendental import exp
 
@@ -161,3 +165,63 @@ def attention_backward(do, q, k, v, o, m, l, window: int | None = None):
     dk = _group_sum_contract(ds, q, g, allowed)
     dv = _group_sum_contract(p, do, g, allowed)
     return dq, dk, dv
+
+
+# ---------------------------------------------------------------- decode: one query over a KV cache
+
+def decode_window_start(n: int, window: int | None) -> int:
+    """``j0``, the first key the last query ``n - 1`` may attend: ``max(0, n - W)`` with a window
+    ``W > 0``, else 0 (None or ``W <= 0`` is fully causal, as in ``attention_forward``)."""
+    return max(0, n - int(window)) if window is not None and window > 0 else 0
+
+
+def compose_decode_attention(ops, q, k, v, n: int, window: int | None):
+    """``decode_attention`` computed with the ops of ``ops`` (the spec module, or a backend's op table).
+
+    Every step is one op of the contract, so a backend whose ops conform gets the spec's bits
+    by composing its own: the numba backend and the shared GPU kernels call this with theirs.
+    Query head ``h = g * R + r`` reads KV head ``g``: the heads are a (G, R) batch, no copy.
+    """
+    check_decode_attention(q, k, v, n, window)
+    h, dh = q.shape
+    g = k.shape[0]
+    rep = h // g
+    j0 = decode_window_start(n, window)
+    kt = k[:, j0:n].transpose(0, 2, 1)                                        # (G, Dh, n')
+    s = ops.mul(ops.matmul(q.reshape(g, rep, dh), kt), attention_scale(dh))   # (G, R, n')
+    m = ops.max(s, -1)                                                        # (G, R)
+    e = ops.exp(ops.sub(s, m.reshape(g, rep, 1)))
+    pad = j0 % LANES  # key j in lane j mod 32: the lanes before j0's come first, +0.0
+    lanes = ops.concat_last([np.zeros((g, rep, pad), dtype=np.float32), e]) if pad else e
+    l = ops.lane_tree_sum(lanes, -1)                                          # (G, R)
+    p = ops.div(e, l.reshape(g, rep, 1))
+    return ops.matmul(p, v[:, j0:n]).reshape(h, dh)                           # (G, R, Dh) -> (H, Dh)
+
+
+_SPEC_OPS = SimpleNamespace(mul=fp.mul, sub=fp.sub, div=fp.div, exp=exp, max=row_max, lane_tree_sum=lane_tree_sum,
+                            matmul=matmul, concat_last=concat_last)
+
+
+def decode_attention(q, k, v, n: int, window: int | None = None):
+    """The last query's attention over a KV cache (generation's decode step): (H, Dh), (G, C, Dh),
+    (G, C, Dh), n -> o (H, Dh).
+
+    q is the query of position ``i = n - 1``, one row per head; k and v are caches of C
+    positions with ``0 .. n-1`` filled (1 <= n <= C; positions from n on are never read).
+    Query head h reads KV head ``h // (H / G)``. The keys are ``j0 .. n-1`` with
+    ``j0 = decode_window_start(n, window)`` (``max(0, n - W)`` with a window W > 0, else 0).
+    Order::
+
+        s[j] = (sum_d q[d] * k[j, d]) * scale   # contraction ascending over d, then one product
+        m    = max_{j0 <= j < n} s[j]           # exact
+        e[j] = exp(s[j] - m)                    # spec exp
+        l    = lane_tree_sum_j e[j]             # key j in lane j mod 32: the row is preceded
+                                                # by j0 mod 32 lanes of +0.0
+        p[j] = e[j] / l
+        o[:] = sum_{j0 <= j < n} p[j] * v[j, :] # ascending j from +0.0
+
+    with ``scale = attention_scale(Dh)``: the last row of ``attention_forward`` over the
+    first n positions, with the keys before ``j0`` absent (SPEC_VERSION 2). Each step is an
+    op of the contract (``compose_decode_attention``).
+    """
+    return compose_decode_attention(_SPEC_OPS, fp.f32(q), fp.f32(k), fp.f32(v), n, window)

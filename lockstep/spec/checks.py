@@ -71,6 +71,30 @@ def check_attention_shapes(q, k, v, do=None, o=None, m=None, l=None) -> None:
             raise ValueError(f"attention_backward: {name} has shape {np.shape(a)}, expected {want}")
 
 
+def check_decode_attention(q, k, v, n, window) -> None:
+    """ValueError unless q is (H, Dh), k and v are caches (G, C, Dh) with G >= 1, H a positive
+    multiple of G, Dh >= 1 and C >= 1; n a Python int (not a bool) in 1 .. C (the positions
+    filled); window None or a Python int (not a bool). Reads shapes and the two ints only.
+    """
+    qs, ks, vs = np.shape(q), np.shape(k), np.shape(v)
+    if len(qs) != 2 or len(ks) != 3:
+        raise ValueError(f"decode_attention needs q (H, Dh) and caches k, v (G, C, Dh); got q {qs}, k {ks}")
+    h, dh = qs
+    g, cap, kdh = ks
+    if g == 0 or h == 0 or h % g:
+        raise ValueError(f"decode_attention: query heads {h} are not a positive multiple of KV heads {g}")
+    if dh == 0:
+        raise ValueError("decode_attention needs a head dimension Dh >= 1, got 0")
+    if kdh != dh or vs != ks:
+        raise ValueError(f"decode_attention: k {ks} and v {vs} must both be (G, C, Dh) = ({g}, {cap}, {dh}) for q {qs}")
+    if isinstance(n, bool) or not isinstance(n, (int, np.integer)):
+        raise ValueError(f"decode_attention: n (the positions filled) must be an int, got {type(n).__name__}")
+    if not 1 <= n <= cap:
+        raise ValueError(f"decode_attention: n = {n} positions, but the cache holds 1 .. {cap}")
+    if window is not None and (isinstance(window, bool) or not isinstance(window, (int, np.integer))):
+        raise ValueError(f"decode_attention: window must be an int or None, got {type(window).__name__}")
+
+
 def check_rope_shapes(x, cos, sin) -> None:
     """ValueError unless x is (..., T, Dh) with Dh even and both tables broadcast to
     x's (..., T, Dh/2) without enlarging it (the contract's tables are (T, Dh/2))."""

@@ -19,21 +19,9 @@ The context holds at most ``seq_len`` tokens, the length the model was trained o
 when it is full, it keeps its last ``seq_len // 2`` tokens, which are prefilled again
 at positions ``0 ..`` (so generation can run past ``seq_len``).
 
-``cached_attention`` is the last row of ``spec.attention_forward`` on the cached keys,
-composed from backend ops: query ``i = n - 1`` over keys ``j0 .. n-1`` (``j0 = max(0,
-n - W)`` with a window W, else 0)::
-
-    s[j] = (sum_d q[d] * k[j, d]) * scale          # matmul, ascending over d; one product
-    m    = max_j s[j]
-    e[j] = exp(s[j] - m)
-    l    = lane_tree_sum over j of e[j]            # key j in lane j mod 32: the row is
-                                                   # preceded by j0 mod 32 zeros (+0.0)
-    p[j] = e[j] / l
-    o    = sum_j p[j] * v[j, :]                    # matmul, ascending over j from +0.0
-
-which is the spec's order with the masked keys absent (SPEC_VERSION 2) and, for finite
-values, the same bits as SPEC_VERSION 1's masked +0.0 terms (they come first in the
-row, add +0.0 to +0.0 lanes and accumulators, and change nothing).
+``cached_attention`` is the backend's ``decode_attention`` (``spec.attention.decode_attention``,
+which defines its order): the last query over the cached keys ``0 .. n-1``, the last row of
+``spec.attention_forward`` with the keys outside the window absent.
 
 Sampling
 --------
@@ -62,13 +50,11 @@ from typing import Iterator
 
 import numpy as np
 
-from lockstep.spec.attention import attention_scale
 from lockstep.spec.philox import PhiloxStream, uniform_open_from_uint32
 from lockstep.formats.config import ModelConfig
 from lockstep.train.model import _rope, block_forward, device_params, embed_forward, head_forward
 
 SAMPLE_PURPOSE = "lockstep.sample"
-LANES = 32  # the lane tree's width (spec.reduce.LANES)
 
 
 class SamplingError(ValueError):
@@ -78,26 +64,13 @@ class SamplingError(ValueError):
 # ---------------------------------------------------------------- attention over the cache
 
 def cached_attention(be, qr, k_cache: np.ndarray, v_cache: np.ndarray, n: int, window: int | None):
-    """The last query's attention over keys ``0 .. n-1`` of the cache (module docstring).
+    """The last query's attention over keys ``0 .. n-1`` of the cache: ``be.decode_attention``.
 
     qr: (1, H, 1, Dh); k_cache, v_cache: (G, capacity, Dh), positions ``0 .. n-1`` filled.
     Returns ``(o (1, H, 1, Dh), None, None)``: the shape ``block_forward``'s ``attend`` returns.
     """
     h, dh = qr.shape[1], qr.shape[3]
-    g = k_cache.shape[0]
-    j0 = max(0, n - window) if window else 0
-    rep = h // g
-    kh = np.repeat(k_cache[:, j0:n], rep, axis=0)                         # (H, n', Dh): head h reads KV h // rep
-    vh = np.repeat(v_cache[:, j0:n], rep, axis=0)
-    q = qr.reshape(h, 1, dh)
-    s = be.mul(be.matmul(q, np.ascontiguousarray(kh.transpose(0, 2, 1))), attention_scale(dh))   # (H, 1, n')
-    m = be.max(s, axis=-1)                                                # (H, 1)
-    e = be.exp(be.sub(s, m.reshape(h, 1, 1)))
-    pad = j0 % LANES
-    lanes = be.concat_last([np.zeros((h, 1, pad), dtype=np.float32), e]) if pad else e
-    l = be.lane_tree_sum(lanes)                                           # (H, 1)
-    p = be.div(e, l.reshape(h, 1, 1))
-    o = be.matmul(p, vh)                                                  # (H, 1, Dh)
+    o = be.decode_attention(qr.reshape(h, dh), k_cache, v_cache, n, window)
     return o.reshape(1, h, 1, dh), None, None
 
 

@@ -90,3 +90,12 @@ class AttentionOps(ReduceOps):
                           b_view=(0, h * t * dh, r * t * dh, 1, t * dh, dh, 1),
                           o_view=(0, g * t * dh, t * dh, dh, 1))
         return dq, dk, dv
+
+    def decode_attention(self, q, k, v, n, window=None):
+        """spec attention.decode_attention: the spec's composition (``compose_decode_attention``) of this
+        table's ops (matmul, lane_tree_sum, max, concat_last, mul, sub, exp, div). Returns o (H, Dh).
+
+        Host caches stay on the host until ``matmul`` moves the n' positions it reads."""
+        from lockstep.spec.attention import compose_decode_attention
+
+        return compose_decode_attention(self, q, k, v, n, window)

@@ -25,7 +25,15 @@ from __future__ import annotations
 
 import numpy as np
 
+from types import SimpleNamespace
+
+from lockstep.spec.attention import compose_decode_attention
 from lockstep.spec.checks import check_attention_shapes
+
+from . import fp as _fp
+from . import layout as _layout
+from . import reduce as _reduce
+from . import transcendental as _transcendental
 
 from .fp import EXPONENT_MASK, ONE, ZERO, bits, cn, entered, fl, min_nonzero_abs, safe_products
 from .reduce import LANES, accumulate_rows, lane_tree, row_max_total
@@ -419,3 +427,16 @@ def attention_backward(do, q, k, v, o, m, l, window: int | None = None):
         return dq, dk, dv
     _backward_kernel(do, q, k, v, o, m, l, _window(window, t), dq, dk, dv)
     return dq, dk, dv
+
+
+# ---------------------------------------------------------------- decode: one query over a KV cache
+
+_DECODE_OPS = SimpleNamespace(mul=_fp.mul, sub=_fp.sub, div=_fp.div, exp=_transcendental.exp, max=_reduce.max,
+                              lane_tree_sum=_reduce.lane_tree_sum, matmul=_reduce.matmul,
+                              concat_last=_layout.concat_last)
+
+
+def decode_attention(q, k, v, n: int, window: int | None = None):
+    """``spec.attention.decode_attention``: the spec's composition (``compose_decode_attention``) of
+    this backend's ops (mul, matmul, max, sub, exp, concat_last, lane_tree_sum, div)."""
+    return compose_decode_attention(_DECODE_OPS, np.asarray(q), np.asarray(k), np.asarray(v), n, window)

@@ -1,10 +1,13 @@
-"""Conformance of ``spec.attention``: attention_forward, attention_backward (GQA, causal or sliding window).
+"""Conformance of ``spec.attention``: attention_forward, attention_backward (GQA, causal or sliding window),
+decode_attention (one query over a KV cache).
 
 Causal and window-3 cases at the model shapes, plus two built to catch a kernel that
 computes masked pairs (they are absent, not zero-weighted): one whose sum flushes to
 -0.0, one with +inf in a value only the last query may see. The search adds H not a
 multiple of G, Dh = 0, k and v of another T or head dim (refused), windows at every
-edge, and o, m, l that the forward did not make.
+edge, and o, m, l that the forward did not make. decode_attention: n below, at and above
+multiples of 32 (the lane of key j0), windows that cut or not, H = G and H = 2G, boundary
+values in q, k and v, and positions past n holding values no sum may read (inf, NaN).
 """
 
 from __future__ import annotations
@@ -151,3 +154,67 @@ def _backward_refusals():
 register(OpRecord("attention_forward", _attn_fwd_cases, draw=_draw_forward, search_cost=4, refusals=_forward_refusals))
 register(OpRecord("attention_backward", _attn_bwd_cases, draw=_draw_backward, search_cost=8,
                   refusals=_backward_refusals))
+
+
+# ---------------------------------------------------------------- decode_attention
+
+def _decode_cache(seed, h, g, cap, dh, n):
+    """k and v caches (G, C, Dh) with positions 0 .. n-1 random and the rest NaN / +inf (never read)."""
+    k = gen.random_uniform(seed, ("decode", "k", h, g, n), (g, cap, dh), -2, 2)
+    v = gen.random_uniform(seed, ("decode", "v", h, g, n), (g, cap, dh), -2, 2)
+    k[:, n:] = np.nan
+    v[:, n:] = np.inf
+    return k, v
+
+
+def _decode_cases(seed, level):
+    out = []
+    cap = 80 if level <= 1 else 200
+    for h, g, dh in ((4, 2, 4), (2, 2, 8)):
+        for n, window in ((1, None), (31, None), (32, None), (33, None), (64, 16), (65, 33), (70, 32), (77, 1),
+                          (cap, 40), (40, 64), (33, 0)):
+            q = gen.random_uniform(seed, ("decode", "q", h, n), (h, dh), -2, 2)
+            k, v = _decode_cache(seed, h, g, cap, dh, n)
+            out.append(Case(f"H{h}-G{g}-n{n}-{'causal' if window is None else f'window{window}'}", (q, k, v, n, window)))
+    # boundary values (zeros, subnormals, ties, huge, inf, NaN) in q, k and v
+    b = gen.boundary_values()
+    q = np.resize(b, (4, 5)).astype(np.float32)
+    k = np.resize(b[::-1], (2, 40, 5)).astype(np.float32)
+    v = np.resize(np.roll(b, 7), (2, 40, 5)).astype(np.float32)
+    for n, window in ((40, None), (37, 3), (8, None)):
+        out.append(Case(f"boundary-n{n}-{'causal' if window is None else f'window{window}'}", (q, k, v, n, window)))
+    # scores that all flush: q = k = 0 gives p = 1/n', and a P.V sum that flushes to -0.0
+    z = np.zeros((1, 3, 1), np.float32)
+    vz = np.array([2.0**-125, -(2.0**-125 + 2.0**-147), 1.0], np.float32).reshape(1, 3, 1)
+    out.append(Case("negzero-n2", (np.zeros((1, 1), np.float32), z, vz, 2, None)))
+    return out
+
+
+def _draw_decode(draw, op):
+    g = draw(st.integers(1, 2))
+    h = g * draw(st.integers(1, 3))
+    if rarely(draw):
+        h += 1  # H not a multiple of G: refused
+    dh = 0 if rarely(draw) else draw(st.sampled_from((1, 2, 3, 4, 8)))  # Dh = 0: refused
+    cap = draw(st.one_of(st.sampled_from((1, 31, 32, 33, 40, 65)), st.integers(1, 70)))
+    n = draw(st.one_of(st.sampled_from((1, cap, cap - 1, 31, 32, 33, 64, 65)), st.integers(0, cap + 1)))  # 0, > C: refused
+    profile = draw(st.sampled_from(("finite", "finite", "wild", "tiny")))
+    q = draw(f32_array((h, dh), profile))
+    k = draw(f32_array((g, cap, mismatched(draw, dh)), profile))
+    v = draw(f32_array((g, mismatched(draw, cap), dh), profile))
+    window = _window(draw, max(n, 1))
+    return ((q, k, v, n, window), {}) if draw(st.booleans()) else ((q, k, v, n), {"window": window})
+
+
+def _decode_refusals():
+    one = gen.f32_zeros(1, 1)
+    cache = gen.f32_zeros(1, 2, 1)
+    return [Case("n-0", (one, cache, cache, 0, None)),
+            Case("n-past-cache", (one, cache, cache, 3, None)),
+            Case("heads-not-a-multiple", (gen.f32_zeros(3, 1), gen.f32_zeros(2, 2, 1), gen.f32_zeros(2, 2, 1), 1, None)),
+            Case("head-dim-0", (gen.f32_zeros(1, 0), gen.f32_zeros(1, 2, 0), gen.f32_zeros(1, 2, 0), 1, None)),
+            Case("v-other-capacity", (one, cache, gen.f32_zeros(1, 3, 1), 1, None)),
+            Case("q-4d", (gen.f32_zeros(1, 1, 1, 1), cache, cache, 1, None))]
+
+
+register(OpRecord("decode_attention", _decode_cases, draw=_draw_decode, search_cost=2, refusals=_decode_refusals))

@@ -205,10 +205,12 @@ def test_trig_range_is_checked():
 
 
 def test_scalars_and_arrays():
+    from lockstep.spec import erf as E
+
     assert type(H.exp(1.0)) is float and type(H.exp(1)) is float and type(H.pow(2, 3)) is float
     assert type(H.sin(np.float64(1.0))) is float
     x = np.arange(12, dtype=np.float64).reshape(3, 4) / 7
-    for f in (H.exp, H.log, H.sin, H.cos, H.sinpi, H.cospi, H.erf, H.normal_cdf):
+    for f in (H.exp, H.log, H.sin, H.cos, H.sinpi, H.cospi, E.erf, E.normal_cdf):
         y = f(x)
         assert isinstance(y, np.ndarray) and y.shape == (3, 4) and y.dtype == np.float64
         assert f(float(x[1, 2])) == y[1, 2]  # the scalar path is the array path

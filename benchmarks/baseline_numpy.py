@@ -21,7 +21,7 @@ from __future__ import annotations
 import numpy as np
 
 from lockstep.formats.config import ModelConfig, TrainConfig
-from lockstep.train.model import param_specs
+from lockstep.formats.params import param_specs
 from lockstep.train.model import _rope as rope_tables  # the same float32 tables as the real model
 
 F32 = np.float32

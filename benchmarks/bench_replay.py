@@ -65,7 +65,8 @@ def _train_step_cpu(run: Path, step: int, backend: str, world: int) -> tuple[flo
     from lockstep.train.collectives import rank_micro_batches
     from lockstep.formats.manifest import Manifest
     from lockstep.formats.recipe import load_recipe, recipe_configs
-    from lockstep.train.step import apply_update, plan_step, split_state, subtree_sums
+    from lockstep.formats.schedule import plan_step
+    from lockstep.train.step import apply_update, split_state, subtree_sums
     from lockstep.formats.stream import GlobalStream
 
     recipe = load_recipe(run)
@@ -126,7 +127,8 @@ def _replay_step_cpu(run: Path, backend: str) -> float:
     from lockstep.formats import checkpoint as ckpt
     from lockstep.formats.manifest import Manifest
     from lockstep.formats.recipe import load_recipe, recipe_configs
-    from lockstep.train.step import plan_step, split_state, tree_step
+    from lockstep.formats.schedule import plan_step
+    from lockstep.train.step import split_state, tree_step
     from lockstep.formats.stream import GlobalStream
 
     recipe = load_recipe(run)
@@ -144,7 +146,7 @@ def memory_rows(preset: str, backend: str, micro: int, counts: list[int], data: 
     """Peak resident memory of ``lockstep audit replay RUN --step 1`` for runs of M micro-batches."""
     from lockstep.spec import tree
     from lockstep.formats.config import preset as model_preset
-    from lockstep.train.model import param_count
+    from lockstep.formats.params import param_count
 
     vector_mib = (param_count(model_preset(preset)) + 1) * 4 / 2**20
     rows = []

@@ -24,7 +24,8 @@ from record import append_results, markdown_table
 
 from lockstep.backends import get_backend
 from lockstep.formats.config import preset, train_preset
-from lockstep.train.model import init_params, loss_and_grads, param_count
+from lockstep.formats.params import param_count
+from lockstep.train.model import init_params, loss_and_grads
 from lockstep.train.optim import AdamWState, optimizer_step
 from lockstep.formats.schedule import learning_rate
 

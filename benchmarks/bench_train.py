@@ -45,7 +45,8 @@ from lockstep.formats.stream import GlobalStream, batch_digest
 from lockstep.train.model import init_params
 from lockstep.train.malloc import keep_freed_memory
 from lockstep.train.optim import AdamWState
-from lockstep.train.step import GradLayout, VectorPool, apply_update, plan_step, state_tensors, subtree_sums
+from lockstep.formats.schedule import plan_step
+from lockstep.train.step import GradLayout, VectorPool, apply_update, state_tensors, subtree_sums
 
 
 def hash_share(preset_name: str, backend: str, steps: int, corpus: Path) -> dict:

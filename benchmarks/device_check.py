@@ -396,7 +396,7 @@ def section_torch(work: Path) -> dict:
 
 def _bench_params(cfg, seed: int) -> dict:
     """Benchmark parameters: scaled normal draws (fast; nothing here is published)."""
-    from lockstep.train.model import param_specs
+    from lockstep.formats.params import param_specs
 
     rng = np.random.default_rng(seed)
     return {s.name: (np.ones(s.shape, np.float32) if s.init == "ones"
@@ -411,7 +411,8 @@ def _lockstep_step_time(model: str, batch: int, steps: int, quantize: bool) -> d
     from lockstep.spec import hashing
     from lockstep.formats.config import train_preset
     from lockstep.train.optim import AdamWState
-    from lockstep.train.step import GradLayout, StepPlan, VectorPool, apply_update, state_tensors, subtree_sums
+    from lockstep.formats.schedule import StepPlan
+    from lockstep.train.step import GradLayout, VectorPool, apply_update, state_tensors, subtree_sums
 
     cfg = model_flops.model_config(model, quantize=quantize)
     tcfg = dataclasses.replace(train_preset("small"), micro_batch=8)

@@ -48,7 +48,7 @@ class LockstepRecipeModel(torch.nn.Module):
     def __init__(self, cfg: ModelConfig, device="cpu"):
         super().__init__()
         self.cfg = cfg
-        from lockstep.train.model import param_specs
+        from lockstep.formats.params import param_specs
 
         self.names = [s.name for s in param_specs(cfg)]
         self.params = torch.nn.ParameterDict({

@@ -8,7 +8,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 
 import model_flops  # noqa: E402
-from lockstep.train.model import param_count  # noqa: E402
+from lockstep.formats.params import param_count
 
 
 def test_step_flops_counts_only_allowed_attention_pairs():

@@ -26,7 +26,8 @@ import pytest
 import reference_f64 as ref
 from lockstep.backends import get_backend
 from lockstep.formats.config import preset
-from lockstep.train.model import init_params, loss_and_grads, param_specs
+from lockstep.formats.params import param_specs
+from lockstep.train.model import init_params, loss_and_grads
 
 INIT_STD = 0.25
 GAIN_NOISE = 0.2

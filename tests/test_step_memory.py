@@ -19,7 +19,8 @@ from lockstep.spec import fp, tree
 from lockstep.train.collectives import tree_allreduce
 from lockstep.formats.config import preset, train_preset
 from lockstep.train.model import init_params
-from lockstep.train.step import GradLayout, StepPlan, VectorPool, in_place_add, micro_batch_value, subtree_sums
+from lockstep.formats.schedule import StepPlan
+from lockstep.train.step import GradLayout, VectorPool, in_place_add, micro_batch_value, subtree_sums
 
 F32 = np.float32
 ROOT = Path(__file__).resolve().parents[1]

@@ -25,7 +25,8 @@ from lockstep.train.model import init_params
 from lockstep.train.optim import AdamWState, NonFiniteError
 from lockstep.formats.recipe import genesis, load_recipe, make_recipe, recipe_configs
 from lockstep.formats.trajectory import Strictness, read_trajectory
-from lockstep.train.step import plan_step, tree_step
+from lockstep.formats.schedule import plan_step
+from lockstep.train.step import tree_step
 from lockstep.train.trainer import RecipeMismatch, train
 
 LOCKSTEP = [sys.executable, "-m", "lockstep.cli"]

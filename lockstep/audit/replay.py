@@ -300,7 +300,8 @@ class _Replayer:
 
     def step(self, st: _State) -> tuple[StepCheck, _State | None]:
         from lockstep.train.optim import NonFiniteError
-        from lockstep.train.step import plan_step, state_tensors, tree_step
+        from lockstep.formats.schedule import plan_step
+        from lockstep.train.step import state_tensors, tree_step
 
         s = st.step + 1
         t0 = time.perf_counter()

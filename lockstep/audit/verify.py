@@ -142,7 +142,7 @@ def step_plans(tcfg: TrainConfig, seq_len: int, last_step: int):
     ``sequences_per_step(tcfg, tokens_before)`` windows after the previous step's.
     """
     from lockstep.formats.schedule import sequences_per_step
-    from lockstep.train.step import StepPlan
+    from lockstep.formats.schedule import StepPlan
 
     first = tokens = 0
     for t in range(1, last_step + 1):

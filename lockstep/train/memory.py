@@ -25,7 +25,7 @@ def memory_estimate(cfg: ModelConfig, tcfg: TrainConfig) -> int:
     The number of ranks that trained the run plays no part.
     """
     from lockstep.spec.tree import depth
-    from lockstep.train.model import param_specs
+    from lockstep.formats.params import param_specs
 
     params = sum(math.prod(s.shape) for s in param_specs(cfg))
     most = max(n for _, n in tcfg.batch_ramp)

@@ -25,7 +25,7 @@ from lockstep.spec.philox import PhiloxStream
 from lockstep.spec.rope import rope_tables
 
 from lockstep.formats.config import ModelConfig
-from lockstep.formats.params import ParamSpec, param_count, param_specs  # noqa: F401 - the model's parameters
+from lockstep.formats.params import param_specs
 
 
 def init_params(cfg: ModelConfig, seed: int) -> dict[str, np.ndarray]:

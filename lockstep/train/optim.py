@@ -13,7 +13,7 @@ import numpy as np
 from lockstep.spec import hostmath
 
 from lockstep.formats.config import ModelConfig, TrainConfig
-from .model import param_specs
+from lockstep.formats.params import param_specs
 
 
 class NonFiniteError(FloatingPointError):

@@ -2,7 +2,7 @@
 
 Step t (1-based):
 
-1. ``plan_step``: the global batch is windows ``first .. first+n-1`` of the stream
+1. ``plan_step`` (``formats.schedule``): the global batch is windows ``first .. first+n-1`` of the stream
    (``schedule.step_windows``, batch ramp included); ``tokens_before`` drives the
    learning rate. ``StepPlan.micro_batches`` cuts it into ``M`` micro-batches of
    ``micro_batch`` consecutive windows, the last possibly short
@@ -30,8 +30,7 @@ import numpy as np
 
 from lockstep.formats.config import ModelConfig, TrainConfig
 from lockstep.formats.params import param_specs
-from lockstep.formats.trajectory import float_record  # noqa: F401 - the trajectory's float32 record
-from lockstep.formats.schedule import StepPlan, learning_rate, plan_step  # noqa: F401 - the step's batch
+from lockstep.formats.schedule import StepPlan, learning_rate
 from lockstep.spec import hashing, tree
 
 from .model import loss_and_grads

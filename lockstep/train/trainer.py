@@ -44,7 +44,8 @@ from lockstep.formats.trajectory import Strictness, read_trajectory, step_record
 from lockstep.formats.trajectory import append_record
 from .malloc import keep_freed_memory
 from .memory import require_memory
-from .step import GradLayout, VectorPool, apply_update, plan_step, split_state, state_tensors, subtree_sums
+from lockstep.formats.schedule import plan_step
+from .step import GradLayout, VectorPool, apply_update, split_state, state_tensors, subtree_sums
 from .stop import StopRequest
 
 

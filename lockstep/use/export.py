@@ -50,7 +50,7 @@ import numpy as np
 from lockstep.fsio import atomic_write_bytes, atomic_writer, fsync_dir, json_bytes
 from lockstep.fsio.safetensors import write_safetensors_to
 from lockstep.spec.quant import quantize, weight_scale
-from lockstep.train.model import param_count, param_specs
+from lockstep.formats.params import param_count, param_specs
 from lockstep.formats.tokenizer import HF_TOKENIZER_FILE, HFTokenizer
 
 from .run import RunModel, UseError

@@ -21,14 +21,13 @@ import numpy as np
 from lockstep.fsio import FileFormatError, UnsafePath, json_bytes, open_regular, parse_json, printable
 from lockstep.fsio.safetensors import parse_safetensors
 from lockstep.spec import hashing
-from lockstep.train.model import param_specs
-from lockstep.formats.manifest import DataError, Manifest
+from lockstep.formats.params import param_specs
 from lockstep.formats.tokenizer import HF_TOKENIZER_FILE, HFTokenizer
 
 from .export import (CONFIG_FILE, EXPORT_VERSION, INT8_SUFFIX, LINK_FIELDS, MAX_CONFIG_BYTES, MAX_PROOF_BYTES,
                      MAX_TOKENIZER_BYTES, MODEL_FILE, PROOF_FILE, PROOF_FORMAT, RECIPE_FILE, SCALE_SUFFIX, export_config,
                      int8_codes, quantized_names)
-from .run import UseError
+from .run import UseError, run_manifest
 
 
 # ---------------------------------------------------------------- verification
@@ -267,30 +266,9 @@ def verify_export(folder: str | os.PathLike, run: str | os.PathLike | None = Non
 
 
 def run_tokenizer_identity(run: Path, recipe: dict, data: str | os.PathLike | None) -> dict:
-    """The tokenizer identity in the run's data manifest (``--data DIR``, or the recipe's data folder inside
-    the run), whose bytes are read once and must have the recipe's SHA-256. No shard or tokenizer file is read."""
-    from lockstep.fsio import safe_join
-    from lockstep.formats.manifest import MANIFEST_NAME, MAX_MANIFEST_BYTES
-
-    want = recipe["data"]["manifest_sha256"]
-    hint = f"pass --data DIR, the run's data folder (its manifest.json has SHA-256 {want})"
-    try:
-        where = Path(data) if data is not None else safe_join(run, recipe["data"]["folder"])
-        path = where / MANIFEST_NAME if where.is_dir() else where
-        buf = _read_once(path.parent, path.name, "data manifest", MAX_MANIFEST_BYTES)
-    except UnsafePath:
-        raise UseError(f"the run's data folder {recipe['data']['folder']!r} is outside {run} or not a plain "
-                       f"folder; {hint}") from None
-    except (FileFormatError, OSError) as exc:
-        raise UseError(f"the run's data manifest cannot be read ({exc}); {hint}") from None
-    if hashlib.sha256(buf).hexdigest() != want:
-        raise UseError(f"{path}: not the manifest the run was trained on (SHA-256 differs); {hint}")
-    try:
-        manifest = parse_json(buf, "data manifest", str(path), exact_decimals=True)
-        Manifest._check_structure(path, manifest)
-    except (DataError, FileFormatError) as exc:
-        raise UseError(f"{path}: {exc}") from None
-    return manifest["tokenizer"]
+    """The tokenizer identity in the run's data manifest (``run.run_manifest``: read once, its SHA-256 the
+    recipe's). No shard or tokenizer file is read."""
+    return run_manifest(run, recipe, data)[1]["tokenizer"]
 
 
 def _against_run(rep: ExportReport, run: Path, proof: dict, identity, data) -> None:

@@ -156,7 +156,7 @@ def sample_memory_estimate(cfg: ModelConfig, prompt_tokens: int, max_new_tokens:
     d_model + 4 ffn_dim values per token and layer, the attention scores (heads x T^2,
     twice) and 3 x vocab logits per token, float32.
     """
-    from lockstep.train.model import param_specs
+    from lockstep.formats.params import param_specs
 
     params = sum(int(np.prod(s.shape)) for s in param_specs(cfg))
     kv = 2 * cfg.n_layers * cfg.n_kv_heads * cfg.seq_len * cfg.head_dim * 4

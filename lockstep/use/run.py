@@ -24,7 +24,7 @@ from lockstep.spec import SPEC_VERSION
 from lockstep.formats import checkpoint as ckpt
 from lockstep.formats.config import ModelConfig, TrainConfig
 from lockstep.formats.manifest import DataError, Manifest
-from lockstep.train.model import param_specs
+from lockstep.formats.params import param_specs
 from lockstep.train.step import split_state
 
 
@@ -153,19 +153,18 @@ def open_model(run_dir: str | os.PathLike, step: int | None = None) -> RunModel:
     return RunModel(run_dir, recipe, cfg, tcfg, c.step, params, c.sidecar, c.path, record)
 
 
-def open_tokenizer(run_dir: str | os.PathLike, recipe: dict, data: str | os.PathLike | None = None):
-    """The run's tokenizer, from its data manifest alone (no shard is read).
+def run_manifest(run_dir: str | os.PathLike, recipe: dict, data: str | os.PathLike | None = None) -> tuple[Path, dict]:
+    """``(path, manifest)``: the run's data manifest, read once, checked, without reading a shard.
 
     The manifest is the one in ``data`` (``--data DIR``) or in the recipe's data folder,
     which must be inside the run (a recipe from elsewhere never makes lockstep read a
-    path it names); its SHA-256 must be the recipe's. A Hugging Face tokenizer file is
-    checked against the manifest's digest of it. Returns ``(tokenizer, identity)``.
+    path it names); its SHA-256 must be the recipe's, and every field is checked as
+    ``Manifest.load`` checks it (a tokenizer file must be inside the data folder).
     """
     import hashlib
 
     from lockstep.fsio import NotRegularFile, parse_json, read_regular, safe_join
     from lockstep.formats.manifest import MANIFEST_NAME, MAX_MANIFEST_BYTES
-    from lockstep.formats.tokenizer import TokenizerError, tokenizer_from_identity
 
     run_dir = Path(run_dir)
     want = recipe["data"]["manifest_sha256"]
@@ -185,12 +184,27 @@ def open_tokenizer(run_dir: str | os.PathLike, recipe: dict, data: str | os.Path
         raise UseError(f"the run's data manifest cannot be read ({exc.strerror or exc}: {exc.filename}); {hint}") from None
     if hashlib.sha256(raw).hexdigest() != want:
         raise UseError(f"{path}: not the manifest the run was trained on (SHA-256 differs); {hint}")
-    try:  # every field checked as Manifest.load checks it (a tokenizer file must be inside the data folder)
+    try:
         manifest = parse_json(raw, "data manifest", str(path), exact_decimals=True)
         Manifest._check_structure(path, manifest)
-        identity = manifest["tokenizer"]
+    except (DataError, FileFormatError) as exc:
+        raise UseError(f"{path}: {exc}") from None
+    return path, manifest
+
+
+def open_tokenizer(run_dir: str | os.PathLike, recipe: dict, data: str | os.PathLike | None = None):
+    """The run's tokenizer, from its data manifest alone (``run_manifest``: no shard is read).
+
+    A Hugging Face tokenizer file is checked against the manifest's digest of it.
+    Returns ``(tokenizer, identity)``.
+    """
+    from lockstep.formats.tokenizer import TokenizerError, tokenizer_from_identity
+
+    path, manifest = run_manifest(run_dir, recipe, data)
+    identity = manifest["tokenizer"]
+    try:
         return tokenizer_from_identity(identity, path.parent), identity
-    except (DataError, TokenizerError, FileFormatError) as exc:
+    except TokenizerError as exc:
         raise UseError(f"{path}: the run's tokenizer cannot be used: {exc}") from None
 
 

@@ -3,8 +3,9 @@ and 4,096 windows of 256 tokens from the global stream, medians of 7, on the emb
 
     python3 benchmarks/bench_data_load.py [--root TREE] [--corpus DIR]
 
-``--root`` measures another source tree (``git archive REV | tar -x -C TREE``), so two trees run
-the same measurement on the same corpus, one after the other.
+``--root`` measures another source tree of this layout (``git archive REV | tar -x -C TREE``).
+For a tree from before issue 25 (``lockstep.train.corpus``, ``.manifest``, ``.stream``), copy
+this script into it with those three imports pointed there; RESULTS.md says which.
 """
 
 from __future__ import annotations
@@ -24,14 +25,9 @@ def main() -> int:
     ap.add_argument("--repeats", type=int, default=7)
     args = ap.parse_args()
     sys.path.insert(0, args.root)
-    try:  # the layout since issue 25, then the one before it
-        from lockstep.formats.corpus import default_corpus
-        from lockstep.formats.manifest import Manifest
-        from lockstep.formats.stream import GlobalStream
-    except ImportError:
-        from lockstep.train.corpus import default_corpus
-        from lockstep.train.manifest import Manifest
-        from lockstep.train.stream import GlobalStream
+    from lockstep.formats.corpus import default_corpus
+    from lockstep.formats.manifest import Manifest
+    from lockstep.formats.stream import GlobalStream
     folder = Path(args.corpus)
     if not (folder / "manifest.json").exists():
         default_corpus(folder)

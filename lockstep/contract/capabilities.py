@@ -23,6 +23,13 @@ does not offer it; callers test for ``None``, never for a backend's name.
 ``kernel_runtime``
     The shared-kernel runtime of a GPU-dialect backend (OpenCL, CUDA, Metal): the
     flush probe and the conformance report read its build options and device from it.
+``tensor_leaves(name, x)``
+    The Merkle leaf digests (``spec.hashing.leaf_digests``) of ``canonical_bytes(name,
+    x)`` for a backend array ``x``, computed where ``x`` lives: only the 32-byte leaves
+    cross to the host, which builds the upper levels (``spec.hashing.merkle_root``).
+``truncated_normal(seed, name, n, bound)``
+    ``spec.rng.truncated_normal(PhiloxStream(seed, "init", name), 0, n, bound)`` as a
+    host float32 array, drawn by the backend (parameter init at scale).
 """
 
 from __future__ import annotations
@@ -39,6 +46,8 @@ class Capabilities:
     weights_unchanged: Callable[..., ContextManager[None]] | None = None
     watch_compilation: Callable[[Callable[[], None]], ContextManager[Any]] | None = None
     kernel_runtime: Any = None
+    tensor_leaves: Callable[[str, Any], list[bytes]] | None = None
+    truncated_normal: Callable[[int, str, int, float], Any] | None = None
 
     def offered(self) -> list[str]:
         """The names of the capabilities this backend offers, in field order."""

@@ -51,6 +51,7 @@ from lockstep.formats.recipe import genesis, load_recipe, recipe_configs, recipe
 from lockstep.formats.trajectory import Strictness, read_commitment, read_trajectory
 from lockstep.formats.stream import GlobalStream, batch_digest
 
+from lockstep.train.execution import IN_MEMORY, Execution
 from lockstep.train.memory import require_memory
 
 from .replay_outcome import (COMPARED, ReplayError, ReplayResult, StepCheck, TensorDiff,  # noqa: F401
@@ -72,8 +73,10 @@ class _State:
 
 
 class _Replayer:
-    def __init__(self, run_dir: Path, backend_name: str, data, log, from_earlier: bool = False):
+    def __init__(self, run_dir: Path, backend_name: str, data, log, from_earlier: bool = False,
+                 execution: Execution = IN_MEMORY):
         self.run_dir = run_dir
+        self.execution = execution
         self.log = log or (lambda msg: None)
         self.from_earlier = from_earlier
         self.notes: list[str] = []
@@ -311,7 +314,7 @@ class _Replayer:
         rec = self.traj[s - 1]
         published = {k: rec[k] for k in COMPARED if k in rec}
         try:
-            res = tree_step(st.params, st.opt, windows, plan, self.cfg, self.tcfg, self.be)
+            res = tree_step(st.params, st.opt, windows, plan, self.cfg, self.tcfg, self.be, execution=self.execution)
         except NonFiniteError as exc:
             check = StepCheck(s, st.start, {"batch_digest": bd}, published, ["state_root", "chain_hash"],
                               note=f"the replay stopped: {exc} (the run published finite values)",
@@ -346,8 +349,11 @@ class _Replayer:
 
 
 def replay_steps(run_dir: str | os.PathLike, steps, backend_name: str = "spec", data: str | os.PathLike | None = None,
-                 log=None, from_earlier: bool = False) -> ReplayResult:
+                 log=None, from_earlier: bool = False, *, execution: Execution = IN_MEMORY) -> ReplayResult:
     """Replay the given steps of the run in ``run_dir`` (module docstring) and compare each with the trajectory.
+
+    ``execution`` (``train.execution``) chooses how each micro-batch holds memory: any
+    choice gives the bits the run was trained with, whichever way it was trained.
 
     ``backend_name="auto"`` picks the fastest installed backend that passes
     conformance here (``choose_backend``). A damaged checkpoint at a target's start
@@ -361,7 +367,7 @@ def replay_steps(run_dir: str | os.PathLike, steps, backend_name: str = "spec", 
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
         raise ReplayError(f"{run_dir}: not a directory; give the path of a run directory")
-    rp = _Replayer(run_dir, backend_name, data, log, from_earlier)
+    rp = _Replayer(run_dir, backend_name, data, log, from_earlier, execution=execution)
     n = len(rp.traj)
     try:
         targets = sorted({int(s) for s in steps})
@@ -432,9 +438,10 @@ def _duration(seconds: float) -> str:
 
 
 def replay_step(run_dir: str | os.PathLike, step: int, backend_name: str = "spec",
-                data: str | os.PathLike | None = None, log=None, from_earlier: bool = False) -> ReplayResult:
+                data: str | os.PathLike | None = None, log=None, from_earlier: bool = False, *,
+                execution: Execution = IN_MEMORY) -> ReplayResult:
     """Replay step ``step`` (and the steps between its starting checkpoint and it); see ``replay_steps``."""
-    return replay_steps(run_dir, [step], backend_name, data, log, from_earlier)
+    return replay_steps(run_dir, [step], backend_name, data, log, from_earlier, execution=execution)
 
 
 __all__ = ["ReplayError", "ReplayResult", "StepCheck", "TensorDiff", "diff_tensors", "replay_step", "replay_steps"]

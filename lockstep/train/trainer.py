@@ -45,6 +45,7 @@ from lockstep.formats.trajectory import append_record
 from .malloc import keep_freed_memory
 from .memory import require_memory
 from lockstep.formats.schedule import plan_step
+from .execution import IN_MEMORY, Execution
 from .step import GradLayout, VectorPool, apply_update, split_state, state_tensors, subtree_sums
 from .stop import StopRequest
 
@@ -165,7 +166,8 @@ def train(run_dir: str | Path, *, cfg: ModelConfig | None = None, tcfg: TrainCon
           data: str | Path | None = None, seed: int = 42, steps: int | None = None, tokens: int | None = None,
           backend_name: str = "spec", checkpoint_every: int = 50, resume: bool = False,
           progress: bool = True, log=print, check_recipe=None, handle_signals: bool = True,
-          eval_every: int | None = 0, hooks: RunHooks | None = None) -> RunSummary:
+          eval_every: int | None = 0, hooks: RunHooks | None = None,
+          execution: Execution = IN_MEMORY) -> RunSummary:
     """Train (or resume) the run in ``run_dir``; see the module docstring.
 
     A new run needs ``cfg``, ``tcfg``, ``seed``, ``steps`` or ``tokens``, and ``data``
@@ -184,7 +186,8 @@ def train(run_dir: str | Path, *, cfg: ModelConfig | None = None, tcfg: TrainCon
     calls ``hooks.validate`` (the CLI's records the validation loss in metrics.jsonl);
     None: ``hooks.eval_interval``'s default for the preset; 0: never. ``hooks``
     (``RunHooks``) also draws the loss curve at the end; without hooks nothing but the
-    run's own files is written.
+    run's own files is written. ``execution`` (``train.execution``) chooses how a
+    micro-batch holds memory; it changes no bit and is not recorded.
     """
     from .collectives import abort_on_exception, on_all_ranks
 
@@ -209,7 +212,7 @@ def train(run_dir: str | Path, *, cfg: ModelConfig | None = None, tcfg: TrainCon
                                                 "its initial state (no checkpoint yet)"))
         with StopRequest(install=handle_signals, announce=is_root) as stop:
             return _run_loop(comm, rank, world, run_dir, st, be, checkpoint_every, progress, say, stop, eval_every,
-                             hooks or RunHooks())
+                             hooks or RunHooks(), execution=execution)
 
 
 def _checked_backend(backend_name: str, checkpoint_every: int):
@@ -325,7 +328,7 @@ def _write_start(run_dir: Path, st: _Start, resume: bool) -> None:
 
 
 def _run_loop(comm, rank, world, run_dir: Path, st: _Start, be, checkpoint_every: int, progress: bool, say,
-              stop, eval_every: int | None, hooks: RunHooks) -> RunSummary:
+              stop, eval_every: int | None, hooks: RunHooks, *, execution: Execution = IN_MEMORY) -> RunSummary:
     """Steps ``start_step + 1 .. last_step``; stops early, with a checkpoint, when a signal came."""
     from .collectives import check_state_agreement, max_over_ranks, rank_micro_batches, tree_allreduce
 
@@ -352,7 +355,7 @@ def _run_loop(comm, rank, world, run_dir: Path, st: _Start, be, checkpoint_every
             bdigest = batch_digest(windows)
             m = len(plan.micro_batches(tcfg.micro_batch))
             lo, hi = rank_micro_batches(m, world, rank)
-            parts = subtree_sums(params, windows, plan, lo, hi, cfg, tcfg, be, pool)
+            parts = subtree_sums(params, windows, plan, lo, hi, cfg, tcfg, be, pool, execution=execution)
             if world > 1:
                 summed = tree_allreduce(comm, parts, m, layout.size, be.add, out=pool.take(),
                                         add_into=be.capabilities.add_into)

@@ -4,28 +4,26 @@ Activation recomputation and the LM head in row chunks against the in-memory pat
 trajectories (state root and loss after every step) compared byte for byte, on the spec
 (tiny only: it is slow), numba and opencl (skipped without PoCL), int8 on and off; row
 chunks that divide N, that do not, and of one row. And the two ops that make the chunks
-exact: ``matmul_accumulate`` continues ``matmul``'s contraction, and
-``cross_entropy_forward``'s sum is the lane tree of ``cross_entropy_rows``' losses.
+exact are tested in ``tests/test_reduce.py`` (``matmul_accumulate``) and ``tests/test_loss.py``
+(``cross_entropy_rows``).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import numpy as np
 import pytest
 
 from backend_cases import token_windows
 
-from lockstep import spec
 from lockstep.backends import BackendUnavailable, get_backend
-from lockstep.conformance import inputs as gen
 from lockstep.formats.config import preset, train_preset
-from lockstep.formats.schedule import StepPlan
+from lockstep.formats.schedule import StepPlan, learning_rate
 from lockstep.spec.hashing import state_root
 from lockstep.train.execution import IN_MEMORY, Execution
 from lockstep.train.model import init_params, loss_and_grads
-from lockstep.formats.schedule import learning_rate
 from lockstep.train.optim import AdamWState, optimizer_step
 from lockstep.train.step import state_tensors, tree_step
 
@@ -37,9 +35,14 @@ def _backend(name: str):
         pytest.skip(f"{name} backend unavailable: {e}")
 
 
+@functools.lru_cache(maxsize=4)
+def _initial(cfg):
+    return init_params(cfg, seed=0)
+
+
 def trajectory(be, cfg, tcfg, batch: int, steps: int, execution: Execution) -> list[tuple[str, bytes]]:
     """(state root, loss bits) after each of ``steps`` one-micro-batch steps."""
-    params = init_params(cfg, seed=0)
+    params = dict(_initial(cfg))
     state = AdamWState.zeros(params)
     out = []
     for step in range(steps):
@@ -59,13 +62,16 @@ TINY_WAYS = [Execution(recompute=True), Execution(head_rows=24), Execution(head_
              Execution(recompute=True, head_rows=64)]
 
 
-@pytest.mark.parametrize("quantize", [True, False], ids=["int8", "float32"])
-@pytest.mark.parametrize("backend_name", ["numba", "opencl"])
-def test_tiny_trajectories_are_the_same_however_the_step_holds_memory(backend_name, quantize):
+@pytest.mark.parametrize("backend_name, quantize, ways", [
+    ("numba", True, TINY_WAYS), ("numba", False, TINY_WAYS),
+    ("opencl", True, TINY_WAYS), ("opencl", False, TINY_WAYS[-1:])], ids=["numba-int8", "numba-float32",
+                                                                       "opencl-int8", "opencl-float32"])
+def test_tiny_trajectories_are_the_same_however_the_step_holds_memory(backend_name, quantize, ways):
+    """Two steps: the second starts from weights the first updated."""
     be = _backend(backend_name)
     cfg, tcfg = preset("tiny", quantize=quantize), train_preset("tiny")
     want = trajectory(be, cfg, tcfg, 2, 2, IN_MEMORY)
-    for way in TINY_WAYS:
+    for way in ways:
         assert trajectory(be, cfg, tcfg, 2, 2, way) == want, way
 
 
@@ -79,10 +85,14 @@ def test_tiny_on_the_spec_recomputed_and_chunked_is_in_memory(quantize, way):
 
 
 def test_small_on_numba_recomputed_and_chunked_is_in_memory():
+    """One micro-batch of small's width: its loss and every gradient, byte for byte."""
     be = _backend("numba")
-    cfg, tcfg = preset("small"), train_preset("small")
-    want = trajectory(be, cfg, tcfg, 1, 1, IN_MEMORY)
-    assert trajectory(be, cfg, tcfg, 1, 1, Execution(recompute=True, head_rows=100)) == want
+    cfg = preset("small")
+    params, windows = _initial(cfg), token_windows(cfg, 1, 0)
+    want_loss, want = loss_and_grads(params, windows, cfg, be)
+    loss, got = loss_and_grads(params, windows, cfg, be, execution=Execution(recompute=True, head_rows=100))
+    assert np.asarray(loss).tobytes() == np.asarray(want_loss).tobytes()
+    assert list(got) == list(want) and all(got[k].tobytes() == want[k].tobytes() for k in want)
 
 
 def test_tree_step_passes_the_execution_through():
@@ -97,39 +107,6 @@ def test_tree_step_passes_the_execution_through():
     got = tree_step(params, AdamWState.zeros(params), windows, plan, cfg, tcfg, be,
                     execution=Execution(recompute=True, head_rows=40))
     assert got.state_root == want.state_root and got.loss.tobytes() == want.loss.tobytes()
-
-
-# ---------------------------------------------------------------- the ops that make chunks exact
-
-def test_matmul_is_matmul_accumulate_from_zeros_and_splits_over_k():
-    a = gen.random_uniform(0, ("exec", "a"), (7, 45))
-    b = gen.random_uniform(0, ("exec", "b"), (45, 9))
-    whole = spec.matmul(a, b)
-    assert spec.matmul_accumulate(np.zeros((7, 9), np.float32), a, b).tobytes() == whole.tobytes()
-    for cuts in ((1,), (24,), (10, 11, 44)):
-        acc = np.zeros((7, 9), np.float32)
-        for lo, hi in zip((0, *cuts), (*cuts, 45)):
-            acc = spec.matmul_accumulate(acc, a[:, lo:hi], b[lo:hi])
-        assert acc.tobytes() == whole.tobytes(), cuts
-
-
-def test_cross_entropy_forward_is_the_lane_tree_of_its_rows():
-    logits = gen.random_uniform(0, ("exec", "logits"), (70, 33), -8, 8)
-    targets = gen.random_ids(0, ("exec", "t"), (70,), 33)
-    loss_sum, lse = spec.cross_entropy_forward(logits, targets, 1e-4)
-    rows, lse_rows = spec.cross_entropy_rows(logits, targets, 1e-4)
-    assert lse.tobytes() == lse_rows.tobytes()
-    assert np.asarray(loss_sum).tobytes() == spec.lane_tree_sum(rows).tobytes()
-    parts = [spec.cross_entropy_rows(logits[i:i + 24], targets[i:i + 24], 1e-4)[0] for i in range(0, 70, 24)]
-    assert np.concatenate(parts).tobytes() == rows.tobytes()
-
-
-def test_matmul_accumulate_refuses_what_it_would_broadcast():
-    z = np.zeros
-    with pytest.raises(ValueError, match="matmul_accumulate needs"):
-        spec.matmul_accumulate(z((1, 4), np.float32), z((3, 5), np.float32), z((5, 4), np.float32))
-    with pytest.raises(ValueError, match="matmul_accumulate needs"):
-        spec.matmul_accumulate(z((2, 3, 4), np.float32), z((2, 3, 5), np.float32), z((2, 5, 4), np.float32))
 
 
 def test_execution_refuses_a_head_rows_that_is_no_count():

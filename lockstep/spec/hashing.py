@@ -42,6 +42,7 @@ digests of big states use every core; the result does not depend on the thread c
 from __future__ import annotations
 
 import hashlib
+import math
 import os
 import string
 import struct
@@ -89,11 +90,17 @@ def dtype_name(dtype) -> str:
 
 def tensor_header(name: str, x: np.ndarray) -> bytes:
     """The canonical header bytes of tensor ``name`` (see the module docstring)."""
+    return header_of(name, x.dtype, x.shape)
+
+
+def header_of(name: str, dtype, shape) -> bytes:
+    """The canonical header of a tensor named ``name`` of ``dtype`` and ``shape`` (no data needed)."""
     nb = name.encode("utf-8")
-    db = dtype_name(x.dtype).encode("ascii")
+    db = dtype_name(dtype).encode("ascii")
+    shape = tuple(int(s) for s in shape)
     parts = [TENSOR_DOMAIN, struct.pack("<I", len(nb)), nb, struct.pack("<I", len(db)), db]
-    parts.append(struct.pack("<I", x.ndim))
-    parts.extend(struct.pack("<Q", int(s)) for s in x.shape)
+    parts.append(struct.pack("<I", len(shape)))
+    parts.extend(struct.pack("<Q", s) for s in shape)
     return b"".join(parts)
 
 
@@ -138,6 +145,28 @@ def tensor_digest(name: str, x: np.ndarray) -> bytes:
     data = memoryview(x.reshape(-1).view(np.uint8)) if x.size else memoryview(b"")
     root = merkle_root(leaf_digests(data))
     return hashlib.sha256(tensor_header(name, x) + struct.pack("<Q", x.nbytes) + root).digest()
+
+
+def tensor_digest_from_leaves(name: str, dtype, shape, leaves: list[bytes]) -> bytes:
+    """``tensor_digest`` from the tensor's Merkle leaves (``leaf_digests`` of its data, computed
+    wherever the data lives): ``SHA-256(header || u64 nbytes || merkle_root(leaves))``.
+
+    The leaf count must be the one the data's length implies (``max(1, ceil(nbytes / CHUNK_BYTES))``)
+    and every leaf 32 bytes, else ``ValueError``: a wrong count would give another root silently."""
+    dt = np.dtype(dtype)
+    shape = tuple(int(s) for s in shape)
+    if any(s < 0 for s in shape):
+        raise ValueError(f"tensor {name!r}: negative dimension in shape {shape}")
+    nbytes = math.prod(shape) * dt.itemsize
+    leaves = list(leaves)
+    want = max(1, -(-nbytes // CHUNK_BYTES))
+    if len(leaves) != want:
+        raise ValueError(f"tensor {name!r}: {len(leaves)} leaf digests for {nbytes} bytes of data (expected {want})")
+    for i, leaf in enumerate(leaves):
+        if not isinstance(leaf, (bytes, bytearray)) or len(leaf) != 32:
+            raise ValueError(f"tensor {name!r}: leaf {i} is not a 32-byte digest")
+    root = merkle_root([bytes(leaf) for leaf in leaves])
+    return hashlib.sha256(header_of(name, dt, shape) + struct.pack("<Q", nbytes) + root).digest()
 
 
 def state_root_from_digests(digests: dict[str, bytes | str]) -> str:

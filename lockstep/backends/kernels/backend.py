@@ -116,5 +116,6 @@ def kernel_backend(runtime, name: str, info: dict | None = None, self_test: bool
     ``tensor_leaves`` (a device array's Merkle leaves, hashed on the device: ``hashing.py``)."""
     ops = ops_for(runtime)
     info = dict(info or {}, self_test="passed" if self_test else "skipped")
+    caps = Capabilities(kernel_runtime=runtime, tensor_leaves=ops.tensor_leaves)
     return Backend(name=name, ops={op: getattr(ops, op) for op in spec.OPS}, asarray=ops.asarray, to_numpy=ops.to_numpy,
-                   description=runtime.description, info=info, capabilities=Capabilities(kernel_runtime=runtime, tensor_leaves=ops.tensor_leaves))
+                   description=runtime.description, info=info, capabilities=caps)

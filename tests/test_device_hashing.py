@@ -131,6 +131,26 @@ def test_views_and_canonical_floats_hash_as_their_host_copies(be):
     _check_tensor(be, "slice", np.ascontiguousarray(a[1:4, 2:]), d[1:4, 2:])
 
 
+def test_an_arena_is_hashed_in_place_in_one_launch(be, ops, monkeypatch):
+    """Tensors that are C-ordered views of one buffer (slices of a flat vector) are hashed
+    where they lie, every chunk of every one in a single launch; a separate buffer adds one."""
+    flat = _f32(2 * CHUNK_F32 + 1000, seed=7)
+    arena = be.asarray(flat)
+    cut = [0, 5, 5, 5 + CHUNK_F32 + 3, 2 * CHUNK_F32 + 1000]  # an empty view, a view across a chunk edge
+    views = {f"v{i}": arena[cut[i]:cut[i + 1]] for i in range(len(cut) - 1)}
+    other = be.asarray(_f32(10, seed=8))
+    ops._check_hashing()  # the once-per-runtime check launches kernels of its own
+    launches = []
+    real = ops.rt.launch
+    monkeypatch.setattr(ops.rt, "launch", lambda name, *a: (launches.append(name), real(name, *a)))
+    got = be.capabilities.tensors_leaves(dict(views, other=other))
+    assert launches.count("ls_sha256_leaves_kernel") == 2 and "ls_copy32_kernel" not in launches
+    for name, v in views.items():
+        host = np.ascontiguousarray(flat[cut[int(name[1])]:cut[int(name[1]) + 1]])
+        assert got[name] == hashing.leaf_digests(host.tobytes()), name
+    assert got["other"] == hashing.leaf_digests(be.to_numpy(other).tobytes())
+
+
 def test_bad_arguments_fail_in_one_line(be, ops):
     with pytest.raises(TypeError, match="device array"):
         be.capabilities.tensor_leaves("x", np.zeros(3, np.float32))

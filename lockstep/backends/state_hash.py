@@ -21,18 +21,25 @@ def _on_host(x) -> bool:
 
 def device_tensor_digests(backend, tensors: dict) -> dict[str, bytes]:
     """The 32-byte ``spec.hashing.tensor_digest`` of every tensor, by name (see ``device_state_root``)."""
-    leaves_of = backend.capabilities.tensor_leaves
-    out = {}
+    caps = backend.capabilities
+    on_device, out = {}, {}
     for name, x in tensors.items():
         if not isinstance(name, str):
             raise TypeError(f"tensor names must be strings, got a {type(name).__name__}")
         if _on_host(x):
             out[name] = hashing.tensor_digest(name, np.asarray(x))
-        elif leaves_of is None:
+        elif caps.tensors_leaves is None and caps.tensor_leaves is None:
             out[name] = hashing.tensor_digest(name, np.asarray(backend.to_numpy(x)))
         else:
-            out[name] = hashing.tensor_digest_from_leaves(name, x.dtype, x.shape, leaves_of(name, x))
-    return out
+            on_device[name] = x
+    if on_device:
+        if caps.tensors_leaves is not None:
+            leaves = caps.tensors_leaves(on_device)
+        else:
+            leaves = {name: caps.tensor_leaves(name, x) for name, x in on_device.items()}
+        for name, x in on_device.items():
+            out[name] = hashing.tensor_digest_from_leaves(name, x.dtype, x.shape, leaves[name])
+    return {name: out[name] for name in tensors}
 
 
 def device_state_root(backend, tensors: dict) -> str:
@@ -44,10 +51,12 @@ def device_state_root(backend, tensors: dict) -> str:
       (what its ops return, ``backend.asarray`` made, or a view of one). The result equals
       ``spec.hashing.state_root({n: backend.to_numpy(x) ...})`` byte for byte: the same names,
       dtypes, shapes (a 0-d array stays 0-d) and element bits.
-    * A backend array is hashed through ``backend.capabilities.tensor_leaves``: only its leaf
-      digests (32 bytes per MiB of data) cross to the host; the host computes the header, the
-      Merkle root, the tensor digest and the state root (a few SHA-256 calls per tensor). A
-      non-contiguous view is made contiguous on the device first.
+    * The backend arrays are hashed through ``backend.capabilities.tensors_leaves`` (all at once:
+      on a GPU backend one launch per device buffer they live in, so a state kept in a few
+      buffers or arenas is hashed in a few launches), else ``tensor_leaves`` one by one: only
+      their leaf digests (32 bytes per MiB of data) cross to the host; the host computes the
+      headers, the Merkle roots, the tensor digests and the state root (a few SHA-256 calls per
+      tensor). A view that is not C-ordered is made contiguous on the device first.
     * A host array, or any array of a backend without ``tensor_leaves`` (numba, whose device is
       the host; the spec), is hashed on the host (``spec.hashing.tensor_digest``): the same root.
     * Nothing is modified; the tensors must not change while this runs. Errors: ``TypeError`` for

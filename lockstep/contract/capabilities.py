@@ -31,6 +31,10 @@ does not offer it; callers test for ``None``, never for a backend's name.
     levels (``spec.hashing.tensor_digest_from_leaves``; the state root:
     ``lockstep.backends.state_hash.device_state_root``). Offered by the GPU-dialect
     backends (OpenCL, CUDA, Metal).
+``tensors_leaves(tensors)``
+    ``{name: tensor_leaves(name, x)}`` for a dict of backend arrays, in as few passes as
+    the backend can (the GPU backends: one launch per device buffer, every chunk of every
+    tensor in it at once). ``device_state_root`` uses it when offered.
 ``truncated_normal(seed, name, n, bound)``
     ``spec.rng.truncated_normal(PhiloxStream(seed, "init", name), 0, n, bound)`` as a
     host float32 array, drawn by the backend (parameter init at scale).
@@ -51,6 +55,7 @@ class Capabilities:
     watch_compilation: Callable[[Callable[[], None]], ContextManager[Any]] | None = None
     kernel_runtime: Any = None
     tensor_leaves: Callable[[str, Any], list[bytes]] | None = None
+    tensors_leaves: Callable[[dict], dict] | None = None
     truncated_normal: Callable[[int, str, int, float], Any] | None = None
 
     def offered(self) -> list[str]:

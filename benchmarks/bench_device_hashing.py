@@ -6,7 +6,8 @@ The state is float32 tensors shaped like a model's (``bench_hashing.make_state``
 tensors and 200 small gains) totalling --mib MiB, already on the device. Three ways to its
 state root, medians of --repeats runs:
 
-* device: ``device_state_root`` (leaves on the device, only digests downloaded);
+* device: ``device_state_root`` (leaves on the device, only digests downloaded), with a buffer
+  per tensor (a launch each) and with the same tensors as views of one arena (one launch);
 * download + host: ``to_numpy`` of every tensor, then ``spec.hashing.state_root`` (what a step
   that hashes on the host pays);
 * host only: ``spec.hashing.state_root`` of host copies (hashlib on a thread pool; no transfer).
@@ -59,7 +60,15 @@ def main() -> None:
     assert device_state_root(be, dev) == want  # warm-up and the equality this measures under
     nbytes = sum(v.nbytes for v in host.values())
     gib = nbytes / 2**30
+    flat = be.asarray(np.concatenate([v.reshape(-1) for v in host.values()]))
+    arena, at = {}, 0
+    for k, v in host.items():  # the same tensors as C-ordered views of one device buffer
+        arena[k] = flat[at:at + v.size]
+        at += v.size
+    shaped = {k: v.reshape(-1) for k, v in host.items()}
+    assert device_state_root(be, arena) == hashing.state_root(shaped)
     t_dev = median_time(lambda: device_state_root(be, dev), args.repeats)
+    t_arena = median_time(lambda: device_state_root(be, arena), args.repeats)
     t_dl = median_time(lambda: hashing.state_root({k: be.to_numpy(v) for k, v in dev.items()}), args.repeats)
     t_host = median_time(lambda: hashing.state_root(host), args.repeats)
     print(f"backend: {be.description}")
@@ -67,7 +76,8 @@ def main() -> None:
           f"leaves kernel: {kernel_hashing.LEAF_LOCAL} work-items per group; repeats {args.repeats}")
     print("| state root of the state on the device | median s | GiB/s | time / host only |")
     print("|---|---:|---:|---:|")
-    for what, t in (("device leaves + host upper levels", t_dev), ("download + host state_root", t_dl),
+    for what, t in (("device leaves + host upper levels, a buffer per tensor", t_dev),
+                    ("the same, the state in one arena (one launch)", t_arena), ("download + host state_root", t_dl),
                     ("host state_root of host copies", t_host)):
         print(f"| {what} | {t:.3f} | {gib / t:.3f} | {t / t_host:.2f} |")
     print()

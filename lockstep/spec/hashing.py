@@ -18,7 +18,9 @@ language can recompute it. Multi-byte integers are little-endian.
   last may be shorter; an empty tensor has one empty chunk). Leaf i is
   ``SHA-256(0x00 || u64 i || chunk_i)``; a parent is ``SHA-256(0x01 || left || right)``;
   a level with an odd count carries its last node up unchanged.
-* Tensor digest: ``SHA-256(header || u64 data_length || merkle_root)``.
+* Tensor digest: ``SHA-256(header || u64 data_length || merkle_root)``. The header is in no
+  leaf, so the leaves can be hashed where the data lives and the digest finished from them
+  (``tensor_digest_from_leaves``; ``lockstep.backends.state_hash`` does it for device arrays).
 * State root: ``SHA-256(b"lockstep.state.v1\\0" || u32 n || (u32 len(name) || name ||
   tensor_digest) for each tensor in ascending order of UTF-8 name bytes)``.
 * Chain: ``H_t = SHA-256(b"lockstep.chain.v2\\0" || u64 t || H_{t-1} || state_root_t ||

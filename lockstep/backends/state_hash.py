@@ -59,6 +59,12 @@ def device_state_root(backend, tensors: dict) -> str:
       tensor). A view that is not C-ordered is made contiguous on the device first.
     * A host array, or any array of a backend without ``tensor_leaves`` (numba, whose device is
       the host; the spec), is hashed on the host (``spec.hashing.tensor_digest``): the same root.
+    * Speed on a GPU: SHA-256 of a 1 MiB chunk is sequential on one work-item, and launches run
+      in order, so the time is about one chunk's per device buffer. Keep a large state in few
+      buffers (arenas: flat parameter and moment vectors whose tensors are views) so it is
+      hashed in a few launches; a buffer per tensor pays one launch per tensor.
+    * Transfers: per device buffer, a table of 24 bytes per tensor goes in and 32 bytes per MiB
+      of data (at least one leaf per tensor) come out; the data never crosses.
     * Nothing is modified; the tensors must not change while this runs. Errors: ``TypeError`` for
       a name that is not a string; the capability's one-line errors (a device that disagrees with
       ``hashlib`` on its first use refuses with ``RuntimeError``).

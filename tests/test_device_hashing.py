@@ -107,6 +107,17 @@ def test_int8_data_one_byte_either_side_of_the_chunk_boundary(be, delta):
     assert len(_check_tensor(be, "codes", host)) == (1 if delta <= 0 else 2)
 
 
+@pytest.mark.parametrize("delta", [-1, 0, 1])
+def test_canonical_bytes_of_one_chunk_either_side(be, delta):
+    """The header is in no leaf (the tensor digest hashes it above the Merkle root), so canonical bytes
+    of exactly 1 MiB are one chunk of data a header shorter: still the spec's leaves and digest."""
+    header = len(hashing.header_of("codes", np.int8, (hashing.CHUNK_BYTES,)))
+    n = hashing.CHUNK_BYTES - header + delta
+    host = np.random.default_rng(9).integers(-128, 128, n, dtype=np.int8)
+    assert len(hashing.canonical_bytes("codes", host)) == hashing.CHUNK_BYTES + delta
+    assert len(_check_tensor(be, "codes", host)) == 1
+
+
 def test_a_tensor_of_many_chunks(be):
     host = _f32(3 * CHUNK_F32 + 3, seed=2).reshape(-1, 3)  # 4 chunks, the last 12 bytes long
     assert len(_check_tensor(be, "adam_v/w", host)) == 4

@@ -24,9 +24,17 @@ does not offer it; callers test for ``None``, never for a backend's name.
     The shared-kernel runtime of a GPU-dialect backend (OpenCL, CUDA, Metal): the
     flush probe and the conformance report read its build options and device from it.
 ``tensor_leaves(name, x)``
-    The Merkle leaf digests (``spec.hashing.leaf_digests``) of ``canonical_bytes(name,
-    x)`` for a backend array ``x``, computed where ``x`` lives: only the 32-byte leaves
-    cross to the host, which builds the upper levels (``spec.hashing.merkle_root``).
+    The Merkle leaf digests (``spec.hashing.leaf_digests``) of the data of a backend
+    array ``x`` (its C-order elements, little-endian: what ``tensor_digest`` splits into
+    chunks; the header is not in any leaf, so ``name`` does not change them), computed
+    where ``x`` lives: only the 32-byte leaves cross to the host, which builds the upper
+    levels (``spec.hashing.tensor_digest_from_leaves``; the state root:
+    ``lockstep.backends.state_hash.device_state_root``). Offered by the GPU-dialect
+    backends (OpenCL, CUDA, Metal).
+``tensors_leaves(tensors)``
+    ``{name: tensor_leaves(name, x)}`` for a dict of backend arrays, in as few passes as
+    the backend can (the GPU backends: one launch per device buffer, every chunk of every
+    tensor in it at once). ``device_state_root`` uses it when offered.
 ``truncated_normal(seed, name, n, bound)``
     ``spec.rng.truncated_normal(PhiloxStream(seed, "init", name), 0, n, bound)`` as a
     host float32 array, drawn by the backend (parameter init at scale).
@@ -47,6 +55,7 @@ class Capabilities:
     watch_compilation: Callable[[Callable[[], None]], ContextManager[Any]] | None = None
     kernel_runtime: Any = None
     tensor_leaves: Callable[[str, Any], list[bytes]] | None = None
+    tensors_leaves: Callable[[dict], dict] | None = None
     truncated_normal: Callable[[int, str, int, float], Any] | None = None
 
     def offered(self) -> list[str]:

@@ -20,6 +20,7 @@ from lockstep.contract import BackendUnavailable
 
 from .attention import AttentionOps
 from .embedding import EmbeddingOps
+from .hashing import HashingOps
 from .loss import LossOps
 from .norm import NormOps
 from .optim import OptimOps
@@ -56,8 +57,9 @@ class DeviceRuntime:
 
 
 class KernelOps(TranscendentalOps, AttentionOps, PhiloxOps, NormOps, RopeOps, EmbeddingOps, SwigluOps, QuantOps,
-                LossOps, OptimOps):
-    """The spec's op table on one runtime: one base class per spec module. Method names are the spec's op names."""
+                LossOps, OptimOps, HashingOps):
+    """The spec's op table on one runtime: one base class per spec module. Method names are the spec's op names
+    (``HashingOps`` adds no op: its ``tensor_leaves`` and ``tensors_leaves`` are the backend capabilities of those names)."""
 
 
 _OPS_BY_RUNTIME: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
@@ -110,8 +112,10 @@ def open_runtime(backend: str, key, build: Callable[[], object], *, explain: Cal
 
 def kernel_backend(runtime, name: str, info: dict | None = None, self_test: bool = True):
     """A ``lockstep.backends.Backend`` over ``runtime``: every spec op, ``asarray`` and ``to_numpy``; its
-    capability ``kernel_runtime`` is ``runtime`` (the flush probe and the device report read it)."""
+    capabilities are ``kernel_runtime`` (``runtime``: the flush probe and the device report read it) and
+    ``tensor_leaves`` and ``tensors_leaves`` (device arrays' Merkle leaves, hashed on the device: ``hashing.py``)."""
     ops = ops_for(runtime)
     info = dict(info or {}, self_test="passed" if self_test else "skipped")
+    caps = Capabilities(kernel_runtime=runtime, tensor_leaves=ops.tensor_leaves, tensors_leaves=ops.tensors_leaves)
     return Backend(name=name, ops={op: getattr(ops, op) for op in spec.OPS}, asarray=ops.asarray, to_numpy=ops.to_numpy,
-                   description=runtime.description, info=info, capabilities=Capabilities(kernel_runtime=runtime))
+                   description=runtime.description, info=info, capabilities=caps)

@@ -53,9 +53,9 @@ class LayoutOps:
             return x
         a = np.asarray(x)
         if a.dtype in DEVICE_DTYPES and a.dtype != F32:
-            return self._upload(np.ascontiguousarray(a))
+            return self._upload(_c_order(a))
         if a.dtype.kind in "iub" and a.dtype not in DEVICE_DTYPES:
-            return self._upload(np.ascontiguousarray(a.astype(np.int64)))
+            return self._upload(_c_order(a.astype(np.int64)))
         return self._upload_f32(np.array(a, dtype=np.float32, copy=True, order="C"))
 
     def to_numpy(self, x) -> np.ndarray:
@@ -321,6 +321,12 @@ def _resolve_shape(shape: tuple, size: int) -> tuple:
     if math.prod(shape) != size:
         raise ValueError(f"cannot reshape array of size {size} into shape {shape}")
     return shape
+
+
+def _c_order(a: np.ndarray) -> np.ndarray:
+    """``a`` as C-contiguous, its shape kept (``np.ascontiguousarray`` would make a 0-d array shape (1,),
+    and a device array's shape is what its state hash's header says)."""
+    return a if a.flags.c_contiguous else np.ascontiguousarray(a)
 
 
 def ceil_div(a: int, b: int) -> int:

@@ -38,6 +38,18 @@ does not offer it; callers test for ``None``, never for a backend's name.
 ``truncated_normal(seed, name, n, bound)``
     ``spec.rng.truncated_normal(PhiloxStream(seed, "init", name), 0, n, bound)`` as a
     host float32 array, drawn by the backend (parameter init at scale).
+``device_vectors``
+    Float32 vectors that live where the backend computes (a GPU's memory), for a training
+    state that stays there: ``empty(n)`` a new 1-D vector (contents undefined, nothing
+    copied from the host), ``copy_into(dst, src)`` ``dst[...] = src`` for two backend
+    arrays of one shape (the bits copied, nothing computed; ``dst`` may be a slice
+    ``vector[a:b]``). A backend whose arrays are host arrays offers none: the trainer
+    then keeps its vectors on the host.
+``transfers``
+    The backend's count of bytes copied host->device and device->host: ``phase(name)`` (a
+    context manager naming what the copies inside are for: data, step, hashing, exchange,
+    checkpoint) and ``take()`` (``{phase: {"in": bytes, "out": bytes}}`` since the last
+    ``take``). ``metrics.jsonl`` records them per step.
 """
 
 from __future__ import annotations
@@ -57,6 +69,8 @@ class Capabilities:
     tensor_leaves: Callable[[str, Any], list[bytes]] | None = None
     tensors_leaves: Callable[[dict], dict] | None = None
     truncated_normal: Callable[[int, str, int, float], Any] | None = None
+    device_vectors: Any = None
+    transfers: Any = None
 
     def offered(self) -> list[str]:
         """The names of the capabilities this backend offers, in field order."""

@@ -65,11 +65,18 @@ class LayoutOps:
         if x.size == 0:
             return np.empty(x.shape, dtype=x.dtype)
         c = self.contiguous(x)
+        self._count("out", c.size * c.itemsize)
         return self.rt.download(c.buffer, c.dtype, c.size, 0).reshape(c.shape)
+
+    def _count(self, direction: str, nbytes: int) -> None:
+        log = getattr(self.rt, "transfers", None)  # a runtime without one (a test's stub) counts nothing
+        if log is not None:
+            log.count(direction, nbytes)
 
     def _upload(self, host: np.ndarray) -> DeviceArray:
         if host.size > MAX_ELEMENTS:
             raise ValueError(f"a {host.dtype}{list(host.shape)} tensor is too large for these kernels (32-bit indices)")
+        self._count("in", host.nbytes)
         buf = self.rt.upload(host if host.size else np.zeros(1, dtype=host.dtype))
         return DeviceArray(self.rt, buf, tuple(host.shape), host.dtype, c_strides(host.shape), 0)
 

@@ -13,7 +13,9 @@ layer shapes), ``roots`` (cupy training steps against the spec's state roots),
 ``replay`` (audit replay on cupy of a numba-trained run), ``numba-reference`` (the
 background job: the reference runs trained with numba on the GPU machine's CPU), ``gemm_float`` (the fixed-order
 float GEMM), ``torch`` (stock PyTorch float32/bf16 step), ``throughput`` (lockstep cupy
-step: tokens/s and MFU), ``summary``.
+step: tokens/s and MFU), ``breakdown`` (the step's phases with the state on the device: kernels,
+update, hashing, bytes moved; measured next to ``perf_model.py``'s prediction), ``open1b`` (one
+Open-1B micro-batch with recompute and a chunked head, where those options exist), ``summary``.
 """
 
 from __future__ import annotations
@@ -412,7 +414,7 @@ def _lockstep_step_time(model: str, batch: int, steps: int, quantize: bool) -> d
     from lockstep.formats.config import train_preset
     from lockstep.train.optim import AdamWState
     from lockstep.formats.schedule import StepPlan
-    from lockstep.train.step import GradLayout, VectorPool, apply_update, state_tensors, subtree_sums
+    from lockstep.train.step import GradLayout, apply_update, state_tensors, subtree_sums, to_device, vector_pool
 
     cfg = model_flops.model_config(model, quantize=quantize)
     tcfg = dataclasses.replace(train_preset("small"), micro_batch=8)
@@ -420,7 +422,8 @@ def _lockstep_step_time(model: str, batch: int, steps: int, quantize: bool) -> d
     params = _bench_params(cfg, 0)
     opt = AdamWState.zeros(params)
     rng = np.random.default_rng(1)
-    pool = VectorPool(GradLayout.of(cfg).size)  # as the trainer does
+    pool = vector_pool(be, GradLayout.of(cfg).size)  # as the trainer does (device vectors on cupy)
+    params, opt = to_device(be, params, opt)
     step_s, hash_s = [], []
     for t in range(1, steps + 2):
         windows = rng.integers(0, cfg.vocab_size, (batch, cfg.seq_len + 1), dtype=np.int64)
@@ -456,6 +459,122 @@ def section_throughput(work: Path) -> dict:
         print(rows[-1], flush=True)
         _partial(work, "throughput", {"rows": rows})
     return {"rows": rows}
+
+
+# ---------------------------------------------------------------- step-time breakdown, measured vs predicted
+
+def _sync():
+    import cupy as cp
+
+    cp.cuda.runtime.deviceSynchronize()
+
+
+def _breakdown(model: str, steps: int) -> dict:
+    """Steps of ``model`` on cupy with the state on the device, timed by phase, next to perf_model's prediction."""
+    import perf_model
+
+    from lockstep.backends import get_backend
+    from lockstep.formats.schedule import StepPlan
+    from lockstep.spec import hashing
+    from lockstep.train.optim import AdamWState
+    from lockstep.train.step import (GradLayout, apply_update, device_state_root, state_tensors, subtree_sums, to_device,
+                                     vector_pool)
+
+    pred = perf_model.predict(model)
+    cfg, tcfg = perf_model.model_config(model), perf_model.train_config(model)
+    batch = pred["batch"]
+    be = get_backend("cupy")
+    params = _bench_params(cfg, 0)
+    params, opt = to_device(be, params, AdamWState.zeros(params))
+    pool = vector_pool(be, GradLayout.of(cfg).size)
+    log = be.capabilities.transfers
+    rng = np.random.default_rng(1)
+    rows = []
+    for t in range(1, steps + 2):
+        windows = rng.integers(0, cfg.vocab_size, (batch, cfg.seq_len + 1), dtype=np.int64)
+        plan = StepPlan(t, 0, batch, (t - 1) * batch * cfg.seq_len, cfg.seq_len)
+        if log is not None:
+            log.take()
+        _sync()
+        t0 = time.perf_counter()
+        m = len(plan.micro_batches(tcfg.micro_batch))
+        [(_, _, summed)] = subtree_sums(params, windows, plan, 0, m, cfg, tcfg, be, pool)
+        _sync()
+        t1 = time.perf_counter()
+        res = apply_update(params, opt, summed, plan, cfg, tcfg, be)
+        _sync()
+        t2 = time.perf_counter()
+        pool.give(summed)
+        moved = log.take() if log is not None else {}
+        params, opt = res.params, res.opt
+        leaves = be.capabilities.tensor_leaves
+        h0 = time.perf_counter()  # the state root again, alone: the hashing inside apply_update
+        (hashing.state_root(state_tensors(params, opt)) if leaves is None
+         else device_state_root(state_tensors(params, opt, host=False), leaves))
+        _sync()
+        h1 = time.perf_counter()
+        row = {"step": t, "kernels_s": t1 - t0, "update_s": max(0.0, (t2 - t1) - (h1 - h0)), "hashing_s": h1 - h0,
+               "transfer_bytes": moved, "hashing_on_device": leaves is not None}
+        print(model, row, flush=True)
+        if t > 1:  # the first step compiles
+            rows.append(row)
+    med = {k: statistics.median(r[k] for r in rows) for k in ("kernels_s", "update_s", "hashing_s")}
+    moved = rows[-1]["transfer_bytes"]
+    total_bytes = sum(v["in"] + v["out"] for v in moved.values())
+    measured = {"kernels": med["kernels_s"], "update": med["update_s"], "hashing": med["hashing_s"],
+                "transfers_bytes": total_bytes, "transfers_predicted_from_bytes_s": total_bytes / perf_model.HOST_LINK_BYTES_S}
+    return {"model": model, "batch": batch, "measured_s": measured, "predicted_s": pred["phases_s"],
+            "predicted_step_s": pred["step_s"], "measured_step_s": med["kernels_s"] + med["update_s"] + med["hashing_s"],
+            "transfer_bytes_last_step": moved, "rows": rows, "prediction_source": pred["ceilings"]}
+
+
+def section_breakdown(work: Path) -> dict:
+    out = []
+    for model, steps in (("small", 3), ("medium", 2)):
+        try:
+            out.append(_breakdown(model, steps))
+        except Exception as e:  # noqa: BLE001 - report and go on to the next model
+            out.append({"model": model, "error": f"{type(e).__name__}: {e}"})
+        _partial(work, "breakdown", {"rows": out})
+    return {"rows": out}
+
+
+def section_open1b(work: Path) -> dict:
+    """One open-1b micro-batch (4 x 4096 tokens) on cupy with the bounded-memory options, if they exist."""
+    import inspect
+
+    from lockstep.train import model as train_model
+
+    try:
+        from lockstep.train.execution import Execution
+    except ImportError:
+        return {"skipped": "no lockstep.train.execution.Execution (the bounded-memory options have not landed)"}
+    fields = getattr(Execution, "__dataclass_fields__", {})
+    if not {"recompute", "head_rows"} <= set(fields) or "execution" not in inspect.signature(train_model.loss_and_grads).parameters:
+        return {"skipped": "Execution(recompute, head_rows) is not wired into loss_and_grads yet: nothing to run"}
+    import perf_model
+
+    from lockstep.backends import get_backend
+
+    cfg = perf_model.model_config("open-1b")
+    be = get_backend("cupy")
+    execution = Execution(recompute=True, head_rows=4096)
+    params = {k: be.asarray(v) for k, v in _bench_params(cfg, 0).items()}
+    rng = np.random.default_rng(1)
+    windows = rng.integers(0, cfg.vocab_size, (4, cfg.seq_len + 1), dtype=np.int64)
+    times = []
+    for _ in range(2):
+        _sync()
+        t0 = time.perf_counter()
+        train_model.loss_and_grads(params, windows, cfg, be, n_global=4 * cfg.seq_len, execution=execution)
+        _sync()
+        times.append(time.perf_counter() - t0)
+        print(f"open-1b micro-batch: {times[-1]:.2f} s", flush=True)
+    pred = perf_model.predict("open-1b")
+    import cupy as cp
+
+    return {"micro_batch_s": times, "predicted_micro_batch_kernels_s": pred["phases_s"]["kernels"] / pred["M"],
+            "peak_gpu_bytes": int(cp.get_default_memory_pool().total_bytes()), "execution": str(execution)}
 
 
 # ---------------------------------------------------------------- summary
@@ -510,6 +629,14 @@ def _headline(work: Path, name: str) -> str:
     if name == "torch":
         return ", ".join(f"{r['model']} {r['dtype']} {r['step_s'] * 1e3:.1f} ms {r['tokens_per_s']:.0f} tok/s "
                          f"MFU {100 * r['mfu_vs_bf16_peak']:.1f}%" for r in d.get("rows", []))
+    if name == "breakdown":
+        return "; ".join(f"{r['model']} measured {r['measured_step_s'] * 1e3:.1f} ms vs predicted {r['predicted_step_s'] * 1e3:.1f} ms "
+                         f"(kernels {r['measured_s']['kernels'] * 1e3:.1f}/{r['predicted_s']['kernels'] * 1e3:.1f}, "
+                         f"hashing {r['measured_s']['hashing'] * 1e3:.1f}/{r['predicted_s']['hashing'] * 1e3:.2f}, "
+                         f"transfers {r['measured_s']['transfers_bytes']} B)" if "measured_s" in r else f"{r.get('model')} {r.get('error')}"
+                         for r in d.get("rows", []))
+    if name == "open1b":
+        return d.get("skipped") or f"{d.get('micro_batch_s')} s per micro-batch (predicted {d.get('predicted_micro_batch_kernels_s', 0):.2f} s)"
     if name == "throughput":
         return ", ".join(f"{r['model']} {r['step_s'] * 1e3:.0f} ms {r['tokens_per_s']:.0f} tok/s "
                          f"MFU {100 * r['mfu_vs_bf16_peak']:.1f}%" if "step_s" in r else f"{r.get('model')} {r.get('error')}"
@@ -546,7 +673,8 @@ def summary(work: Path, out: Path) -> dict:
 
 SECTIONS = {"versions": section_versions, "conformance": section_conformance, "probe": section_probe, "gemm_int8": section_gemm_int8,
             "roots": section_roots, "replay": section_replay, "gemm_float": section_gemm_float,
-            "torch": section_torch, "throughput": section_throughput}
+            "torch": section_torch, "throughput": section_throughput, "breakdown": section_breakdown,
+            "open1b": section_open1b}
 
 
 def main(argv=None) -> int:
@@ -579,7 +707,8 @@ def main(argv=None) -> int:
           "gemm_int8": lambda d: d.get("all_exact"), "roots": lambda d: d.get("all_match"),
           "replay": lambda d: d.get("match"),
           "gemm_float": lambda d: all(r["exact_sampled"] for r in d.get("rows", [])),
-          "throughput": lambda d: all("step_s" in r for r in d.get("rows", []))}.get(args.section, lambda d: True)
+          "throughput": lambda d: all("step_s" in r for r in d.get("rows", [])),
+          "breakdown": lambda d: all("measured_s" in r for r in d.get("rows", []))}.get(args.section, lambda d: True)
     return 0 if ok(data) else 2
 
 

@@ -7,6 +7,8 @@ NVRTC skip with the loader's one-line reason when it is absent.
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 
@@ -137,6 +139,26 @@ def test_every_shared_kernel_compiles_and_lints_clean(arch):
     assert len(names) >= len(kernels.KERNEL_FILES)
     missing = [n for n in names if f".entry {n}(" not in out.ptx]  # extern "C": unmangled entry names
     assert not missing, missing
+
+
+def _entry_body(ptx: str, name: str) -> str:
+    start = ptx.index(f".entry {name}(")
+    end = ptx.find(".entry ", start + 1)
+    return ptx[start:end if end >= 0 else None]
+
+
+def test_hashing_kernels_compile_integer_only(arch=90):
+    """hashing.kc (SHA-256 of the Merkle leaves) is 32-bit integer work only: exact on any device, so its
+    PTX has no floating-point instruction at all; its message schedule stays in registers (local memory
+    only for the 12-byte leaf prefix)."""
+    src = kernels.source("cuda", kernels=False) + '#line 1 "hashing.kc"\n' + (kernels.KERNEL_DIR / "hashing.kc").read_text()
+    out = _compiler().compile(src, "hashing.cu", nvrtc.compile_options(arch))  # the whole source: the test above
+    for name in ("ls_sha256_leaves_kernel", "ls_sha256_bytes_kernel"):
+        assert kernels.kernel_file_of(name) == "hashing.kc"
+        body = _entry_body(out.ptx, name)
+        assert not re.search(r"\.f(16|32|64)\b", body), name
+        depots = [int(n) for n in re.findall(r"__local_depot\d+\[(\d+)\]", body)]
+        assert sum(depots) <= 12, (name, depots)
 
 
 def test_every_kernel_file_is_in_the_cuda_source():

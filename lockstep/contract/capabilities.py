@@ -24,12 +24,32 @@ does not offer it; callers test for ``None``, never for a backend's name.
     The shared-kernel runtime of a GPU-dialect backend (OpenCL, CUDA, Metal): the
     flush probe and the conformance report read its build options and device from it.
 ``tensor_leaves(name, x)``
-    The Merkle leaf digests (``spec.hashing.leaf_digests``) of ``canonical_bytes(name,
-    x)`` for a backend array ``x``, computed where ``x`` lives: only the 32-byte leaves
-    cross to the host, which builds the upper levels (``spec.hashing.merkle_root``).
+    The Merkle leaf digests (``spec.hashing.leaf_digests``) of the data of a backend
+    array ``x`` (its C-order elements, little-endian: what ``tensor_digest`` splits into
+    chunks; the header is not in any leaf, so ``name`` does not change them), computed
+    where ``x`` lives: only the 32-byte leaves cross to the host, which builds the upper
+    levels (``spec.hashing.tensor_digest_from_leaves``; the state root:
+    ``lockstep.backends.state_hash.device_state_root``). Offered by the GPU-dialect
+    backends (OpenCL, CUDA, Metal).
+``tensors_leaves(tensors)``
+    ``{name: tensor_leaves(name, x)}`` for a dict of backend arrays, in as few passes as
+    the backend can (the GPU backends: one launch per device buffer, every chunk of every
+    tensor in it at once). ``device_state_root`` uses it when offered.
 ``truncated_normal(seed, name, n, bound)``
     ``spec.rng.truncated_normal(PhiloxStream(seed, "init", name), 0, n, bound)`` as a
     host float32 array, drawn by the backend (parameter init at scale).
+``device_vectors``
+    Float32 vectors that live where the backend computes (a GPU's memory), for a training
+    state that stays there: ``empty(n)`` a new 1-D vector (contents undefined, nothing
+    copied from the host), ``copy_into(dst, src)`` ``dst[...] = src`` for two backend
+    arrays of one shape (the bits copied, nothing computed; ``dst`` may be a slice
+    ``vector[a:b]``). A backend whose arrays are host arrays offers none: the trainer
+    then keeps its vectors on the host.
+``transfers``
+    The backend's count of bytes copied host->device and device->host: ``phase(name)`` (a
+    context manager naming what the copies inside are for: data, step, hashing, exchange,
+    checkpoint) and ``take()`` (``{phase: {"in": bytes, "out": bytes}}`` since the last
+    ``take``). ``metrics.jsonl`` records them per step.
 """
 
 from __future__ import annotations
@@ -47,7 +67,10 @@ class Capabilities:
     watch_compilation: Callable[[Callable[[], None]], ContextManager[Any]] | None = None
     kernel_runtime: Any = None
     tensor_leaves: Callable[[str, Any], list[bytes]] | None = None
+    tensors_leaves: Callable[[dict], dict] | None = None
     truncated_normal: Callable[[int, str, int, float], Any] | None = None
+    device_vectors: Any = None
+    transfers: Any = None
 
     def offered(self) -> list[str]:
         """The names of the capabilities this backend offers, in field order."""

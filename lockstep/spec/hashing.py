@@ -18,7 +18,9 @@ language can recompute it. Multi-byte integers are little-endian.
   last may be shorter; an empty tensor has one empty chunk). Leaf i is
   ``SHA-256(0x00 || u64 i || chunk_i)``; a parent is ``SHA-256(0x01 || left || right)``;
   a level with an odd count carries its last node up unchanged.
-* Tensor digest: ``SHA-256(header || u64 data_length || merkle_root)``.
+* Tensor digest: ``SHA-256(header || u64 data_length || merkle_root)``. The header is in no
+  leaf, so the leaves can be hashed where the data lives and the digest finished from them
+  (``tensor_digest_from_leaves``; ``lockstep.backends.state_hash`` does it for device arrays).
 * State root: ``SHA-256(b"lockstep.state.v1\\0" || u32 n || (u32 len(name) || name ||
   tensor_digest) for each tensor in ascending order of UTF-8 name bytes)``.
 * Chain: ``H_t = SHA-256(b"lockstep.chain.v2\\0" || u64 t || H_{t-1} || state_root_t ||
@@ -42,6 +44,7 @@ digests of big states use every core; the result does not depend on the thread c
 from __future__ import annotations
 
 import hashlib
+import math
 import os
 import string
 import struct
@@ -89,11 +92,17 @@ def dtype_name(dtype) -> str:
 
 def tensor_header(name: str, x: np.ndarray) -> bytes:
     """The canonical header bytes of tensor ``name`` (see the module docstring)."""
+    return header_of(name, x.dtype, x.shape)
+
+
+def header_of(name: str, dtype, shape) -> bytes:
+    """The canonical header of a tensor named ``name`` of ``dtype`` and ``shape`` (no data needed)."""
     nb = name.encode("utf-8")
-    db = dtype_name(x.dtype).encode("ascii")
+    db = dtype_name(dtype).encode("ascii")
+    shape = tuple(int(s) for s in shape)
     parts = [TENSOR_DOMAIN, struct.pack("<I", len(nb)), nb, struct.pack("<I", len(db)), db]
-    parts.append(struct.pack("<I", x.ndim))
-    parts.extend(struct.pack("<Q", int(s)) for s in x.shape)
+    parts.append(struct.pack("<I", len(shape)))
+    parts.extend(struct.pack("<Q", s) for s in shape)
     return b"".join(parts)
 
 
@@ -138,6 +147,28 @@ def tensor_digest(name: str, x: np.ndarray) -> bytes:
     data = memoryview(x.reshape(-1).view(np.uint8)) if x.size else memoryview(b"")
     root = merkle_root(leaf_digests(data))
     return hashlib.sha256(tensor_header(name, x) + struct.pack("<Q", x.nbytes) + root).digest()
+
+
+def tensor_digest_from_leaves(name: str, dtype, shape, leaves: list[bytes]) -> bytes:
+    """``tensor_digest`` from the tensor's Merkle leaves (``leaf_digests`` of its data, computed
+    wherever the data lives): ``SHA-256(header || u64 nbytes || merkle_root(leaves))``.
+
+    The leaf count must be the one the data's length implies (``max(1, ceil(nbytes / CHUNK_BYTES))``)
+    and every leaf 32 bytes, else ``ValueError``: a wrong count would give another root silently."""
+    dt = np.dtype(dtype)
+    shape = tuple(int(s) for s in shape)
+    if any(s < 0 for s in shape):
+        raise ValueError(f"tensor {name!r}: negative dimension in shape {shape}")
+    nbytes = math.prod(shape) * dt.itemsize
+    leaves = list(leaves)
+    want = max(1, -(-nbytes // CHUNK_BYTES))
+    if len(leaves) != want:
+        raise ValueError(f"tensor {name!r}: {len(leaves)} leaf digests for {nbytes} bytes of data (expected {want})")
+    for i, leaf in enumerate(leaves):
+        if not isinstance(leaf, (bytes, bytearray)) or len(leaf) != 32:
+            raise ValueError(f"tensor {name!r}: leaf {i} is not a 32-byte digest")
+    root = merkle_root([bytes(leaf) for leaf in leaves])
+    return hashlib.sha256(header_of(name, dt, shape) + struct.pack("<Q", nbytes) + root).digest()
 
 
 def state_root_from_digests(digests: dict[str, bytes | str]) -> str:

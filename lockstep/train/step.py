@@ -19,6 +19,16 @@ Step t (1-based):
    (``tree_step``: what the audit replays, with no world size).
 4. ``apply_update``: clipping and AdamW (``optim.optimizer_step``), then the state
    root of parameters, moments and step, and the chain hash.
+
+Where the backend offers ``device_vectors`` (the GPU backends), the step's state stays in
+device memory: parameters and moments are backend arrays between steps (``to_device``
+once), micro-batch vectors and the tree's sums come from a ``DeviceVectorPool``, the
+gradients are copied into them on the device (``GradLayout.write_on_device``), and the
+tree's adds, the norm, clipping and AdamW run there. The host sees the loss and norm
+scalars, the state root's inputs (leaf digests where the backend offers
+``tensor_leaves``, else the state's bytes), the exchange's vectors when R > 1 and the
+checkpoint's tensors. ``transfer_phase`` names what each copy is for (the
+``transfers`` capability counts them). The bits are the same either way.
 """
 
 from __future__ import annotations
@@ -28,6 +38,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from lockstep.backends.state_hash import device_state_root
 from lockstep.formats.config import ModelConfig, TrainConfig
 from lockstep.formats.params import param_specs
 from lockstep.formats.schedule import StepPlan, learning_rate
@@ -80,7 +91,23 @@ class GradLayout:
             n = int(np.prod(shape, dtype=np.int64))
             grads[name] = flat[at : at + n].reshape(shape)
             at += n
-        return np.float32(flat[0]), grads
+        return np.float32(np.asarray(flat[0:1]).reshape(-1)[0]), grads
+
+    def write_on_device(self, vectors, loss, grads: dict, out):
+        """``flatten`` for backend arrays: ``loss`` and ``grads`` copied into the device vector ``out``
+        at their offsets (``vectors`` is the backend's ``device_vectors``); the same bits as ``flatten``."""
+        if tuple(out.shape) != (self.size,):
+            raise ValueError(f"a step's gradient vector has {self.size} float32 elements, got shape {out.shape}")
+        vectors.copy_into(out[0:1], loss.reshape(1))
+        at = 1
+        for name, shape in zip(self.names, self.shapes):
+            g = grads[name]
+            if tuple(g.shape) != shape:
+                raise ValueError(f"gradient {name!r} has shape {tuple(g.shape)}, the model's parameter {shape}")
+            n = int(np.prod(shape, dtype=np.int64))
+            vectors.copy_into(out[at : at + n], g.reshape(-1))
+            at += n
+        return out
 
 
 class VectorPool:
@@ -117,6 +144,60 @@ class VectorPool:
                 held.add(id(v))
 
 
+class DeviceVectorPool:
+    """``VectorPool`` for vectors in a backend's memory (its ``device_vectors`` capability): the
+    same ``take``/``give``, so a step's micro-batch vectors and tree sums stay on the device and
+    are reused step after step. It keeps every vector it made (at most ``ceil(log2 M) + 2`` are
+    ever out at once) and takes back only those."""
+
+    def __init__(self, length: int, vectors):
+        self.length = int(length)
+        self._vectors = vectors
+        self._free: list = []
+        self._made: dict[int, object] = {}
+        self.allocated = 0
+
+    def take(self):
+        if self._free:
+            return self._free.pop()
+        v = self._vectors.empty(self.length)
+        self._made[id(v)] = v
+        self.allocated += 1
+        return v
+
+    def give(self, *vectors) -> None:
+        held = {id(v) for v in self._free}
+        for v in vectors:
+            if self._made.get(id(v)) is v and id(v) not in held:
+                self._free.append(v)
+                held.add(id(v))
+
+
+def vector_pool(backend, length: int):
+    """The pool a run's step vectors come from: device memory where the backend offers
+    ``device_vectors``, else host memory (``VectorPool``)."""
+    vectors = backend.capabilities.device_vectors
+    return VectorPool(length) if vectors is None else DeviceVectorPool(length, vectors)
+
+
+def transfer_phase(backend, name: str):
+    """A context naming the phase of the host<->device copies inside it (data, step, hashing,
+    exchange, checkpoint) for a backend that counts them (``transfers``); else nothing."""
+    log = backend.capabilities.transfers
+    return contextlib.nullcontext() if log is None else log.phase(name)
+
+
+def to_device(backend, params: dict, opt: AdamWState) -> tuple[dict, AdamWState]:
+    """Parameters and moments as backend arrays, once, where the backend keeps a state on its device
+    (``device_vectors``); unchanged otherwise. Uploading canonical float32 changes no bit."""
+    if backend.capabilities.device_vectors is None:
+        return params, opt
+    be = backend
+    with transfer_phase(be, "checkpoint"):
+        up = lambda d: {k: be.asarray(v) for k, v in d.items()}  # noqa: E731
+        return up(params), AdamWState(opt.step, up(opt.m), up(opt.v))
+
+
 def in_place_add(backend, pool: VectorPool):
     """The tree's ``add`` for vectors from ``pool``: ``left + right`` written into ``left``
     (the backend's ``add_into`` extra where it has one, else its ``add`` and a copy), and
@@ -141,10 +222,14 @@ def micro_batch_value(params: dict, windows: np.ndarray, cfg: ModelConfig, n_glo
     """One micro-batch's loss and gradients (contributions to the mean over ``n_global`` tokens),
     flattened (into ``out`` when given). ``execution``: how it holds memory (``train.execution``), never a bit."""
     be = backend
-    loss, grads = loss_and_grads(params, windows, cfg, be, n_global=n_global, execution=execution)
-    loss = np.asarray(be.to_numpy(loss), dtype=np.float32).reshape(-1)[0]
+    with transfer_phase(be, "data"):  # what the forward and backward upload: token ids, their tables, rope, 1/n
+        loss_d, grads = loss_and_grads(params, windows, cfg, be, n_global=n_global, execution=execution)
+    loss = np.asarray(be.to_numpy(loss_d), dtype=np.float32).reshape(-1)[0]
     if not np.isfinite(loss):
         raise NonFiniteError(f"non-finite loss{where}: {loss}")
+    vectors = be.capabilities.device_vectors
+    if vectors is not None and not isinstance(out, np.ndarray):  # the gradients stay on the device
+        return layout.write_on_device(vectors, loss_d, grads, vectors.empty(layout.size) if out is None else out)
     return layout.flatten(loss, {k: be.to_numpy(v) for k, v in grads.items()}, out=out)
 
 
@@ -162,7 +247,7 @@ def subtree_sums(params: dict, windows: np.ndarray, plan: StepPlan, lo: int, hi:
     be = backend
     bounds = plan.micro_batches(tcfg.micro_batch)
     layout = GradLayout.of(cfg)
-    pool = pool if pool is not None else VectorPool(layout.size)
+    pool = pool if pool is not None else vector_pool(be, layout.size)
     folder = tree.TreeFolder(len(bounds), in_place_add(be, pool), start=lo)
     same_weights = be.capabilities.weights_unchanged or contextlib.nullcontext
     with same_weights():  # every micro-batch reads the same parameters: a backend may quantize them once
@@ -175,11 +260,13 @@ def subtree_sums(params: dict, windows: np.ndarray, plan: StepPlan, lo: int, hi:
     return folder.parts()
 
 
-def state_tensors(params: dict, opt: AdamWState) -> dict[str, np.ndarray]:
-    """The published state: parameters, AdamW moments and the step counter."""
-    out = {f"param/{k}": np.asarray(v) for k, v in params.items()}
-    out.update({f"adam_m/{k}": np.asarray(v) for k, v in opt.m.items()})
-    out.update({f"adam_v/{k}": np.asarray(v) for k, v in opt.v.items()})
+def state_tensors(params: dict, opt: AdamWState, host: bool = True) -> dict[str, np.ndarray]:
+    """The published state: parameters, AdamW moments and the step counter (host arrays; with
+    ``host=False`` the arrays are left where they are, the step counter a host array)."""
+    put = np.asarray if host else (lambda v: v)
+    out = {f"param/{k}": put(v) for k, v in params.items()}
+    out.update({f"adam_m/{k}": put(v) for k, v in opt.m.items()})
+    out.update({f"adam_v/{k}": put(v) for k, v in opt.v.items()})
     out["step"] = np.array([opt.step], dtype=np.int64)
     return out
 
@@ -206,17 +293,31 @@ class StepResult:
 
 def apply_update(params: dict, opt: AdamWState, summed: np.ndarray, plan: StepPlan, cfg: ModelConfig,
                  tcfg: TrainConfig, backend) -> StepResult:
-    """Clip, AdamW, and the state root of the new state; ``summed`` is the tree's sum ``S[0, M)``."""
+    """Clip, AdamW, and the state root of the new state; ``summed`` is the tree's sum ``S[0, M)``.
+
+    On a backend with ``device_vectors`` the update runs on the device and its results stay
+    there (a host ``summed``, the exchange's, is uploaded first); the state root comes from the
+    device's leaf digests where the backend offers ``tensor_leaves``, else from the state's
+    bytes copied to the host (the "hashing" transfer phase)."""
     be = backend
+    on_device = be.capabilities.device_vectors is not None
+    if on_device and isinstance(summed, np.ndarray):
+        with transfer_phase(be, "exchange"):
+            summed = be.asarray(summed)
     loss, grads = GradLayout.of(cfg).unflatten(summed)
     if not np.isfinite(loss):
         raise NonFiniteError(f"non-finite loss at step {plan.step}: {loss}")
     lr = learning_rate(tcfg, plan.tokens_after)  # tokens consumed once this step is done
     new_params, new_opt, norm = optimizer_step(params, grads, opt, cfg, tcfg, lr, be)
-    new_params = {k: be.to_numpy(v) for k, v in new_params.items()}
-    new_opt = AdamWState(new_opt.step, {k: be.to_numpy(v) for k, v in new_opt.m.items()},
-                         {k: be.to_numpy(v) for k, v in new_opt.v.items()})
-    root = hashing.state_root(state_tensors(new_params, new_opt))
+    if not on_device:
+        new_params = {k: be.to_numpy(v) for k, v in new_params.items()}
+        new_opt = AdamWState(new_opt.step, {k: be.to_numpy(v) for k, v in new_opt.m.items()},
+                             {k: be.to_numpy(v) for k, v in new_opt.v.items()})
+        root = hashing.state_root(state_tensors(new_params, new_opt))
+    else:
+        with transfer_phase(be, "hashing"):
+            root = (hashing.state_root(state_tensors(new_params, new_opt)) if be.capabilities.tensor_leaves is None
+                    else device_state_root(be, state_tensors(new_params, new_opt, host=False)))
     return StepResult(new_params, new_opt, loss, np.float32(np.asarray(be.to_numpy(norm)).reshape(-1)[0]), lr, root)
 
 
@@ -228,5 +329,6 @@ def tree_step(params: dict, opt: AdamWState, windows: np.ndarray, plan: StepPlan
     run with any number of ranks, and of any ``execution``.
     """
     m = len(plan.micro_batches(tcfg.micro_batch))
+    params, opt = to_device(backend, params, opt)  # once per step at most (device arrays stay as they are)
     [(_, _, summed)] = subtree_sums(params, windows, plan, 0, m, cfg, tcfg, backend, execution=execution)
     return apply_update(params, opt, summed, plan, cfg, tcfg, backend)

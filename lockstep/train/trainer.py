@@ -46,7 +46,8 @@ from .malloc import keep_freed_memory
 from .memory import require_memory
 from lockstep.formats.schedule import plan_step
 from .execution import IN_MEMORY, Execution
-from .step import GradLayout, VectorPool, apply_update, split_state, state_tensors, subtree_sums
+from .step import (GradLayout, VectorPool, apply_update, split_state, state_tensors, subtree_sums, to_device,
+                   transfer_phase, vector_pool)
 from .stop import StopRequest
 
 
@@ -341,7 +342,12 @@ def _run_loop(comm, rank, world, run_dir: Path, st: _Start, be, checkpoint_every
                                           "give --steps N (or --tokens) to extend it")
     _say_idle_ranks(tcfg, cfg.seq_len, st.start_step + 1, last_step, world, say)
     layout = GradLayout.of(cfg)
-    pool = VectorPool(layout.size)  # the step's vectors, reused step after step
+    pool = vector_pool(be, layout.size)  # the step's vectors, reused step after step (on the device where it can)
+    host_pool = pool if isinstance(pool, VectorPool) else VectorPool(layout.size)  # the exchange's, on the host
+    transfers = be.capabilities.transfers
+    if transfers is not None:
+        transfers.take()  # from here on: the steps' copies (opening the backend, its self-test, are not a step's)
+    params, opt = to_device(be, params, opt)  # a device backend keeps the state there (counted in step 1's record)
     bar = Progress(last_step, progress and is_root)
     summary_loss = float("nan")
     stopped_by = 0
@@ -357,13 +363,15 @@ def _run_loop(comm, rank, world, run_dir: Path, st: _Start, be, checkpoint_every
             lo, hi = rank_micro_batches(m, world, rank)
             parts = subtree_sums(params, windows, plan, lo, hi, cfg, tcfg, be, pool, execution=execution)
             if world > 1:
-                summed = tree_allreduce(comm, parts, m, layout.size, be.add, out=pool.take(),
-                                        add_into=be.capabilities.add_into)
+                with transfer_phase(be, "exchange"):  # MPI moves host memory: a device's subtree sums come over
+                    sent = parts if host_pool is pool else [(a, b, be.to_numpy(v)) for a, b, v in parts]
+                    summed = tree_allreduce(comm, sent, m, layout.size, be.add, out=host_pool.take(),
+                                            add_into=be.capabilities.add_into)
                 pool.give(*(v for _, _, v in parts))
             else:
                 [(_, _, summed)] = parts
             res = apply_update(params, opt, summed, plan, cfg, tcfg, be)
-            pool.give(summed)  # dead: the update's results are new arrays
+            (host_pool if world > 1 else pool).give(summed)  # dead: the update's results are new arrays
         if comm is not None and world > 1:
             check_state_agreement(comm, res.state_root, t)
         params, opt = res.params, res.opt
@@ -374,15 +382,23 @@ def _run_loop(comm, rank, world, run_dir: Path, st: _Start, be, checkpoint_every
         done = t
         stopped_by = max_over_ranks(comm, stop.signum) if comm is not None and world > 1 else stop.signum
         if is_root:
-            append_record(run_dir / TRAJECTORY_FILE, rec)
-            append_record(run_dir / METRICS_FILE, {"step": t, "seconds": dt, "tokens_per_s": plan.n_global / dt,
-                                                  "backend": be.name, "world_size": world, "loss": float(res.loss)})
-            bar.update(t, float(res.loss), plan.n_global / dt)
             evaluating = eval_every > 0 and (t % eval_every == 0 or t == last_step)
-            if t % checkpoint_every == 0 or t == last_step or stopped_by or evaluating:
+            saving = t % checkpoint_every == 0 or t == last_step or stopped_by or evaluating
+            if saving:  # the state's tensors on the host (copied from a device backend), before the counts are taken
+                with transfer_phase(be, "checkpoint"):
+                    saved = state_tensors(params, opt)
+            append_record(run_dir / TRAJECTORY_FILE, rec)
+            metrics = {"step": t, "seconds": dt, "tokens_per_s": plan.n_global / dt,
+                       "backend": be.name, "world_size": world, "loss": float(res.loss)}
+            if transfers is not None:
+                metrics["transfer_bytes"] = transfers.take()
+            append_record(run_dir / METRICS_FILE, metrics)
+            bar.update(t, float(res.loss), plan.n_global / dt)
+            if saving:
                 side = {"chain_hash": prev_chain, "stream_state": stream.state_at(plan.first_window + plan.n_windows),
                         "recipe_sha256": recipe_digest(recipe), "tokens": plan.tokens_after}
-                ckpt.save_checkpoint(run_dir, t, state_tensors(params, opt), side)
+                ckpt.save_checkpoint(run_dir, t, saved, side)
+                del saved
             if evaluating:  # after the checkpoint, so `lockstep eval --step t` can reproduce it
                 hooks.validate(run_dir, t, plan.tokens_after, params, cfg, stream.manifest, be, tcfg.micro_batch, say)
         if stopped_by:

@@ -36,7 +36,7 @@ HEADER = "ls_fp.h"
 # In the order they are concatenated (a file may use what an earlier one defines).
 KERNEL_FILES = (
     "layout.kc", "fp.kc", "transcendental.kc", "reduce.kc", "philox.kc", "embedding.kc", "norm.kc",
-    "rope.kc", "attention.kc", "swiglu.kc", "quant.kc", "loss.kc", "optim.kc",
+    "rope.kc", "attention.kc", "swiglu.kc", "quant.kc", "loss.kc", "optim.kc", "hashing.kc",
 )
 _KERNEL_RE = re.compile(r"^LS_KERNEL\((\w+)\)", re.MULTILINE)
 

@@ -13,6 +13,8 @@ from __future__ import annotations
 import weakref
 from typing import Callable
 
+import numpy as np
+
 from lockstep import spec
 from lockstep.backends import Backend
 from lockstep.contract.capabilities import Capabilities
@@ -20,12 +22,15 @@ from lockstep.contract import BackendUnavailable
 
 from .attention import AttentionOps
 from .embedding import EmbeddingOps
+from .hashing import HashingOps
+from .layout import F32, DeviceArray
 from .loss import LossOps
 from .norm import NormOps
 from .optim import OptimOps
 from .philox import PhiloxOps
 from .quant import QuantOps
 from .reduce import default_int8_gemm
+from .runtime import TransferLog
 from .rope import RopeOps
 from .selftest import self_test as run_self_test
 from .swiglu import SwigluOps
@@ -47,6 +52,7 @@ class DeviceRuntime:
     def __init__(self, device, device_name: str):
         self.device = device
         self.device_name = device_name
+        self.transfers = TransferLog()
 
     def int8_gemm(self, a, b):
         return default_int8_gemm(self, a, b)
@@ -56,8 +62,9 @@ class DeviceRuntime:
 
 
 class KernelOps(TranscendentalOps, AttentionOps, PhiloxOps, NormOps, RopeOps, EmbeddingOps, SwigluOps, QuantOps,
-                LossOps, OptimOps):
-    """The spec's op table on one runtime: one base class per spec module. Method names are the spec's op names."""
+                LossOps, OptimOps, HashingOps):
+    """The spec's op table on one runtime: one base class per spec module. Method names are the spec's op names
+    (``HashingOps`` adds no op: its ``tensor_leaves`` and ``tensors_leaves`` are the backend capabilities of those names)."""
 
 
 _OPS_BY_RUNTIME: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
@@ -108,10 +115,50 @@ def open_runtime(backend: str, key, build: Callable[[], object], *, explain: Cal
     return rt
 
 
+class DeviceVectors:
+    """The ``device_vectors`` capability of a GPU backend: float32 vectors in device memory and exact
+    copies between device arrays (``ls_copy32_kernel``: words moved, nothing computed), so a training
+    step keeps its parameters, moments and gradient sums on the device."""
+
+    def __init__(self, ops: KernelOps):
+        self._ops = ops
+
+    def empty(self, n: int):
+        return self._ops.empty((int(n),), F32)
+
+    def copy_into(self, dst, src) -> None:
+        self._ops.copy_into(dst, self._ops._f32(src))
+
+
+def device_add_into(ops: KernelOps):
+    """The ``add_into`` capability on device vectors: ``ls_add_kernel`` written into ``out`` (which may
+    be ``a`` or ``b``: each work-item reads its element before it writes it); the bits of ``add``."""
+    def add_into(a, b, out):
+        if not isinstance(out, DeviceArray):  # host vectors (the MPI exchange's): the op, copied back
+            np.copyto(out, np.asarray(ops.to_numpy(ops.add(a, b)), dtype=np.float32).reshape(out.shape))
+            return out
+        a, b = ops._f32(a), ops._f32(b)
+        if a.shape != b.shape or out.shape != a.shape or a.ndim != 1:
+            raise ValueError(f"add_into needs 1-D vectors of one length, got {a.shape}, {b.shape} -> {out.shape}")
+        if not (a.is_contiguous and b.is_contiguous and out.is_contiguous):
+            ops.copy_into(out, ops.add(a, b))  # views: the op, then an exact copy
+            return out
+        n = a.size
+        ops._ew("ls_add_kernel", n, out, a, b, np.int32(n), np.int32(1), np.int32(1))
+        return out
+    return add_into
+
+
 def kernel_backend(runtime, name: str, info: dict | None = None, self_test: bool = True):
     """A ``lockstep.backends.Backend`` over ``runtime``: every spec op, ``asarray`` and ``to_numpy``; its
-    capability ``kernel_runtime`` is ``runtime`` (the flush probe and the device report read it)."""
+    capabilities: ``kernel_runtime`` (the flush probe and the device report read it), ``add_into``,
+    ``device_vectors`` (a training state kept on the device), ``transfers`` (the runtime's
+    ``TransferLog``), and ``tensor_leaves`` and ``tensors_leaves`` (device arrays' Merkle leaves,
+    hashed on the device: ``hashing.py``)."""
     ops = ops_for(runtime)
     info = dict(info or {}, self_test="passed" if self_test else "skipped")
+    caps = Capabilities(kernel_runtime=runtime, add_into=device_add_into(ops), device_vectors=DeviceVectors(ops),
+                        transfers=getattr(runtime, "transfers", None), tensor_leaves=ops.tensor_leaves,
+                        tensors_leaves=ops.tensors_leaves)
     return Backend(name=name, ops={op: getattr(ops, op) for op in spec.OPS}, asarray=ops.asarray, to_numpy=ops.to_numpy,
-                   description=runtime.description, info=info, capabilities=Capabilities(kernel_runtime=runtime))
+                   description=runtime.description, info=info, capabilities=caps)

@@ -53,9 +53,9 @@ class LayoutOps:
             return x
         a = np.asarray(x)
         if a.dtype in DEVICE_DTYPES and a.dtype != F32:
-            return self._upload(np.ascontiguousarray(a))
+            return self._upload(_c_order(a))
         if a.dtype.kind in "iub" and a.dtype not in DEVICE_DTYPES:
-            return self._upload(np.ascontiguousarray(a.astype(np.int64)))
+            return self._upload(_c_order(a.astype(np.int64)))
         return self._upload_f32(np.array(a, dtype=np.float32, copy=True, order="C"))
 
     def to_numpy(self, x) -> np.ndarray:
@@ -65,11 +65,18 @@ class LayoutOps:
         if x.size == 0:
             return np.empty(x.shape, dtype=x.dtype)
         c = self.contiguous(x)
+        self._count("out", c.size * c.itemsize)
         return self.rt.download(c.buffer, c.dtype, c.size, 0).reshape(c.shape)
+
+    def _count(self, direction: str, nbytes: int) -> None:
+        log = getattr(self.rt, "transfers", None)  # a runtime without one (a test's stub) counts nothing
+        if log is not None:
+            log.count(direction, nbytes)
 
     def _upload(self, host: np.ndarray) -> DeviceArray:
         if host.size > MAX_ELEMENTS:
             raise ValueError(f"a {host.dtype}{list(host.shape)} tensor is too large for these kernels (32-bit indices)")
+        self._count("in", host.nbytes)
         buf = self.rt.upload(host if host.size else np.zeros(1, dtype=host.dtype))
         return DeviceArray(self.rt, buf, tuple(host.shape), host.dtype, c_strides(host.shape), 0)
 
@@ -321,6 +328,12 @@ def _resolve_shape(shape: tuple, size: int) -> tuple:
     if math.prod(shape) != size:
         raise ValueError(f"cannot reshape array of size {size} into shape {shape}")
     return shape
+
+
+def _c_order(a: np.ndarray) -> np.ndarray:
+    """``a`` as C-contiguous, its shape kept (``np.ascontiguousarray`` would make a 0-d array shape (1,),
+    and a device array's shape is what its state hash's header says)."""
+    return a if a.flags.c_contiguous else np.ascontiguousarray(a)
 
 
 def ceil_div(a: int, b: int) -> int:

@@ -15,7 +15,8 @@ kernel takes views, are separate int arguments), NumPy scalars ``np.int32``/``np
 
 from __future__ import annotations
 
-from typing import Any, Protocol, Sequence, runtime_checkable
+import contextlib
+from typing import Any, Iterator, Protocol, Sequence, runtime_checkable
 
 import numpy as np
 
@@ -77,6 +78,48 @@ def _check_int32(name: str, v: int) -> None:
         raise ValueError(f"kernel parameter {name}={v} does not fit a 32-bit int (tensor too large for these kernels)")
 
 
+TRANSFER_PHASES = ("data", "step", "hashing", "exchange", "checkpoint", "setup")
+
+
+class TransferLog:
+    """Bytes a runtime copied host->device (``in``) and device->host (``out``), per phase.
+
+    Every upload and download of the shared kernels goes through ``LayoutOps._upload`` and
+    ``LayoutOps.to_numpy``, which call ``count``; the caller names the phase with ``phase(name)``
+    (one of ``TRANSFER_PHASES``; "step" outside any). Counting never changes a bit: it only adds
+    numbers. ``take()`` returns the counts since the last ``take`` and starts again from zero.
+    """
+
+    def __init__(self):
+        self.current = "step"
+        self._counts = self._zero()
+
+    @staticmethod
+    def _zero() -> dict:
+        return {p: {"in": 0, "out": 0} for p in TRANSFER_PHASES}
+
+    @contextlib.contextmanager
+    def phase(self, name: str) -> Iterator[None]:
+        if name not in TRANSFER_PHASES:
+            raise ValueError(f"unknown transfer phase {name!r}; one of {', '.join(TRANSFER_PHASES)}")
+        before, self.current = self.current, name
+        try:
+            yield
+        finally:
+            self.current = before
+
+    def count(self, direction: str, nbytes: int) -> None:
+        self._counts[self.current][direction] += int(nbytes)
+
+    def snapshot(self) -> dict:
+        """``{phase: {"in": bytes, "out": bytes}}`` since the last ``take`` (a copy)."""
+        return {p: dict(c) for p, c in self._counts.items()}
+
+    def take(self) -> dict:
+        out, self._counts = self.snapshot(), self._zero()
+        return out
+
+
 @runtime_checkable
 class Runtime(Protocol):
     """What a GPU backend provides. Everything else (every op) is shared, in the op modules here."""
@@ -84,6 +127,7 @@ class Runtime(Protocol):
     name: str          # "opencl", "cuda", "metal"
     dialect: str       # the kernel dialect its sources are compiled in
     description: str   # one line: device, driver, compiler options
+    transfers: TransferLog  # bytes moved per phase (``DeviceRuntime`` makes it)
 
     def alloc(self, nbytes: int) -> Any:
         """A device buffer of at least ``nbytes`` bytes (contents undefined)."""

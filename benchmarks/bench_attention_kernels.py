@@ -10,9 +10,10 @@ logged (the largest single buffer, and the sum of all of them: an upper bound on
 at once), and the process's peak RSS (``ru_maxrss``) after the calls, minus its value before the
 first attention call.
 
-    python benchmarks/bench_attention_kernels.py [--t 256 1024] [--repeats 3]
+    python benchmarks/bench_attention_kernels.py [--t 256 1024] [--repeats 3] [--forms default rows]
 
-Run it with ``PYTHONPATH`` pointing at the tree to measure (a checkout before a change, then after).
+Run it with ``PYTHONPATH`` pointing at the tree to measure (a checkout before a change, then after:
+``--forms default`` there, the only form it has). ``rows`` sets the ops' score budget to 0 bytes.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 
 
-def child(t: int, repeats: int, window) -> dict:
+def child(t: int, repeats: int, window, form: str) -> dict:
     import resource
     import time
 
@@ -38,6 +39,10 @@ def child(t: int, repeats: int, window) -> dict:
     be = get_backend("opencl")
     nb = get_backend("numba")
     rt = be.capabilities.kernel_runtime
+    if form == "rows":  # a score budget of 0 bytes: the row kernels, no T x T buffer
+        from lockstep.backends.kernels.backend import ops_for
+
+        ops_for(rt).score_budget_bytes = 0
     rng = np.random.default_rng(7)
     b, h, g, dh = 1, 4, 2, 64
     q, do = (rng.standard_normal((b, h, t, dh)).astype(np.float32) for _ in range(2))
@@ -75,7 +80,7 @@ def child(t: int, repeats: int, window) -> dict:
         del fw, bw
     rt.alloc = real_alloc
     rss1 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    return dict(t=t, window=window, same_bits_as_numba=same, forward_s=float(np.median(fw_t)),
+    return dict(t=t, window=window, form=form, same_bits_as_numba=same, forward_s=float(np.median(fw_t)),
                 backward_s=float(np.median(bw_t)), largest_buffer_bytes=max(first), allocated_bytes=sum(first),
                 peak_rss_growth_kib=rss1 - rss0, t_t_per_head_bytes=t * t * 4)
 
@@ -84,22 +89,26 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--t", type=int, nargs="+", default=[256, 1024])
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--forms", nargs="+", default=["default", "rows"], choices=["default", "rows"],
+                    help="default: what the ops choose (the score-buffer form below its budget); rows: the row kernels")
     ap.add_argument("--child", type=str, default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
-        t, window = json.loads(args.child)
-        print(json.dumps(child(t, args.repeats, window)))
+        t, window, form = json.loads(args.child)
+        print(json.dumps(child(t, args.repeats, window, form)))
         return
-    print("| T | window | bits = numba | forward s | backward s | largest buffer | allocated in fwd+bwd | peak RSS growth | T*T*4 (one head) |")
-    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
-    for t in args.t:
-        for window in (None, 128):
-            out = subprocess.run([sys.executable, __file__, "--repeats", str(args.repeats), "--child",
-                                  json.dumps([t, window])], capture_output=True, text=True, env=os.environ, check=True)
-            r = json.loads(out.stdout.strip().splitlines()[-1])
-            print(f"| {t} | {window} | {r['same_bits_as_numba']} | {r['forward_s']:.3f} | {r['backward_s']:.3f} | "
-                  f"{r['largest_buffer_bytes'] / 2**20:.2f} MiB | {r['allocated_bytes'] / 2**20:.2f} MiB | "
-                  f"{r['peak_rss_growth_kib'] / 1024:.1f} MiB | {r['t_t_per_head_bytes'] / 2**20:.2f} MiB |", flush=True)
+    print("| form | T | window | bits = numba | forward s | backward s | largest buffer | allocated in fwd+bwd | peak RSS growth | T*T*4 (one head) |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+    for form in args.forms:
+        for t in args.t:
+            for window in (None, 128):
+                out = subprocess.run([sys.executable, __file__, "--repeats", str(args.repeats), "--child",
+                                      json.dumps([t, window, form])], capture_output=True, text=True, env=os.environ,
+                                     check=True)
+                r = json.loads(out.stdout.strip().splitlines()[-1])
+                print(f"| {form} | {t} | {window} | {r['same_bits_as_numba']} | {r['forward_s']:.3f} | {r['backward_s']:.3f} | "
+                      f"{r['largest_buffer_bytes'] / 2**20:.2f} MiB | {r['allocated_bytes'] / 2**20:.2f} MiB | "
+                      f"{r['peak_rss_growth_kib'] / 1024:.1f} MiB | {r['t_t_per_head_bytes'] / 2**20:.2f} MiB |", flush=True)
 
 
 if __name__ == "__main__":

@@ -11,8 +11,10 @@ at once), and the process's peak RSS (``ru_maxrss``) after the calls, minus its 
 first attention call.
 
     python benchmarks/bench_attention_kernels.py [--t 256 1024] [--repeats 3] [--forms default rows]
+    python benchmarks/bench_attention_kernels.py --alternate [--t 256 1024] [--repeats 3]
 
-Run it with ``PYTHONPATH`` pointing at the tree to measure (a checkout before a change, then after:
+``--alternate`` times the two forms in one process, call by call, for a ratio that a shared
+machine's load changes less. Run it with ``PYTHONPATH`` pointing at the tree to measure (a checkout before a change, then after:
 ``--forms default`` there, the only form it has). ``rows`` sets the ops' score budget to 0 bytes.
 """
 
@@ -85,14 +87,57 @@ def child(t: int, repeats: int, window, form: str) -> dict:
                 peak_rss_growth_kib=rss1 - rss0, t_t_per_head_bytes=t * t * 4)
 
 
+def alternate(t: int, repeats: int, window) -> dict:
+    """Both forms in one process, alternating call by call (the same load for both): medians, and the ratio."""
+    import time
+
+    import numpy as np
+
+    from lockstep.backends import get_backend
+    from lockstep.backends.kernels.backend import ops_for
+
+    be = get_backend("opencl")
+    rt = be.capabilities.kernel_runtime
+    ops = ops_for(rt)
+    rng = np.random.default_rng(7)
+    b, h, g, dh = 1, 4, 2, 64
+    q, do = (be.asarray(rng.standard_normal((b, h, t, dh)).astype(np.float32)) for _ in range(2))
+    k, v = (be.asarray(rng.standard_normal((b, g, t, dh)).astype(np.float32)) for _ in range(2))
+    times = {"scores": [], "rows": []}
+    outs = {}
+    for _ in range(repeats + 1):  # the first round warms up (build, caches) and is not counted
+        for form, budget in (("scores", 2**62), ("rows", 0)):
+            ops.score_budget_bytes = budget
+            t0 = time.perf_counter()
+            fw = be.attention_forward(q, k, v, window)
+            bw = be.attention_backward(do, q, k, v, *fw, window)
+            rt.finish()
+            times[form].append(time.perf_counter() - t0)
+            outs[form] = [be.to_numpy(x).tobytes() for x in fw + bw]
+    med = {f: float(np.median(ts[1:])) for f, ts in times.items()}
+    return dict(t=t, window=window, same_bits=outs["scores"] == outs["rows"], scores_s=med["scores"],
+                rows_s=med["rows"], ratio=med["rows"] / med["scores"])
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--t", type=int, nargs="+", default=[256, 1024])
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--forms", nargs="+", default=["default", "rows"], choices=["default", "rows"],
                     help="default: what the ops choose (the score-buffer form below its budget); rows: the row kernels")
+    ap.add_argument("--alternate", action="store_true",
+                    help="instead: both forms in one process, call by call, forward + backward; the time ratio")
     ap.add_argument("--child", type=str, default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args.alternate:
+        print("| T | window | bits equal | score-buffer form s (fwd+bwd) | row kernels s | rows / scores |")
+        print("| --- | --- | --- | --- | --- | --- |")
+        for t in args.t:
+            for window in (None, 128):
+                r = alternate(t, args.repeats, window)
+                print(f"| {t} | {window} | {r['same_bits']} | {r['scores_s']:.3f} | {r['rows_s']:.3f} | {r['ratio']:.2f}x |",
+                      flush=True)
+        return
     if args.child:
         t, window, form = json.loads(args.child)
         print(json.dumps(child(t, args.repeats, window, form)))

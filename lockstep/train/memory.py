@@ -174,6 +174,15 @@ def require_budget(need: int, what: str, cfg: ModelConfig, max_memory: float | N
                            f"{budget_words(budget, max_memory)}: use a machine with more memory")
 
 
+def device_memory(cfg: ModelConfig, micro_batch: int, execution: Execution = IN_MEMORY) -> int:
+    """Modelled bytes a GPU (a shared-kernel backend) holds for one micro-batch: the weights, their int8
+    forms, the micro-batch's gradients and its activations with T x T attention scores. The moments and
+    the tree's sums stay on the host (``apply_update`` brings the update's results back)."""
+    params, linear, _ = _counts(cfg)
+    acts = activation_bytes(cfg, micro_batch, execution, "kernels")
+    return 4 * params + (2 * linear if cfg.quantize else 0) + 4 * params + sum(acts.values())
+
+
 def plans(scratch: str | None) -> list[tuple[str, Execution]]:
     """The plans in the order the planner tries them (cheapest first), those this checkout implements."""
     head = 1024

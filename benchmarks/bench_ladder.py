@@ -140,7 +140,7 @@ def main() -> None:
             r = measure(cfg, tcfg, threads)
             flops = 6 * param_count(cfg) * tcfg.micro_batch * cfg.seq_len / r["micro_batch_s"]
             print(f"| {name} | {threads} | {tcfg.micro_batch} | {r['m']} | {r['peak'] / GiB:,.3f} GiB | "
-                  f"{want / GiB:,.3f} GiB | {want / r['peak']:.2f} | {r['micro_batch_s']:.3f} | {flops / 1e9:,.1f} | "
+                  f"{want / GiB:,.3f} GiB | {want / r['peak']:.2f} | {r['micro_batch_s']:.3f} | {flops / 1e9:,.3g} | "
                   f"{r['init_s']:.1f} |", flush=True)
 
     print("\nDevice memory of one micro-batch (shared kernels; moments and sums on the host), GB = 10^9 bytes:")

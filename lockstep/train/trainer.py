@@ -244,8 +244,7 @@ class _MemoryAsk:
     def plan(self, cfg: ModelConfig, tcfg: TrainConfig, what: str) -> Plan:
         """The plan (``memory.choose_execution``); a named scratch folder is checked now, before anything is written."""
         if self.scratch is not None:
-            st = os.lstat(self.scratch) if os.path.lexists(self.scratch) else None
-            if st is None or not os.path.isdir(self.scratch) or os.path.islink(self.scratch):
+            if os.path.islink(self.scratch) or not os.path.isdir(self.scratch):
                 raise ValueError(f"--scratch {self.scratch}: not an existing folder (a symbolic link is refused)")
         return choose_execution(cfg, tcfg, what, max_memory=self.max_memory, kind=self.kind,
                                 scratch=self.scratch or self.run_dir, given=self.given)

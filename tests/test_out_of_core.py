@@ -125,3 +125,28 @@ def test_a_resume_into_scratch_continues_the_same_trajectory(tmp_path, corpus):
     want, got = _files(tmp_path / "ram"), _files(tmp_path / "disk")
     assert want.keys() == got.keys() and all(want[k] == got[k] for k in want)
     assert os.listdir(scratch) == []
+
+
+def test_a_replay_with_its_state_in_scratch_matches_and_says_its_plan(honest_run, tmp_path):
+    """A budget only the out-of-core plan fits: the replay says so in its plan line and still matches."""
+    from lockstep.audit.replay import replay_steps
+    from lockstep.formats.recipe import load_recipe, recipe_configs
+    from lockstep.train.memory import GiB, step_memory
+
+    cfg, tcfg = recipe_configs(load_recipe(honest_run))
+    ram, disk = (step_memory(cfg, tcfg, Execution(scratch=s)).total for s in (None, str(tmp_path)))
+    said = []
+    result = replay_steps(honest_run, [3], "numba", max_memory=(ram + disk) / 2 / GiB, scratch=tmp_path,
+                          log=said.append)
+    assert result.checks and all(c.match for c in result.checks)
+    assert any(line.startswith("memory plan to replay: moments and sums in") for line in said), said
+    assert os.listdir(tmp_path) == []
+
+
+def test_a_scratch_folder_that_is_a_link_is_refused_before_anything_is_written(tmp_path):
+    link = tmp_path / "link"
+    link.symlink_to(tmp_path)
+    out = tmp_path / "run"
+    with pytest.raises(ValueError, match="symbolic link is refused"):
+        train(out, cfg=preset("tiny"), tcfg=train_preset("tiny"), steps=1, backend_name="spec", scratch=link, **QUIET)
+    assert not out.exists()

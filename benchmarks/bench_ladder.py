@@ -9,7 +9,8 @@ numba with 1 and 2 threads; then which micro-batch sizes of the large models fit
 
 Each measured row is one fresh process: init, one warm-up micro-batch (kernels loaded from the
 cache), then one step of ``--micro-batches`` micro-batches (the tree and the update as the trainer
-runs them) timed; its ``ru_maxrss`` is the peak. The plans' predictions come from
+runs them) timed; its ``VmHWM`` (the high-water mark of its own address space, Linux) is
+the peak (``ru_maxrss`` would carry the parent's resident size at fork across exec). The plans' predictions come from
 ``lockstep.train.memory``; options this checkout does not implement yet (recompute, head rows) are
 modelled from their terms and marked "(modelled)".
 """
@@ -67,7 +68,7 @@ def _modelled(cfg, tcfg, ex) -> tuple[int, bool]:
 
 
 CHILD = r"""
-import json, resource, sys, time
+import json, sys, time
 import numpy as np
 from lockstep.backends import get_backend
 from lockstep.formats.config import ModelConfig, TrainConfig
@@ -96,7 +97,8 @@ t_mb = (time.perf_counter() - t0) / m
 t0 = time.perf_counter()
 apply_update(params, AdamWState.zeros(params), s, plan, cfg, tcfg, be)
 t_up = time.perf_counter() - t0
-print(json.dumps({"peak": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024, "init_s": t_init,
+hwm = next(int(line.split()[1]) for line in open("/proc/self/status") if line.startswith("VmHWM:"))
+print(json.dumps({"peak": hwm * 1024, "init_s": t_init,
                   "micro_batch_s": t_mb, "update_s": t_up, "m": m}))
 """
 

@@ -100,8 +100,9 @@ def _same_run_with_and_without_scratch(tmp_path, name, backend, quantize, batch,
 
 @pytest.mark.parametrize("quantize", [True, False])
 def test_tiny_on_spec_and_numba_is_byte_identical_with_state_in_scratch(tmp_path, corpus, quantize):
-    for backend in ("spec", "numba") if quantize else ("numba",):
-        _same_run_with_and_without_scratch(tmp_path / backend, "tiny", backend, quantize, 6, 2, 3, corpus)
+    if quantize:  # the spec backend is slow: two steps of two micro-batches (both moment slots used)
+        _same_run_with_and_without_scratch(tmp_path / "spec", "tiny", "spec", quantize, 4, 2, 2, corpus)
+    _same_run_with_and_without_scratch(tmp_path / "numba", "tiny", "numba", quantize, 6, 2, 3, corpus)
 
 
 @pytest.mark.parametrize("quantize", [True, False])
@@ -112,7 +113,7 @@ def test_small_on_numba_is_byte_identical_with_state_in_scratch(tmp_path, corpus
 def test_tiny_on_opencl_is_byte_identical_with_state_in_scratch(tmp_path, corpus):
     _opencl_or_skip()
     for quantize in (True, False):
-        _same_run_with_and_without_scratch(tmp_path / str(quantize), "tiny", "opencl", quantize, 6, 2, 3, corpus)
+        _same_run_with_and_without_scratch(tmp_path / str(quantize), "tiny", "opencl", quantize, 6, 2, 2, corpus)
 
 
 def test_a_resume_into_scratch_continues_the_same_trajectory(tmp_path, corpus):

@@ -34,7 +34,7 @@ from pathlib import Path
 
 from lockstep.fsio import printable
 
-from .common import EXIT_BAD, EXIT_OK, fail, plain_help
+from .common import EXIT_BAD, EXIT_OK, MAX_MEMORY_HELP, fail, gib, plain_help
 MAX_REPLAY_STEPS = 10_000_000  # the steps one --step list may name (a run has at most a few million)
 
 
@@ -89,6 +89,10 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     r.add_argument("--out", type=Path, help="write the certificate (JSON) here")
     r.add_argument("--key", type=Path, help="sign the certificate with this Ed25519 private key (PEM)")
     r.add_argument("--auditor", help="your name in the certificate (and in the plan)")
+    r.add_argument("--max-memory", type=gib, metavar="GIB", help=MAX_MEMORY_HELP)
+    r.add_argument("--scratch", type=Path, metavar="DIR", help="an existing folder for the out-of-core plan's files "
+                                                               "(the AdamW moments and the tree's gradient sums, "
+                                                               "memory-mapped; private, removed at the end)")
     r.add_argument("--quiet", action="store_true", help="no progress lines")
 
     c = sub.add_parser("check", help="check certificates: signatures, consistency, against a run, or recomputed")
@@ -201,7 +205,8 @@ def _replay(args) -> int:
 
         load_private_key(args.key)  # fail before hours of replay, not after
     log = None if args.quiet else (lambda msg: print(printable(msg), file=sys.stderr, flush=True))
-    result = replay_steps(args.run, steps, args.backend, data=args.data, log=log, from_earlier=args.from_earlier)
+    result = replay_steps(args.run, steps, args.backend, data=args.data, log=log, from_earlier=args.from_earlier,
+                          max_memory=args.max_memory, scratch=args.scratch)
     print(result.format())
     if args.out is not None or args.key is not None:
         cert = make_certificate(result, auditor=args.auditor)

@@ -16,7 +16,8 @@ from pathlib import Path
 
 from lockstep.backends import BACKEND_ALIASES, KNOWN_BACKENDS
 
-from .common import EXIT_ERROR, EXIT_OK, default_backend, integer_arg, non_negative_int, positive_int
+from .common import (EXIT_ERROR, EXIT_OK, MAX_MEMORY_HELP, default_backend, gib, integer_arg, non_negative_int,
+                     positive_int)
 
 DEFAULT_STEPS = {"tiny": 100, "small": 100, "open-1b": 10}
 DEFAULT_PRESET = "small"
@@ -92,6 +93,10 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--eval-every", type=non_negative_int, metavar="K",
                    help="validation loss every K steps and at the end, into metrics.jsonl and loss.png "
                         "(default: 50 for small, off for tiny; 0: off)")
+    p.add_argument("--max-memory", type=gib, metavar="GIB", help=MAX_MEMORY_HELP)
+    p.add_argument("--scratch", metavar="DIR", help="an existing folder for the out-of-core plan's files (the AdamW "
+                                                    "moments and the tree's gradient sums, memory-mapped; private, "
+                                                    "removed at the end; default: the run directory)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=run_train)
     return p
@@ -140,7 +145,7 @@ def run_train(args) -> int:
             summary = train(args.resume, resume=True, data=args.data, steps=args.steps, tokens=args.tokens,
                             backend_name=backend, checkpoint_every=args.checkpoint_every, progress=not args.quiet,
                             check_recipe=recipe_checker(args), eval_every=args.eval_every,
-                            hooks=run_hooks())
+                            hooks=run_hooks(), max_memory=args.max_memory, scratch=args.scratch)
         else:
             name = args.preset or DEFAULT_PRESET
             cfg = preset(name, quantize=not args.no_quantize)
@@ -153,7 +158,8 @@ def run_train(args) -> int:
             summary = train(run_dir, cfg=cfg, tcfg=tcfg, data=args.data, steps=steps, tokens=args.tokens,
                             seed=DEFAULT_SEED if args.seed is None else args.seed, backend_name=backend,
                             checkpoint_every=args.checkpoint_every, progress=not args.quiet,
-                            eval_every=args.eval_every, hooks=run_hooks())
+                            eval_every=args.eval_every, hooks=run_hooks(), max_memory=args.max_memory,
+                            scratch=args.scratch)
     except (BackendUnavailable, RecipeMismatch, CheckpointError, DataError, NonFiniteError, AgreedError,
             OSError, ValueError) as e:
         if is_root:

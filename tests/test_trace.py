@@ -47,15 +47,24 @@ def clean_mb2(honest_run, tmp_path_factory):
     return _write(trace_step(honest_run, STEP, "spec", micro_batch=2), tmp_path_factory.mktemp("trace") / "mb2.jsonl")
 
 
+def fast() -> str:
+    """numba where it is installed (its traces are the spec's, record for record: tested below), else the spec."""
+    try:
+        get_backend("numba")
+        return "numba"
+    except BackendUnavailable:  # pragma: no cover - the test extra installs numba
+        return "spec"
+
+
 class FlipOne:
-    """The spec, but call number ``call`` of ``op`` (counted over the whole step) has bit 0 of element
-    ``element`` of output 0 flipped."""
+    """A backend (numba, else the spec), but call number ``call`` of ``op`` (counted over the traced
+    calls) has bit 0 of element ``element`` of output 0 flipped."""
 
     def __init__(self, op: str, call: int, element: int):
         self.op, self.call, self.element, self.seen = op, call, element, 0
 
     def backend(self) -> Backend:
-        spec = get_backend("spec")
+        spec = get_backend(fast())
 
         def wrapped(*args, **kwargs):
             out = spec.ops[self.op](*args, **kwargs)
@@ -67,7 +76,8 @@ class FlipOne:
                 out = (first, *out[1:]) if many else first
             return out
 
-        return Backend("flipped", {**spec.ops, self.op: wrapped}, spec.asarray, spec.to_numpy, "spec with one bit flipped")
+        return Backend("flipped", {**spec.ops, self.op: wrapped}, spec.asarray, spec.to_numpy,
+                       f"{spec.name} with one bit flipped", capabilities=spec.capabilities)
 
 
 def test_traced_steps_match_the_published_state_and_name_every_call(clean, honest_run):
@@ -129,7 +139,7 @@ def test_different_data_for_one_micro_batch_is_named_at_its_first_call(clean, ho
         return w
 
     monkeypatch.setattr(GlobalStream, "windows", other_data)
-    other = _write(trace_step(honest_run, STEP, "spec"), tmp_path / "other.jsonl")
+    other = _write(trace_step(honest_run, STEP, fast()), tmp_path / "other.jsonl")
     monkeypatch.undo()
     _, _, d = diff_files(clean[1], other)
     assert d.kind == "inputs" and d.record_a["mb"] == 1 and d.record_a["op"] == "embedding_forward"
@@ -192,15 +202,15 @@ def _mutations(text: str) -> list[tuple[str, str]]:
     ]
 
 
-def test_malformed_traces_are_refused_with_one_line(clean, tmp_path, capsys):
-    text = clean[1].read_text()
+def test_malformed_traces_are_refused_with_one_line(clean_mb2, tmp_path, capsys):
+    text = clean_mb2.read_text()
     for label, bad in _mutations(text):
         p = tmp_path / "bad.jsonl"
         p.write_text(bad)
         with pytest.raises(TraceError) as e:
             read_trace(p)
         assert "\n" not in str(e.value), label
-        assert _cli("audit", "diff", p, clean[1]) == 1, label
+        assert _cli("audit", "diff", p, clean_mb2) == 1, label
         err = capsys.readouterr().err
         assert err.count("\n") == 1 and err.startswith("lockstep audit:"), (label, err)
     (tmp_path / "dir.jsonl").mkdir()
@@ -270,3 +280,45 @@ def test_malformed_op_files_are_refused(clean_mb2, honest_run, tmp_path):
     (tmp_path / "cut.safetensors").write_bytes(raw[: len(raw) // 2])
     with pytest.raises(TraceError):
         read_op_file(tmp_path / "cut.safetensors")
+
+
+def test_a_device_report_holds_the_dispute_of_a_step_that_differs(clean, honest_run, tmp_path, monkeypatch):
+    """``conformance --report``'s dispute of a differing training step: both traces, the diff and the verdict.
+
+    The backend under test flips one bit in micro-batch 0 (layer 1's ffn_norm backward). Its
+    ``lockstep`` commands run in this process (the report runs them as child processes); the spec's
+    trace of the step is the module's, already made.
+    """
+    import shutil
+
+    import lockstep.backends as backends
+    from lockstep.conformance.report import dispute, to_markdown
+
+    real = backends.get_backend
+    monkeypatch.setattr(backends, "get_backend",
+                        lambda name: FlipOne("rmsnorm_backward", 1, 5).backend() if name == "flipped" else real(name))
+
+    def run_cli(args):
+        if args[:2] == ["audit", "trace"] and args[args.index("--backend") + 1] == "spec":
+            shutil.copyfile(clean[1], args[args.index("--out") + 1])
+            return 0, "copied"
+        import contextlib
+        import io
+
+        buf = io.StringIO()
+        with contextlib.redirect_stdout(buf), contextlib.redirect_stderr(buf):
+            rc = main(args)
+        return rc, buf.getvalue()
+
+    d = dispute("flipped", honest_run, STEP, tmp_path, tmp_path / "op.safetensors", run_cli=run_cli)
+    text = " ".join(d["text"])
+    assert d["diff_exit"] == 2
+    assert "micro-batch 0, layer 1, module ffn_norm: rmsnorm_backward (backward, call 0;" in text
+    assert "the spec agrees with A (spec)" in text and "first at flat index 5" in text
+    assert read_op_file(d["op_file"])["verdict"] == "A"
+    report = {"backend": "flipped", "verdict": "DIFFERS", "created": "-", "self_test": {"status": "passed"},
+              "environment": {"lockstep": "-", "SPEC_VERSION": "-", "platform": "-", "machine": "-", "python": "-",
+                              "numpy": "-"},
+              "training": {"passed": False, "runs": [{"label": "tiny-int8", "args": [], "equal": False,
+                                                      "backend": {}, "spec": {}, "differs": [], "dispute": d}]}}
+    assert "the spec agrees with A (spec)" in to_markdown(report)

@@ -89,7 +89,7 @@ def conformance_report(args) -> int:
     if not path.parent.is_dir():
         print(f"lockstep conformance: cannot write the report {path}: {path.parent} is not a folder", file=sys.stderr)
         return 1
-    report = build_report(args.backend, level=args.level, seed=args.seed)
+    report = build_report(args.backend, level=args.level, seed=args.seed, evidence=path.with_suffix(""))
     write_report(report, path)
     print(f"{report['verdict']}")
     print(f"report written to {path}: attach it to an issue")

@@ -8,6 +8,7 @@ replayed before it). Micro-batch indices are 0-based: "micro-batch 2" is the thi
 from __future__ import annotations
 
 import base64
+import copy
 import json
 import subprocess
 import sys
@@ -231,6 +232,31 @@ def test_random_damage_to_a_trace_never_passes_unnoticed(clean, tmp_path):
     small = (tmp_path / "small.jsonl").read_bytes()
     assert read_trace(tmp_path / "small.jsonl").root == fixed
 
+    record = json.loads(lines[1])
+    hostile = st.sampled_from([None, -1, 2**70, "x", [], {}, [[[[]]]], 1.5, True, "0" * 64, [2**45]])
+
+    @settings(max_examples=30)
+    @given(st.sampled_from(sorted(record)), hostile, st.sampled_from(["record", "input", "output"]), st.integers(0, 9))
+    def check_values(key, value, where, pick):
+        r = copy.deepcopy(record)
+        if where == "record":
+            r[key] = value
+        else:
+            e = r["inputs" if where == "input" else "outputs"][0]
+            e[sorted(e)[pick % len(e)]] = value
+        p = tmp_path / "values.jsonl"
+        head = json.loads(lines[0])
+        try:
+            write_trace(p, head, [r, json.loads(lines[2])])  # a root that fits: only the schema can refuse it
+        except (TypeError, AttributeError, KeyError):  # no root can be made of it: any root line then
+            p.write_bytes(b"\n".join([lines[0], json.dumps(r).encode(), lines[2], lines[-2], b""]))
+        try:
+            read_trace(p)
+        except TraceError as e:
+            assert "\n" not in str(e)
+
+    check_values()
+
     @settings(max_examples=40)
     @given(st.integers(0, len(small) - 1), st.integers(1, 255))
     def check(at, xor):
@@ -268,6 +294,9 @@ def test_malformed_op_files_are_refused(clean_mb2, honest_run, tmp_path):
         "an extra tensor": ({"extra": np.zeros(3, np.float32)}, {}),
         "bad verdict": ({}, {"verdict": "C"}),
         "bad output index": ({}, {"output": "7"}),
+        "a huge int": ({}, {"args": meta["args"].replace('{"tensor": "input.dh"}', '{"int": 1' + '0' * 40 + '}')}),
+        "a huge float": ({}, {"args": meta["args"].replace('{"tensor": "input.dh"}', '{"float": 1e308}')}),
+        "a wrong type": ({}, {"args": meta["args"].replace('{"tensor": "input.dh"}', '{"none": true}')}),
     }
     for label, (tchange, mchange) in cases.items():
         p = tmp_path / "edited.safetensors"

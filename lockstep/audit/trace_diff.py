@@ -41,6 +41,7 @@ MAX_TRACE_BYTES = 8 << 30
 MAX_TRACE_LINE = 32 << 20
 MAX_RECORDS = 10_000_000
 MAX_OP_FILE_BYTES = 1 << 30
+MAX_OP_INT = 1 << 17  # an int argument of a replayed op (a vocabulary, an axis): Open-1B's vocabulary is 128,256
 ADDRESS = ("mb", "layer", "module", "op", "dir", "index")
 _HEX64 = re.compile(r"^[0-9a-f]{64}$")
 _NAME = re.compile(r"^[A-Za-z0-9_.\[\]/-]{1,200}$")
@@ -84,7 +85,7 @@ def _check_entry(e, where: str, output: bool) -> None:
         raise TraceError(f"{where}: bad name {str(e['name'])[:40]!r}")
     if not isinstance(e["sha256"], str) or not _HEX64.match(e["sha256"]):
         raise TraceError(f"{where}: sha256 must be 64 lowercase hex digits")
-    if e["dtype"] != "none" and e["dtype"] not in _DTYPES:
+    if not isinstance(e["dtype"], str) or (e["dtype"] != "none" and e["dtype"] not in _DTYPES):
         raise TraceError(f"{where}: dtype {str(e['dtype'])[:20]!r} is not one a trace holds")
     shape = e["shape"]
     if (not isinstance(shape, list) or len(shape) > 64
@@ -431,9 +432,9 @@ def _rebuild(path, entry, tensors: dict, used: set, depth: int = 0):
             _bad(path, f"argument tensor {str(v)[:40]!r} is not in the file")
         used.add(v)
         return np.array(tensors[v])
-    if tag == "float" and isinstance(v, (int, float)) and not isinstance(v, bool):
+    if tag == "float" and isinstance(v, (int, float)) and not isinstance(v, bool) and abs(v) < 1e300:
         return float(v)
-    if tag == "int" and type(v) is int:
+    if tag == "int" and type(v) is int and abs(v) <= MAX_OP_INT:
         return v
     if tag == "bool" and isinstance(v, bool):
         return v
@@ -506,7 +507,11 @@ def replay_op_file(path, backend_name: str | None = None) -> tuple[str, bool]:
 
     f = read_op_file(path)
     op, k = f["op"], f["output"]
-    spec_out = _spec_outputs(op, [(None, None, v) for v in f["args"]])
+    try:
+        spec_out = _spec_outputs(op, [(None, None, v) for v in f["args"]])
+    except (ValueError, TypeError, IndexError) as exc:
+        raise TraceError(f"{path}: the spec refuses the file's inputs for {op}: "
+                         f"{str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__}") from None
     spec_d = [value_digest(o)[0] for o in spec_out]
     agrees = "A" if spec_d == f["outputs_sha256"]["a"] else "B" if spec_d == f["outputs_sha256"]["b"] else "neither"
     meta = f["meta"]

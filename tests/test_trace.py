@@ -129,6 +129,20 @@ def test_diff_names_exactly_the_flipped_call_and_the_referee_sides_with_the_clea
     assert _cli("conformance", "--replay-op", tmp_path / "edited.safetensors") == 2
 
 
+def test_an_optimizer_call_with_scalar_inputs_is_refereed_and_replayed(clean, honest_run, tmp_path):
+    from lockstep.audit.trace_diff import replay_op_file
+
+    flip = FlipOne("adamw_update", 3, 100)  # the 4th parameter in param_specs order
+    bad = _write(trace_step(honest_run, STEP, flip.backend()), tmp_path / "bad.jsonl")
+    a, b, d = diff_files(clean[1], bad)
+    assert d.kind == "outputs" and d.record_a["dir"] == "optim" and d.record_a["op"] == "adamw_update"
+    assert "differs in 1 of" in d.text and "first at flat index 100" in d.text
+    v = referee(a, b, d, honest_run, fast(), op_file=tmp_path / "adamw.safetensors")
+    assert v.agrees_with == "A"
+    text, ok = replay_op_file(v.op_file)
+    assert ok and "the file's verdict (A) is reproduced" in text
+
+
 def test_different_data_for_one_micro_batch_is_named_at_its_first_call(clean, honest_run, tmp_path, monkeypatch, capsys):
     from lockstep.formats.stream import GlobalStream
 

@@ -437,6 +437,8 @@ def trace_step(run_dir, step: int, backend, micro_batch: int | None = None, data
     header = {"step": step, "micro_batch": micro_batch, "backend": rp.be.name, "spec_version": SPEC_VERSION,
               "recipe_sha256": rp.digest, "commitment": rp.commitment, "keep_values": keep_values,
               "micro_batches": len(plan.micro_batches(rp.tcfg.micro_batch))}
+    if rp.problems:  # the run is invalid (a broken chain, a forged checkpoint): the trace still shows the step
+        header["run_problems"] = rp.problems[:5]
     try:
         res = traced_tree_step(state.params, state.opt, windows, plan, rp.cfg, rp.tcfg, rp.be, tracer)
     except _Captured:

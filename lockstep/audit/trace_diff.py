@@ -387,7 +387,7 @@ def _arg_entry(name: str, kind, v, tensors: dict):
         return {"int": v}
     if isinstance(v, float):
         return {"float": v}
-    tensors[f"input.{name}"] = np.ascontiguousarray(np.asarray(v))
+    tensors[f"input.{name}"] = np.array(v, copy=True, order="C")  # a 0-d scalar stays 0-d (its digest)
     return {"tensor": f"input.{name}"}
 
 
@@ -398,7 +398,7 @@ def write_op_file(path, record, host_inputs, va, vb, k, agrees, a: Trace, b: Tra
     args = [{"name": n, "value": _arg_entry(n, kind, v, tensors)} for n, kind, v in host_inputs]
     for side, v in (("a", va), ("b", vb)):
         if v is not None:
-            tensors[f"output.{side}"] = np.ascontiguousarray(v)
+            tensors[f"output.{side}"] = np.array(v, copy=True, order="C")
     meta = {"lockstep_op_replay": "1", "op": record["op"],
             "address": json.dumps({kk: record[kk] for kk in ADDRESS}, sort_keys=True),
             "args": json.dumps(args, sort_keys=True), "output": str(k),

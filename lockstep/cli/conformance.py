@@ -72,7 +72,8 @@ def replay_op(args) -> int:
     except (TraceError, BackendUnavailable, ValueError) as e:
         print(printable(f"lockstep conformance: {e}"), file=sys.stderr)
         return 1
-    print(printable(text))
+    for line in text.splitlines():
+        print(printable(line))
     return 0 if ok else 2
 
 

@@ -365,3 +365,24 @@ def test_a_device_report_holds_the_dispute_of_a_step_that_differs(clean, honest_
               "training": {"passed": False, "runs": [{"label": "tiny-int8", "args": [], "equal": False,
                                                       "backend": {}, "spec": {}, "differs": [], "dispute": d}]}}
     assert "the spec agrees with A (spec)" in to_markdown(report)
+
+
+def test_capabilities_that_compute_are_traced_or_dropped():
+    """``add_into`` is traced (as ``add``); a capability the trace does not know is dropped (every
+    capability gives the plain ops' bits, so the traced backend computes the same without it)."""
+    from lockstep.audit.trace import Tracer, traced_backend
+    from lockstep.contract.capabilities import Capabilities
+
+    spec = get_backend("spec")
+    written = []
+    caps = Capabilities(add_into=lambda a, b, out: written.append(1) or np.add(a, b, out=out),
+                        tensor_leaves=lambda name, x: [], weights_unchanged=spec.capabilities.weights_unchanged)
+    tracer = Tracer()
+    tb = traced_backend(Backend("x", dict(spec.ops), capabilities=caps), tracer)
+    assert tb.capabilities.tensor_leaves is None and tb.capabilities.weights_unchanged is caps.weights_unchanged
+    a, b = np.ones(3, np.float32), np.full(3, 2.0, np.float32)
+    tb.capabilities.add_into(a, b, a)
+    assert written and a.tolist() == [3.0, 3.0, 3.0]
+    [r] = tracer.records
+    assert r["op"] == "add" and [e["name"] for e in r["inputs"]] == ["a", "b"]
+    assert r["inputs"][0]["sha256"] != r["outputs"][0]["sha256"]  # a hashed before add_into wrote into it

@@ -408,9 +408,10 @@ def trace_step(run_dir, step: int, backend, micro_batch: int | None = None, data
     With ``capture`` the step stops at that call (``Capture`` is filled) and the trace holds the records
     up to it. Raises ``TraceError`` (or ``ReplayError``) with one line when it cannot run.
     """
-    from lockstep.audit.replay import ReplayError, _Replayer
+    from lockstep.audit.replay import _Replayer
     from lockstep.backends import get_backend
     from lockstep.formats.schedule import plan_step
+    from lockstep.train.optim import NonFiniteError
 
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
@@ -421,7 +422,10 @@ def trace_step(run_dir, step: int, backend, micro_batch: int | None = None, data
     rp = _Replayer(run_dir, "spec", data, log)
     if not 1 <= step <= len(rp.traj):
         raise TraceError(f"{run_dir}: the run has steps 1..{len(rp.traj)}; cannot trace step {step}")
-    rp.be = get_backend(backend) if isinstance(backend, str) else backend
+    try:
+        rp.be = get_backend(backend) if isinstance(backend, str) else backend
+    except ValueError as exc:  # an unknown name (BackendUnavailable, a RuntimeError, goes to the caller)
+        raise TraceError(str(exc)) from None
     state = rp.start_state(step)
     if state is None:
         raise TraceError(f"step {step} cannot be reached: " + "; ".join(rp.notes[-1:] or rp.damaged[-1:]))
@@ -443,8 +447,8 @@ def trace_step(run_dir, step: int, backend, micro_batch: int | None = None, data
         res = traced_tree_step(state.params, state.opt, windows, plan, rp.cfg, rp.tcfg, rp.be, tracer)
     except _Captured:
         res = None
-    except ReplayError:
-        raise
+    except NonFiniteError as exc:
+        raise TraceError(f"the traced step stopped after {len(tracer.records)} op calls: {exc}") from None
     if res is not None:
         rec = rp.traj[step - 1]
         header["state_root"] = res.state_root

@@ -117,6 +117,7 @@ def test_diff_names_exactly_the_flipped_call_and_the_referee_sides_with_the_clea
                          capture_output=True, text=True, cwd=ROOT, timeout=600)
     assert res.returncode == 0, res.stdout + res.stderr
     assert "the spec agrees with A (spec); the file's verdict (A) is reproduced" in res.stdout
+    assert "output 0 of B: 1 elements differ from the spec's; first at flat index 17" in res.stdout
     from lockstep.audit.trace_diff import replay_op_file
 
     text, ok = replay_op_file(op_file, "numba")

@@ -519,6 +519,12 @@ def replay_op_file(path, backend_name: str | None = None) -> tuple[str, bool]:
     lines = [f"{op}: the spec agrees with {agrees if agrees == 'neither' else agrees + ' (' + meta.get('backend_' + agrees.lower(), '?')[:40] + ')'}"
              f"; the file's verdict ({f['verdict']}) is {'reproduced' if same else 'NOT reproduced'}"]
     ok = same
+    for side, stored in sorted(f["stored"].items()):
+        if k < len(spec_out) and spec_out[k] is not None and value_digest(stored)[0] != spec_d[k]:
+            n, at, xs, xv = element_difference(spec_out[k], stored)
+            if at is not None:
+                lines.append(f"output {k} of {side.upper()}: {n} elements differ from the spec's; first at flat "
+                             f"index {at}: spec {xs}, {side.upper()} {xv}")
     if backend_name is not None:
         be = get_backend(backend_name)
         args, kwargs = move_arguments(op, tuple(f["args"]), {}, be.asarray)

@@ -50,7 +50,8 @@ DEFAULT_KEEP_VALUES = 1 << 16  # elements: every output of a tiny or small step'
 DIRECTIONS = ("forward", "backward", "tree", "optim")
 _LAYER_NAME = re.compile(r"^layers\.(\d{1,6})\.(.+)$")
 # capabilities that compute no published value: passed through; add_into is traced as ``add``; any other
-# capability is dropped (every capability gives the plain ops' bits, so a backend without it is the same)
+# capability is dropped (every capability gives the plain ops' bits, so a backend without it is the same;
+# a device-resident step's capabilities among them: a traced step runs on host arrays between ops)
 _PASS_THROUGH = ("weights_unchanged", "watch_compilation", "kernel_runtime")
 _TRACED_AS = {"add_into": "add"}
 
@@ -369,6 +370,13 @@ def traced_tree_step(params, opt, windows, plan, cfg, tcfg, be, tracer: Tracer):
     from lockstep.spec import tree
     from lockstep.train.step import GradLayout, VectorPool, apply_update, in_place_add, subtree_sums
 
+    from lockstep.train.optim import AdamWState
+
+    def host(v):  # a state a device-resident step left on the device is traced from host copies (same bits)
+        return v if isinstance(v, np.ndarray) else np.asarray(be.to_numpy(v))
+
+    params = {k: host(v) for k, v in params.items()}
+    opt = AdamWState(opt.step, {k: host(v) for k, v in opt.m.items()}, {k: host(v) for k, v in opt.v.items()})
     tb = traced_backend(be, tracer)
     for name, p in params.items():
         tracer.name_host(name, np.asarray(p))

@@ -231,6 +231,7 @@ class _Replayer:
         replayed from an older state (that can be many more steps, and the user should
         know first); with it the next older checkpoint is tried.
         """
+        from lockstep.fsio.progress import PhaseProgress
         from lockstep.train.model import init_params
         from lockstep.train.optim import AdamWState
 
@@ -255,7 +256,8 @@ class _Replayer:
                                   f"{'is damaged' if kind == 'damaged' else 'contradicts the run'}; `--from-earlier` "
                                   f"replays it from {more} ({target - (older[-1] if older else 0)} steps)")
                 return None
-        params = init_params(self.cfg, self.recipe["seed"])
+        with PhaseProgress("initializing parameters", 1, "parameters", write=self.log) as bar:
+            params = init_params(self.cfg, self.recipe["seed"], self.be, bar.update)
         return _State(0, params, AdamWState.zeros(params), self.h0, 0)
 
     def compare_with_checkpoint(self, check: StepCheck, s: int, res, chain: str, plan) -> None:

@@ -30,11 +30,13 @@ from pathlib import Path
 from typing import Callable
 
 from lockstep.fsio import check_regular_or_absent, printable
+from lockstep.fsio.progress import PhaseProgress
 from lockstep.spec import SPEC_VERSION
 
 from lockstep.formats import checkpoint as ckpt
 from lockstep.formats.config import ModelConfig, TrainConfig
 from lockstep.formats.manifest import Manifest
+from lockstep.formats.tokenizer import BYTE_TOKENIZER_VOCAB_SIZE
 from lockstep.formats.stream import GlobalStream, batch_digest
 from .model import init_params
 from .optim import AdamWState
@@ -199,9 +201,9 @@ def train(run_dir: str | Path, *, cfg: ModelConfig | None = None, tcfg: TrainCon
         be = on_all_ranks(comm, lambda: _checked_backend(backend_name, checkpoint_every))
         if resume:
             st = on_all_ranks(comm, lambda: _resume_start(run_dir, data, steps, tokens, is_root, check_recipe,
-                                                          cfg, tcfg))
+                                                          cfg, tcfg, be, progress))
         else:
-            st = _new_run_start(comm, run_dir, cfg, tcfg, data, seed, steps, tokens, is_root, say)
+            st = _new_run_start(comm, run_dir, cfg, tcfg, data, seed, steps, tokens, is_root, say, be, progress)
         # every argument is checked: now write (rank 0), and make sure it worked everywhere
         on_all_ranks(comm, lambda: _write_start(run_dir, st, resume) if is_root else None)
         if resume:
@@ -220,7 +222,15 @@ def _checked_backend(backend_name: str, checkpoint_every: int):
     return get_backend(backend_name)
 
 
-def _new_run_start(comm, run_dir: Path, cfg, tcfg, data, seed, steps, tokens, is_root, say) -> _Start:
+def initial_params(cfg: ModelConfig, seed: int, be, show: bool) -> dict:
+    """``init_params`` through the backend (its ``truncated_normal`` capability, if any), with
+    progress lines on stderr when it takes more than a few seconds and ``show``."""
+    with PhaseProgress("initializing parameters", 1, "parameters", enabled=show) as bar:
+        return init_params(cfg, seed, be, bar.update)
+
+
+def _new_run_start(comm, run_dir: Path, cfg, tcfg, data, seed, steps, tokens, is_root, say, be,
+                   progress: bool) -> _Start:
     from .collectives import on_all_ranks
 
     if cfg is None or tcfg is None:
@@ -236,6 +246,9 @@ def _new_run_start(comm, run_dir: Path, cfg, tcfg, data, seed, steps, tokens, is
         manifest = None if default_data else Manifest.load(data)
         if manifest is not None:
             _check_vocab(manifest, cfg)
+        elif cfg.vocab_size < BYTE_TOKENIZER_VOCAB_SIZE:  # before the default corpus is built in the run
+            raise ValueError(f"the default corpus's byte tokenizer has {BYTE_TOKENIZER_VOCAB_SIZE} ids but the model "
+                             f"only {cfg.vocab_size}; raise vocab_size")
         return last, manifest
 
     last_step, manifest = on_all_ranks(comm, check)
@@ -256,7 +269,7 @@ def _new_run_start(comm, run_dir: Path, cfg, tcfg, data, seed, steps, tokens, is
             m = Manifest.load(run_dir / DATA_DIR)
             _check_vocab(m, cfg)
         recipe = make_recipe(cfg, tcfg, m, folder, seed)
-        params = init_params(cfg, seed)
+        params = initial_params(cfg, seed, be, progress and is_root)
         return _Start(recipe, cfg, tcfg, params, AdamWState.zeros(params), 0, genesis(recipe),
                       GlobalStream(m, seed, cfg.seq_len), last_step, None)
 
@@ -269,7 +282,8 @@ def _check_vocab(manifest: Manifest, cfg: ModelConfig) -> None:
                          f"{cfg.vocab_size}; raise vocab_size")
 
 
-def _resume_start(run_dir: Path, data, steps, tokens, is_root, check_recipe, given_cfg, given_tcfg) -> _Start:
+def _resume_start(run_dir: Path, data, steps, tokens, is_root, check_recipe, given_cfg, given_tcfg, be,
+                  progress: bool) -> _Start:
     recipe = load_recipe(run_dir)
     check_regular_or_absent(run_dir, METRICS_FILE, "metrics log")  # appended to: refuse a link now
     if recipe.get("spec_version") != SPEC_VERSION:
@@ -289,7 +303,7 @@ def _resume_start(run_dir: Path, data, steps, tokens, is_root, check_recipe, giv
     stream = GlobalStream(manifest, seed, cfg.seq_len)
     found = ckpt.latest_checkpoint(run_dir)
     if found is None:  # stopped before its first checkpoint: the recipe and seed define the state
-        params = init_params(cfg, seed)
+        params = initial_params(cfg, seed, be, progress and is_root)
         opt, start_step, prev_chain = AdamWState.zeros(params), 0, genesis(recipe)
     else:
         c = ckpt.load_checkpoint(found[1], max_bytes=ckpt.state_bytes_bound(cfg))

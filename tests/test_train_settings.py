@@ -16,7 +16,6 @@ from lockstep.formats.config import PRESETS, preset, train_preset
 from lockstep.formats.params import param_specs
 from lockstep.formats.recipe import load_recipe
 from lockstep.formats.settings import SettingsError, build_settings
-from lockstep.fsio.progress import PhaseProgress
 
 MISTAKES = [
     (["--set", "model.d_model=abc"], "model.d_model"),
@@ -95,34 +94,3 @@ def test_a_set_run_resumes_and_verifies(tmp_path, corpus, capsys):
     capsys.readouterr()
     assert main(["audit", "verify", str(run), "--data", str(corpus)]) == 0
     assert "VALID" in capsys.readouterr().out
-
-
-class FakeClock:
-    def __init__(self):
-        self.now = 100.0
-
-    def __call__(self):
-        return self.now
-
-
-def test_progress_lines_by_event():
-    clock, lines = FakeClock(), []
-    bar = PhaseProgress("init", 1000, "parameters", write=lines.append, clock=clock, quiet_for=3, every=5)
-    for done in range(0, 1001, 100):  # one update per simulated second
-        bar.update(done)
-        clock.now += 1
-    bar.close()
-    # quiet for 3 s, then a line at t=3 and t=8 (every 5 s), then the closing line
-    assert len(lines) == 3, lines
-    assert lines[0].startswith("init: 30% (300/1K parameters), 100/s, about 7s left")
-    assert lines[1].startswith("init: 80%") and lines[2] == "init: done, 1K parameters in 11s"
-    quiet = []
-    fast = PhaseProgress("init", 10, "parameters", write=quiet.append, clock=FakeClock())
-    for done in range(11):
-        fast.update(done)
-    fast.close()
-    off = PhaseProgress("init", 10, "parameters", write=quiet.append, clock=clock, enabled=False, quiet_for=0)
-    clock.now += 100
-    off.update(5)
-    off.close()
-    assert quiet == []  # a phase that ends within quiet_for, or a disabled one, says nothing

@@ -301,6 +301,7 @@ class _Replayer:
     # -- one step ----------------------------------------------------------------------
 
     def step(self, st: _State) -> tuple[StepCheck, _State | None]:
+        from lockstep.fsio.progress import PhaseProgress
         from lockstep.train.optim import NonFiniteError
         from lockstep.formats.schedule import plan_step
         from lockstep.train.step import state_tensors, tree_step
@@ -313,7 +314,8 @@ class _Replayer:
         rec = self.traj[s - 1]
         published = {k: rec[k] for k in COMPARED if k in rec}
         try:
-            res = tree_step(st.params, st.opt, windows, plan, self.cfg, self.tcfg, self.be)
+            with PhaseProgress(f"  step {s}", 1, "micro-batches", write=self.log) as bar:
+                res = tree_step(st.params, st.opt, windows, plan, self.cfg, self.tcfg, self.be, progress=bar.update)
         except NonFiniteError as exc:
             check = StepCheck(s, st.start, {"batch_digest": bd}, published, ["state_root", "chain_hash"],
                               note=f"the replay stopped: {exc} (the run published finite values)",

@@ -147,7 +147,8 @@ def micro_batch_value(params: dict, windows: np.ndarray, cfg: ModelConfig, n_glo
 
 
 def subtree_sums(params: dict, windows: np.ndarray, plan: StepPlan, lo: int, hi: int, cfg: ModelConfig,
-                 tcfg: TrainConfig, backend, pool: VectorPool | None = None) -> list[tuple[int, int, np.ndarray]]:
+                 tcfg: TrainConfig, backend, pool: VectorPool | None = None,
+                 progress=None) -> list[tuple[int, int, np.ndarray]]:
     """The maximal subtrees of micro-batches ``lo .. hi-1`` and their sums: ``[(lo, hi, vector), ...]``.
 
     ``windows`` is the step's whole batch (``plan.n_windows`` rows). Micro-batches are
@@ -155,6 +156,7 @@ def subtree_sums(params: dict, windows: np.ndarray, plan: StepPlan, lo: int, hi:
     (the right sum added into the left one's memory), so one micro-batch's activations
     and at most ``ceil(log2 M) + 1`` vectors are alive. The vectors come from ``pool``
     (a fresh one when none is given); the caller gives them back when done.
+    ``progress(done, total)``, if given, is called after each micro-batch (counts within the range).
     """
     be = backend
     bounds = plan.micro_batches(tcfg.micro_batch)
@@ -169,6 +171,8 @@ def subtree_sums(params: dict, windows: np.ndarray, plan: StepPlan, lo: int, hi:
                      f"{plan.first_window + stop - 1})")
             folder.push_leaf(micro_batch_value(params, windows[start:stop], cfg, plan.n_global, be, layout, where,
                                                out=pool.take()))
+            if progress is not None:
+                progress(j - lo + 1, hi - lo)
     return folder.parts()
 
 
@@ -218,12 +222,12 @@ def apply_update(params: dict, opt: AdamWState, summed: np.ndarray, plan: StepPl
 
 
 def tree_step(params: dict, opt: AdamWState, windows: np.ndarray, plan: StepPlan, cfg: ModelConfig,
-              tcfg: TrainConfig, backend) -> StepResult:
+              tcfg: TrainConfig, backend, progress=None) -> StepResult:
     """Step ``plan.step`` on one process: the whole tree, then the update (what the audit replays).
 
     ``windows`` is the step's batch (``plan.n_windows`` rows). Its bits are those of a
-    run with any number of ranks.
+    run with any number of ranks. ``progress`` as in ``subtree_sums``.
     """
     m = len(plan.micro_batches(tcfg.micro_batch))
-    [(_, _, summed)] = subtree_sums(params, windows, plan, 0, m, cfg, tcfg, backend)
+    [(_, _, summed)] = subtree_sums(params, windows, plan, 0, m, cfg, tcfg, backend, progress=progress)
     return apply_update(params, opt, summed, plan, cfg, tcfg, backend)

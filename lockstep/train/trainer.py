@@ -366,7 +366,8 @@ def _run_loop(comm, rank, world, run_dir: Path, st: _Start, be, checkpoint_every
             bdigest = batch_digest(windows)
             m = len(plan.micro_batches(tcfg.micro_batch))
             lo, hi = rank_micro_batches(m, world, rank)
-            parts = subtree_sums(params, windows, plan, lo, hi, cfg, tcfg, be, pool)
+            with PhaseProgress(f"step {t}", hi - lo, "micro-batches", enabled=progress and is_root) as mb_bar:
+                parts = subtree_sums(params, windows, plan, lo, hi, cfg, tcfg, be, pool, progress=mb_bar.update)
             if world > 1:
                 summed = tree_allreduce(comm, parts, m, layout.size, be.add, out=pool.take(),
                                         add_into=be.capabilities.add_into)
@@ -393,7 +394,8 @@ def _run_loop(comm, rank, world, run_dir: Path, st: _Start, be, checkpoint_every
             if t % checkpoint_every == 0 or t == last_step or stopped_by or evaluating:
                 side = {"chain_hash": prev_chain, "stream_state": stream.state_at(plan.first_window + plan.n_windows),
                         "recipe_sha256": recipe_digest(recipe), "tokens": plan.tokens_after}
-                ckpt.save_checkpoint(run_dir, t, state_tensors(params, opt), side)
+                with PhaseProgress(f"checkpoint {t}", 1, "bytes hashed and written", enabled=progress) as ck_bar:
+                    ckpt.save_checkpoint(run_dir, t, state_tensors(params, opt), side, progress=ck_bar.update)
             if evaluating:  # after the checkpoint, so `lockstep eval --step t` can reproduce it
                 hooks.validate(run_dir, t, plan.tokens_after, params, cfg, stream.manifest, be, tcfg.micro_batch, say)
         if stopped_by:

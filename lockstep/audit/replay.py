@@ -254,6 +254,7 @@ class _Replayer:
         replayed from an older state (that can be many more steps, and the user should
         know first); with it the next older checkpoint is tried.
         """
+        from lockstep.fsio.progress import PhaseProgress
         from lockstep.train.model import init_params
         from lockstep.train.optim import AdamWState
 
@@ -278,7 +279,8 @@ class _Replayer:
                                   f"{'is damaged' if kind == 'damaged' else 'contradicts the run'}; `--from-earlier` "
                                   f"replays it from {more} ({target - (older[-1] if older else 0)} steps)")
                 return None
-        params = init_params(self.cfg, self.recipe["seed"])
+        with PhaseProgress("initializing parameters", 1, "parameters", write=self.log) as bar:
+            params = init_params(self.cfg, self.recipe["seed"], self.be, bar.update)
         return _State(0, params, AdamWState.zeros(params), self.h0, 0)
 
     def compare_with_checkpoint(self, check: StepCheck, s: int, res, chain: str, plan) -> None:
@@ -322,6 +324,7 @@ class _Replayer:
     # -- one step ----------------------------------------------------------------------
 
     def step(self, st: _State) -> tuple[StepCheck, _State | None]:
+        from lockstep.fsio.progress import PhaseProgress
         from lockstep.train.optim import NonFiniteError
         from lockstep.formats.schedule import plan_step
         from lockstep.train.step import state_tensors, tree_step
@@ -335,8 +338,9 @@ class _Replayer:
         published = {k: rec[k] for k in COMPARED if k in rec}
         try:
             opt = self.moments.adopt(st.opt) if self.moments is not None else st.opt
-            res = tree_step(st.params, opt, windows, plan, self.cfg, self.tcfg, self.be, pool=self.pool,
-                            moments=self.moments)
+            with PhaseProgress(f"  step {s}", 1, "micro-batches", write=self.log) as bar:
+                res = tree_step(st.params, opt, windows, plan, self.cfg, self.tcfg, self.be, pool=self.pool,
+                                moments=self.moments, progress=bar.update)
         except NonFiniteError as exc:
             check = StepCheck(s, st.start, {"batch_digest": bd}, published, ["state_root", "chain_hash"],
                               note=f"the replay stopped: {exc} (the run published finite values)",

@@ -252,7 +252,8 @@ def micro_batch_value(params: dict, windows: np.ndarray, cfg: ModelConfig, n_glo
 
 
 def subtree_sums(params: dict, windows: np.ndarray, plan: StepPlan, lo: int, hi: int, cfg: ModelConfig,
-                 tcfg: TrainConfig, backend, pool: VectorPool | None = None) -> list[tuple[int, int, np.ndarray]]:
+                 tcfg: TrainConfig, backend, pool: VectorPool | None = None,
+                 progress=None) -> list[tuple[int, int, np.ndarray]]:
     """The maximal subtrees of micro-batches ``lo .. hi-1`` and their sums: ``[(lo, hi, vector), ...]``.
 
     ``windows`` is the step's whole batch (``plan.n_windows`` rows). Micro-batches are
@@ -260,6 +261,7 @@ def subtree_sums(params: dict, windows: np.ndarray, plan: StepPlan, lo: int, hi:
     (the right sum added into the left one's memory), so one micro-batch's activations
     and at most ``ceil(log2 M) + 1`` vectors are alive. The vectors come from ``pool``
     (a fresh one when none is given); the caller gives them back when done.
+    ``progress(done, total)``, if given, is called after each micro-batch (counts within the range).
     """
     be = backend
     bounds = plan.micro_batches(tcfg.micro_batch)
@@ -275,6 +277,8 @@ def subtree_sums(params: dict, windows: np.ndarray, plan: StepPlan, lo: int, hi:
             folder.push_leaf(micro_batch_value(params, windows[start:stop], cfg, plan.n_global, be, layout, where,
                                                out=pool.take()))
             pool.park(*(v for _, _, v in folder.parts()))  # they wait for a sibling (or the caller)
+            if progress is not None:
+                progress(j - lo + 1, hi - lo)
     return folder.parts()
 
 
@@ -356,16 +360,17 @@ def apply_update(params: dict, opt: AdamWState, summed: np.ndarray, plan: StepPl
 
 
 def tree_step(params: dict, opt: AdamWState, windows: np.ndarray, plan: StepPlan, cfg: ModelConfig,
-              tcfg: TrainConfig, backend, *, pool: VectorPool | None = None, moments=None) -> StepResult:
+              tcfg: TrainConfig, backend, *, pool: VectorPool | None = None, moments=None,
+              progress=None) -> StepResult:
     """Step ``plan.step`` on one process: the whole tree, then the update (what the audit replays).
 
     ``windows`` is the step's batch (``plan.n_windows`` rows). Its bits are those of a
-    run with any number of ranks. ``pool`` and ``moments`` as in ``subtree_sums`` and
-    ``apply_update`` (a scratch folder's, for out-of-core state).
+    run with any number of ranks. ``pool``, ``moments`` and ``progress`` as in ``subtree_sums``
+    and ``apply_update`` (``pool`` and ``moments``: a scratch folder's, for out-of-core state).
     """
     m = len(plan.micro_batches(tcfg.micro_batch))
     params, opt = to_device(backend, params, opt)  # once per step at most (device arrays stay as they are)
-    [(_, _, summed)] = subtree_sums(params, windows, plan, 0, m, cfg, tcfg, backend, pool)
+    [(_, _, summed)] = subtree_sums(params, windows, plan, 0, m, cfg, tcfg, backend, pool, progress=progress)
     res = apply_update(params, opt, summed, plan, cfg, tcfg, backend, moments=moments)
     if pool is not None:
         pool.give(summed)  # dead: the update's results are new arrays

@@ -30,11 +30,13 @@ from pathlib import Path
 from typing import Callable
 
 from lockstep.fsio import check_regular_or_absent, printable
+from lockstep.fsio.progress import PhaseProgress
 from lockstep.spec import SPEC_VERSION
 
 from lockstep.formats import checkpoint as ckpt
 from lockstep.formats.config import ModelConfig, TrainConfig
 from lockstep.formats.manifest import Manifest
+from lockstep.formats.tokenizer import BYTE_TOKENIZER_VOCAB_SIZE
 from lockstep.formats.stream import GlobalStream, batch_digest
 from .model import init_params
 from .optim import AdamWState
@@ -213,9 +215,9 @@ def train(run_dir: str | Path, *, cfg: ModelConfig | None = None, tcfg: TrainCon
                             backend_kind(backend_name), str(run_dir))
         if resume:
             st = on_all_ranks(comm, lambda: _resume_start(run_dir, data, steps, tokens, is_root, check_recipe,
-                                                          cfg, tcfg, memory))
+                                                          cfg, tcfg, memory, be, progress))
         else:
-            st = _new_run_start(comm, run_dir, cfg, tcfg, data, seed, steps, tokens, is_root, say, memory)
+            st = _new_run_start(comm, run_dir, cfg, tcfg, data, seed, steps, tokens, is_root, say, memory, be, progress)
         # every argument is checked: now write (rank 0), and make sure it worked everywhere
         on_all_ranks(comm, lambda: _write_start(run_dir, st, resume) if is_root else None)
         if resume:
@@ -232,6 +234,13 @@ def _checked_backend(backend_name: str, checkpoint_every: int):
     if type(checkpoint_every) is not int or checkpoint_every < 1:
         raise ValueError(f"checkpoint_every must be a positive integer, got {checkpoint_every!r}")
     return get_backend(backend_name)
+
+
+def initial_params(cfg: ModelConfig, seed: int, be, show: bool) -> dict:
+    """``init_params`` through the backend (its ``truncated_normal`` capability, if any), with
+    progress lines on stderr when it takes more than a few seconds and ``show``."""
+    with PhaseProgress("initializing parameters", 1, "parameters", enabled=show) as bar:
+        return init_params(cfg, seed, be, bar.update)
 
 
 @dataclass(frozen=True)
@@ -252,7 +261,7 @@ class _MemoryAsk:
 
 
 def _new_run_start(comm, run_dir: Path, cfg, tcfg, data, seed, steps, tokens, is_root, say,
-                   memory: _MemoryAsk) -> _Start:
+                   memory: _MemoryAsk, be, progress: bool) -> _Start:
     from .collectives import on_all_ranks
 
     if cfg is None or tcfg is None:
@@ -268,6 +277,9 @@ def _new_run_start(comm, run_dir: Path, cfg, tcfg, data, seed, steps, tokens, is
         manifest = None if default_data else Manifest.load(data)
         if manifest is not None:
             _check_vocab(manifest, cfg)
+        elif cfg.vocab_size < BYTE_TOKENIZER_VOCAB_SIZE:  # before the default corpus is built in the run
+            raise ValueError(f"the default corpus's byte tokenizer has {BYTE_TOKENIZER_VOCAB_SIZE} ids but the model "
+                             f"only {cfg.vocab_size}; raise vocab_size")
         return last, manifest, memory.plan(cfg, tcfg, "train it")  # before anything is allocated or written
 
     last_step, manifest, plan = on_all_ranks(comm, check)
@@ -288,7 +300,7 @@ def _new_run_start(comm, run_dir: Path, cfg, tcfg, data, seed, steps, tokens, is
             m = Manifest.load(run_dir / DATA_DIR)
             _check_vocab(m, cfg)
         recipe = make_recipe(cfg, tcfg, m, folder, seed)
-        params = init_params(cfg, seed)
+        params = initial_params(cfg, seed, be, progress and is_root)
         return _Start(recipe, cfg, tcfg, params, AdamWState.zeros(params), 0, genesis(recipe),
                       GlobalStream(m, seed, cfg.seq_len), last_step, None, plan)
 
@@ -302,7 +314,7 @@ def _check_vocab(manifest: Manifest, cfg: ModelConfig) -> None:
 
 
 def _resume_start(run_dir: Path, data, steps, tokens, is_root, check_recipe, given_cfg, given_tcfg,
-                  memory: _MemoryAsk) -> _Start:
+                  memory: _MemoryAsk, be, progress: bool) -> _Start:
     recipe = load_recipe(run_dir)
     check_regular_or_absent(run_dir, METRICS_FILE, "metrics log")  # appended to: refuse a link now
     if recipe.get("spec_version") != SPEC_VERSION:
@@ -322,7 +334,7 @@ def _resume_start(run_dir: Path, data, steps, tokens, is_root, check_recipe, giv
     stream = GlobalStream(manifest, seed, cfg.seq_len)
     found = ckpt.latest_checkpoint(run_dir)
     if found is None:  # stopped before its first checkpoint: the recipe and seed define the state
-        params = init_params(cfg, seed)
+        params = initial_params(cfg, seed, be, progress and is_root)
         opt, start_step, prev_chain = AdamWState.zeros(params), 0, genesis(recipe)
     else:
         c = ckpt.load_checkpoint(found[1], max_bytes=ckpt.state_bytes_bound(cfg))
@@ -409,7 +421,8 @@ def _steps(comm, rank, world, run_dir, st, be, checkpoint_every, say, stop, eval
             bdigest = batch_digest(windows)
             m = len(plan.micro_batches(tcfg.micro_batch))
             lo, hi = rank_micro_batches(m, world, rank)
-            parts = subtree_sums(params, windows, plan, lo, hi, cfg, tcfg, be, pool)
+            with PhaseProgress(f"step {t}", hi - lo, "micro-batches", enabled=progress and is_root) as mb_bar:
+                parts = subtree_sums(params, windows, plan, lo, hi, cfg, tcfg, be, pool, progress=mb_bar.update)
             if world > 1:
                 with transfer_phase(be, "exchange"):  # MPI moves host memory: a device's subtree sums come over
                     sent = parts if host_pool is pool else [(a, b, be.to_numpy(v)) for a, b, v in parts]
@@ -445,7 +458,8 @@ def _steps(comm, rank, world, run_dir, st, be, checkpoint_every, say, stop, eval
             if saving:
                 side = {"chain_hash": prev_chain, "stream_state": stream.state_at(plan.first_window + plan.n_windows),
                         "recipe_sha256": recipe_digest(recipe), "tokens": plan.tokens_after}
-                ckpt.save_checkpoint(run_dir, t, saved, side)
+                with PhaseProgress(f"checkpoint {t}", 1, "bytes hashed and written", enabled=progress) as ck_bar:
+                    ckpt.save_checkpoint(run_dir, t, saved, side, progress=ck_bar.update)
                 del saved
                 if moments is not None:
                     moments.release()  # the moments' pages the checkpoint read leave RAM again

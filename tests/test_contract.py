@@ -214,5 +214,5 @@ def test_capabilities_are_typed_and_info_is_only_facts():
         for cap in be.capabilities.offered():
             assert cap in Capabilities.__dataclass_fields__, (name, cap)
     numba = pytest.importorskip("numba") and get_backend("numba")
-    assert numba.capabilities.offered() == ["add_into", "weights_unchanged", "watch_compilation"]
+    assert numba.capabilities.offered() == ["add_into", "weights_unchanged", "watch_compilation", "truncated_normal"]
     assert get_backend("spec").capabilities.offered() == []

@@ -17,6 +17,7 @@ from backend_cases import (assert_same, check_conformance, check_implements_ever
 
 from lockstep import spec
 from lockstep.backends import BackendUnavailable, get_backend
+from lockstep.backends.kernels.backend import ops_for
 from lockstep.conformance import inputs as gen
 
 try:
@@ -64,7 +65,16 @@ def _values(seed, shape, lo_exp, hi_exp):
     return random_values("opencl-test", seed, shape, lo_exp, hi_exp)
 
 
-def test_attention_near_the_flush_range_with_windows_and_nonfinite_inputs(be):
+@pytest.fixture(params=["score buffers", "row kernels"])
+def attention_form(request, be, monkeypatch):
+    """Each form of the kernels' attention: the score-buffer form (the default at these sizes) and the
+    row kernels without a T x T buffer (a score budget of 0 bytes selects them)."""
+    if request.param == "row kernels":
+        monkeypatch.setattr(ops_for(be.capabilities.kernel_runtime), "score_budget_bytes", 0)
+    return request.param
+
+
+def test_attention_near_the_flush_range_with_windows_and_nonfinite_inputs(be, attention_form):
     b, h, g, t, dh = 1, 4, 2, 70, 3  # T > 64: queries and keys span two tiles
     for window in (2, 33, None):
         q = _values(window or 0, (b, h, t, dh), -3, 3)
@@ -80,6 +90,63 @@ def test_attention_near_the_flush_range_with_windows_and_nonfinite_inputs(be):
     v[0, 0, 0, 1] = np.nan
     fw = spec.attention_forward(q, k, v, 3)
     assert_same(fw, be.attention_forward(q, k, v, 3), "fwd non-finite")
+
+
+def test_attention_row_kernels_past_their_local_cache_and_chunks(be, monkeypatch):
+    """Rows longer than the forward's local score cache (1024 keys: the rest recomputed) and than a chunk
+    of staged weights (128), with windows that cut inside a chunk; several heads per KV group. The long
+    rows are checked against numba (equal to the spec: test_conformance), the spec being slow at T = 1030."""
+    monkeypatch.setattr(ops_for(be.capabilities.kernel_runtime), "score_budget_bytes", 0)
+    cases = [(spec, (2, 3, 1, 150, 5, 130)), (spec, (1, 2, 2, 40, 3, None))]
+    try:
+        cases.append((get_backend("numba"), (1, 2, 1, 1030, 2, 1029)))
+    except BackendUnavailable:  # pragma: no cover - CI installs numba
+        pass
+    for ref, (b, h, g, t, dh, window) in cases:
+        q, do = _values(t, (b, h, t, dh), -3, 3), _values(t + 1, (b, h, t, dh), -3, 3)
+        k, v = _values(t + 2, (b, g, t, dh), -3, 3), _values(t + 3, (b, g, t, dh), -3, 3)
+        fw = ref.attention_forward(q, k, v, window)
+        assert_same(fw, be.attention_forward(q, k, v, window), f"fwd {t} window {window}")
+        assert_same(ref.attention_backward(do, q, k, v, *fw, window),
+                    be.attention_backward(do, q, k, v, *fw, window), f"bwd {t} window {window}")
+
+
+def test_attention_holds_no_t_by_t_buffer_past_the_score_budget(be, monkeypatch):
+    """Every buffer the kernels' attention allocates, logged at the runtime: with the score-buffer form the
+    largest is the (B*H, T, T) scores; past the budget none reaches T*T floats of one head, and none is
+    larger than the (B, H, T, Dh) outputs."""
+    rt = be.capabilities.kernel_runtime
+    ops = ops_for(rt)
+    assert not ops._scores_fit(1, 16, 4096) and ops._scores_fit(4, 4, 256)  # the default: open-1b rows; small's micro-batch
+    b, h, g, t, dh, window = 1, 2, 1, 256, 8, None
+    q, do = _values(1, (b, h, t, dh), -3, 3), _values(2, (b, h, t, dh), -3, 3)
+    k, v = _values(3, (b, g, t, dh), -3, 3), _values(4, (b, g, t, dh), -3, 3)
+    q, do, k, v = (be.asarray(x) for x in (q, do, k, v))
+    sizes = []
+    real_alloc = rt.alloc
+
+    def logged(nbytes):
+        sizes.append(int(nbytes))
+        return real_alloc(nbytes)
+
+    monkeypatch.setattr(rt, "alloc", logged)
+    results = {}
+    for name, budget in (("scores", 2 * b * h * t * t * 4), ("rows", 2 * b * h * t * t * 4 - 1)):
+        monkeypatch.setattr(ops, "score_budget_bytes", budget)
+        sizes.clear()
+        fw = be.attention_forward(q, k, v, window)
+        bw = be.attention_backward(do, q, k, v, *fw, window)
+        results[name] = (max(sizes), [be.to_numpy(x) for x in fw + bw])
+    assert results["scores"][0] == b * h * t * t * 4  # the hook sees the T x T buffers when they exist
+    assert results["rows"][0] < t * t * 4
+    assert results["rows"][0] == b * h * t * dh * 4
+    assert all(same_bits(x, y) for x, y in zip(results["scores"][1], results["rows"][1]))
+
+
+@pytest.mark.parametrize("quantize", [True, False])
+def test_tiny_training_steps_with_the_attention_row_kernels_give_the_spec_state_root(be, quantize, monkeypatch):
+    monkeypatch.setattr(ops_for(be.capabilities.kernel_runtime), "score_budget_bytes", 0)
+    check_training_steps(be, "tiny", quantize=quantize, to_host=True)
 
 
 def test_matmul_views_tiles_and_broadcast_batches(be):

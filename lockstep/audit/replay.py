@@ -51,8 +51,7 @@ from lockstep.formats.recipe import genesis, load_recipe, recipe_configs, recipe
 from lockstep.formats.trajectory import Strictness, read_commitment, read_trajectory
 from lockstep.formats.stream import GlobalStream, batch_digest
 
-from lockstep.train.execution import IN_MEMORY, Execution
-from lockstep.train.memory import require_memory
+from lockstep.train.memory import backend_kind, choose_execution
 
 from .replay_outcome import (COMPARED, ReplayError, ReplayResult, StepCheck, TensorDiff,  # noqa: F401
                              _diagnose, diff_tensors)
@@ -74,9 +73,8 @@ class _State:
 
 class _Replayer:
     def __init__(self, run_dir: Path, backend_name: str, data, log, from_earlier: bool = False,
-                 execution: Execution = IN_MEMORY):
+                 max_memory: float | None = None, scratch=None):
         self.run_dir = run_dir
-        self.execution = execution
         self.log = log or (lambda msg: None)
         self.from_earlier = from_earlier
         self.notes: list[str] = []
@@ -97,9 +95,12 @@ class _Replayer:
                               "install the lockstep release of that SPEC_VERSION to replay it")
         self.cfg, self.tcfg = recipe_configs(self.recipe)
         try:
-            require_memory(self.cfg, self.tcfg, "replay a step")  # before anything is allocated
+            # before anything is allocated: the cheapest plan within the budget, or a one-line refusal
+            self.plan = choose_execution(self.cfg, self.tcfg, "replay a step", max_memory=max_memory,
+                                         kind=backend_kind(backend_name), scratch=None if scratch is None else str(scratch))
         except RunFileError as exc:
             raise ReplayError(str(exc)) from None
+        self.space = self.pool = self.moments = None  # made by open_scratch when the plan has a scratch folder
         self.state_bound = ckpt.state_bytes_bound(self.cfg)  # a larger state file is refused unread
         self.h0 = genesis(self.recipe)
         self.digest = recipe_digest(self.recipe)
@@ -170,6 +171,25 @@ class _Replayer:
                 return
             h = rec["chain_hash"]
 
+    def open_scratch(self) -> None:
+        """The plan's scratch folder: the moments and the tree's sums in files there (``train.scratch``)."""
+        if self.plan.execution.scratch is None or self.space is not None:
+            return
+        from lockstep.train.scratch import MomentFiles, ScratchSpace
+        from lockstep.train.step import GradLayout, VectorPool
+
+        try:
+            self.space = ScratchSpace(self.plan.execution.scratch)
+        except (ValueError, OSError) as exc:
+            raise ReplayError(f"--scratch: {exc}") from None
+        self.pool = VectorPool(GradLayout.of(self.cfg).size, scratch=self.space)
+        self.moments = MomentFiles(self.space)
+
+    def close(self) -> None:
+        if self.space is not None:
+            self.space.close()
+            self.space = self.pool = self.moments = None
+
     def load_backend(self) -> None:
         from lockstep.backends import BackendUnavailable, get_backend
 
@@ -234,6 +254,7 @@ class _Replayer:
         replayed from an older state (that can be many more steps, and the user should
         know first); with it the next older checkpoint is tried.
         """
+        from lockstep.fsio.progress import PhaseProgress
         from lockstep.train.model import init_params
         from lockstep.train.optim import AdamWState
 
@@ -258,7 +279,8 @@ class _Replayer:
                                   f"{'is damaged' if kind == 'damaged' else 'contradicts the run'}; `--from-earlier` "
                                   f"replays it from {more} ({target - (older[-1] if older else 0)} steps)")
                 return None
-        params = init_params(self.cfg, self.recipe["seed"])
+        with PhaseProgress("initializing parameters", 1, "parameters", write=self.log) as bar:
+            params = init_params(self.cfg, self.recipe["seed"], self.be, bar.update)
         return _State(0, params, AdamWState.zeros(params), self.h0, 0)
 
     def compare_with_checkpoint(self, check: StepCheck, s: int, res, chain: str, plan) -> None:
@@ -302,6 +324,7 @@ class _Replayer:
     # -- one step ----------------------------------------------------------------------
 
     def step(self, st: _State) -> tuple[StepCheck, _State | None]:
+        from lockstep.fsio.progress import PhaseProgress
         from lockstep.train.optim import NonFiniteError
         from lockstep.formats.schedule import plan_step
         from lockstep.train.step import state_tensors, tree_step
@@ -314,7 +337,10 @@ class _Replayer:
         rec = self.traj[s - 1]
         published = {k: rec[k] for k in COMPARED if k in rec}
         try:
-            res = tree_step(st.params, st.opt, windows, plan, self.cfg, self.tcfg, self.be, execution=self.execution)
+            opt = self.moments.adopt(st.opt) if self.moments is not None else st.opt
+            with PhaseProgress(f"  step {s}", 1, "micro-batches", write=self.log) as bar:
+                res = tree_step(st.params, opt, windows, plan, self.cfg, self.tcfg, self.be, pool=self.pool,
+                                moments=self.moments, progress=bar.update, execution=self.plan.execution)
         except NonFiniteError as exc:
             check = StepCheck(s, st.start, {"batch_digest": bd}, published, ["state_root", "chain_hash"],
                               note=f"the replay stopped: {exc} (the run published finite values)",
@@ -349,11 +375,9 @@ class _Replayer:
 
 
 def replay_steps(run_dir: str | os.PathLike, steps, backend_name: str = "spec", data: str | os.PathLike | None = None,
-                 log=None, from_earlier: bool = False, *, execution: Execution = IN_MEMORY) -> ReplayResult:
+                 log=None, from_earlier: bool = False, max_memory: float | None = None,
+                 scratch: str | os.PathLike | None = None) -> ReplayResult:
     """Replay the given steps of the run in ``run_dir`` (module docstring) and compare each with the trajectory.
-
-    ``execution`` (``train.execution``) chooses how each micro-batch holds memory: any
-    choice gives the bits the run was trained with, whichever way it was trained.
 
     ``backend_name="auto"`` picks the fastest installed backend that passes
     conformance here (``choose_backend``). A damaged checkpoint at a target's start
@@ -362,12 +386,24 @@ def replay_steps(run_dir: str | os.PathLike, steps, backend_name: str = "spec", 
     with an estimate of the time left. Raises ``ReplayError`` when the replay cannot
     run at all, and ``lockstep.backends.BackendUnavailable`` for a backend that
     cannot run here.
+
+    Memory: the cheapest plan whose modelled peak fits ``max_memory`` GiB (default:
+    this machine's memory; ``train.memory.choose_execution``), with the moments and the
+    tree's sums in ``scratch`` when only that fits; none fitting is a ``ReplayError``
+    before anything is allocated. The plan never changes a bit.
     """
     t0 = time.perf_counter()
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
         raise ReplayError(f"{run_dir}: not a directory; give the path of a run directory")
-    rp = _Replayer(run_dir, backend_name, data, log, from_earlier, execution=execution)
+    rp = _Replayer(run_dir, backend_name, data, log, from_earlier, max_memory, scratch)
+    try:
+        return _replay_targets(rp, steps, t0)
+    finally:
+        rp.close()
+
+
+def _replay_targets(rp: "_Replayer", steps, t0: float) -> ReplayResult:
     n = len(rp.traj)
     try:
         targets = sorted({int(s) for s in steps})
@@ -377,8 +413,10 @@ def replay_steps(run_dir: str | os.PathLike, steps, backend_name: str = "spec", 
         raise ReplayError("no step to replay")
     bad = [t for t in targets if not 1 <= t <= n]
     if bad:
-        raise ReplayError(f"{run_dir}: the run has steps 1..{n}; cannot replay step(s) {bad}")
+        raise ReplayError(f"{rp.run_dir}: the run has steps 1..{n}; cannot replay step(s) {bad}")
     rp.load_backend()
+    rp.log(rp.plan.line("replay"))
+    rp.open_scratch()
     for p in rp.problems:
         rp.log(f"RUN INVALID: {p}")
     checks: list[StepCheck] = []
@@ -393,10 +431,10 @@ def replay_steps(run_dir: str | os.PathLike, steps, backend_name: str = "spec", 
                 continue
         _replay_run_of_steps(rp, state, t, checks)
         state = rp.last_state
-    trained_on = recorded_world_sizes(run_dir, [c.step for c in checks])
+    trained_on = recorded_world_sizes(rp.run_dir, [c.step for c in checks])
     for c in checks:
         c.world_size = trained_on.get(c.step)
-    return ReplayResult(run_dir=run_dir, targets=targets, checks=checks, backend=rp.be.name,
+    return ReplayResult(run_dir=rp.run_dir, targets=targets, checks=checks, backend=rp.be.name,
                         backend_description=rp.be.description, preset=rp.cfg.name,
                         commitment=rp.commitment, last_step=n, genesis=rp.h0, recipe_sha256=rp.digest,
                         seconds=time.perf_counter() - t0, notes=rp.notes, problems=rp.problems,
@@ -438,10 +476,9 @@ def _duration(seconds: float) -> str:
 
 
 def replay_step(run_dir: str | os.PathLike, step: int, backend_name: str = "spec",
-                data: str | os.PathLike | None = None, log=None, from_earlier: bool = False, *,
-                execution: Execution = IN_MEMORY) -> ReplayResult:
+                data: str | os.PathLike | None = None, log=None, from_earlier: bool = False) -> ReplayResult:
     """Replay step ``step`` (and the steps between its starting checkpoint and it); see ``replay_steps``."""
-    return replay_steps(run_dir, [step], backend_name, data, log, from_earlier, execution=execution)
+    return replay_steps(run_dir, [step], backend_name, data, log, from_earlier)
 
 
 __all__ = ["ReplayError", "ReplayResult", "StepCheck", "TensorDiff", "diff_tensors", "replay_step", "replay_steps"]

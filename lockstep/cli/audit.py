@@ -10,6 +10,13 @@
     lockstep audit merge CERT... [--plan PLAN --beacon HEX] [--pub PEM ...] [--png OUT]
     lockstep audit keygen --out PREFIX                      (PREFIX.key and PREFIX.pub, Ed25519)
     lockstep audit verify-export DIR [RUN]                  (an export's weights against its proof and run)
+    lockstep audit trace RUN --step t [--micro-batch j] --backend B --out TRACE.jsonl
+    lockstep audit diff TRACE_A TRACE_B [--referee --run RUN --backend B [--op-file FILE]]
+
+A trace records every backend op call of one step (address and input/output digests);
+``diff`` names the first call whose inputs agree and outputs differ (or the input that
+already differs, and where it came from); ``--referee`` computes that one call on the
+spec and writes it to a safetensors file ``lockstep conformance --replay-op`` re-checks.
 
 A plan is drawn from the run's commitment and a public beacon value (a drand or NIST
 round) that the auditors name after the commitment is published; its auditors are
@@ -34,7 +41,7 @@ from pathlib import Path
 
 from lockstep.fsio import printable
 
-from .common import EXIT_BAD, EXIT_OK, fail, plain_help
+from .common import EXIT_BAD, EXIT_OK, MAX_MEMORY_HELP, fail, gib, plain_help
 MAX_REPLAY_STEPS = 10_000_000  # the steps one --step list may name (a run has at most a few million)
 
 
@@ -62,7 +69,8 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     """Add ``audit`` and its sub-commands to the ``lockstep`` parser."""
     p = subparsers.add_parser("audit", help="verify a run, replay steps, plan and merge a collective audit",
                               description=plain_help(__doc__), formatter_class=argparse.RawDescriptionHelpFormatter)
-    sub = p.add_subparsers(dest="audit_command", metavar="{verify,replay,check,plan,merge,keygen,verify-export}")
+    sub = p.add_subparsers(dest="audit_command",
+                           metavar="{verify,replay,check,plan,merge,keygen,verify-export,trace,diff}")
     sub.required = True
 
     v = sub.add_parser("verify", help="check a run directory without replaying (structure, recipe, chain, "
@@ -89,6 +97,10 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     r.add_argument("--out", type=Path, help="write the certificate (JSON) here")
     r.add_argument("--key", type=Path, help="sign the certificate with this Ed25519 private key (PEM)")
     r.add_argument("--auditor", help="your name in the certificate (and in the plan)")
+    r.add_argument("--max-memory", type=gib, metavar="GIB", help=MAX_MEMORY_HELP)
+    r.add_argument("--scratch", type=Path, metavar="DIR", help="an existing folder for the out-of-core plan's files "
+                                                               "(the AdamW moments and the tree's gradient sums, "
+                                                               "memory-mapped; private, removed at the end)")
     r.add_argument("--quiet", action="store_true", help="no progress lines")
 
     c = sub.add_parser("check", help="check certificates: signatures, consistency, against a run, or recomputed")
@@ -127,6 +139,27 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     k = sub.add_parser("keygen", help="make an Ed25519 key pair for signing certificates")
     k.add_argument("--out", required=True, help="PREFIX: writes PREFIX.key (private, 0600) and PREFIX.pub")
 
+    tr = sub.add_parser("trace", help="record every backend op call of one step (addresses and digests)")
+    tr.add_argument("run", type=Path, help="the run directory")
+    tr.add_argument("--step", type=int, required=True, help="the step to trace")
+    tr.add_argument("--micro-batch", type=int, help="trace only this micro-batch (0-based) of the step")
+    tr.add_argument("--backend", required=True, help="spec, numba, opencl, cuda or metal")
+    tr.add_argument("--out", type=Path, required=True, help="the trace file (JSON lines) to write")
+    tr.add_argument("--keep-values", type=int, default=None, metavar="N",
+                    help="keep the values of outputs of at most N elements (default 65536; 0: digests only)")
+    tr.add_argument("--data", type=Path, help="use this data folder instead of the recipe's")
+
+    d = sub.add_parser("diff", help="the first op call at which two traces of a step part")
+    d.add_argument("trace_a", type=Path)
+    d.add_argument("trace_b", type=Path)
+    d.add_argument("--referee", action="store_true", help="compute the disputed call on the spec (needs --run "
+                                                          "and --backend)")
+    d.add_argument("--run", type=Path, help="with --referee: the run directory the traces are of")
+    d.add_argument("--backend", help="with --referee: the backend that re-executes the step to the call")
+    d.add_argument("--op-file", type=Path, help="with --referee: where to write the call (safetensors; default "
+                                                "beside TRACE_A)")
+    d.add_argument("--data", type=Path, help="with --referee: use this data folder instead of the recipe's")
+
     p.set_defaults(func=run_audit)
     from .use import add_verify_export_parser
 
@@ -146,11 +179,13 @@ def run_audit(args) -> int:
     from lockstep.audit.plan import PlanError
     from lockstep.audit.replay import ReplayError
 
+    from lockstep.audit.trace import TraceError
+
     handlers = {"verify": _verify, "replay": _replay, "check": _check, "plan": _plan, "merge": _merge,
-                "keygen": _keygen}
+                "keygen": _keygen, "trace": _trace, "diff": _diff}
     try:
         return handlers[args.audit_command](args)
-    except (ReplayError, PlanError, CertificateError, BackendUnavailable, FileNotFoundError) as exc:
+    except (ReplayError, PlanError, CertificateError, BackendUnavailable, FileNotFoundError, TraceError) as exc:
         return _err(str(exc))
 
 
@@ -201,7 +236,8 @@ def _replay(args) -> int:
 
         load_private_key(args.key)  # fail before hours of replay, not after
     log = None if args.quiet else (lambda msg: print(printable(msg), file=sys.stderr, flush=True))
-    result = replay_steps(args.run, steps, args.backend, data=args.data, log=log, from_earlier=args.from_earlier)
+    result = replay_steps(args.run, steps, args.backend, data=args.data, log=log, from_earlier=args.from_earlier,
+                          max_memory=args.max_memory, scratch=args.scratch)
     print(result.format())
     if args.out is not None or args.key is not None:
         cert = make_certificate(result, auditor=args.auditor)
@@ -325,3 +361,34 @@ def _keygen(args) -> int:
     print(printable(f"private key: {priv} (keep it secret)"))
     print(printable(f"public key:  {pub} ({public_key_hex(pub)})"))
     return EXIT_OK
+
+
+def _trace(args) -> int:
+    from lockstep.audit.trace import DEFAULT_KEEP_VALUES, trace_step, write_trace
+
+    keep = DEFAULT_KEEP_VALUES if args.keep_values is None else args.keep_values
+    if keep < 0 or args.step < 1 or (args.micro_batch is not None and args.micro_batch < 0):
+        return _err("--step is 1 or more, --micro-batch and --keep-values 0 or more")
+    t = trace_step(args.run, args.step, args.backend, micro_batch=args.micro_batch, data=args.data, keep_values=keep)
+    write_trace(args.out, t.header, t.records)
+    said = ("" if "state_root" not in t.header else
+            f"; the step's state root {'matches' if t.header['matches_published_state_root'] else 'DIFFERS from'} "
+            "the published one")
+    print(printable(f"trace of step {args.step} on {t.header['backend']}: {len(t.records)} op calls, root {t.root}"
+                    f"{said}; written to {args.out}"))
+    return EXIT_OK
+
+
+def _diff(args) -> int:
+    from lockstep.audit.trace_diff import diff_files, referee
+
+    a, b, d = diff_files(args.trace_a, args.trace_b)
+    print(printable(d.text))
+    if args.referee:
+        if args.run is None or not args.backend:
+            return _err("--referee needs --run RUN and --backend B (the step is re-executed to the disputed call)")
+        if d.kind == "same":
+            return EXIT_OK
+        v = referee(a, b, d, args.run, args.backend, data=args.data, op_file=args.op_file)
+        print(printable(v.text))
+    return EXIT_OK if d.kind == "same" else EXIT_BAD

@@ -64,6 +64,22 @@ def positive_int(text: str) -> int:
     return value
 
 
+def gib(text: str) -> float:
+    """``--max-memory``: a positive number of GiB (2**30 bytes)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a number of GiB, got {text!r}") from None
+    if not 0 < value < 2**40:
+        raise argparse.ArgumentTypeError(f"must be a positive number of GiB, got {text}")
+    return value
+
+
+MAX_MEMORY_HELP = ("the memory budget in GiB (default: this machine's memory): the cheapest plan whose modelled "
+                   "peak fits is chosen and printed in one line, and a budget no plan fits is refused before "
+                   "anything is allocated")
+
+
 def non_negative_int(text: str) -> int:
     value = integer_arg(text)
     if value < 0:

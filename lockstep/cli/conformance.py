@@ -39,6 +39,8 @@ def cmd_conformance(args) -> int:
     from lockstep.backends import BackendUnavailable, get_backend
     from lockstep.conformance.runner import all_passed, print_table, run_conformance
 
+    if args.replay_op:
+        return replay_op(args)
     if args.report:
         return conformance_report(args)
     try:
@@ -56,6 +58,25 @@ def cmd_conformance(args) -> int:
     return 0 if all_passed(results) else 2
 
 
+def replay_op(args) -> int:
+    """``--replay-op FILE [--backend B]``: one disputed op call (``lockstep audit diff --referee``) on the spec,
+    and on B when it is named; exit 0 when the file's verdict is reproduced (and B gives the spec's bits)."""
+    from lockstep.audit.trace import TraceError
+    from lockstep.audit.trace_diff import replay_op_file
+    from lockstep.backends import BackendUnavailable
+    from lockstep.fsio import printable
+
+    backend = None if args.backend in ("", "spec") else args.backend
+    try:
+        text, ok = replay_op_file(args.replay_op, backend)
+    except (TraceError, BackendUnavailable, ValueError) as e:
+        print(printable(f"lockstep conformance: {e}"), file=sys.stderr)
+        return 1
+    for line in text.splitlines():
+        print(printable(line))
+    return 0 if ok else 2
+
+
 def conformance_report(args) -> int:
     """``--report FILE``: conformance, tiny training steps and the flush probe, written to FILE."""
     from pathlib import Path
@@ -69,7 +90,7 @@ def conformance_report(args) -> int:
     if not path.parent.is_dir():
         print(f"lockstep conformance: cannot write the report {path}: {path.parent} is not a folder", file=sys.stderr)
         return 1
-    report = build_report(args.backend, level=args.level, seed=args.seed)
+    report = build_report(args.backend, level=args.level, seed=args.seed, evidence=path.with_suffix(""))
     write_report(report, path)
     print(f"{report['verdict']}")
     print(f"report written to {path}: attach it to an issue")
@@ -83,6 +104,9 @@ def add_parser(subparsers) -> None:
     v.set_defaults(func=cmd_version)
 
     c = subparsers.add_parser("conformance", help="compare a backend with the spec, byte for byte")
+    c.add_argument("--replay-op", metavar="FILE", default="",
+                   help="re-check one op call saved by `lockstep audit diff --referee` (safetensors) on the spec, and "
+                        "on --backend when it is not spec")
     c.add_argument("--backend", default="spec", help="spec, numba, opencl, cuda or metal (default: spec)")
     c.add_argument("--level", type=int, choices=(1, 2), default=1, help="1: boundary values and small random sets; 2: larger")
     c.add_argument("--seed", type=int, default=0, help="seed of the random inputs (the golden cases always use seed 0)")

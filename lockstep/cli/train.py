@@ -16,12 +16,13 @@ from pathlib import Path
 
 from lockstep.backends import BACKEND_ALIASES, KNOWN_BACKENDS
 
-from .common import EXIT_ERROR, EXIT_OK, default_backend, integer_arg, non_negative_int, positive_int
+from .common import (EXIT_ERROR, EXIT_OK, MAX_MEMORY_HELP, default_backend, gib, integer_arg, non_negative_int,
+                     positive_int)
 
-DEFAULT_STEPS = {"tiny": 100, "small": 100, "open-1b": 10}
+DEFAULT_STEPS = {"tiny": 100, "small": 100, "medium": 10, "open-1b": 10}
 DEFAULT_PRESET = "small"
 DEFAULT_SEED = 42
-PRESETS = ("tiny", "small", "open-1b")
+PRESETS = ("tiny", "small", "medium", "open-1b")
 # every backend name get_backend knows, aliases included (cupy = cuda)
 BACKENDS = (*KNOWN_BACKENDS, *sorted(BACKEND_ALIASES))
 
@@ -63,7 +64,14 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                     "SIGTERM) finishes the current step, writes a checkpoint and says how to resume; a "
                     "second Ctrl-C stops at once (the run then resumes from its last checkpoint).",
     )
-    p.add_argument("--preset", choices=PRESETS, help=f"model and schedule (default: {DEFAULT_PRESET})")
+    p.add_argument("--preset", choices=PRESETS, help=f"model and schedule (default: {DEFAULT_PRESET}); medium is "
+                                                     "about 100M parameters, for CPU work")
+    p.add_argument("--config", metavar="FILE.json",
+                   help="model and train settings over the preset's: a JSON object with a \"model\" and/or a "
+                        "\"train\" object, keys as in a run's recipe.json (unknown keys are refused)")
+    p.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE",
+                   help="one setting over the preset's and --config's, e.g. --set model.d_model=512 --set "
+                        "train.micro_batch=2 --set train.batch_ramp=0:16,1048576:32 (repeatable)")
     p.add_argument("--data", help="a data folder or its manifest.json (default: the embedded corpus, built in "
                                   "the run); with --resume: where the run's data is now (its manifest digest "
                                   "is checked against the recipe)")
@@ -92,6 +100,10 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--eval-every", type=non_negative_int, metavar="K",
                    help="validation loss every K steps and at the end, into metrics.jsonl and loss.png "
                         "(default: 50 for small, off for tiny; 0: off)")
+    p.add_argument("--max-memory", type=gib, metavar="GIB", help=MAX_MEMORY_HELP)
+    p.add_argument("--scratch", metavar="DIR", help="an existing folder for the out-of-core plan's files (the AdamW "
+                                                    "moments and the tree's gradient sums, memory-mapped; private, "
+                                                    "removed at the end; default: the run directory)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=run_train)
     return p
@@ -124,7 +136,6 @@ def run_train(args) -> int:
 
     from lockstep.formats.checkpoint import CheckpointError
     from lockstep.train.collectives import AgreedError
-    from lockstep.formats.config import preset, train_preset
     from lockstep.formats.manifest import DataError
     from lockstep.train.optim import NonFiniteError
     from lockstep.train.trainer import RecipeMismatch, launcher_rank, train
@@ -136,24 +147,25 @@ def run_train(args) -> int:
         if args.resume and args.out is not None:
             raise ValueError(f"--out names a new run; --resume {args.resume} continues that run in place")
         backend = args.backend or default_backend()
+        if args.resume and (args.config or args.sets):
+            raise ValueError("--config and --set make a new run; a resume continues the run as its recipe.json "
+                             "says: drop them, or start a new run with --out")
         if args.resume:
             summary = train(args.resume, resume=True, data=args.data, steps=args.steps, tokens=args.tokens,
                             backend_name=backend, checkpoint_every=args.checkpoint_every, progress=not args.quiet,
                             check_recipe=recipe_checker(args), eval_every=args.eval_every,
-                            hooks=run_hooks())
+                            hooks=run_hooks(), max_memory=args.max_memory, scratch=args.scratch)
         else:
             name = args.preset or DEFAULT_PRESET
-            cfg = preset(name, quantize=not args.no_quantize)
-            overrides = {"micro_batch": args.micro_batch} if args.micro_batch else {}
-            if args.batch or args.batch_ramp:
-                overrides["batch_ramp"] = args.batch_ramp or ((0, args.batch),)
-            tcfg = train_preset(name, **overrides)
+            cfg, tcfg = new_run_settings(args, name)
             steps = args.steps if args.steps is not None or args.tokens is not None else DEFAULT_STEPS[name]
-            run_dir = args.out or str(Path("runs") / f"{name}-{time.strftime('%Y%m%d-%H%M%S')}")
+            label = cfg.name if cfg.name != name and _plain_label(cfg.name) else name
+            run_dir = args.out or str(Path("runs") / f"{label}-{time.strftime('%Y%m%d-%H%M%S')}")
             summary = train(run_dir, cfg=cfg, tcfg=tcfg, data=args.data, steps=steps, tokens=args.tokens,
                             seed=DEFAULT_SEED if args.seed is None else args.seed, backend_name=backend,
                             checkpoint_every=args.checkpoint_every, progress=not args.quiet,
-                            eval_every=args.eval_every, hooks=run_hooks())
+                            eval_every=args.eval_every, hooks=run_hooks(), max_memory=args.max_memory,
+                            scratch=args.scratch)
     except (BackendUnavailable, RecipeMismatch, CheckpointError, DataError, NonFiniteError, AgreedError,
             OSError, ValueError) as e:
         if is_root:
@@ -177,6 +189,28 @@ def run_train(args) -> int:
     print(f"run directory: {summary.run_dir}")
     print(f"last step {summary.last_step}, chain hash {summary.chain_hash}")
     return EXIT_OK
+
+
+def new_run_settings(args, name: str):
+    """The new run's (ModelConfig, TrainConfig): the preset, then --config, then each --set, then the
+    flags (--no-quantize, --micro-batch, --batch, --batch-ramp); ``SettingsError`` (one line) on a mistake."""
+    import dataclasses
+
+    from lockstep.formats.settings import build_settings, read_config_file
+
+    config = read_config_file(args.config) if args.config else None
+    cfg, tcfg = build_settings(name, config, args.sets, where=f"--config {args.config}")
+    if args.no_quantize:
+        cfg = dataclasses.replace(cfg, quantize=False)
+    overrides = {"micro_batch": args.micro_batch} if args.micro_batch else {}
+    if args.batch or args.batch_ramp:
+        overrides["batch_ramp"] = args.batch_ramp or ((0, args.batch),)
+    return cfg, dataclasses.replace(tcfg, **overrides) if overrides else tcfg
+
+
+def _plain_label(text: str) -> bool:
+    """A model name fit for a run folder's name (letters, digits, - _ . only)."""
+    return 0 < len(text) <= 40 and all(c.isalnum() and c.isascii() or c in "-_." for c in text) and text[0] != "."
 
 
 def _resume_hint(run_dir, world_size: int, data: str | None) -> str:

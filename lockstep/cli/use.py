@@ -20,7 +20,7 @@ from pathlib import Path
 
 from lockstep.fsio import printable
 
-from .common import EXIT_BAD, EXIT_OK, default_backend, fail, positive_int
+from .common import EXIT_BAD, EXIT_OK, MAX_MEMORY_HELP, default_backend, fail, gib, positive_int
 
 
 # ---------------------------------------------------------------- eval
@@ -40,19 +40,41 @@ def add_eval_parser(subparsers) -> argparse.ArgumentParser:
                    help="append the result to the run's metrics.jsonl and redraw loss.png")
     p.add_argument("--json", action="store_true", help="print the result as JSON")
     p.add_argument("--quiet", action="store_true", help="no progress line")
+    p.add_argument("--max-memory", type=gib, metavar="GIB", help=MAX_MEMORY_HELP)
     p.set_defaults(func=run_eval)
     return p
+
+
+def _check_memory(args, what: str, need) -> None:
+    """Before the checkpoint is read: the recipe's model against ``--max-memory`` (default: this machine's memory),
+    ``need(cfg, tcfg)`` bytes; a ``UseError`` in one line when it does not fit."""
+    from lockstep.formats.recipe import load_recipe, recipe_configs
+    from lockstep.formats.rundir import RunFileError
+    from lockstep.train.memory import require_budget
+    from lockstep.use.run import UseError
+
+    try:
+        cfg, tcfg = recipe_configs(load_recipe(args.run))
+    except (RunFileError, ValueError):
+        return  # open_model says what is wrong with the run
+    try:
+        require_budget(need(cfg, tcfg), what, cfg, args.max_memory)
+    except RunFileError as exc:
+        raise UseError(str(exc)) from None
 
 
 def run_eval(args) -> int:
     from lockstep.backends import BackendUnavailable, get_backend
 
+    from lockstep.train.memory import backend_kind, forward_memory
     from lockstep.use.evaluate import append_metrics, evaluate, metrics_line, progress_printer, recorded_validations
     from lockstep.use.plots import plot_run
     from lockstep.use.run import UseError, open_data, open_model
 
     try:
         be = get_backend(args.backend or default_backend())
+        kind = backend_kind(be.name)
+        _check_memory(args, "evaluate it", lambda cfg, tcfg: forward_memory(cfg, tcfg.micro_batch, kind))
         model = open_model(args.run, args.step)
         manifest = open_data(args.run, model.recipe, args.data)
         v = evaluate(model.params, model.cfg, manifest, be, model.tcfg.micro_batch, step=model.step,
@@ -123,6 +145,7 @@ def add_sample_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--data", type=Path, help="the run's data folder (for its tokenizer), when it is not inside the run")
     p.add_argument("--json", action="store_true", help="print one JSON record (ids and text) instead of streaming")
     p.add_argument("--quiet", action="store_true", help="no progress or summary on stderr")
+    p.add_argument("--max-memory", type=gib, metavar="GIB", help=MAX_MEMORY_HELP)
     p.set_defaults(func=run_sample)
     return p
 
@@ -199,19 +222,21 @@ class _TextStream:
 def run_sample(args) -> int:
     from lockstep.backends import BackendUnavailable, get_backend
 
-    from lockstep.use.generate import Sampling, SamplingError, require_sample_memory
+    from lockstep.use.generate import Sampling, SamplingError, require_sample_memory, sample_memory_estimate
     from lockstep.use.run import UseError, open_model, open_tokenizer
     from lockstep.use.tokenizing import guarded
 
     try:
         sampling = Sampling(args.temperature, args.top_k or None, args.seed).check()
         be = get_backend(args.backend or default_backend())
+        _check_memory(args, "sample from it", lambda cfg, tcfg: sample_memory_estimate(cfg, 0, args.max_new_tokens))
         model = open_model(args.run, args.step)
         tokenizer, identity = open_tokenizer(args.run, model.recipe, args.data)
         tokenizer = guarded(tokenizer)  # a panic of the tokenizer library is a one-line error
         prompt = encode_prompt(tokenizer, _prompt_bytes(args), model.cfg.vocab_size)
         limit = model.cfg.seq_len - 1  # the end-of-document token goes first
-        require_sample_memory(model.cfg, min(len(prompt), limit), args.max_new_tokens)  # before anything is sized
+        require_sample_memory(model.cfg, min(len(prompt), limit), args.max_new_tokens,  # before anything is sized
+                              max_memory=args.max_memory)
     except (UseError, SamplingError, BackendUnavailable, ValueError) as exc:
         return fail("sample", str(exc))
     say = (lambda msg: print(msg, file=sys.stderr, flush=True)) if not args.quiet else (lambda msg: None)

@@ -8,7 +8,11 @@ Three checks, each against the spec computed here, on this machine:
 1. **conformance** at the given level: every op, byte for byte, golden vectors included;
 2. **training**: ``lockstep train --preset tiny --steps 2`` with int8 on and off, once with the
    backend and once with the spec; every step's state root, loss, gradient norm and chain hash
-   must be equal (and equal the committed reference roots, where this is a checkout that has them);
+   must be equal (and equal the committed reference roots, where this is a checkout that has them).
+   Where a step differs, that step of the spec's run is traced on both (``lockstep audit trace``)
+   and the report holds their diff and the referee's verdict (``lockstep audit diff --referee``:
+   the first op call whose inputs agree and outputs differ, which side the spec takes, the first
+   differing element), and the disputed call is saved beside the report for ``--replay-op``;
 3. **the flush probe** (``flush_probe.probe``): V1-V4 of docs/numerical-contract.md and random products and
    quotients near 2**-126, through the device's bare ``*`` and ``/`` (which tininess rule the
    hardware follows) and through the ops (which must equal the spec); and the ops' ``sqrt`` on
@@ -125,7 +129,34 @@ def _reference_roots() -> dict:
     return {k: v["state_roots"] for k, v in ref.get("runs", {}).items()} if ref.get("SPEC_VERSION") == SPEC_VERSION else {}
 
 
-def training_section(backend_name: str, runs=TRAINING_RUNS) -> dict:
+def _cli(args: list[str]) -> tuple[int, str]:
+    """``lockstep ARGS`` in a child process (this layer does not import the audit): exit status and output."""
+    res = subprocess.run([sys.executable, "-m", "lockstep.cli", *args], capture_output=True, text=True, cwd=os.getcwd())
+    return res.returncode, (res.stdout + res.stderr).strip()
+
+
+def dispute(backend_name: str, spec_run: Path, step: int, work: Path, op_file: Path, run_cli=_cli) -> dict:
+    """Where step ``step`` of the spec's run parts on ``backend_name``: both traces of it
+    (``lockstep audit trace``), their diff, and the referee's verdict (``audit diff --referee``,
+    re-executed on the spec), with the disputed call written to ``op_file``."""
+    traces = {}
+    for side in (backend_name, "spec"):
+        traces[side] = work / f"trace-step{step}-{side}.jsonl"
+        rc, text = run_cli(["audit", "trace", str(spec_run), "--step", str(step), "--backend", side,
+                            "--out", str(traces[side])])
+        if rc != 0:
+            return {"step": step, "error": f"tracing on {side} failed: {text.splitlines()[-1] if text else rc}"}
+    rc, text = run_cli(["audit", "diff", str(traces["spec"]), str(traces[backend_name]), "--referee",
+                        "--run", str(spec_run), "--backend", "spec", "--op-file", str(op_file)])
+    out = {"step": step, "trace_a": "spec", "trace_b": backend_name, "diff_exit": rc, "text": text.splitlines()}
+    if op_file.is_file():
+        out["op_file"] = str(op_file)
+    return out
+
+
+def training_section(backend_name: str, runs=TRAINING_RUNS, evidence: Path | None = None) -> dict:
+    """Each tiny run on the backend and on the spec; where one differs, the dispute of its first differing
+    step (``dispute``), its op file written beside ``evidence`` (the report's path without suffix)."""
     reference = _reference_roots()
     out = {"runs": [], "passed": True}
     with tempfile.TemporaryDirectory(prefix="lockstep-report-") as tmp:
@@ -140,6 +171,14 @@ def training_section(backend_name: str, runs=TRAINING_RUNS) -> dict:
                 run["equal"] = got["steps"] == want["steps"]
                 run["differs"] = [f"step {g['step']} {k}: spec {w[k]}, {backend_name} {g[k]}"
                                   for g, w in zip(got["steps"], want["steps"]) for k in TRAJECTORY_FIELDS if g[k] != w[k]]
+                bad = [g["step"] for g, w in zip(got["steps"], want["steps"]) if g != w]
+                if bad:
+                    _say(f"{label} differs at step {bad[0]}: tracing it on {backend_name} and on the spec")
+                    op_file = (Path(f"{evidence}-{label}-step{bad[0]}.op.safetensors") if evidence is not None
+                               else Path(tmp) / f"{label}.op.safetensors")
+                    run["dispute"] = dispute(backend_name, Path(tmp) / f"{label}-spec", bad[0], Path(tmp), op_file)
+                    if evidence is None:
+                        run["dispute"].pop("op_file", None)
                 if label in reference:
                     spec_roots = [s["state_root"] for s in want["steps"]]
                     run["committed_reference_roots_equal_the_spec"] = spec_roots == reference[label][: len(spec_roots)]
@@ -149,7 +188,7 @@ def training_section(backend_name: str, runs=TRAINING_RUNS) -> dict:
 
 
 def build_report(backend_name: str, level: int = 2, seed: int = 0, probe_pairs: int = 10**6,
-                 runs=TRAINING_RUNS, sqrt_count: int = 1 << 24) -> dict:
+                 runs=TRAINING_RUNS, sqrt_count: int = 1 << 24, evidence: Path | None = None) -> dict:
     """Run every check on ``backend_name`` and return the report (a JSON-able dict)."""
     from lockstep.conformance import flush_probe
 
@@ -165,7 +204,7 @@ def build_report(backend_name: str, level: int = 2, seed: int = 0, probe_pairs: 
     report["capabilities"] = backend.capabilities.offered()
     _say(f"conformance level {level}")
     report["conformance"] = conformance_section(backend, level, seed)
-    report["training"] = training_section(backend_name, runs)
+    report["training"] = training_section(backend_name, runs, evidence)
     if backend.capabilities.kernel_runtime is not None:
         _say(f"flush probe: V1-V4, {probe_pairs} random products and quotients near 2**-126, sqrt on {sqrt_count} inputs")
         try:
@@ -222,6 +261,11 @@ def to_markdown(report: dict) -> str:
                 lines.append(f"  - state roots (both): {roots}")
             for d in run.get("differs", [])[:12]:
                 lines.append(f"  - {d}")
+            if "dispute" in run:
+                dis = run["dispute"]
+                lines.append(f"  - step {dis['step']} traced on {report['backend']} and on the spec "
+                             "(`lockstep audit trace`, `lockstep audit diff --referee`):")
+                lines += [f"    - {t}" for t in ([dis["error"]] if "error" in dis else dis["text"][:8])]
             if run.get("committed_reference_roots_equal_the_spec") is False:
                 lines.append("  - note: the spec's roots here differ from the committed reference roots")
     if "flush_probe" in report:

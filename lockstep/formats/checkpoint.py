@@ -103,12 +103,16 @@ def _anchor(folder: Path) -> tuple[Path, str]:
 class _HashingFile:
     """A write-only file wrapper that SHA-256s everything written through it."""
 
-    def __init__(self, f):
+    def __init__(self, f, on_write=None):
         self.f, self.sha = f, hashlib.sha256()
+        self.on_write = on_write  # called with each write's byte count (progress)
 
     def write(self, b) -> int:
         self.sha.update(b)
-        return self.f.write(b)
+        n = self.f.write(b)
+        if self.on_write is not None:
+            self.on_write(memoryview(b).nbytes)
+        return n
 
 
 # ---------------------------------------------------------------------------
@@ -117,8 +121,11 @@ class _HashingFile:
 
 
 def save_checkpoint(run_dir: str | os.PathLike, step: int, tensors: Mapping[str, np.ndarray],
-                    sidecar: Mapping[str, Any] | None = None) -> Path:
+                    sidecar: Mapping[str, Any] | None = None, progress=None) -> Path:
     """Save ``tensors`` as the checkpoint of ``step``; return its folder.
+
+    ``progress(done, total)``, if given, is called as the tensors are hashed and written
+    (byte counts: each tensor is hashed, then the file is written, ``total`` is both).
 
     ``sidecar`` is the caller's JSON record (chain hash, stream resume record ...);
     the keys ``step``, ``state_root``, ``tensor_digests``, ``file_sha256`` and
@@ -143,7 +150,18 @@ def save_checkpoint(run_dir: str | os.PathLike, step: int, tensors: Mapping[str,
     tmp = ckdir / f"{TEMP_PREFIX}{step_dirname(step)}-{os.getpid()}-{secrets.token_hex(8)}"
     tmp.mkdir()
     try:
-        digests = tensor_digests(tensors)
+        total = 2 * sum(int(np.asarray(x).nbytes) for x in tensors.values())
+        done = [0]
+
+        def advance(n: int) -> None:
+            done[0] += n
+            if progress is not None:
+                progress(min(done[0], total), total)
+
+        digests = {}
+        for name, x in tensors.items():  # tensor_digests, one at a time for the progress
+            digests.update(tensor_digests({name: x}))
+            advance(int(np.asarray(x).nbytes))
         root = state_root_from_digests(digests)
         if final.exists() or final.is_symlink():
             if _marker_problem(final) is None:
@@ -156,7 +174,7 @@ def save_checkpoint(run_dir: str | os.PathLike, step: int, tensors: Mapping[str,
                     f"the run diverged from its own checkpoint. Move the folder away to overwrite it.")
             _remove_tree(final, ckdir, "stale")  # an incomplete folder under the final name: replace it
         with atomic_writer(tmp / STATE_FILE) as f:
-            hf = _HashingFile(f)
+            hf = _HashingFile(f, advance)
             write_safetensors_to(hf, tensors, metadata)
         for key, value in (("step", step), ("state_root", root), ("tensor_digests", digests),
                            ("file_sha256", hf.sha.hexdigest()), ("format", FORMAT)):

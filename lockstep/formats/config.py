@@ -99,6 +99,16 @@ PRESETS: dict[str, ModelConfig] = {
     # CPU demo: a few million parameters, byte vocabulary, sequence length 256.
     "small": ModelConfig(name="small", vocab_size=264, d_model=256, n_layers=4, n_heads=4, n_kv_heads=2,
                          head_dim=64, ffn_dim=688, seq_len=256, sliding_window=128),
+    # CPU work at the ~100M scale (102M parameters): Open-1B's shapes scaled down, so what it
+    # measures carries over: head_dim 128 with 4 query heads per KV head (8 over 2), SwiGLU
+    # width 2.75 x d_model (2816, Open-1B's 5632/2048), a window of 1/8 of the context (Open-1B
+    # 512/4096), 9 layers of which 2 are fully causal (the 5th and the last). The byte
+    # vocabulary (264 ids: the default corpus's byte tokenizer, 257, padded to a multiple of 8),
+    # so it trains on the embedded corpus with no tokenizer; a BPE data folder needs
+    # --set model.vocab_size=V. seq_len 1024 (a quarter of Open-1B) keeps one micro-batch of
+    # 2 sequences near 20 s on two cores; nearly all parameters are in the blocks, as at scale.
+    "medium": ModelConfig(name="medium", vocab_size=264, d_model=1024, n_layers=9, n_heads=8, n_kv_heads=2,
+                          head_dim=128, ffn_dim=2816, seq_len=1024, sliding_window=128),
     # The paper: 24 layers, d_model 2048, 16 query heads over 4 KV heads of 128, FFN 5632.
     "open-1b": ModelConfig(name="open-1b", vocab_size=128_256, d_model=2048, n_layers=24, n_heads=16,
                            n_kv_heads=4, head_dim=128, ffn_dim=5632, seq_len=4096, sliding_window=512),
@@ -111,6 +121,10 @@ TRAIN_PRESETS: dict[str, TrainConfig] = {
     # (then 8) ranks all have work (a step's micro-batches never depend on the world size).
     "small": TrainConfig(peak_lr=3e-3, warmup_tokens=131_072, total_tokens=8_388_608,
                          batch_ramp=((0, 16), (1_048_576, 32)), micro_batch=4),
+    # medium: 16 sequences of 1024 (16K tokens) a step in M = 8 micro-batches of 2 (so up to 8
+    # ranks have work); a learning rate between small's and Open-1B's; a cosine over 100M tokens.
+    "medium": TrainConfig(peak_lr=1e-3, warmup_tokens=1_048_576, total_tokens=104_857_600,
+                          batch_ramp=((0, 16),), micro_batch=2),
     # Open-1B: 3.1M tokens per step (768 x 4096), 4.7M from 4B tokens, 9.4M from 360B.
     "open-1b": TrainConfig(peak_lr=4e-4, warmup_tokens=2_000_000_000, total_tokens=4_000_000_000_000,
                            batch_ramp=((0, 768), (4_000_000_000, 1152), (360_000_000_000, 2304)),
@@ -119,7 +133,7 @@ TRAIN_PRESETS: dict[str, TrainConfig] = {
 
 
 def preset(name: str, **overrides) -> ModelConfig:
-    """The named model preset (tiny, small, open-1b), with optional field overrides."""
+    """The named model preset (tiny, small, medium, open-1b), with optional field overrides."""
     if name not in PRESETS:
         raise ValueError(f"unknown preset {name!r}; choose one of {', '.join(PRESETS)}")
     return dataclasses.replace(PRESETS[name], **overrides) if overrides else PRESETS[name]

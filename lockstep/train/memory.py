@@ -1,40 +1,240 @@
-"""How much memory one step of a recipe needs, and the refusal before anything is allocated.
+"""How much memory one step of a recipe needs, the plan that fits a budget, and the refusal before anything is allocated.
 
-Used by ``train --resume`` and ``audit replay`` (and ``sample``/``eval``), which check a
-recipe that came from someone else against this machine before they build the model.
+``step_memory(cfg, tcfg, execution, kind)`` is a model of the peak resident memory of
+one training (or replayed) step, in bytes, term by term (``Breakdown``): the weights,
+the AdamW moments, the tree's gradient sums, one micro-batch's activations, the
+attention buffers, the int8 weight forms and the process's own baseline. The step has
+two phases, and its peak is the larger:
+
+* a micro-batch: the weights, the moments (unless in a scratch folder), the sums
+  waiting in the tree (``spec.tree.TreeFolder``: ``depth(M)`` of them at most, for the
+  ramp's largest ``M``; none in RAM with a scratch folder), the vector being written,
+  the micro-batch's gradients, and its activations at their largest (the end of the
+  forward: every block's saved tensors, ``model.BlockSaved``, plus the logits and their
+  gradient, ``N x V`` float32 each);
+* the update: the old and the new weights, the step's sum, and the old and new
+  moments (one tensor's worth with a scratch folder).
+
+``Execution.recompute`` keeps only each block's input (one block's saved tensors exist
+again while it is differentiated); ``Execution.head_rows`` holds the logits and their
+gradient for that many rows instead of ``N``. ``choose_execution`` goes through the
+plans cheapest first (in memory; recompute; recompute and head rows; and all of that
+with the state in a scratch folder), keeps those this checkout implements
+(``IMPLEMENTED``), and returns the first that fits the budget, or refuses in one line.
+The constants were calibrated against measured peak RSS on numba (``tests/test_memory_model.py``
+checks the agreement within 25% on three small sizes; benchmarks/RESULTS.md, "Memory ladder").
 """
 
 from __future__ import annotations
 
 import math
 import os
+from dataclasses import dataclass, replace
 
 from lockstep.formats.config import ModelConfig, TrainConfig
 from lockstep.formats.rundir import RunFileError
 
+from .execution import IN_MEMORY, Execution
 
-def memory_estimate(cfg: ModelConfig, tcfg: TrainConfig) -> int:
-    """Bytes a replay (or a resume) of one step of this recipe needs, roughly (an order of magnitude).
+GiB = 2**30
 
-    The state (parameters and two AdamW moments), the gradient sums the step's
-    micro-batch tree keeps alive (``spec.tree.TreeFolder``: at most ``ceil(log2 M) + 1``
-    for the ramp's largest ``M``, plus the micro-batch being computed) and the new
-    state, all float32; plus one micro-batch's activations: per layer about
-    16 d_model + 4 ffn_dim values per token and the attention scores
-    (heads x seq_len^2, forward and backward), and the logits (3 x vocab per token).
-    The number of ranks that trained the run plays no part.
-    """
-    from lockstep.spec.tree import depth
+# The Execution options this checkout implements; the planner offers no plan that needs another.
+IMPLEMENTED = frozenset({"scratch"})
+
+# Resident memory of a process that imported lockstep, NumPy and the backend, before any
+# model exists (measured: numba 0.2 GiB on x86-64 (200 MiB) with the kernels loaded from the cache).
+BASELINE = {"spec": 110 * 2**20, "numba": 200 * 2**20, "kernels": 300 * 2**20}
+
+KINDS = ("spec", "numba", "kernels")
+
+
+def backend_kind(name: str | None) -> str:
+    """``spec``, ``numba`` or ``kernels`` (the shared-kernel backends: opencl, cuda, metal) for a backend name."""
+    if name in ("spec", "numba"):
+        return name
+    return "numba" if name in (None, "auto") else "kernels"
+
+
+@dataclass(frozen=True)
+class Breakdown:
+    """The modelled peak of one step, by term (bytes), and which phase it is in."""
+
+    terms: dict
+    phase: str
+
+    @property
+    def total(self) -> int:
+        return int(sum(self.terms.values()))
+
+
+def _counts(cfg: ModelConfig):
     from lockstep.formats.params import param_specs
 
-    params = sum(math.prod(s.shape) for s in param_specs(cfg))
+    specs = param_specs(cfg)
+    params = sum(math.prod(s.shape) for s in specs)
+    linear = sum(math.prod(s.shape) for s in specs if s.name.split(".")[-1] in ("wqkv", "wo", "w_gate_up", "w_down"))
+    largest = max(math.prod(s.shape) for s in specs)
+    return params, linear, largest
+
+
+def block_saved_floats(cfg: ModelConfig, tokens: int) -> int:
+    """Float32 values one block's forward keeps for its backward (``model.BlockSaved``) for ``tokens`` tokens.
+
+    x, a_in, x_mid, f_in (D each); r1, r2; q, k, v as views of the fused projection
+    ((H + 2G) Dh); rq, rk; qr, kr; o and the merged o2 (H Dh each); m, l (H each); gu (2F), hh (F).
+    """
+    d, h, g, dh, f = cfg.d_model, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, cfg.ffn_dim
+    per_token = 4 * d + 2 + (h + 2 * g) * dh + (h + g) + (h + g) * dh + 2 * h * dh + 2 * h + 3 * f
+    return tokens * per_token
+
+
+def activation_bytes(cfg: ModelConfig, micro_batch: int, execution: Execution = IN_MEMORY,
+                     kind: str = "numba") -> dict:
+    """One micro-batch's activations at their peak, by term (bytes)."""
+    n, t = micro_batch * cfg.seq_len, cfg.seq_len
+    d, h, g, dh, v = cfg.d_model, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, cfg.vocab_size
+    block = block_saved_floats(cfg, n)
+    if execution.recompute and "recompute" in IMPLEMENTED:
+        saved = cfg.n_layers * n * d + block  # each block's input, and one block recomputed
+    else:
+        saved = cfg.n_layers * block
+    rows = n if execution.head_rows is None or "head_rows" not in IMPLEMENTED else min(n, execution.head_rows)
+    out = {
+        "activations": 4 * (saved + 4 * n * d + 3 * n),  # + the embedding, the last block's output, the final norm
+        "logits": 4 * 2 * rows * v + 4 * 2 * n,          # logits and their gradient, the row statistics
+        "backward transients": 4 * block // 2,           # a block's gradients in flight
+    }
+    if kind == "kernels":  # the shared kernels hold T x T scores per head (forward; backward twice)
+        out["attention"] = 4 * 3 * micro_batch * h * t * t
+    else:  # numba works in query blocks: the padded keys and a few blocks' rows per thread
+        out["attention"] = 4 * (micro_batch * g * dh * (t + 8) + 2 * 64 * 4 * (t + 64))
+    if cfg.quantize:  # each linear's int8 activation and its scales, forward and backward
+        out["int8 activations"] = 2 * n * (d + 2 * cfg.ffn_dim + (h + 2 * g) * dh)
+    return out
+
+
+def step_memory(cfg: ModelConfig, tcfg: TrainConfig, execution: Execution = IN_MEMORY,
+                kind: str = "numba") -> Breakdown:
+    """The modelled peak resident bytes of one step of this recipe, executed as ``execution`` on a backend of ``kind``.
+
+    The number of ranks plays no part (a rank's share is never larger than one process's).
+    """
+    from lockstep.spec.tree import depth
+
+    if kind not in KINDS:
+        raise ValueError(f"backend kind must be one of {', '.join(KINDS)}, got {kind!r}")
+    params, linear, largest = _counts(cfg)
     most = max(n for _, n in tcfg.batch_ramp)
-    levels = depth(-(-most // tcfg.micro_batch)) + 2
-    state = 4 * params * (3 + levels + 3)
-    tokens = tcfg.micro_batch * cfg.seq_len
-    per_layer = tokens * (16 * cfg.d_model + 4 * cfg.ffn_dim) + 2 * tcfg.micro_batch * cfg.n_heads * cfg.seq_len ** 2
-    acts = 4 * (cfg.n_layers * per_layer + 3 * tokens * cfg.vocab_size)
-    return state + acts
+    m = -(-most // tcfg.micro_batch)
+    waiting = depth(m)
+    scratch = execution.scratch is not None and "scratch" in IMPLEMENTED
+    vec = 4 * (params + 1)
+    device = 4 * params if kind == "kernels" else 0  # the device copy of the weights (host memory on a CPU device)
+    int8_weights = 2 * linear if cfg.quantize else 0  # the int8 forms, forward and transposed, kept for a step
+    base = {"baseline": BASELINE[kind], "weights": 4 * params + device}
+
+    mb = dict(base)
+    mb["moments"] = 0 if scratch else 8 * params
+    mb["waiting sums"] = 0 if scratch else waiting * vec
+    mb["micro-batch vector and gradients"] = 2 * vec + (vec if kind == "kernels" else 0)
+    if scratch and waiting:
+        mb["micro-batch vector and gradients"] = max(mb["micro-batch vector and gradients"], 2 * vec)
+    mb["int8 weights"] = int8_weights
+    mb.update(activation_bytes(cfg, min(tcfg.micro_batch, most), execution, kind))
+
+    up = dict(base)
+    up["new weights"] = 4 * params
+    up["step sum"] = vec
+    up["moments"] = 8 * largest * 2 if scratch else 16 * params
+    up["clipped gradient"] = 4 * largest
+    if kind == "kernels":
+        up["device update"] = 4 * 5 * largest
+
+    a, b = Breakdown(mb, "micro-batch"), Breakdown(up, "update")
+    return a if a.total >= b.total else b
+
+
+def forward_memory(cfg: ModelConfig, batch: int, kind: str = "numba") -> int:
+    """Modelled peak bytes of a forward without backward over ``batch`` windows (``lockstep eval``):
+    the baseline, the weights (and their int8 forms), the forward's saved tensors and the logits."""
+    params, linear, _ = _counts(cfg)
+    acts = activation_bytes(cfg, batch, IN_MEMORY, kind)
+    acts.pop("backward transients")
+    acts["logits"] //= 2  # no gradient
+    device = 4 * params if kind == "kernels" else 0
+    return BASELINE[kind] + 4 * params + device + (2 * linear if cfg.quantize else 0) + sum(acts.values())
+
+
+def require_budget(need: int, what: str, cfg: ModelConfig, max_memory: float | None = None) -> None:
+    """``RunFileError`` (one line) when ``need`` bytes are beyond ``max_memory`` GiB (default: this machine's memory)."""
+    budget = memory_budget(max_memory)
+    if budget is not None and need > budget:
+        raise RunFileError(f"the recipe's model ({cfg.name}: d_model {cfg.d_model}, {cfg.n_layers} layers, seq_len "
+                           f"{cfg.seq_len}, vocab {cfg.vocab_size}) needs about {need / GiB:,.1f} GiB to {what}; "
+                           f"{budget_words(budget, max_memory)}: use a machine with more memory")
+
+
+def device_memory(cfg: ModelConfig, micro_batch: int, execution: Execution = IN_MEMORY) -> int:
+    """Modelled bytes a GPU (a shared-kernel backend) holds for one micro-batch: the weights, their int8
+    forms, the micro-batch's gradients and its activations with T x T attention scores. The moments and
+    the tree's sums stay on the host (``apply_update`` brings the update's results back)."""
+    params, linear, _ = _counts(cfg)
+    acts = activation_bytes(cfg, micro_batch, execution, "kernels")
+    return 4 * params + (2 * linear if cfg.quantize else 0) + 4 * params + sum(acts.values())
+
+
+def plans(scratch: str | None) -> list[tuple[str, Execution]]:
+    """The plans in the order the planner tries them (cheapest first), those this checkout implements."""
+    head = 1024
+    options = [("in memory", IN_MEMORY, set()),
+               ("recompute", Execution(recompute=True), {"recompute"}),
+               (f"recompute, head in rows of {head}", Execution(recompute=True, head_rows=head), {"recompute", "head_rows"})]
+    out = [(label, ex) for label, ex, need in options if need <= IMPLEMENTED]
+    if scratch is not None and "scratch" in IMPLEMENTED:
+        out += [((label + ", " if label != "in memory" else "") + f"moments and sums in {scratch}",
+                 replace(ex, scratch=scratch)) for label, ex in list(out)]
+    return out
+
+
+@dataclass(frozen=True)
+class Plan:
+    execution: Execution
+    label: str
+    need: int          # bytes, modelled
+    budget: int | None
+
+    def line(self, what: str) -> str:
+        have = "" if self.budget is None else f" of {self.budget / GiB:,.1f} GiB"
+        return f"memory plan to {what}: {self.label} (about {self.need / GiB:,.2f} GiB{have})"
+
+
+def choose_execution(cfg: ModelConfig, tcfg: TrainConfig, what: str, *, max_memory: float | None = None,
+                     kind: str = "numba", scratch: str | None = None, given: Execution | None = None) -> Plan:
+    """The cheapest plan whose modelled peak fits ``max_memory`` GiB (default: ``available_memory()``).
+
+    ``given``: the caller fixed the execution; it is only checked. Raises ``RunFileError``
+    (one line, naming the model, the need and the budget) when no plan fits: called
+    before the model is built or any file is written.
+    """
+    budget = memory_budget(max_memory)
+    options = [("as given", given)] if given is not None else plans(scratch)
+    best = None
+    for label, ex in options:
+        need = step_memory(cfg, tcfg, ex, kind).total
+        if budget is None or need <= budget:
+            return Plan(ex, label, need, budget)
+        best = need if best is None else min(best, need)
+    hint = "" if scratch is not None or given is not None or "scratch" not in IMPLEMENTED else \
+        " (a scratch folder for the state, --scratch DIR, may bring it lower)"
+    raise RunFileError(f"the recipe's model ({cfg.name}: d_model {cfg.d_model}, {cfg.n_layers} layers, seq_len "
+                       f"{cfg.seq_len}, vocab {cfg.vocab_size}, micro-batch {tcfg.micro_batch}) needs about "
+                       f"{best / GiB:,.1f} GiB to {what} even in its smallest plan; {budget_words(budget, max_memory)}"
+                       f"{hint}: use a machine with more memory")
+
+
+def memory_estimate(cfg: ModelConfig, tcfg: TrainConfig) -> int:
+    """Bytes of one step held in memory on numba (``step_memory`` of the in-memory plan)."""
+    return step_memory(cfg, tcfg).total
 
 
 def available_memory() -> int | None:
@@ -54,10 +254,23 @@ def available_memory() -> int | None:
     return phys
 
 
-def require_memory(cfg: ModelConfig, tcfg: TrainConfig, what: str) -> None:
-    """``RunFileError`` when ``memory_estimate`` is beyond this machine's memory: refuse before allocating."""
-    need, have = memory_estimate(cfg, tcfg), available_memory()
-    if have is not None and need > have:
-        raise RunFileError(f"the recipe's model ({cfg.name}: d_model {cfg.d_model}, {cfg.n_layers} layers, seq_len "
-                           f"{cfg.seq_len}, vocab {cfg.vocab_size}) needs about {need / 2**30:,.1f} GiB to {what}; "
-                           f"this machine has {have / 2**30:,.1f} GiB: use a machine with more memory")
+def budget_words(budget: int, max_memory: float | None) -> str:
+    """``this machine has X GiB`` or ``the budget (--max-memory) is X GiB``, for the one-line refusals."""
+    if max_memory is None:
+        return f"this machine has {budget / GiB:,.1f} GiB"
+    return f"the budget (--max-memory) is {budget / GiB:,.1f} GiB"
+
+
+def memory_budget(max_memory: float | None) -> int | None:
+    """``max_memory`` GiB in bytes, or this machine's memory when None."""
+    if max_memory is None:
+        return available_memory()
+    if not float(max_memory) > 0:
+        raise ValueError(f"--max-memory must be a positive number of GiB, got {max_memory!r}")
+    return int(float(max_memory) * GiB)
+
+
+def require_memory(cfg: ModelConfig, tcfg: TrainConfig, what: str, *, max_memory: float | None = None,
+                   kind: str = "numba", scratch: str | None = None) -> Plan:
+    """The plan ``choose_execution`` picks; ``RunFileError`` when none fits: refuse before allocating."""
+    return choose_execution(cfg, tcfg, what, max_memory=max_memory, kind=kind, scratch=scratch)

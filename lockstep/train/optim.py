@@ -44,8 +44,13 @@ def host_scalars(tcfg: TrainConfig, t: int) -> dict:
 
 
 def optimizer_step(params: dict, grads: dict, state: AdamWState, cfg: ModelConfig, tcfg: TrainConfig,
-                   lr: np.float32, backend):
+                   lr: np.float32, backend, *, place=None):
     """Clip and apply AdamW. Returns ``(params, state, grad_norm)`` (new dicts; inputs untouched).
+
+    ``place(kind, name, value)``, when given, receives each new moment (``kind`` "m" or
+    "v") as soon as its tensor is updated and returns the array the new state holds
+    instead (``scratch.MomentFiles``: a copy in a memory-mapped file); the bits are the
+    backend's.
 
     1. ``s_i = sum_of_squares(g_i)`` per tensor; ``norm = global_norm(s)`` over the
        tensors in canonical parameter order (``param_specs``).
@@ -73,4 +78,7 @@ def optimizer_step(params: dict, grads: dict, state: AdamWState, cfg: ModelConfi
             params[s.name], g, state.m[s.name], state.v[s.name], lr,
             hs["beta1"], hs["beta2"], hs["one_minus_beta1"], hs["one_minus_beta2"], hs["eps"],
             wd if s.decay else np.float32(0.0), hs["bc1"], hs["bc2"])
+        if place is not None:
+            new_m[s.name] = place("m", s.name, be.to_numpy(new_m[s.name]))
+            new_v[s.name] = place("v", s.name, be.to_numpy(new_v[s.name]))
     return new_p, AdamWState(t, new_m, new_v), norm

@@ -121,10 +121,15 @@ class VectorPool:
     what still helps where that setting does nothing (no glibc). A vector given back
     must be dead: nothing reads it again. Bits never depend on the pool (every element
     of a vector taken is written before it is read).
+
+    ``scratch`` (a ``scratch.ScratchSpace``): the vectors are memory-mapped files there
+    (``Execution.scratch``) instead of RAM, and ``park`` hands the pages of vectors that
+    only wait (the tree's sums waiting for a sibling) back to the system.
     """
 
-    def __init__(self, length: int):
+    def __init__(self, length: int, *, scratch=None):
         self.length = int(length)
+        self.scratch = scratch
         self._free: list[np.ndarray] = []
         self.allocated = 0  # vectors made so far (tests and benchmarks)
 
@@ -132,12 +137,24 @@ class VectorPool:
         if self._free:
             return self._free.pop()
         self.allocated += 1
+        if self.scratch is not None:
+            return self.scratch.array(self.length)
         return np.empty(self.length, dtype=np.float32)
+
+    def park(self, *vectors: np.ndarray) -> None:
+        """Vectors that wait (their values kept): with a scratch space their pages leave RAM; else nothing."""
+        if self.scratch is not None:
+            self.scratch.release(*vectors)
+
+    def _ours(self, v) -> bool:
+        if v.dtype != np.float32 or v.shape != (self.length,) or not v.flags.c_contiguous:
+            return False
+        return v.base is None or (self.scratch is not None and self.scratch.owns(v))
 
     def give(self, *vectors: np.ndarray) -> None:
         held = {id(v) for v in self._free}
         for v in vectors:
-            if v.dtype != np.float32 or v.shape != (self.length,) or not v.flags.c_contiguous or v.base is not None:
+            if not self._ours(v):
                 continue  # not one of ours (a view, a backend's own array): left to the garbage collector
             if id(v) not in held:
                 self._free.append(v)
@@ -171,6 +188,9 @@ class DeviceVectorPool:
             if self._made.get(id(v)) is v and id(v) not in held:
                 self._free.append(v)
                 held.add(id(v))
+
+    def park(self, *vectors) -> None:
+        """Nothing to do: device vectors are not paged out (``VectorPool.park`` releases scratch pages)."""
 
 
 def vector_pool(backend, length: int):
@@ -234,8 +254,8 @@ def micro_batch_value(params: dict, windows: np.ndarray, cfg: ModelConfig, n_glo
 
 
 def subtree_sums(params: dict, windows: np.ndarray, plan: StepPlan, lo: int, hi: int, cfg: ModelConfig,
-                 tcfg: TrainConfig, backend, pool: VectorPool | None = None, *,
-                 execution: Execution = IN_MEMORY) -> list[tuple[int, int, np.ndarray]]:
+                 tcfg: TrainConfig, backend, pool: VectorPool | None = None,
+                 progress=None, *, execution: Execution = IN_MEMORY) -> list[tuple[int, int, np.ndarray]]:
     """The maximal subtrees of micro-batches ``lo .. hi-1`` and their sums: ``[(lo, hi, vector), ...]``.
 
     ``windows`` is the step's whole batch (``plan.n_windows`` rows). Micro-batches are
@@ -243,6 +263,7 @@ def subtree_sums(params: dict, windows: np.ndarray, plan: StepPlan, lo: int, hi:
     (the right sum added into the left one's memory), so one micro-batch's activations
     and at most ``ceil(log2 M) + 1`` vectors are alive. The vectors come from ``pool``
     (a fresh one when none is given); the caller gives them back when done.
+    ``progress(done, total)``, if given, is called after each micro-batch (counts within the range).
     """
     be = backend
     bounds = plan.micro_batches(tcfg.micro_batch)
@@ -257,6 +278,9 @@ def subtree_sums(params: dict, windows: np.ndarray, plan: StepPlan, lo: int, hi:
                      f"{plan.first_window + stop - 1})")
             folder.push_leaf(micro_batch_value(params, windows[start:stop], cfg, plan.n_global, be, layout, where,
                                                out=pool.take(), execution=execution))
+            pool.park(*(v for _, _, v in folder.parts()))  # they wait for a sibling (or the caller)
+            if progress is not None:
+                progress(j - lo + 1, hi - lo)
     return folder.parts()
 
 
@@ -292,13 +316,18 @@ class StepResult:
 
 
 def apply_update(params: dict, opt: AdamWState, summed: np.ndarray, plan: StepPlan, cfg: ModelConfig,
-                 tcfg: TrainConfig, backend) -> StepResult:
+                 tcfg: TrainConfig, backend, *, moments=None) -> StepResult:
     """Clip, AdamW, and the state root of the new state; ``summed`` is the tree's sum ``S[0, M)``.
 
     On a backend with ``device_vectors`` the update runs on the device and its results stay
     there (a host ``summed``, the exchange's, is uploaded first); the state root comes from the
     device's leaf digests where the backend offers ``tensor_leaves``, else from the state's
-    bytes copied to the host (the "hashing" transfer phase)."""
+    bytes copied to the host (the "hashing" transfer phase).
+
+    ``moments`` (a ``scratch.MomentFiles``, host backends): the new moments are written to its
+    files as they are made, and their pages released again once hashed (the same bits, the
+    same root).
+    """
     be = backend
     on_device = be.capabilities.device_vectors is not None
     if on_device and isinstance(summed, np.ndarray):
@@ -308,27 +337,44 @@ def apply_update(params: dict, opt: AdamWState, summed: np.ndarray, plan: StepPl
     if not np.isfinite(loss):
         raise NonFiniteError(f"non-finite loss at step {plan.step}: {loss}")
     lr = learning_rate(tcfg, plan.tokens_after)  # tokens consumed once this step is done
-    new_params, new_opt, norm = optimizer_step(params, grads, opt, cfg, tcfg, lr, be)
-    if not on_device:
-        new_params = {k: be.to_numpy(v) for k, v in new_params.items()}
-        new_opt = AdamWState(new_opt.step, {k: be.to_numpy(v) for k, v in new_opt.m.items()},
-                             {k: be.to_numpy(v) for k, v in new_opt.v.items()})
-        root = hashing.state_root(state_tensors(new_params, new_opt))
-    else:
+    on_host_files = moments is not None and not on_device
+    place = moments.place(opt.step + 1) if on_host_files else None
+    new_params, new_opt, norm = optimizer_step(params, grads, opt, cfg, tcfg, lr, be, place=place)
+    if on_device:
         with transfer_phase(be, "hashing"):
             root = (hashing.state_root(state_tensors(new_params, new_opt)) if be.capabilities.tensor_leaves is None
                     else device_state_root(be, state_tensors(new_params, new_opt, host=False)))
+        return StepResult(new_params, new_opt, loss, np.float32(np.asarray(be.to_numpy(norm)).reshape(-1)[0]), lr,
+                          root)
+    new_params = {k: be.to_numpy(v) for k, v in new_params.items()}
+    new_opt = AdamWState(new_opt.step, {k: be.to_numpy(v) for k, v in new_opt.m.items()},
+                         {k: be.to_numpy(v) for k, v in new_opt.v.items()})
+    if not on_host_files:
+        root = hashing.state_root(state_tensors(new_params, new_opt))
+    else:  # tensor by tensor, each moment's pages released once hashed: state_root's bits
+        digests = {}
+        for name, x in state_tensors(new_params, new_opt).items():
+            digests[name] = hashing.tensor_digest(name, x)
+            if not name.startswith("param/"):
+                moments.space.release(x)
+        root = hashing.state_root_from_digests(digests)
     return StepResult(new_params, new_opt, loss, np.float32(np.asarray(be.to_numpy(norm)).reshape(-1)[0]), lr, root)
 
 
 def tree_step(params: dict, opt: AdamWState, windows: np.ndarray, plan: StepPlan, cfg: ModelConfig,
-              tcfg: TrainConfig, backend, *, execution: Execution = IN_MEMORY) -> StepResult:
+              tcfg: TrainConfig, backend, *, pool: VectorPool | None = None, moments=None,
+              progress=None, execution: Execution = IN_MEMORY) -> StepResult:
     """Step ``plan.step`` on one process: the whole tree, then the update (what the audit replays).
 
     ``windows`` is the step's batch (``plan.n_windows`` rows). Its bits are those of a
-    run with any number of ranks, and of any ``execution``.
+    run with any number of ranks, and of any ``execution``. ``pool``, ``moments`` and ``progress`` as in ``subtree_sums``
+    and ``apply_update`` (``pool`` and ``moments``: a scratch folder's, for out-of-core state).
     """
     m = len(plan.micro_batches(tcfg.micro_batch))
     params, opt = to_device(backend, params, opt)  # once per step at most (device arrays stay as they are)
-    [(_, _, summed)] = subtree_sums(params, windows, plan, 0, m, cfg, tcfg, backend, execution=execution)
-    return apply_update(params, opt, summed, plan, cfg, tcfg, backend)
+    [(_, _, summed)] = subtree_sums(params, windows, plan, 0, m, cfg, tcfg, backend, pool, progress=progress,
+                                    execution=execution)
+    res = apply_update(params, opt, summed, plan, cfg, tcfg, backend, moments=moments)
+    if pool is not None:
+        pool.give(summed)  # dead: the update's results are new arrays
+    return res

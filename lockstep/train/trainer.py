@@ -30,11 +30,13 @@ from pathlib import Path
 from typing import Callable
 
 from lockstep.fsio import check_regular_or_absent, printable
+from lockstep.fsio.progress import PhaseProgress
 from lockstep.spec import SPEC_VERSION
 
 from lockstep.formats import checkpoint as ckpt
 from lockstep.formats.config import ModelConfig, TrainConfig
 from lockstep.formats.manifest import Manifest
+from lockstep.formats.tokenizer import BYTE_TOKENIZER_VOCAB_SIZE
 from lockstep.formats.stream import GlobalStream, batch_digest
 from .model import init_params
 from .optim import AdamWState
@@ -43,9 +45,10 @@ from lockstep.formats.recipe import genesis, load_recipe, make_recipe, recipe_co
 from lockstep.formats.trajectory import Strictness, read_trajectory, step_record, write_commitment, write_trajectory
 from lockstep.formats.trajectory import append_record
 from .malloc import keep_freed_memory
-from .memory import require_memory
+from .execution import Execution
+from .memory import Plan, backend_kind, choose_execution
 from lockstep.formats.schedule import plan_step
-from .execution import IN_MEMORY, Execution
+from .scratch import MomentFiles, ScratchSpace
 from .step import (GradLayout, VectorPool, apply_update, split_state, state_tensors, subtree_sums, to_device,
                    transfer_phase, vector_pool)
 from .stop import StopRequest
@@ -161,14 +164,15 @@ class _Start:
     stream: GlobalStream
     last_step: int
     kept_trajectory: list[dict] | None  # resume, rank 0: the records up to start_step, to rewrite
+    plan: Plan | None = None            # how the steps hold memory (memory.choose_execution)
 
 
 def train(run_dir: str | Path, *, cfg: ModelConfig | None = None, tcfg: TrainConfig | None = None,
           data: str | Path | None = None, seed: int = 42, steps: int | None = None, tokens: int | None = None,
           backend_name: str = "spec", checkpoint_every: int = 50, resume: bool = False,
           progress: bool = True, log=print, check_recipe=None, handle_signals: bool = True,
-          eval_every: int | None = 0, hooks: RunHooks | None = None,
-          execution: Execution = IN_MEMORY) -> RunSummary:
+          eval_every: int | None = 0, hooks: RunHooks | None = None, max_memory: float | None = None,
+          scratch: str | Path | None = None, execution: Execution | None = None) -> RunSummary:
     """Train (or resume) the run in ``run_dir``; see the module docstring.
 
     A new run needs ``cfg``, ``tcfg``, ``seed``, ``steps`` or ``tokens``, and ``data``
@@ -187,8 +191,14 @@ def train(run_dir: str | Path, *, cfg: ModelConfig | None = None, tcfg: TrainCon
     calls ``hooks.validate`` (the CLI's records the validation loss in metrics.jsonl);
     None: ``hooks.eval_interval``'s default for the preset; 0: never. ``hooks``
     (``RunHooks``) also draws the loss curve at the end; without hooks nothing but the
-    run's own files is written. ``execution`` (``train.execution``) chooses how a
-    micro-batch holds memory; it changes no bit and is not recorded.
+    run's own files is written.
+
+    Memory: ``memory.choose_execution`` picks the cheapest plan whose modelled peak fits
+    ``max_memory`` GiB (default: this machine's memory), the state's files in ``scratch``
+    (default: the run directory) when only that fits, and says it in one line; when none
+    fits the run is refused before the model is built or anything is written.
+    ``execution`` fixes the plan instead (it is only checked against the budget). No
+    plan changes a bit.
     """
     from .collectives import abort_on_exception, on_all_ranks
 
@@ -201,11 +211,13 @@ def train(run_dir: str | Path, *, cfg: ModelConfig | None = None, tcfg: TrainCon
     ctx = abort_on_exception(comm) if comm is not None else _null_ctx()
     with ctx:
         be = on_all_ranks(comm, lambda: _checked_backend(backend_name, checkpoint_every))
+        memory = _MemoryAsk(max_memory, None if scratch is None else str(scratch), execution,
+                            backend_kind(backend_name), str(run_dir))
         if resume:
             st = on_all_ranks(comm, lambda: _resume_start(run_dir, data, steps, tokens, is_root, check_recipe,
-                                                          cfg, tcfg))
+                                                          cfg, tcfg, memory, be, progress))
         else:
-            st = _new_run_start(comm, run_dir, cfg, tcfg, data, seed, steps, tokens, is_root, say)
+            st = _new_run_start(comm, run_dir, cfg, tcfg, data, seed, steps, tokens, is_root, say, memory, be, progress)
         # every argument is checked: now write (rank 0), and make sure it worked everywhere
         on_all_ranks(comm, lambda: _write_start(run_dir, st, resume) if is_root else None)
         if resume:
@@ -213,7 +225,7 @@ def train(run_dir: str | Path, *, cfg: ModelConfig | None = None, tcfg: TrainCon
                                                 "its initial state (no checkpoint yet)"))
         with StopRequest(install=handle_signals, announce=is_root) as stop:
             return _run_loop(comm, rank, world, run_dir, st, be, checkpoint_every, progress, say, stop, eval_every,
-                             hooks or RunHooks(), execution=execution)
+                             hooks or RunHooks())
 
 
 def _checked_backend(backend_name: str, checkpoint_every: int):
@@ -224,7 +236,32 @@ def _checked_backend(backend_name: str, checkpoint_every: int):
     return get_backend(backend_name)
 
 
-def _new_run_start(comm, run_dir: Path, cfg, tcfg, data, seed, steps, tokens, is_root, say) -> _Start:
+def initial_params(cfg: ModelConfig, seed: int, be, show: bool) -> dict:
+    """``init_params`` through the backend (its ``truncated_normal`` capability, if any), with
+    progress lines on stderr when it takes more than a few seconds and ``show``."""
+    with PhaseProgress("initializing parameters", 1, "parameters", enabled=show) as bar:
+        return init_params(cfg, seed, be, bar.update)
+
+
+@dataclass(frozen=True)
+class _MemoryAsk:
+    max_memory: float | None
+    scratch: str | None      # the folder the user named, or None: the run directory
+    given: Execution | None
+    kind: str
+    run_dir: str
+
+    def plan(self, cfg: ModelConfig, tcfg: TrainConfig, what: str) -> Plan:
+        """The plan (``memory.choose_execution``); a named scratch folder is checked now, before anything is written."""
+        if self.scratch is not None:
+            if os.path.islink(self.scratch) or not os.path.isdir(self.scratch):
+                raise ValueError(f"--scratch {self.scratch}: not an existing folder (a symbolic link is refused)")
+        return choose_execution(cfg, tcfg, what, max_memory=self.max_memory, kind=self.kind,
+                                scratch=self.scratch or self.run_dir, given=self.given)
+
+
+def _new_run_start(comm, run_dir: Path, cfg, tcfg, data, seed, steps, tokens, is_root, say,
+                   memory: _MemoryAsk, be, progress: bool) -> _Start:
     from .collectives import on_all_ranks
 
     if cfg is None or tcfg is None:
@@ -240,9 +277,12 @@ def _new_run_start(comm, run_dir: Path, cfg, tcfg, data, seed, steps, tokens, is
         manifest = None if default_data else Manifest.load(data)
         if manifest is not None:
             _check_vocab(manifest, cfg)
-        return last, manifest
+        elif cfg.vocab_size < BYTE_TOKENIZER_VOCAB_SIZE:  # before the default corpus is built in the run
+            raise ValueError(f"the default corpus's byte tokenizer has {BYTE_TOKENIZER_VOCAB_SIZE} ids but the model "
+                             f"only {cfg.vocab_size}; raise vocab_size")
+        return last, manifest, memory.plan(cfg, tcfg, "train it")  # before anything is allocated or written
 
-    last_step, manifest = on_all_ranks(comm, check)
+    last_step, manifest, plan = on_all_ranks(comm, check)
     if default_data:
         from lockstep.formats.corpus import default_corpus
 
@@ -260,9 +300,9 @@ def _new_run_start(comm, run_dir: Path, cfg, tcfg, data, seed, steps, tokens, is
             m = Manifest.load(run_dir / DATA_DIR)
             _check_vocab(m, cfg)
         recipe = make_recipe(cfg, tcfg, m, folder, seed)
-        params = init_params(cfg, seed)
+        params = initial_params(cfg, seed, be, progress and is_root)
         return _Start(recipe, cfg, tcfg, params, AdamWState.zeros(params), 0, genesis(recipe),
-                      GlobalStream(m, seed, cfg.seq_len), last_step, None)
+                      GlobalStream(m, seed, cfg.seq_len), last_step, None, plan)
 
     return on_all_ranks(comm, start)
 
@@ -273,7 +313,8 @@ def _check_vocab(manifest: Manifest, cfg: ModelConfig) -> None:
                          f"{cfg.vocab_size}; raise vocab_size")
 
 
-def _resume_start(run_dir: Path, data, steps, tokens, is_root, check_recipe, given_cfg, given_tcfg) -> _Start:
+def _resume_start(run_dir: Path, data, steps, tokens, is_root, check_recipe, given_cfg, given_tcfg,
+                  memory: _MemoryAsk, be, progress: bool) -> _Start:
     recipe = load_recipe(run_dir)
     check_regular_or_absent(run_dir, METRICS_FILE, "metrics log")  # appended to: refuse a link now
     if recipe.get("spec_version") != SPEC_VERSION:
@@ -285,7 +326,7 @@ def _resume_start(run_dir: Path, data, steps, tokens, is_root, check_recipe, giv
     if given_cfg is not None and given_cfg != cfg or given_tcfg is not None and given_tcfg != tcfg:
         raise RecipeMismatch(f"{run_dir}: the model/train settings given differ from recipe.json; "
                              "resume without changing them (or start a new run)")
-    require_memory(cfg, tcfg, "resume it")  # before anything is allocated
+    plan = memory.plan(cfg, tcfg, "resume it")  # before anything is allocated
     manifest = open_run_data(run_dir, recipe, data)
     seed = recipe["seed"]
     # the data a step sees is a function of the recipe, the manifest and the step: the stream is
@@ -293,7 +334,7 @@ def _resume_start(run_dir: Path, data, steps, tokens, is_root, check_recipe, giv
     stream = GlobalStream(manifest, seed, cfg.seq_len)
     found = ckpt.latest_checkpoint(run_dir)
     if found is None:  # stopped before its first checkpoint: the recipe and seed define the state
-        params = init_params(cfg, seed)
+        params = initial_params(cfg, seed, be, progress and is_root)
         opt, start_step, prev_chain = AdamWState.zeros(params), 0, genesis(recipe)
     else:
         c = ckpt.load_checkpoint(found[1], max_bytes=ckpt.state_bytes_bound(cfg))
@@ -312,7 +353,7 @@ def _resume_start(run_dir: Path, data, steps, tokens, is_root, check_recipe, giv
         if len(kept) != start_step or (kept and kept[-1]["chain_hash"] != prev_chain):
             raise ValueError(f"{run_dir}: trajectory.jsonl does not agree with checkpoint {start_step}")
     last_step = _last_step(tcfg, cfg.seq_len, start_step, steps, tokens, read_target(run_dir))
-    return _Start(recipe, cfg, tcfg, params, opt, start_step, prev_chain, stream, last_step, kept)
+    return _Start(recipe, cfg, tcfg, params, opt, start_step, prev_chain, stream, last_step, kept, plan)
 
 
 def _write_start(run_dir: Path, st: _Start, resume: bool) -> None:
@@ -329,20 +370,39 @@ def _write_start(run_dir: Path, st: _Start, resume: bool) -> None:
 
 
 def _run_loop(comm, rank, world, run_dir: Path, st: _Start, be, checkpoint_every: int, progress: bool, say,
-              stop, eval_every: int | None, hooks: RunHooks, *, execution: Execution = IN_MEMORY) -> RunSummary:
-    """Steps ``start_step + 1 .. last_step``; stops early, with a checkpoint, when a signal came."""
-    from .collectives import check_state_agreement, max_over_ranks, rank_micro_batches, tree_allreduce
+              stop, eval_every: int | None, hooks: RunHooks) -> RunSummary:
+    """Steps ``start_step + 1 .. last_step``; stops early, with a checkpoint, when a signal came.
 
-    is_root = rank == 0
-    recipe, cfg, tcfg, params, opt, stream = st.recipe, st.cfg, st.tcfg, st.params, st.opt, st.stream
-    prev_chain, last_step = st.prev_chain, st.last_step
+    With a scratch folder in the plan, the moments and the tree's sums live in a private
+    folder there for the loop (``scratch``), removed when it ends.
+    """
+    cfg, tcfg, last_step = st.cfg, st.tcfg, st.last_step
     eval_every = hooks.interval(eval_every, cfg)
     say(f"run {run_dir}: preset {printable(cfg.name)}, backend {be.name}, {world} rank(s), steps {st.start_step + 1}..{last_step}"
         if last_step > st.start_step else f"run {run_dir} is already at its target step {last_step}; "
                                           "give --steps N (or --tokens) to extend it")
     _say_idle_ranks(tcfg, cfg.seq_len, st.start_step + 1, last_step, world, say)
-    layout = GradLayout.of(cfg)
-    pool = vector_pool(be, layout.size)  # the step's vectors, reused step after step (on the device where it can)
+    if st.plan is not None and last_step > st.start_step:
+        say(st.plan.line("train"))
+    execution = st.plan.execution if st.plan is not None else Execution()
+    with contextlib.ExitStack() as held:
+        space = held.enter_context(ScratchSpace(execution.scratch)) if execution.scratch is not None else None
+        moments = MomentFiles(space) if space is not None else None
+        if moments is not None:
+            st.opt = moments.adopt(st.opt)
+        return _steps(comm, rank, world, run_dir, st, be, checkpoint_every, say, stop, eval_every, hooks,
+                      vector_pool(be, GradLayout.of(cfg).size) if space is None
+                      else VectorPool(GradLayout.of(cfg).size, scratch=space), moments, progress)
+
+
+def _steps(comm, rank, world, run_dir, st, be, checkpoint_every, say, stop, eval_every, hooks, pool, moments,
+           progress) -> RunSummary:
+    from .collectives import check_state_agreement, max_over_ranks, rank_micro_batches, tree_allreduce
+
+    is_root = rank == 0
+    recipe, cfg, tcfg, params, opt, stream = st.recipe, st.cfg, st.tcfg, st.params, st.opt, st.stream
+    prev_chain, last_step = st.prev_chain, st.last_step
+    layout = GradLayout.of(cfg)  # the step's vectors come from pool, reused step after step (on the device where it can)
     host_pool = pool if isinstance(pool, VectorPool) else VectorPool(layout.size)  # the exchange's, on the host
     transfers = be.capabilities.transfers
     if transfers is not None:
@@ -361,7 +421,9 @@ def _run_loop(comm, rank, world, run_dir: Path, st: _Start, be, checkpoint_every
             bdigest = batch_digest(windows)
             m = len(plan.micro_batches(tcfg.micro_batch))
             lo, hi = rank_micro_batches(m, world, rank)
-            parts = subtree_sums(params, windows, plan, lo, hi, cfg, tcfg, be, pool, execution=execution)
+            with PhaseProgress(f"step {t}", hi - lo, "micro-batches", enabled=progress and is_root) as mb_bar:
+                parts = subtree_sums(params, windows, plan, lo, hi, cfg, tcfg, be, pool, progress=mb_bar.update,
+                                     execution=st.plan.execution if st.plan is not None else Execution())
             if world > 1:
                 with transfer_phase(be, "exchange"):  # MPI moves host memory: a device's subtree sums come over
                     sent = parts if host_pool is pool else [(a, b, be.to_numpy(v)) for a, b, v in parts]
@@ -370,7 +432,7 @@ def _run_loop(comm, rank, world, run_dir: Path, st: _Start, be, checkpoint_every
                 pool.give(*(v for _, _, v in parts))
             else:
                 [(_, _, summed)] = parts
-            res = apply_update(params, opt, summed, plan, cfg, tcfg, be)
+            res = apply_update(params, opt, summed, plan, cfg, tcfg, be, moments=moments)
             (host_pool if world > 1 else pool).give(summed)  # dead: the update's results are new arrays
         if comm is not None and world > 1:
             check_state_agreement(comm, res.state_root, t)
@@ -397,8 +459,11 @@ def _run_loop(comm, rank, world, run_dir: Path, st: _Start, be, checkpoint_every
             if saving:
                 side = {"chain_hash": prev_chain, "stream_state": stream.state_at(plan.first_window + plan.n_windows),
                         "recipe_sha256": recipe_digest(recipe), "tokens": plan.tokens_after}
-                ckpt.save_checkpoint(run_dir, t, saved, side)
+                with PhaseProgress(f"checkpoint {t}", 1, "bytes hashed and written", enabled=progress) as ck_bar:
+                    ckpt.save_checkpoint(run_dir, t, saved, side, progress=ck_bar.update)
                 del saved
+                if moments is not None:
+                    moments.release()  # the moments' pages the checkpoint read leave RAM again
             if evaluating:  # after the checkpoint, so `lockstep eval --step t` can reproduce it
                 hooks.validate(run_dir, t, plan.tokens_after, params, cfg, stream.manifest, be, tcfg.micro_batch, say)
         if stopped_by:

@@ -168,16 +168,18 @@ def sample_memory_estimate(cfg: ModelConfig, prompt_tokens: int, max_new_tokens:
     return 3 * 4 * params + kv + rope + acts
 
 
-def require_sample_memory(cfg: ModelConfig, prompt_tokens: int, max_new_tokens: int) -> None:
-    """``SamplingError`` when ``sample_memory_estimate`` is beyond this machine's memory (or the address-space
-    limit): refused before anything is allocated, as replay refuses a recipe too large to replay."""
-    from lockstep.train.memory import available_memory
+def require_sample_memory(cfg: ModelConfig, prompt_tokens: int, max_new_tokens: int, *,
+                          max_memory: float | None = None) -> None:
+    """``SamplingError`` when ``sample_memory_estimate`` is beyond ``max_memory`` GiB (default: this machine's
+    memory, or the address-space limit): refused before anything is allocated, as replay refuses a recipe too
+    large to replay."""
+    from lockstep.train.memory import budget_words, memory_budget
 
-    need, have = sample_memory_estimate(cfg, prompt_tokens, max_new_tokens), available_memory()
+    need, have = sample_memory_estimate(cfg, prompt_tokens, max_new_tokens), memory_budget(max_memory)
     if have is not None and need > have:
         raise SamplingError(f"the recipe's model ({cfg.n_layers} layers, d_model {cfg.d_model}, seq_len {cfg.seq_len}, "
-                            f"vocab {cfg.vocab_size}) needs about {need / 2**30:,.1f} GiB to sample from; this machine "
-                            f"has {have / 2**30:,.1f} GiB: use a machine with more memory")
+                            f"vocab {cfg.vocab_size}) needs about {need / 2**30:,.1f} GiB to sample from; "
+                            f"{budget_words(have, max_memory)}: use a machine with more memory")
 
 
 # ---------------------------------------------------------------- sampling

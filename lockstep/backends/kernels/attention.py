@@ -1,22 +1,32 @@
 """Host side of ``attention.kc`` (``lockstep/spec/attention.py``): causal (and sliding-window) GQA attention.
 
-Scores, P.V and every product of the backward are ``ls_contract_f32_kernel`` launches (``reduce.py``)
-with index maps for the heads and the key-value groups; keys outside the causal window are
-absent from every sum. The softmax rows (``ls_attn_softmax_kernel``) and the backward's p and ds
-rows (``ls_attn_backward_rows_kernel``) are row kernels: key j is lane j mod 32 of the
-denominator's lane tree.
+Two forms with the same bits. While the (B*H, T, T) scores fit ``AttentionOps.score_budget_bytes``
+(two such buffers, 64 MiB), the score-buffer form: scores, P.V and every product of the backward
+are ``ls_contract_f32_kernel`` launches (``reduce.py``) with index maps for the heads and the
+key-value groups, around the row kernels ``ls_attn_softmax_kernel`` and
+``ls_attn_backward_rows_kernel``. Past it, the row kernels and no T x T buffer: ``attention_forward``
+is one ``ls_attn_forward_kernel`` launch (a work-group per query row recomputes the row's scores,
+softmax and P.V), ``attention_backward`` two: dq (and the rows' D) by query rows
+(``ls_attn_backward_q_kernel``), then dk and dv by key rows (``ls_attn_backward_kv_kernel``, a loop
+over the group's heads and the key's queries). What those allocate is their (B, H, T, Dh) and (B, G, T, Dh) outputs, the (B, H, T) statistics m, l and
+D, and contiguous copies of strided inputs. Keys outside the causal window are absent from every
+sum; key j is lane j mod 32 of the denominator's lane tree.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from .layout import F32
+from .layout import F32, ParamBlock
 from .reduce import ReduceOps
 
 
 class AttentionOps(ReduceOps):
     """The ops of ``spec.attention``."""
+
+    # The score-buffer form (faster: tiled contractions) runs while its two (B*H, T, T) buffers fit this
+    # many bytes; past it, the row kernels, whose memory is O(B * H * T * Dh). Both give the spec's bits.
+    score_budget_bytes = 64 * 2**20
 
     def _attention_shapes(self, q, k, v, *backward):
         from lockstep.spec.checks import check_attention_shapes
@@ -24,6 +34,54 @@ class AttentionOps(ReduceOps):
         check_attention_shapes(q, k, v, *backward)  # the spec's refusals, alike on every backend
         b, h, t, dh = q.shape
         return b, h, k.shape[1], t, dh
+
+    @staticmethod
+    def _attention_params(rows, h, g, t, dh, window):
+        from lockstep.spec.attention import attention_scale
+
+        w = int(window) if window is not None and window > 0 else 0
+        return ParamBlock("ls_attn_params", rows=rows, t_len=t, head_dim=dh, n_heads=h, n_kv=g, window=w,
+                          scale=np.float32(attention_scale(dh)))
+
+    def _scores_fit(self, b, h, t) -> bool:
+        """Whether the score-buffer form's two (B*H, T, T) float32 buffers fit ``score_budget_bytes``."""
+        return 2 * b * h * t * t * 4 <= self.score_budget_bytes
+
+    def attention_forward(self, q, k, v, window=None):
+        """spec attention.attention_forward: ``ls_attn_forward_kernel``, a work-group per query row, or the
+        score-buffer form while its buffers fit ``score_budget_bytes`` (the same bits). Returns (o, m, l)."""
+        q, k, v = (self.contiguous(self._f32(a)) for a in (q, k, v))
+        b, h, g, t, dh = self._attention_shapes(q, k, v)
+        if self._scores_fit(b, h, t):
+            return self._forward_scores(q, k, v, window)
+        o = self.empty((b, h, t, dh), F32)
+        m, l = self.empty((b, h, t), F32), self.empty((b, h, t), F32)
+        rows = b * h * t  # the spec's check refuses Dh = 0
+        self._rows("ls_attn_forward_kernel", rows, o, m, l, q, k, v, self._attention_params(rows, h, g, t, dh, window))
+        return o, m, l
+
+    def attention_backward(self, do, q, k, v, o, m, l, window=None):
+        """spec attention.attention_backward: dq by query rows (``ls_attn_backward_q_kernel``), then dk and dv
+        by key rows (``ls_attn_backward_kv_kernel``); or the score-buffer form while its buffers fit
+        ``score_budget_bytes`` (the same bits). Returns (dq, dk, dv)."""
+        q, k, v = (self.contiguous(self._f32(a)) for a in (q, k, v))
+        do, o = self.contiguous(self._f32(do)), self.contiguous(self._f32(o))
+        m, l = self.contiguous(self._f32(m)), self.contiguous(self._f32(l))
+        b, h, g, t, dh = self._attention_shapes(q, k, v, do, o, m, l)
+        if self._scores_fit(b, h, t):
+            return self._backward_scores(do, q, k, v, o, m, l, window)
+        dq = self.empty((b, h, t, dh), F32)
+        dk, dv = self.empty((b, g, t, dh), F32), self.empty((b, g, t, dh), F32)
+        if not b * h * t:
+            return dq, dk, dv
+        d_row = self.empty((b, h, t), F32)
+        rows = b * h * t
+        self._rows("ls_attn_backward_q_kernel", rows, dq, d_row, q, k, v, do, o, m, l,
+                   self._attention_params(rows, h, g, t, dh, window))
+        kv_rows = b * g * t
+        self._rows("ls_attn_backward_kv_kernel", kv_rows, dk, dv, q, k, v, do, m, l, d_row,
+                   self._attention_params(kv_rows, h, g, t, dh, window))
+        return dq, dk, dv
 
     def _scores(self, q, k, b, h, g, t, dh, window, scale, out=None):
         """s[b, h, i, j] = (q[b,h,i,:] . k[b,h//R,j,:]) * scale for allowed (i, j); (B*H, T, T)."""
@@ -34,9 +92,9 @@ class AttentionOps(ReduceOps):
                       o_view=(0, h * t * t, t * t, t, 1))
         return s
 
-    def attention_forward(self, q, k, v, window=None):
-        """spec attention.attention_forward: scores and P.V by ``ls_contract_f32_kernel``, the softmax rows
-        by ``ls_attn_softmax_kernel``. Returns (o, m, l)."""
+    def _forward_scores(self, q, k, v, window):
+        """attention_forward with (B*H, T, T) scores: scores and P.V by ``ls_contract_f32_kernel``, the softmax
+        rows by ``ls_attn_softmax_kernel``. Returns (o, m, l)."""
         from lockstep.spec.attention import attention_scale
 
         q, k, v = (self.contiguous(self._f32(a)) for a in (q, k, v))
@@ -55,9 +113,9 @@ class AttentionOps(ReduceOps):
                       o_view=(0, h * t * dh, t * dh, dh, 1))
         return o, m, l
 
-    def attention_backward(self, do, q, k, v, o, m, l, window=None):
-        """spec attention.attention_backward: dP, dQ, dK, dV by ``ls_contract_f32_kernel``, p and ds rows by
-        ``ls_attn_backward_rows_kernel``. Returns (dq, dk, dv)."""
+    def _backward_scores(self, do, q, k, v, o, m, l, window):
+        """attention_backward with (B*H, T, T) scores: dP, dQ, dK, dV by ``ls_contract_f32_kernel``, p and ds
+        rows by ``ls_attn_backward_rows_kernel``. Returns (dq, dk, dv)."""
         from lockstep.spec.attention import attention_scale
 
         q, k, v = (self.contiguous(self._f32(a)) for a in (q, k, v))

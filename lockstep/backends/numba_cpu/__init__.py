@@ -2,7 +2,8 @@
 
 One module per spec module, with the same op names (``fp``, ``transcendental``,
 ``reduce``, ``philox``, ``embedding``, ``norm``, ``rope``, ``attention``, ``swiglu``,
-``quant``, ``loss``, ``optim``, ``layout``), plus ``tasks`` (how every kernel is compiled
+``quant``, ``loss``, ``optim``, ``layout``), plus ``rng`` (the ``truncated_normal`` capability:
+parameter init's Philox draws in compiled code), ``tasks`` (how every kernel is compiled
 and split into tasks), ``hadamard`` (the rotation of the int8 backward) and the register
 micro-kernels below. Each op's docstring names the spec op it reproduces; the order of
 operations is the spec's. How the kernels stay exact while fast:
@@ -72,6 +73,7 @@ from lockstep.contract import OP_NAMES
 from lockstep.contract.capabilities import Capabilities
 
 from . import attention, embedding, fp, layout, loss, norm, optim, philox, quant, reduce, rope, swiglu, transcendental
+from . import rng  # the truncated_normal capability (parameter init), not an op
 
 _MODULES = {m.__name__.rsplit(".", 1)[1]: m for m in (attention, embedding, fp, layout, loss, norm, optim, philox, quant,
                                                       reduce, rope, swiglu, transcendental)}
@@ -163,5 +165,5 @@ def make_backend() -> Backend:
         description=f"Numba {numba.__version__} CPU kernels, {numba.config.NUMBA_NUM_THREADS} threads",
         info={"threads": numba.config.NUMBA_NUM_THREADS},
         capabilities=Capabilities(add_into=fp.add_into, weights_unchanged=quant.weights_unchanged,
-                                  watch_compilation=watch_compilation),
+                                  watch_compilation=watch_compilation, truncated_normal=rng.truncated_normal),
     )

@@ -1,0 +1,168 @@
+"""The size ladder: parameters, the modelled peak of each memory plan, and (for the sizes that run here
+in minutes) the measured peak RSS, seconds per micro-batch and GFLOP/s (6 x parameters per token) on
+numba with 1 and 2 threads; then which micro-batch sizes of the large models fit an H200 (141 GB) and an
+80 GB H100, with and without activation recomputation.
+
+    python benchmarks/bench_ladder.py                       # the tables, nothing run
+    python benchmarks/bench_ladder.py --measure tiny small  # + measured rows (one process per row)
+    python benchmarks/bench_ladder.py --measure medium --threads 2 --micro-batches 1
+
+Each measured row is one fresh process: init, one warm-up micro-batch (kernels loaded from the
+cache), then one step of ``--micro-batches`` micro-batches (the tree and the update as the trainer
+runs them) timed; its ``VmHWM`` (the high-water mark of its own address space, Linux) is
+the peak (``ru_maxrss`` would carry the parent's resident size at fork across exec). The plans' predictions come from
+``lockstep.train.memory``; options this checkout does not implement yet (recompute, head rows) are
+modelled from their terms and marked "(modelled)".
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+
+from lockstep.formats.config import ModelConfig, preset, train_preset
+from lockstep.formats.params import param_count
+from lockstep.train import memory
+from lockstep.train.execution import Execution
+
+GB = 10**9
+GiB = 2**30
+
+
+def ladder() -> dict[str, tuple[ModelConfig, object]]:
+    """name -> (ModelConfig, TrainConfig). medium and 400m are ModelConfigs (no preset of that size here)."""
+    med = ModelConfig(name="medium", vocab_size=32768, d_model=768, n_layers=12, n_heads=12, n_kv_heads=4,
+                      head_dim=64, ffn_dim=2048, seq_len=1024, sliding_window=512)
+    big = ModelConfig(name="400m", vocab_size=32768, d_model=1024, n_layers=28, n_heads=16, n_kv_heads=4,
+                      head_dim=64, ffn_dim=2816, seq_len=2048, sliding_window=512)
+    return {
+        "tiny": (preset("tiny"), train_preset("tiny")),
+        "small": (preset("small"), train_preset("small")),
+        "medium": (med, train_preset("small", batch_ramp=((0, 64),), micro_batch=4)),
+        "400m": (big, train_preset("open-1b", batch_ramp=((0, 256),), micro_batch=4)),
+        "open-1b": (preset("open-1b"), train_preset("open-1b")),
+    }
+
+
+PLANS = [("in memory", Execution()), ("recompute", Execution(recompute=True)),
+         ("recompute + head rows 1024", Execution(recompute=True, head_rows=1024)),
+         ("in memory + scratch", Execution(scratch="scratch")),
+         ("recompute + head rows + scratch", Execution(recompute=True, head_rows=1024, scratch="scratch"))]
+
+
+def _modelled(cfg, tcfg, ex) -> tuple[int, bool]:
+    """The modelled peak, and whether an option of ``ex`` is not implemented here (modelled from its terms)."""
+    need = {"recompute"} if ex.recompute else set()
+    need |= {"head_rows"} if ex.head_rows is not None else set()
+    need |= {"scratch"} if ex.scratch is not None else set()
+    held = memory.IMPLEMENTED
+    try:
+        memory.IMPLEMENTED = frozenset({"recompute", "head_rows", "scratch"})
+        return memory.step_memory(cfg, tcfg, ex).total, not need <= held
+    finally:
+        memory.IMPLEMENTED = held
+
+
+CHILD = r"""
+import json, sys, time
+import numpy as np
+from lockstep.backends import get_backend
+from lockstep.formats.config import ModelConfig, TrainConfig
+from lockstep.formats.schedule import plan_step
+from lockstep.train.malloc import keep_freed_memory
+from lockstep.train.model import init_params
+from lockstep.train.optim import AdamWState
+from lockstep.train.step import GradLayout, VectorPool, apply_update, micro_batch_value, subtree_sums
+spec = json.loads(sys.argv[1])
+keep_freed_memory()
+cfg, tcfg = ModelConfig.from_dict(spec["model"]), TrainConfig.from_dict(spec["train"])
+be = get_backend("numba")
+t0 = time.perf_counter()
+params = init_params(cfg, 1)
+t_init = time.perf_counter() - t0
+plan = plan_step(tcfg, cfg.seq_len, 1)
+windows = np.random.default_rng(0).integers(0, 257, size=(plan.n_windows, cfg.seq_len + 1)).astype(np.int32)
+layout = GradLayout.of(cfg)
+pool = VectorPool(layout.size)
+warm = micro_batch_value(params, windows[: tcfg.micro_batch], cfg, plan.n_global, be, layout, out=pool.take())
+pool.give(warm)
+m = len(plan.micro_batches(tcfg.micro_batch))
+t0 = time.perf_counter()
+[(_, _, s)] = subtree_sums(params, windows, plan, 0, m, cfg, tcfg, be, pool)
+t_mb = (time.perf_counter() - t0) / m
+t0 = time.perf_counter()
+apply_update(params, AdamWState.zeros(params), s, plan, cfg, tcfg, be)
+t_up = time.perf_counter() - t0
+hwm = next(int(line.split()[1]) for line in open("/proc/self/status") if line.startswith("VmHWM:"))
+print(json.dumps({"peak": hwm * 1024, "init_s": t_init,
+                  "micro_batch_s": t_mb, "update_s": t_up, "m": m}))
+"""
+
+
+def measure(cfg, tcfg, threads: int) -> dict:
+    env = dict(os.environ, NUMBA_NUM_THREADS=str(threads))
+    r = subprocess.run([sys.executable, "-c", CHILD, json.dumps({"model": cfg.to_dict(), "train": tcfg.to_dict()})],
+                       capture_output=True, text=True, env=env)
+    if r.returncode:
+        raise SystemExit(r.stderr[-3000:])
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--measure", nargs="*", default=[], help="rows to run (tiny, small, medium, 400m, open-1b)")
+    ap.add_argument("--threads", type=int, nargs="*", default=[1, 2], help="NUMBA_NUM_THREADS values (default 1 2)")
+    ap.add_argument("--micro-batches", type=int, help="measured rows: the step's micro-batches (default: the "
+                                                      "recipe's batch, at most 2 here)")
+    args = ap.parse_args()
+    rows = ladder()
+    print("| size | parameters | " + " | ".join(label for label, _ in PLANS) + " |")
+    print("|---|---:|" + "---:|" * len(PLANS))
+    for name, (cfg, tcfg) in rows.items():
+        cells = []
+        for _, ex in PLANS:
+            need, modelled = _modelled(cfg, tcfg, ex)
+            cells.append(f"{need / GiB:,.2f} GiB" + (" (modelled)" if modelled else ""))
+        print(f"| {name} | {param_count(cfg) / 1e6:,.1f}M | " + " | ".join(cells) + " |")
+
+    if args.measure:
+        print("\n| size | threads | micro-batch | M | measured peak RSS | modelled (in memory) | model/measured | "
+              "s per micro-batch | GFLOP/s (6N per token) | init s |")
+        print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for name in args.measure:
+        cfg, tcfg = rows[name]
+        n = args.micro_batches or min(2, -(-max(b for _, b in tcfg.batch_ramp) // tcfg.micro_batch))
+        tcfg = dataclasses.replace(tcfg, batch_ramp=((0, n * tcfg.micro_batch),))
+        want = memory.step_memory(cfg, tcfg).total
+        for threads in args.threads:
+            r = measure(cfg, tcfg, threads)
+            flops = 6 * param_count(cfg) * tcfg.micro_batch * cfg.seq_len / r["micro_batch_s"]
+            print(f"| {name} | {threads} | {tcfg.micro_batch} | {r['m']} | {r['peak'] / GiB:,.3f} GiB | "
+                  f"{want / GiB:,.3f} GiB | {want / r['peak']:.2f} | {r['micro_batch_s']:.3f} | {flops / 1e9:,.3g} | "
+                  f"{r['init_s']:.1f} |", flush=True)
+
+    print("\nDevice memory of one micro-batch (shared kernels; moments and sums on the host), GB = 10^9 bytes:")
+    print("| size | device | micro-batch sizes that fit, in memory | with recompute (modelled) |")
+    print("|---|---|---|---|")
+    held = memory.IMPLEMENTED
+    for name in ("400m", "open-1b"):
+        cfg, _ = rows[name]
+        for dev, cap in (("H200 141 GB", 141 * GB), ("H100 80 GB", 80 * GB)):
+            fits = {}
+            for label, ex in (("plain", Execution()), ("recompute", Execution(recompute=True))):
+                memory.IMPLEMENTED = frozenset({"recompute", "head_rows", "scratch"})
+                try:
+                    fits[label] = [b for b in (1, 2, 4, 8, 16, 32) if memory.device_memory(cfg, b, ex) <= cap]
+                finally:
+                    memory.IMPLEMENTED = held
+            show = {k: (", ".join(map(str, v)) or "none") + (f" (at 1: {memory.device_memory(cfg, 1, e) / GB:,.0f} GB)")
+                    for (k, v), e in zip(fits.items(), (Execution(), Execution(recompute=True)))}
+            print(f"| {name} | {dev} | {show['plain']} | {show['recompute']} |")
+
+
+if __name__ == "__main__":
+    main()

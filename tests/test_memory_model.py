@@ -1,0 +1,112 @@
+"""The memory model and the planner: predictions within 25% of a measured peak RSS, the plan chosen
+for a budget, and a refusal before anything is allocated or written."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from lockstep.formats.config import preset, train_preset
+from lockstep.formats.params import param_count
+from lockstep.formats.rundir import RunFileError
+from lockstep.train import trainer
+from lockstep.train.execution import Execution
+from lockstep.train.memory import GiB, choose_execution, step_memory
+
+# One step of a recipe in a fresh process, as the trainer runs it; prints its own peak RSS (KiB): VmHWM,
+# the high-water mark of the process's own address space. (Not ru_maxrss: Linux carries the parent's
+# resident size at fork across exec into the child's ru_maxrss, so a child of a large pytest process
+# would report the parent's size; RUSAGE_CHILDREN has the same flaw.)
+CHILD = """
+import json, sys
+import numpy as np
+from lockstep.backends import get_backend
+from lockstep.formats.config import ModelConfig, TrainConfig
+from lockstep.formats.schedule import plan_step
+from lockstep.train.malloc import keep_freed_memory
+from lockstep.train.model import init_params
+from lockstep.train.optim import AdamWState
+from lockstep.train.step import GradLayout, VectorPool, apply_update, subtree_sums
+spec = json.loads(sys.argv[1])
+keep_freed_memory()
+cfg, tcfg = ModelConfig.from_dict(spec["model"]), TrainConfig.from_dict(spec["train"])
+be = get_backend("numba")
+params = init_params(cfg, 1)
+plan = plan_step(tcfg, cfg.seq_len, 1)
+windows = np.random.default_rng(0).integers(0, 257, size=(plan.n_windows, cfg.seq_len + 1)).astype(np.int32)
+pool = VectorPool(GradLayout.of(cfg).size)
+[(_, _, s)] = subtree_sums(params, windows, plan, 0, len(plan.micro_batches(tcfg.micro_batch)), cfg, tcfg, be, pool)
+apply_update(params, AdamWState.zeros(params), s, plan, cfg, tcfg, be)
+print(next(line.split()[1] for line in open("/proc/self/status") if line.startswith("VmHWM:")))
+"""
+
+SIZES = {
+    # the baseline dominates: the process itself
+    "tiny": (preset("tiny"), train_preset("tiny", batch_ramp=((0, 4),), micro_batch=2)),
+    # the weights, moments and sums of 3M parameters, and the activations of 4 x 256 tokens
+    "small, 2 layers": (preset("small", n_layers=2), train_preset("small", batch_ramp=((0, 8),), micro_batch=4)),
+    # the logits and their gradient (8 x 256 tokens x 4096) are the largest term
+    "vocab 4096": (preset("small", n_layers=2, vocab_size=4096, d_model=128, ffn_dim=344, n_heads=2, n_kv_heads=1),
+                   train_preset("small", batch_ramp=((0, 8),), micro_batch=8)),
+}
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/status"), reason="the peak is read from /proc (Linux)")
+@pytest.mark.parametrize("name", list(SIZES))
+def test_the_model_is_within_25_percent_of_the_measured_peak(name):
+    """Each size's step runs in a child (memory, not time: the peak does not depend on the machine's speed)."""
+    cfg, tcfg = SIZES[name]
+    r = subprocess.run([sys.executable, "-c", CHILD, json.dumps({"model": cfg.to_dict(), "train": tcfg.to_dict()})],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    measured = int(r.stdout.split()[-1]) * 1024  # VmHWM is in kB
+    predicted = step_memory(cfg, tcfg).total
+    assert abs(predicted - measured) <= 0.25 * measured, (name, predicted / 2**20, measured / 2**20)
+
+
+def test_terms_follow_the_options():
+    cfg, tcfg = preset("small"), train_preset("small")
+    ram, disk = step_memory(cfg, tcfg), step_memory(cfg, tcfg, Execution(scratch="/scratch"))
+    assert disk.total < ram.total and disk.terms["waiting sums"] == 0 and disk.terms.get("moments", 0) < ram.terms["moments"]
+    big = step_memory(preset("open-1b"), train_preset("open-1b"))
+    assert big.terms["weights"] == 4 * param_count(preset("open-1b"))
+    assert step_memory(cfg, tcfg, kind="kernels").terms["attention"] > ram.terms["attention"]  # T x T scores
+
+
+def test_the_planner_takes_the_cheapest_plan_that_fits(tmp_path):
+    cfg, tcfg = preset("open-1b"), train_preset("open-1b")
+    ram = step_memory(cfg, tcfg).total
+    disk = step_memory(cfg, tcfg, Execution(scratch=str(tmp_path))).total
+    assert disk < ram
+    plan = choose_execution(cfg, tcfg, "train it", max_memory=ram / GiB + 1, scratch=str(tmp_path))
+    assert plan.execution.scratch is None and plan.line("train").startswith("memory plan to train: in memory")
+    plan = choose_execution(cfg, tcfg, "train it", max_memory=(ram + disk) / 2 / GiB, scratch=str(tmp_path))
+    assert plan.execution.scratch == str(tmp_path) and "moments and sums in" in plan.line("train")
+    with pytest.raises(RunFileError, match="even in its smallest plan.*--max-memory"):
+        choose_execution(cfg, tcfg, "train it", max_memory=disk / GiB / 2, scratch=str(tmp_path))
+
+
+def test_a_budget_no_plan_fits_is_refused_before_init_and_before_any_file(tmp_path, monkeypatch):
+    def no_init(*a, **k):
+        raise AssertionError("the model was built before the refusal")
+
+    monkeypatch.setattr(trainer, "init_params", no_init)
+    out = tmp_path / "run"
+    with pytest.raises(RunFileError, match="needs about .* GiB to train it even in its smallest plan"):
+        trainer.train(out, cfg=preset("tiny"), tcfg=train_preset("tiny"), steps=1, backend_name="spec",
+                      max_memory=0.01, progress=False, log=lambda *a: None)
+    assert not out.exists() and os.listdir(tmp_path) == []
+
+
+def test_the_cli_refuses_in_one_line_and_leaves_no_run_directory(tmp_path):
+    out = tmp_path / "run"
+    r = subprocess.run([sys.executable, "-m", "lockstep.cli", "train", "--preset", "tiny", "--backend", "spec",
+                        "--steps", "1", "--max-memory", "0.01", "--out", str(out), "--quiet"],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 1 and r.stderr.count("\n") == 1 and "smallest plan" in r.stderr, r.stderr
+    assert not out.exists()
+    r = subprocess.run([sys.executable, "-m", "lockstep.cli", "train", "--max-memory", "-3"], capture_output=True,
+                       text=True, timeout=120)
+    assert r.returncode != 0 and "positive number of GiB" in r.stderr

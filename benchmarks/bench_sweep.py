@@ -13,6 +13,8 @@ first of block ``--block``, default 0x3F: inputs 0.5 .. 2) exactly as
 with ``to_numpy``, SHA-256 over the bytes) and reports the median of ``--repeats``
 runs, the elements per second and the projected time of all 2**32 patterns
 (``2**(32 - bits)`` slices). The first call of each op runs once untimed (compilation).
+A last row times the harness alone (making the patterns and SHA-256, no op): the floor
+of every backend on this host, which bounds a GPU's sweep apart from its transfers.
 """
 
 from __future__ import annotations
@@ -58,6 +60,16 @@ def main(argv=None) -> int:
         total += full
         print(f"{op:8s} {s:9.3f} {(1 << a.bits) / s / 1e6:8.2f} {full:10.0f} s", flush=True)
     print(f"{'all':8s} {'':9s} {'':8s} {total:10.0f} s ({total / 3600:.2f} h)")
+    # The floor of any backend on this host: making the patterns and hashing 4 bytes a pattern, no op at all
+    # (what a GPU's level 3 is bounded by, apart from the transfers).
+    times = []
+    for _ in range(a.repeats):
+        t0 = time.perf_counter()
+        sweep.block_digest(lambda x: x, "identity", b, a.bits)
+        times.append(time.perf_counter() - t0)
+    s = statistics.median(times)
+    print(f"{'harness':8s} {s:9.3f} {(1 << a.bits) / s / 1e6:8.2f} {s * (1 << (32 - a.bits)):10.0f} s "
+          f"(patterns + SHA-256 only, per op)")
     return 0
 
 

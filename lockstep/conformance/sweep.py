@@ -75,7 +75,9 @@ def patterns(first: int, count: int) -> np.ndarray:
     """The uint32 patterns ``first .. first + count - 1``."""
     if not (0 <= first and count >= 0 and first + count <= 1 << 32):
         raise ValueError(f"pattern range [{first:#x}, {first + count:#x}) is outside the 2**32 float32 patterns")
-    return np.arange(first, first + count, dtype=np.uint64).astype(np.uint32)
+    u = np.arange(count, dtype=np.uint32)
+    u += np.uint32(first & 0xFFFFFFFF)  # no pattern wraps: first + count <= 2**32
+    return u
 
 
 def spec_apply(op: str) -> Callable[[np.ndarray], np.ndarray]:
@@ -89,14 +91,15 @@ def backend_apply(backend, op: str) -> Callable[[np.ndarray], np.ndarray]:
     return lambda x: backend.to_numpy(fn(backend.asarray(x)))
 
 
-def _output_bytes(op: str, x: np.ndarray, y) -> bytes:
+def _output_bytes(op: str, x: np.ndarray, y) -> np.ndarray:
+    """The outputs as a contiguous little-endian float32 array (a buffer of their bytes, not copied when it already is)."""
     y = np.asarray(y)
     if y.dtype != np.float32 or y.shape != x.shape:
         raise ValueError(f"{op}: expected a float32 array of shape {list(x.shape)}, got {y.dtype}{list(y.shape)}")
-    return np.ascontiguousarray(y, dtype="<f4").tobytes()
+    return np.ascontiguousarray(y, dtype="<f4")
 
 
-def block_outputs(apply, op: str, block: int, block_bits: int = BLOCK_BITS, chunk: int = CHUNK) -> Iterable[bytes]:
+def block_outputs(apply, op: str, block: int, block_bits: int = BLOCK_BITS, chunk: int = CHUNK) -> Iterable[np.ndarray]:
     """The output bytes of block ``block`` (of ``2**block_bits`` patterns), chunk by chunk, ascending."""
     size = 1 << block_bits
     first = block * size
@@ -130,8 +133,8 @@ def localise(apply, op: str, block: int, block_bits: int = BLOCK_BITS, chunk: in
     n_diff, shown = 0, []
     for start in range(first, first + size, chunk):
         x = patterns(start, min(chunk, first + size - start)).view(np.float32)
-        want = np.frombuffer(_output_bytes(op, x, ref(x)), dtype="<u4")
-        got = np.frombuffer(_output_bytes(op, x, apply(x)), dtype="<u4")
+        want = _output_bytes(op, x, ref(x)).view("<u4")
+        got = _output_bytes(op, x, apply(x)).view("<u4")
         idx = np.nonzero(want != got)[0]
         n_diff += int(idx.size)
         for i in idx[: max(limit - len(shown), 0)]:

@@ -31,6 +31,14 @@ def _block(task: tuple[str, int]) -> tuple[str, int, str, float]:
     return op, b, sweep.block_digest(sweep.spec_apply(op), op, b), time.perf_counter() - t0
 
 
+def _left(tasks: list[tuple[str, int]], seconds: dict[str, list[float]], workers: int) -> str:
+    """The time left: each op's mean block time so far; an op not begun counts as the slowest seen ("at least")."""
+    slowest = max(sum(v) / len(v) for v in seconds.values())
+    unseen = any(op not in seconds for op, _ in tasks)
+    left = sum(sum(seconds[op]) / len(seconds[op]) if op in seconds else slowest for op, _ in tasks) / workers
+    return f"{'at least ' if unseen else ''}about {left / 60:.1f} min left"
+
+
 def _throughput(ops: list[str], block: int) -> int:
     """Time one block per op on the spec (one process) and project the full sweep."""
     total = 0.0
@@ -74,13 +82,15 @@ def main(argv=None) -> int:
     print(f"sweep_golden: {len(tasks)} blocks to compute ({sum(len(v) for v in table.values())} already in {out})",
           file=sys.stderr, flush=True)
     t0 = time.perf_counter()
-    with mp.Pool(max(1, a.workers)) as pool:
+    seconds: dict[str, list[float]] = {}
+    workers = max(1, a.workers)
+    with mp.Pool(workers) as pool:
         for i, (op, b, digest, s) in enumerate(pool.imap(_block, tasks), 1):
             table.setdefault(op, {})[b] = digest
             atomic_write_text(out, sweep.format_golden(table))
-            el = time.perf_counter() - t0
-            print(f"[{i}/{len(tasks)}] {op} block {b}: {s:.1f} s; {el / 60:.1f} min so far, "
-                  f"about {el / i * (len(tasks) - i) / 60:.1f} min left", file=sys.stderr, flush=True)
+            seconds.setdefault(op, []).append(s)
+            print(f"[{i}/{len(tasks)}] {op} block {b}: {s:.1f} s; {(time.perf_counter() - t0) / 60:.1f} min so far, "
+                  f"{_left(tasks[i:], seconds, workers)}", file=sys.stderr, flush=True)
     print(f"sweep_golden: done, {out}", file=sys.stderr)
     return 0
 

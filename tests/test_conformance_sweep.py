@@ -94,17 +94,14 @@ def test_golden_file_parses_covers_its_ops_and_agrees_with_the_spec_on_a_block()
         # parse_golden checked that an op has a root line exactly when it has all 256 blocks
         assert (f"{op} root " in text) == (len(blocks) == sweep.BLOCKS), op
         assert sweep.format_golden({op: blocks}).split("block_bits 24\n")[1] in text
-    # One block per cheap op (they are exact: a fraction of a second), and one block of one transcendental.
+    # One block per cheap op (neg, abs and sqrt are exact: a fraction of a second each on the spec; a block
+    # of a transcendental takes the spec 10-40 s here, beyond this suite's budget; tools/sweep_golden.py's
+    # own test below checks that the tool writes the spec's digests).
     checked = 0
     for op in ("neg", "abs", "sqrt"):
         if 0x7F in table.get(op, {}):
             assert sweep.block_digest(sweep.spec_apply(op), op, 0x7F) == table[op][0x7F], op
             checked += 1
-    slow = [(op, min(bl)) for op in ("log", "exp", "sigmoid", "silu") if (bl := table.get(op))]
-    if slow:
-        op, b = slow[0]
-        assert sweep.block_digest(sweep.spec_apply(op), op, b) == table[op][b], (op, b)
-        checked += 1
     assert checked
 
 
@@ -130,3 +127,24 @@ def test_cli_level_3_on_one_block(capsys):
     assert main(["conformance", "--level", "3", "--blocks", "9:3"]) == 1
     assert main(["conformance", "--level", "2", "--blocks", "1"]) == 1
     assert main(["conformance", "--level", "3", "--ops", "matmul", "--blocks", "1"]) == 1
+
+
+def test_the_golden_tool_resumes_and_writes_the_spec_digests(tmp_path):
+    """tools/sweep_golden.py on two blocks of neg (a second of work), in two runs: the second computes only
+    the block the file lacks; both digests are the spec's."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "tools" / "sweep_golden.py"
+    spec_ = importlib.util.spec_from_file_location("sweep_golden", path)
+    tool = importlib.util.module_from_spec(spec_)
+    spec_.loader.exec_module(tool)
+    out = tmp_path / "sweeps.txt"
+    assert tool.main(["--ops", "neg", "--blocks", "0x7F", "--workers", "1", "--out", str(out)]) == 0
+    first = out.read_text()
+    assert tool.main(["--ops", "neg", "--blocks", "0x7E:0x80", "--workers", "1", "--out", str(out)]) == 0
+    table = sweep.load_golden(out)
+    assert sorted(table["neg"]) == [0x7E, 0x7F]
+    assert first.splitlines()[-1] in out.read_text().splitlines()
+    for b in (0x7E, 0x7F):
+        assert table["neg"][b] == _spec_digest("neg", b, sweep.BLOCK_BITS)

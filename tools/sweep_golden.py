@@ -16,6 +16,7 @@ decides these digests; ``lockstep conformance --level 3`` compares backends with
 from __future__ import annotations
 
 import argparse
+import contextlib
 import multiprocessing as mp
 import sys
 import time
@@ -54,7 +55,7 @@ def _throughput(ops: list[str], block: int) -> int:
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--ops", default="", help="comma-separated unary ops (default: all, cheapest first)")
-    p.add_argument("--workers", type=int, default=2, help="processes (default 2)")
+    p.add_argument("--workers", type=int, default=2, help="processes (default 2; 1: this process only)")
     p.add_argument("--out", default="", help="output file (default: the committed golden file)")
     p.add_argument("--blocks", default="", help="block range A:B (default: all 256)")
     p.add_argument("--throughput", action="store_true", help="time one block per op on the spec and stop")
@@ -84,8 +85,9 @@ def main(argv=None) -> int:
     t0 = time.perf_counter()
     seconds: dict[str, list[float]] = {}
     workers = max(1, a.workers)
-    with mp.Pool(workers) as pool:
-        for i, (op, b, digest, s) in enumerate(pool.imap(_block, tasks), 1):
+    # One worker computes in this process (no pool); more spread the blocks over processes.
+    with (mp.Pool(workers) if workers > 1 else contextlib.nullcontext()) as pool:
+        for i, (op, b, digest, s) in enumerate((pool.imap if pool else map)(_block, tasks), 1):
             table.setdefault(op, {})[b] = digest
             atomic_write_text(out, sweep.format_golden(table))
             seconds.setdefault(op, []).append(s)

@@ -76,13 +76,18 @@ def test_a_wrong_bit_is_caught_and_localised_to_its_element():
 
 def test_an_op_without_golden_digests_is_named_and_not_passed():
     backend = get_backend("spec")
-    expected = {"neg": {0: _spec_digest("neg", 0, SMALL)}}
-    results = sweep.run_sweeps(backend, ops=["neg", "exp"], blocks=[0], expected=expected, block_bits=SMALL,
-                               progress=False)
-    assert [(r.op, r.status) for r in results] == [("neg", "PASS"), ("exp", "NO-GOLDEN")]
+    expected = {"neg": {0: _spec_digest("neg", 0, SMALL), 1: _spec_digest("neg", 1, SMALL)},
+                "abs": {0: _spec_digest("abs", 0, SMALL)}, "sqrt": {0: _spec_digest("neg", 0, SMALL)}}
+    results = sweep.run_sweeps(backend, ops=["neg", "abs", "sqrt", "exp"], blocks=[0, 1], expected=expected,
+                               block_bits=SMALL, progress=False)
+    # neg: both blocks match; abs: block 0 matches, block 1 has no digest; sqrt: block 0 (+0 and the positive
+    # subnormals: all +0 out) is given neg's digest (all -0): it differs; exp: no digest at all
+    assert [(r.op, r.status, r.blocks) for r in results] == [
+        ("neg", "PASS", 2), ("abs", "NO-GOLDEN", 1), ("sqrt", "FAIL", 1), ("exp", "NO-GOLDEN", 0)]
+    assert "no golden digest for 1 of the 2 blocks (first: 1; the other 1 compared)" in results[1].messages[0]
     out = io.StringIO()
-    sweep.print_sweeps(results, backend, [0], out=out)
-    assert "1 passed, 0 failed, 1 without a golden digest" in out.getvalue()
+    sweep.print_sweeps(results, backend, [0, 1], out=out)
+    assert "1 passed, 1 failed, 2 without a golden digest" in out.getvalue()
 
 
 def test_golden_file_parses_covers_its_ops_and_agrees_with_the_spec_on_a_block():

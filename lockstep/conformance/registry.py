@@ -2,7 +2,9 @@
 
 A record's ``cases(seed, level)`` returns named input tuples. Level 1 is boundary
 values plus a few thousand seeded random values and small shapes (seconds); level 2
-adds larger random sets and shapes (a minute or two on the spec). The conformance
+adds larger random sets and shapes (a minute or two on the spec). Level 3 is not made of
+records' cases: it sweeps every float32 pattern through the unary ops
+(``lockstep.conformance.sweep``). The conformance
 search's regressions of the op (calls on which a backend once disagreed, as
 Hypothesis shrank them) follow: ``regressions()``, calls the spec answers, are
 appended to the cases at every seed and level; ``refusals()``, calls the spec

@@ -65,3 +65,14 @@ def test_bad_targets_are_refused():
         spec.cross_entropy_forward(np.zeros((2, 3), np.float32), np.array([0, 3]), Z)
     with pytest.raises(ValueError, match="targets for"):
         spec.cross_entropy_forward(np.zeros((2, 3), np.float32), np.array([0]), Z)
+
+
+def test_cross_entropy_forward_is_the_lane_tree_of_its_rows():
+    logits = gen.random_uniform(0, ("exec", "logits"), (70, 33), -8, 8)
+    targets = gen.random_ids(0, ("exec", "t"), (70,), 33)
+    loss_sum, lse = spec.cross_entropy_forward(logits, targets, 1e-4)
+    rows, lse_rows = spec.cross_entropy_rows(logits, targets, 1e-4)
+    assert lse.tobytes() == lse_rows.tobytes()
+    assert np.asarray(loss_sum).tobytes() == spec.lane_tree_sum(rows).tobytes()
+    parts = [spec.cross_entropy_rows(logits[i:i + 24], targets[i:i + 24], 1e-4)[0] for i in range(0, 70, 24)]
+    assert np.concatenate(parts).tobytes() == rows.tobytes()

@@ -137,3 +137,25 @@ def test_column_sum_adds_rows_in_ascending_order():
     the exact sum (and the descending order) is 1."""
     x = np.array([[1.0], [2.0**27], [-(2.0**27)]], np.float32)
     assert spec.column_sum(x).tobytes() == np.zeros(1, np.float32).tobytes()
+
+
+# ---------------------------------------------------------------- matmul_accumulate
+
+def test_matmul_is_matmul_accumulate_from_zeros_and_splits_over_k():
+    a = gen.random_uniform(0, ("exec", "a"), (7, 45))
+    b = gen.random_uniform(0, ("exec", "b"), (45, 9))
+    whole = spec.matmul(a, b)
+    assert spec.matmul_accumulate(np.zeros((7, 9), np.float32), a, b).tobytes() == whole.tobytes()
+    for cuts in ((1,), (24,), (10, 11, 44)):
+        acc = np.zeros((7, 9), np.float32)
+        for lo, hi in zip((0, *cuts), (*cuts, 45)):
+            acc = spec.matmul_accumulate(acc, a[:, lo:hi], b[lo:hi])
+        assert acc.tobytes() == whole.tobytes(), cuts
+
+
+def test_matmul_accumulate_refuses_what_it_would_broadcast():
+    z = np.zeros
+    with pytest.raises(ValueError, match="matmul_accumulate needs"):
+        spec.matmul_accumulate(z((1, 4), np.float32), z((3, 5), np.float32), z((5, 4), np.float32))
+    with pytest.raises(ValueError, match="matmul_accumulate needs"):
+        spec.matmul_accumulate(z((2, 3, 4), np.float32), z((2, 3, 5), np.float32), z((2, 5, 4), np.float32))

@@ -340,7 +340,7 @@ class _Replayer:
             opt = self.moments.adopt(st.opt) if self.moments is not None else st.opt
             with PhaseProgress(f"  step {s}", 1, "micro-batches", write=self.log) as bar:
                 res = tree_step(st.params, opt, windows, plan, self.cfg, self.tcfg, self.be, pool=self.pool,
-                                moments=self.moments, progress=bar.update)
+                                moments=self.moments, progress=bar.update, execution=self.plan.execution)
         except NonFiniteError as exc:
             check = StepCheck(s, st.start, {"batch_digest": bd}, published, ["state_root", "chain_hash"],
                               note=f"the replay stopped: {exc} (the run published finite values)",

@@ -90,6 +90,7 @@ RECORD_ORDER = (
     "int8_linear_forward", "int8_linear_backward", "cross_entropy_forward", "cross_entropy_backward",
     "sum_of_squares", "global_norm", "clip_coefficient", "scale", "adamw_update",
     "decode_attention",  # added after the first 40: its lines follow theirs
+    "matmul_accumulate", "cross_entropy_rows",  # added after decode_attention (issue 26)
 )
 
 

@@ -253,6 +253,12 @@ class BackendOps(Protocol):
                      weight_decay: F32Scalar, bc1: F32Scalar, bc2: F32Scalar) -> tuple[F32, F32, F32]:
         """One AdamW step: ``(p, m, v)``."""
 
+    # ---- added after the first 42 (issue 26): a micro-batch's step in row chunks, the same bits
+    def matmul_accumulate(self, acc: F32, a: F32, b: F32) -> F32:
+        """(M, N), (M, K), (K, N): ``matmul``'s ascending-k contraction continued from acc."""
+    def cross_entropy_rows(self, logits: F32, targets: Ids, z_loss: HostFloat) -> tuple[F32, F32]:
+        """(N, V), (N,) -> ``(losses, lse)``: per-token losses; their lane tree is ``cross_entropy_forward``'s sum."""
+
 
 @dataclass(frozen=True)
 class Param:

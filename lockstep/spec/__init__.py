@@ -17,12 +17,12 @@ The module is itself a backend: ``OPS`` names the op table that every backend
 
 from .fp import abs, add, div, f32, maximum, minimum, mul, neg, sqrt, sub
 from .philox import PhiloxStream, philox4x32
-from .reduce import argmax, column_sum, int8_matmul, lane_tree_sum, matmul, max
+from .reduce import argmax, column_sum, int8_matmul, lane_tree_sum, matmul, matmul_accumulate, max
 from .transcendental import exp, log, sigmoid, silu
 from .attention import attention_backward, attention_forward, decode_attention
 from .embedding import embedding_backward, embedding_forward
 from .layout import concat_last
-from .loss import cross_entropy_backward, cross_entropy_forward
+from .loss import cross_entropy_backward, cross_entropy_forward, cross_entropy_rows
 from .norm import rmsnorm_backward, rmsnorm_forward
 from .optim import adamw_update, clip_coefficient, global_norm, scale, sum_of_squares
 from .quant import int8_linear_backward, int8_linear_forward
@@ -54,6 +54,8 @@ OPS: tuple[str, ...] = (
     "cross_entropy_forward", "cross_entropy_backward",
     # the optimizer (optim)
     "sum_of_squares", "global_norm", "clip_coefficient", "scale", "adamw_update",
+    # added after the first 42 (issue 26): a step's memory in row chunks, the same bits
+    "matmul_accumulate", "cross_entropy_rows",
 )
 
 __all__ = ["SPEC_VERSION", "OPS", "PhiloxStream", "f32", *OPS]

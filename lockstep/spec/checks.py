@@ -138,6 +138,13 @@ def check_matmul_shapes(a, b) -> None:
         raise ValueError(f"matmul shapes do not contract: {sa} x {sb}")
 
 
+def check_matmul_accumulate_shapes(acc, a, b) -> None:
+    """ValueError unless a (M, K) and b (K, N) contract and acc is (M, N): 2-d only, nothing broadcast."""
+    sc, sa, sb = np.shape(acc), np.shape(a), np.shape(b)
+    if len(sa) != 2 or len(sb) != 2 or sa[1] != sb[0] or sc != (sa[0], sb[1]):
+        raise ValueError(f"matmul_accumulate needs acc (M, N), a (M, K), b (K, N), got {sc}, {sa}, {sb}")
+
+
 def check_int8_matmul(a, b) -> None:
     """TypeError unless a and b are int8 arrays (host or device: only ``dtype`` and ``shape``
     are read), ValueError unless they contract or when K > ``INT8_MATMUL_MAX_K`` (the

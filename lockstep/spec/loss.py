@@ -22,17 +22,15 @@ ONE = np.float32(1.0)
 TWO = np.float32(2.0)
 
 
-def cross_entropy_forward(logits, targets, z_loss: float):
-    """Loss sum and log-sum-exp: (N, V), (N,) -> ``(loss_sum () float32, lse (N,))``.
+def cross_entropy_rows(logits, targets, z_loss: float):
+    """Per-token losses and log-sum-exp: (N, V), (N,) -> ``(losses (N,), lse (N,))``.
 
-    Order, per row::
+    Order, per row (rows are independent: any split of the rows gives the same bits)::
 
         m    = max_v logits[v]                          # exact
         S    = lane_tree_sum_v exp(logits[v] - m)
         lse  = m + log(S)
         loss = (lse - logits[target]) + z * (lse * lse) # z as float32
-
-    and ``loss_sum = lane_tree_sum`` over the N rows in order.
     """
     check_loss_shapes(logits)
     logits = fp.f32(logits)
@@ -43,6 +41,18 @@ def cross_entropy_forward(logits, targets, z_loss: float):
     lse = fp.add(m, log(s))
     picked = logits[np.arange(n), t]
     per_token = fp.add(fp.sub(lse, picked), fp.mul(np.float32(z_loss), fp.mul(lse, lse)))
+    return per_token, lse
+
+
+def cross_entropy_forward(logits, targets, z_loss: float):
+    """Loss sum and log-sum-exp: (N, V), (N,) -> ``(loss_sum () float32, lse (N,))``.
+
+    ``losses, lse = cross_entropy_rows(logits, targets, z_loss)`` and
+    ``loss_sum = lane_tree_sum(losses)`` over the N rows in order: by this definition a
+    caller that computes the rows in chunks and lane-tree sums the N concatenated losses
+    gets ``loss_sum``'s bits.
+    """
+    per_token, lse = cross_entropy_rows(logits, targets, z_loss)
     return lane_tree_sum(per_token), lse
 
 

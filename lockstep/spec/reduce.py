@@ -6,6 +6,8 @@ Legend: M, N output rows/columns; K the contracted length; ``...`` leading batch
   mean and loss sum (one CUDA warp / Metal SIMD-group / AVX register file).
 * ``matmul``: float32 contraction, per output element ascending over k from +0.0,
   product rounded then sum rounded.
+* ``matmul_accumulate``: the same contraction continued from a given accumulator
+  (a contraction split over k in ascending pieces: ``matmul == matmul_accumulate`` from zeros).
 * ``int8_matmul``: exact int32; any order gives the same bits.
 * ``max``/``argmax``: exact in the total order ``-0.0 < +0.0``.
 """
@@ -15,7 +17,7 @@ from __future__ import annotations
 import numpy as np
 
 from . import fp
-from .checks import check_int8_operands, check_matmul_shapes  # noqa: F401 - re-exported: the shared input checks
+from .checks import check_int8_operands, check_matmul_accumulate_shapes, check_matmul_shapes  # noqa: F401 - re-exported: the shared input checks
 
 LANES = 32  # one CUDA warp / Metal SIMD-group
 # Largest K for which a float32 GEMM of int8-valued operands is exact in any order.
@@ -83,6 +85,28 @@ def matmul(a, b) -> np.ndarray:
     for k in range(a.shape[-1]):
         acc = fp.add(acc, fp.mul(a[..., :, k : k + 1], b[..., k : k + 1, :]))
     return acc
+
+
+def matmul_accumulate(acc, a, b) -> np.ndarray:
+    """``matmul``'s contraction continued from ``acc``: (M, N), (M, K), (K, N) -> (M, N).
+
+    For every output element: ``c = acc[m, n]`` (as float32: rounded, flushed, canonical);
+    for k = 0, 1, ..., K-1 in ascending order: ``c = c + a[m, k] * b[k, n]``, the product
+    rounded (and flushed), then the sum rounded (and flushed): never an FMA. 2-d operands
+    only, nothing broadcast.
+
+    ``matmul(a, b) == matmul_accumulate(zeros, a, b)`` bit for bit (``matmul`` starts from
+    +0.0), and a contraction over K split into ascending pieces ``a[:, k0:k1] @ b[k0:k1]``,
+    each continuing the last one's result, gives the whole contraction's bits: how the LM
+    head's weight gradient runs over chunks of tokens (``train.model``).
+    """
+    check_matmul_accumulate_shapes(acc, a, b)
+    out = fp.f32(acc).copy()
+    a = fp.f32(a)
+    b = fp.f32(b)
+    for k in range(a.shape[-1]):
+        out = fp.add(out, fp.mul(a[:, k : k + 1], b[k : k + 1, :]))
+    return out
 
 
 def int8_matmul(a, b) -> np.ndarray:

@@ -27,6 +27,8 @@ from lockstep.spec.rope import rope_tables
 from lockstep.formats.config import ModelConfig
 from lockstep.formats.params import param_specs
 
+from .execution import IN_MEMORY, Execution
+
 
 def init_params(cfg: ModelConfig, seed: int, backend=None, progress=None) -> dict[str, np.ndarray]:
     """Parameters from Philox streams keyed by (seed, "init", parameter name) only.
@@ -208,7 +210,51 @@ def logits_forward(params: dict, inputs, cfg: ModelConfig, backend):
     return forward(device_params(params, backend), inputs, cfg, backend)[0]
 
 
-def loss_and_grads(params: dict, windows, cfg: ModelConfig, backend, n_global: int | None = None):
+def _head_loss_and_grads(be, cfg: ModelConfig, P: dict, x, targets, inv_n, head_rows: int | None, grads: dict):
+    """Final norm, LM head and loss of the last block's output x (B, T, D), and their backward:
+    ``(loss_sum, dx)``; sets ``grads["lm_head"]`` and ``grads["final_norm.gain"]``.
+
+    ``head_rows``: the N = B*T rows run in chunks of that many tokens, so no (N, V) array
+    exists. The same bits as the whole (``None``): logits, per-token losses, lse, dlogits and
+    dxf are row by row; the loss sum is the lane tree of the N per-token losses in order
+    (``spec.loss.cross_entropy_forward``'s definition); the LM head's weight gradient, a
+    contraction over tokens, continues in ascending order from chunk to chunk
+    (``matmul_accumulate``); the final norm's gain gradient is one column sum over all rows.
+    """
+    bsz, t, d = x.shape
+    n = bsz * t
+    xf, rf = be.rmsnorm_forward(x, P["final_norm.gain"], cfg.norm_eps)
+    xf2 = xf.reshape(-1, d)
+    w = P["lm_head"]
+    if head_rows is None or head_rows >= n:
+        logits = be.matmul(xf2, w)                                             # (N, V)
+        loss_sum, lse = be.cross_entropy_forward(logits, targets, cfg.z_loss)
+        dlogits = be.cross_entropy_backward(logits, targets, lse, cfg.z_loss, inv_n)
+        del logits
+        grads["lm_head"] = be.matmul(xf2.T, dlogits)
+        dxf = be.matmul(dlogits, w.T)
+    else:
+        losses, dxf_t, g = [], [], None
+        for r0 in range(0, n, head_rows):
+            r1 = min(n, r0 + head_rows)
+            rows, tc = xf2[r0:r1], targets[r0:r1]
+            logits = be.matmul(rows, w)                                        # (rows, V)
+            per_token, lse = be.cross_entropy_rows(logits, tc, cfg.z_loss)
+            dlogits = be.cross_entropy_backward(logits, tc, lse, cfg.z_loss, inv_n)
+            del logits
+            g = be.matmul(rows.T, dlogits) if g is None else be.matmul_accumulate(g, rows.T, dlogits)
+            dxf_t.append(be.matmul(dlogits, w.T).T)                            # (D, rows)
+            losses.append(per_token)
+            del dlogits
+        grads["lm_head"] = g
+        loss_sum = be.lane_tree_sum(be.concat_last(losses))
+        dxf = be.concat_last(dxf_t).T                                          # (N, D)
+    dx, grads["final_norm.gain"] = be.rmsnorm_backward(dxf.reshape(bsz, t, d), x, P["final_norm.gain"], rf)
+    return loss_sum, dx
+
+
+def loss_and_grads(params: dict, windows, cfg: ModelConfig, backend, n_global: int | None = None,
+                   execution: Execution = IN_MEMORY):
     """Loss and gradients of one micro-batch: ``(loss, grads)``.
 
     ``windows`` is an int array (B, T+1): inputs ``[:, :-1]``, targets ``[:, 1:]``.
@@ -218,6 +264,12 @@ def loss_and_grads(params: dict, windows, cfg: ModelConfig, backend, n_global: i
     gradients are those of that number. Summing the contributions of a step's
     micro-batches with the spec's tree (``spec.tree``, on any number of ranks)
     gives the global batch's.
+
+    ``execution`` (``train.execution``) chooses how much memory this holds, never a bit:
+    ``recompute`` keeps only each block's input through the forward and recomputes the
+    block (``block_forward``, the same ops on the same inputs) just before its backward;
+    ``head_rows`` runs the final norm, LM head and loss in row chunks
+    (``_head_loss_and_grads``). ``execution.scratch`` is not read here.
     """
     be = backend
     windows = np.asarray(windows)
@@ -231,22 +283,29 @@ def loss_and_grads(params: dict, windows, cfg: ModelConfig, backend, n_global: i
     h, dh = cfg.n_heads, cfg.head_dim
     P = device_params(params, be)
 
-    # ---- forward
-    logits, fs = forward(P, inputs, cfg, be)
-    x0, r0, x, rf, xf2, cos, sin = fs.x0, fs.r0, fs.x, fs.rf, fs.xf2, fs.cos, fs.sin
-    loss_sum, lse = be.cross_entropy_forward(logits, targets, cfg.z_loss)
-    loss = be.mul(loss_sum, inv_n)
+    # ---- forward: every block's saved activations, or (recompute) only its input
+    cos, sin = (be.asarray(a) for a in _rope(t, cfg.head_dim, cfg.rope_theta))
+    x0, x, r0 = embed_forward(be, cfg, P, inputs)
+    attend = training_attention(be)
+    kept = []                                   # BlockSaved per layer, or the block's input x
+    for i in range(cfg.n_layers):
+        x_in = x
+        x, saved = block_forward(be, cfg, P, i, x, cos, sin, attend)
+        kept.append(x_in if execution.recompute else saved)
+        del saved
 
-    # ---- backward
+    # ---- head and loss, forward and backward
     grads = {}
-    dlogits = be.cross_entropy_backward(logits, targets, lse, cfg.z_loss, inv_n)
-    grads["lm_head"] = be.matmul(xf2.T, dlogits)
-    dxf = be.matmul(dlogits, P["lm_head"].T).reshape(bsz, t, cfg.d_model)
-    dx, grads["final_norm.gain"] = be.rmsnorm_backward(dxf, x, P["final_norm.gain"], rf)
+    loss_sum, dx = _head_loss_and_grads(be, cfg, P, x, targets, inv_n, execution.head_rows, grads)
+    loss = be.mul(loss_sum, inv_n)
+    del x
+
+    # ---- backward of the blocks
     for i in reversed(range(cfg.n_layers)):
         p = f"layers.{i:02d}."
         window = cfg.window(i)
-        b = fs.blocks[i]
+        b = block_forward(be, cfg, P, i, kept[i], cos, sin, attend)[1] if execution.recompute else kept[i]
+        kept[i] = None                                                        # dropped once differentiated
         dhh, grads[p + "ffn.w_down"] = _linear_backward(be, cfg, dx, b.hh, P[p + "ffn.w_down"])
         dgu = be.swiglu_backward(dhh, b.gu)
         df_in, grads[p + "ffn.w_gate_up"] = _linear_backward(be, cfg, dgu, b.f_in, P[p + "ffn.w_gate_up"])
@@ -261,6 +320,7 @@ def loss_and_grads(params: dict, windows, cfg: ModelConfig, backend, n_global: i
         da_in, grads[p + "attn.wqkv"] = _linear_backward(be, cfg, dqkv, b.a_in, P[p + "attn.wqkv"])
         dxi, grads[p + "attn_norm.gain"] = be.rmsnorm_backward(da_in, b.x, P[p + "attn_norm.gain"], b.r1)
         dx = be.add(dx, dxi)
+        del b
     dx0, grads["embed_norm.gain"] = be.rmsnorm_backward(dx, x0, P["embed_norm.gain"], r0)
     grads["embed"] = be.embedding_backward(dx0, inputs, cfg.vocab_size)
     return loss, grads

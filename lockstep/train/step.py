@@ -44,6 +44,7 @@ from lockstep.formats.params import param_specs
 from lockstep.formats.schedule import StepPlan, learning_rate
 from lockstep.spec import hashing, tree
 
+from .execution import IN_MEMORY, Execution
 from .model import loss_and_grads
 from .optim import AdamWState, NonFiniteError, optimizer_step
 
@@ -236,12 +237,13 @@ def in_place_add(backend, pool: VectorPool):
 
 
 def micro_batch_value(params: dict, windows: np.ndarray, cfg: ModelConfig, n_global: int, backend,
-                      layout: GradLayout, where: str = "", out: np.ndarray | None = None) -> np.ndarray:
+                      layout: GradLayout, where: str = "", out: np.ndarray | None = None, *,
+                      execution: Execution = IN_MEMORY) -> np.ndarray:
     """One micro-batch's loss and gradients (contributions to the mean over ``n_global`` tokens),
-    flattened (into ``out`` when given)."""
+    flattened (into ``out`` when given). ``execution``: how it holds memory (``train.execution``), never a bit."""
     be = backend
     with transfer_phase(be, "data"):  # what the forward and backward upload: token ids, their tables, rope, 1/n
-        loss_d, grads = loss_and_grads(params, windows, cfg, be, n_global=n_global)
+        loss_d, grads = loss_and_grads(params, windows, cfg, be, n_global=n_global, execution=execution)
     loss = np.asarray(be.to_numpy(loss_d), dtype=np.float32).reshape(-1)[0]
     if not np.isfinite(loss):
         raise NonFiniteError(f"non-finite loss{where}: {loss}")
@@ -253,7 +255,7 @@ def micro_batch_value(params: dict, windows: np.ndarray, cfg: ModelConfig, n_glo
 
 def subtree_sums(params: dict, windows: np.ndarray, plan: StepPlan, lo: int, hi: int, cfg: ModelConfig,
                  tcfg: TrainConfig, backend, pool: VectorPool | None = None,
-                 progress=None) -> list[tuple[int, int, np.ndarray]]:
+                 progress=None, *, execution: Execution = IN_MEMORY) -> list[tuple[int, int, np.ndarray]]:
     """The maximal subtrees of micro-batches ``lo .. hi-1`` and their sums: ``[(lo, hi, vector), ...]``.
 
     ``windows`` is the step's whole batch (``plan.n_windows`` rows). Micro-batches are
@@ -275,7 +277,7 @@ def subtree_sums(params: dict, windows: np.ndarray, plan: StepPlan, lo: int, hi:
             where = (f" at step {plan.step}, micro-batch {j} (windows {plan.first_window + start}.."
                      f"{plan.first_window + stop - 1})")
             folder.push_leaf(micro_batch_value(params, windows[start:stop], cfg, plan.n_global, be, layout, where,
-                                               out=pool.take()))
+                                               out=pool.take(), execution=execution))
             pool.park(*(v for _, _, v in folder.parts()))  # they wait for a sibling (or the caller)
             if progress is not None:
                 progress(j - lo + 1, hi - lo)
@@ -361,16 +363,17 @@ def apply_update(params: dict, opt: AdamWState, summed: np.ndarray, plan: StepPl
 
 def tree_step(params: dict, opt: AdamWState, windows: np.ndarray, plan: StepPlan, cfg: ModelConfig,
               tcfg: TrainConfig, backend, *, pool: VectorPool | None = None, moments=None,
-              progress=None) -> StepResult:
+              progress=None, execution: Execution = IN_MEMORY) -> StepResult:
     """Step ``plan.step`` on one process: the whole tree, then the update (what the audit replays).
 
     ``windows`` is the step's batch (``plan.n_windows`` rows). Its bits are those of a
-    run with any number of ranks. ``pool``, ``moments`` and ``progress`` as in ``subtree_sums``
+    run with any number of ranks, and of any ``execution``. ``pool``, ``moments`` and ``progress`` as in ``subtree_sums``
     and ``apply_update`` (``pool`` and ``moments``: a scratch folder's, for out-of-core state).
     """
     m = len(plan.micro_batches(tcfg.micro_batch))
     params, opt = to_device(backend, params, opt)  # once per step at most (device arrays stay as they are)
-    [(_, _, summed)] = subtree_sums(params, windows, plan, 0, m, cfg, tcfg, backend, pool, progress=progress)
+    [(_, _, summed)] = subtree_sums(params, windows, plan, 0, m, cfg, tcfg, backend, pool, progress=progress,
+                                    execution=execution)
     res = apply_update(params, opt, summed, plan, cfg, tcfg, backend, moments=moments)
     if pool is not None:
         pool.give(summed)  # dead: the update's results are new arrays

@@ -422,7 +422,8 @@ def _steps(comm, rank, world, run_dir, st, be, checkpoint_every, say, stop, eval
             m = len(plan.micro_batches(tcfg.micro_batch))
             lo, hi = rank_micro_batches(m, world, rank)
             with PhaseProgress(f"step {t}", hi - lo, "micro-batches", enabled=progress and is_root) as mb_bar:
-                parts = subtree_sums(params, windows, plan, lo, hi, cfg, tcfg, be, pool, progress=mb_bar.update)
+                parts = subtree_sums(params, windows, plan, lo, hi, cfg, tcfg, be, pool, progress=mb_bar.update,
+                                     execution=st.plan.execution if st.plan is not None else Execution())
             if world > 1:
                 with transfer_phase(be, "exchange"):  # MPI moves host memory: a device's subtree sums come over
                     sent = parts if host_pool is pool else [(a, b, be.to_numpy(v)) for a, b, v in parts]

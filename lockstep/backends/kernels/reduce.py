@@ -5,6 +5,8 @@
 * ``matmul`` and every float contraction of the attention ops: ``ls_contract_f32_kernel``, one
   accumulator per output, k ascending from +0.0, tiles of ``TILE`` x ``TILE`` outputs per
   work-group of ``TILE_THREADS`` x ``TILE_THREADS`` (no split-K).
+* ``matmul_accumulate``: ``ls_matmul_accumulate_kernel``, one work-item per output continuing
+  its accumulator, k ascending (untiled: it runs once per chunk of the LM head's gradient).
 * ``int8_matmul``: the runtime's exact int8 GEMM (any order: integer sums are exact);
   ``default_int8_gemm`` is the shared tiled ``ls_int8_gemm_kernel`` (int32 accumulators).
 """
@@ -16,7 +18,7 @@ import math
 import numpy as np
 from numpy.lib.array_utils import normalize_axis_index
 
-from lockstep.spec.checks import check_int8_matmul, check_matmul_shapes
+from lockstep.spec.checks import check_int8_matmul, check_matmul_accumulate_shapes, check_matmul_shapes
 
 from .layout import F32, DeviceArray, LayoutOps, ParamBlock, ceil_div
 
@@ -109,6 +111,19 @@ class ReduceOps(LayoutOps):
                       a_view=(a.offset, a_z, 0, 1, 0, a.strides[-2], a.strides[-1]),
                       b_view=(b.offset, b_z, 0, 1, 0, b.strides[-2], b.strides[-1]),
                       o_view=(0, m * n, 0, n, 1))
+        return out
+
+    def matmul_accumulate(self, acc, a, b):
+        """spec reduce.matmul_accumulate: ``ls_matmul_accumulate_kernel`` (a and b in any strides)."""
+        acc, a, b = self._f32(acc), self._f32(a), self._f32(b)
+        check_matmul_accumulate_shapes(acc, a, b)
+        acc = self.contiguous(acc)
+        m, k, n = a.shape[0], a.shape[1], b.shape[1]
+        out = self.empty((m, n), F32)
+        if m and n:
+            self._ew("ls_matmul_accumulate_kernel", m * n, out, acc, a, b, np.int32(m), np.int32(n), np.int32(k),
+                     np.int32(a.offset), np.int32(a.strides[0]), np.int32(a.strides[1]),
+                     np.int32(b.offset), np.int32(b.strides[0]), np.int32(b.strides[1]))
         return out
 
     def int8_gemm_kernel(self, a: DeviceArray, b: DeviceArray) -> DeviceArray:

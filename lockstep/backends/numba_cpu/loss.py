@@ -48,6 +48,12 @@ def _ce_backward_kernel(t0, t1, logits, targets, lse, z, inv_n, out):
 
 def cross_entropy_forward(logits, targets, z_loss: float):
     """``spec.loss.cross_entropy_forward``: ``(loss_sum () float32, lse (N,))``."""
+    per_token, lse = cross_entropy_rows(logits, targets, z_loss)
+    return np.array(lane_tree_value(per_token), dtype=np.float32), lse
+
+
+def cross_entropy_rows(logits, targets, z_loss: float):
+    """``spec.loss.cross_entropy_rows``: ``(losses (N,), lse (N,))``."""
     check_loss_shapes(logits)
     logits = contiguous_f32(np.asarray(logits, dtype=np.float32))
     n, v = logits.shape
@@ -58,8 +64,7 @@ def cross_entropy_forward(logits, targets, z_loss: float):
     per_token = np.empty(n, dtype=np.float32)
     if n:
         _ce_forward_kernel(logits, t, canon_scalar(z_loss), lse, per_token)
-    loss_sum = np.array(lane_tree_value(per_token), dtype=np.float32)
-    return loss_sum, lse
+    return per_token, lse
 
 
 def cross_entropy_backward(logits, targets, lse, z_loss: float, inv_n) -> np.ndarray:

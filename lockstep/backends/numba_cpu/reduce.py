@@ -5,7 +5,8 @@
   which the norms, the loss, attention's softmax and ``sum_of_squares`` use; the
   fold alone is ``lane_fold``). Rows run in parallel.
 * ``matmul``: per output element ascending over k from +0.0, ``acc = acc + a*b`` with
-  product and sum each rounded and flushed. The loop order is: for each output row
+  product and sum each rounded and flushed (``matmul_accumulate``: the same, continued from
+  given accumulators instead of +0.0). The loop order is: for each output row
   (in parallel), for k ascending, for n vectorized: ``acc[n] += a[m, k] * b[k, n]``,
   which keeps every element's ascending order while SIMD runs across outputs.
   A block of rows whose products provably never flush (``fp.safe_products``) runs
@@ -23,11 +24,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from lockstep.spec.checks import check_int8_operands, check_matmul_shapes
+from lockstep.spec.checks import check_int8_operands, check_matmul_accumulate_shapes, check_matmul_shapes
 from lockstep.spec.reduce import LANES
 
 from . import int8gemm
-from .fp import (CANONICAL_NAN_BITS, ONE, ZERO, cn, contiguous_f32, entered, fl, from_bits, min_nonzero_abs,
+from .fp import (CANONICAL_NAN_BITS, ONE, SAFE_PRODUCT, ZERO, cn, contiguous_f32, entered, fl, from_bits, min_nonzero_abs,
                  safe_products, total_key)
 from .tasks import (block_bounds, column_block, column_blocks, column_bounds, element_blocks, inlined, kernel,
                     parallel_kernel, rows)
@@ -159,12 +160,20 @@ def contract_rows(a_rows, b, acc_rows):
     """``contract_row`` (fast path) for a block of rows: four k at a time, each k-step
     applied to every row of the block while b's four rows are in L1."""
     r = a_rows.shape[0]
-    kk = a_rows.shape[1]
     n = acc_rows.shape[1]
     for i in range(r):
         acc = acc_rows[i]
         for j in range(n):
             acc[j] = ZERO
+    continue_rows(a_rows, b, acc_rows)
+
+
+@kernel
+def continue_rows(a_rows, b, acc_rows):
+    """``contract_rows`` continued from acc_rows' current contents (fast path, canonical output)."""
+    r = a_rows.shape[0]
+    kk = a_rows.shape[1]
+    n = acc_rows.shape[1]
     k4 = kk - kk % 4
     for k in range(0, k4, 4):
         b0 = b[k]
@@ -193,16 +202,20 @@ def contract_rows(a_rows, b, acc_rows):
 
 
 @kernel
-def _tiled_rows(a_rows, b, b_tail, tail_col, out_rows, tile):
+def _tiled_rows(a_rows, b, b_tail, tail_col, out_rows, tile, accumulate=False):
     """``contract_rows`` for a full block of ROW_BLOCK rows with register tiles (``tiles.tile_8x32``):
     32 columns per tile, read from b, or for a last partial chunk from b_tail (its columns
-    zero-padded to 32); no flush tests (the caller proved none can fire), canonical output."""
+    zero-padded to 32); no flush tests (the caller proved none can fire), canonical output.
+    ``accumulate``: continue from out_rows' contents instead of +0.0 (``continue_rows``)."""
     kk = a_rows.shape[1]
     n = out_rows.shape[1]
     for c0 in range(0, tail_col, 32):
-        tile_8x32(out_rows[0, c0:].ctypes.data, n, a_rows.ctypes.data, kk, 1, b[0, c0:].ctypes.data, n, kk, False)
+        tile_8x32(out_rows[0, c0:].ctypes.data, n, a_rows.ctypes.data, kk, 1, b[0, c0:].ctypes.data, n, kk, accumulate)
     if tail_col < n:
-        tile_8x32(tile.ctypes.data, 32, a_rows.ctypes.data, kk, 1, b_tail.ctypes.data, 32, kk, False)
+        if accumulate:
+            tile[:, :] = ZERO
+            tile[:, :n - tail_col] = out_rows[:, tail_col:]
+        tile_8x32(tile.ctypes.data, 32, a_rows.ctypes.data, kk, 1, b_tail.ctypes.data, 32, kk, accumulate)
         out_rows[:, tail_col:] = tile[:, :n - tail_col]
     for i in range(out_rows.shape[0]):
         acc = out_rows[i]
@@ -250,6 +263,39 @@ def _matmul_kernel(t0, t1, a, b, out):
                 contract_row(a[bi, r], b[bi], out[bi, r], safe_products(min_nonzero_abs(a[bi, r]), min_b[bi]))
 
 
+@parallel_kernel(_row_blocks, weight=16)
+def _accumulate_kernel(t0, t1, a, b, out):
+    """``_matmul_kernel`` continued from out's contents: a (1, M, K), b (1, K, N) canonical; out
+    (1, M, N) holding the canonical accumulators. A block runs without flush tests when its
+    products provably never flush and its accumulators are multiples of 2**-126 (every nonzero
+    |acc| >= 2**-103: ``fp.safe_products``' argument then holds for the continued sum too)."""
+    m, kk = a.shape[1], a.shape[2]
+    n = b.shape[2]
+    blocks = (m + ROW_BLOCK - 1) // ROW_BLOCK
+    min_b = min_nonzero_abs(b[0].reshape(-1))
+    tail_col = n - n % 32
+    b_tail = np.zeros((kk, 32), dtype=np.float32)
+    if tail_col < n:
+        b_tail[:, :n - tail_col] = b[0, :, tail_col:]
+    tile = np.empty((ROW_BLOCK, 32), dtype=np.float32)
+    for task in range(t0, t1):
+        r0 = (task % blocks) * ROW_BLOCK
+        r1 = min(m, r0 + ROW_BLOCK)
+        fast = True
+        for r in range(r0, r1):
+            fast = fast and safe_products(min_nonzero_abs(a[0, r]), min_b) and min_nonzero_abs(out[0, r]) >= SAFE_PRODUCT
+        if fast and r1 - r0 == ROW_BLOCK:
+            _tiled_rows(a[0, r0:r1], b[0], b_tail, tail_col, out[0, r0:r1], tile, True)
+        elif fast:
+            continue_rows(a[0, r0:r1], b[0], out[0, r0:r1])
+        else:
+            for r in range(r0, r1):
+                acc = out[0, r]
+                accumulate_rows(acc, a[0, r], b[0], 0, False)
+                for j in range(acc.size):
+                    acc[j] = cn(acc[j])
+
+
 def canonical_copy(x, shape=None) -> np.ndarray:
     """``spec.fp.f32`` of x (optionally broadcast to ``shape`` first): a fresh canonical C array."""
     a = np.asarray(x, dtype=np.float32)
@@ -286,6 +332,20 @@ def matmul(a, b) -> np.ndarray:
     a3 = (entered(a)[0] if a.shape == batch + (m, k) else canonical_copy(a, batch + (m, k))).reshape(-1, m, k)
     b3 = (entered(b)[0] if b.shape == batch + (k, n) else canonical_copy(b, batch + (k, n))).reshape(-1, k, n)
     _matmul_kernel(a3, b3, out.reshape(-1, m, n))
+    return out
+
+
+def matmul_accumulate(acc, a, b) -> np.ndarray:
+    """``spec.reduce.matmul_accumulate``: (M, N), (M, K), (K, N) -> (M, N), ``matmul`` continued from acc."""
+    check_matmul_accumulate_shapes(acc, a, b)
+    a = np.asarray(a, dtype=np.float32)
+    b = np.asarray(b, dtype=np.float32)
+    out = canonical_copy(acc)
+    if out.size == 0 or a.shape[1] == 0:
+        return out
+    a3 = entered(a)[0].reshape(1, *a.shape)
+    b3 = entered(b)[0].reshape(1, *b.shape)
+    _accumulate_kernel(a3, b3, out.reshape(1, *out.shape))
     return out
 
 
@@ -419,5 +479,6 @@ def column_sum(x) -> np.ndarray:
 
 # names the other modules share
 __all__ = ["LANES", "lane_fold", "lane_tree", "lane_tree_value", "lane_tree_sum", "accumulate_rows", "contract_row",
+           "continue_rows", "matmul_accumulate",
            "row_max_total", "matmul", "int8_matmul", "max", "argmax", "add_rows_into", "column_sum", "canonical_copy",
            "ONE", "ZERO"]

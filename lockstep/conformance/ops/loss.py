@@ -1,4 +1,5 @@
-"""Conformance of ``spec.loss``: cross_entropy_forward, cross_entropy_backward (with z-loss).
+"""Conformance of ``spec.loss``: cross_entropy_forward, cross_entropy_backward (with z-loss),
+cross_entropy_rows (the forward's per-token losses; the forward's cases, plus boundary logits).
 
 The search adds z-loss 0 and any double, targets out of range or of a float dtype, and an
 lse of another length (refused, never broadcast) or not the forward's.
@@ -64,6 +65,14 @@ def _backward_refusals():
                  (gen.f32_zeros(0, 1), np.zeros(0, np.int64), gen.f32_zeros(1), 1e-4, np.float32(0)))]
 
 
+def _rows_cases(seed, level):
+    b = gen.boundary_values()
+    logits = np.resize(b, (5, b.size)).astype(np.float32)
+    return _forward_cases(seed, level) + [Case("boundary-logits", (logits, np.arange(5) % b.size, 1e-4)),
+                                          Case("no-z-loss", (logits[:, :7].copy(), np.zeros(5, np.int64), 0.0))]
+
+
+register(OpRecord("cross_entropy_rows", _rows_cases, draw=_draw_forward, search_cost=2))
 register(OpRecord("cross_entropy_forward", _forward_cases, draw=_draw_forward, search_cost=2))
 register(OpRecord("cross_entropy_backward", _backward_cases, draw=_draw_backward, search_cost=2,
                   refusals=_backward_refusals))

@@ -1,8 +1,11 @@
-"""Conformance of ``spec.reduce``: lane_tree_sum, matmul, int8_matmul, max, argmax, column_sum.
+"""Conformance of ``spec.reduce``: lane_tree_sum, matmul, matmul_accumulate, int8_matmul, max, argmax,
+column_sum.
 
 Row lengths at the edges of the 32-lane groups (the lane tree's every branch), matrix
 shapes small and, at level 2, large; boundary matrices; signed zeros for the total-order
-max; int8 products at the int32 bound.
+max; int8 products at the int32 bound. matmul_accumulate: accumulators random, of every
+boundary class (subnormals flush, -0.0 stays, inf and NaN), at multiples of 2**-126 and not
+(numba's unflushed path is taken only for the former), K = 0 and a transposed a.
 """
 
 from __future__ import annotations
@@ -44,6 +47,28 @@ def _matmul_cases(seed: int, level: int) -> list[Case]:
     out.append(Case("wide-range", (gen.random_normal_range(seed, ("mm", "wa"), (6, 40), -60, 60),
                                    gen.random_normal_range(seed, ("mm", "wb"), (40, 6), -60, 60))))
     out.append(Case("specials", (gen.boundary_matrix(), gen.boundary_matrix().T.copy())))
+    return out
+
+
+def _matmul_accumulate_cases(seed: int, level: int) -> list[Case]:
+    shapes = [(1, 1, 1), (3, 5, 4), (8, 33, 7), (16, 64, 40), (9, 0, 5)]
+    if level >= 2:
+        shapes += [(64, 256, 48), (33, 1000, 17)]
+    out = []
+    for m, k, n in shapes:
+        acc = gen.random_uniform(seed, ("mma", m, k, n, "acc"), (m, n), -4.0, 4.0)
+        a = gen.random_uniform(seed, ("mma", m, k, n, "a"), (m, k))
+        b = gen.random_uniform(seed, ("mma", m, k, n, "b"), (k, n))
+        out.append(Case(f"{m}x{k}x{n}", (acc, a, b)))
+        out.append(Case(f"{m}x{k}x{n}-a-transposed", (acc, a.T.copy().T, b)))
+    a = gen.random_uniform(seed, ("mma", "tiny-acc", "a"), (8, 12))
+    b = gen.random_uniform(seed, ("mma", "tiny-acc", "b"), (12, 40))
+    out.append(Case("accumulators-below-2^-103", (np.full((8, 40), 2.0**-110, np.float32), a, b)))
+    out.append(Case("accumulators-subnormal", (np.full((8, 40), 2.0**-140, np.float32), a, b)))
+    out.append(Case("accumulators-signed-zeros", (np.resize(np.array([0.0, -0.0], np.float32), (8, 40)), a, b)))
+    bm = gen.boundary_matrix()
+    out.append(Case("specials", (np.resize(gen.boundary_values()[::-1], (bm.shape[0], bm.shape[0])).astype(np.float32),
+                                 bm, bm.T.copy())))
     return out
 
 
@@ -100,6 +125,24 @@ def _draw_matmul(draw, op):
     return (draw(f32_array(a_shape)), draw(f32_array(b_shape))), {}
 
 
+def _draw_matmul_accumulate(draw, op):
+    m, n = draw(dim(6)), draw(dim(6))
+    k = draw(row_length(0, 80))
+    acc_shape, b_shape = (m, n), (k, n)
+    if rarely(draw):
+        b_shape = (k + 1, n)  # does not contract
+    if rarely(draw):
+        acc_shape = (m, n + 1)  # not the result's shape: refused, never broadcast
+    return (draw(f32_array(acc_shape)), draw(f32_array((m, k))), draw(f32_array(b_shape))), {}
+
+
+def _matmul_accumulate_refusals():
+    z = gen.f32_zeros
+    return [Case("batched", (z(2, 3, 4), z(2, 3, 5), z(2, 5, 4))),
+            Case("acc-broadcast", (z(1, 4), z(3, 5), z(5, 4))),
+            Case("no-contraction", (z(3, 4), z(3, 5), z(6, 4)))]
+
+
 def _draw_int8_matmul(draw, op):
     kind = draw(st.sampled_from(("overflow-bound", "wrong-dtype"))) if rarely(draw) else "small"
     if kind == "overflow-bound":  # K at the spec's int32 bound (2**17) and one past it
@@ -151,6 +194,8 @@ def _axis_out_of_range():
 register(OpRecord("lane_tree_sum", _lane_tree_cases, doc="lane-tree(32) row sum", draw=_draw_axis_reduction,
                   refusals=_axis_out_of_range))
 register(OpRecord("matmul", _matmul_cases, doc="ascending-k float32 contraction", draw=_draw_matmul, search_cost=2))
+register(OpRecord("matmul_accumulate", _matmul_accumulate_cases, doc="matmul's contraction continued from acc",
+                  draw=_draw_matmul_accumulate, search_cost=2, refusals=_matmul_accumulate_refusals))
 register(OpRecord("int8_matmul", _int8_matmul_cases, doc="exact int8 GEMM in int32", draw=_draw_int8_matmul,
                   regressions=_int8_matmul_regressions))
 register(OpRecord("max", _max_cases, doc="total-order max", draw=_draw_axis_reduction, refusals=_axis_out_of_range))

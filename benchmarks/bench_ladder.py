@@ -54,17 +54,9 @@ PLANS = [("in memory", Execution()), ("recompute", Execution(recompute=True)),
          ("recompute + head rows + scratch", Execution(recompute=True, head_rows=1024, scratch="scratch"))]
 
 
-def _modelled(cfg, tcfg, ex) -> tuple[int, bool]:
-    """The modelled peak, and whether an option of ``ex`` is not implemented here (modelled from its terms)."""
-    need = {"recompute"} if ex.recompute else set()
-    need |= {"head_rows"} if ex.head_rows is not None else set()
-    need |= {"scratch"} if ex.scratch is not None else set()
-    held = memory.IMPLEMENTED
-    try:
-        memory.IMPLEMENTED = frozenset({"recompute", "head_rows", "scratch"})
-        return memory.step_memory(cfg, tcfg, ex).total, not need <= held
-    finally:
-        memory.IMPLEMENTED = held
+def _modelled(cfg, tcfg, ex) -> int:
+    """The modelled peak of one step executed as ``ex``."""
+    return memory.step_memory(cfg, tcfg, ex).total
 
 
 CHILD = r"""
@@ -125,8 +117,7 @@ def main() -> None:
     for name, (cfg, tcfg) in rows.items():
         cells = []
         for _, ex in PLANS:
-            need, modelled = _modelled(cfg, tcfg, ex)
-            cells.append(f"{need / GiB:,.2f} GiB" + (" (modelled)" if modelled else ""))
+            cells.append(f"{_modelled(cfg, tcfg, ex) / GiB:,.2f} GiB")
         print(f"| {name} | {param_count(cfg) / 1e6:,.1f}M | " + " | ".join(cells) + " |")
 
     if args.measure:
@@ -148,17 +139,12 @@ def main() -> None:
     print("\nDevice memory of one micro-batch (shared kernels; moments and sums on the host), GB = 10^9 bytes:")
     print("| size | device | micro-batch sizes that fit, in memory | with recompute (modelled) |")
     print("|---|---|---|---|")
-    held = memory.IMPLEMENTED
     for name in ("400m", "open-1b"):
         cfg, _ = rows[name]
         for dev, cap in (("H200 141 GB", 141 * GB), ("H100 80 GB", 80 * GB)):
             fits = {}
             for label, ex in (("plain", Execution()), ("recompute", Execution(recompute=True))):
-                memory.IMPLEMENTED = frozenset({"recompute", "head_rows", "scratch"})
-                try:
-                    fits[label] = [b for b in (1, 2, 4, 8, 16, 32) if memory.device_memory(cfg, b, ex) <= cap]
-                finally:
-                    memory.IMPLEMENTED = held
+                fits[label] = [b for b in (1, 2, 4, 8, 16, 32) if memory.device_memory(cfg, b, ex) <= cap]
             show = {k: (", ".join(map(str, v)) or "none") + (f" (at 1: {memory.device_memory(cfg, 1, e) / GB:,.0f} GB)")
                     for (k, v), e in zip(fits.items(), (Execution(), Execution(recompute=True)))}
             print(f"| {name} | {dev} | {show['plain']} | {show['recompute']} |")

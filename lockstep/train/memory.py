@@ -19,8 +19,7 @@ two phases, and its peak is the larger:
 again while it is differentiated); ``Execution.head_rows`` holds the logits and their
 gradient for that many rows instead of ``N``. ``choose_execution`` goes through the
 plans cheapest first (in memory; recompute; recompute and head rows; and all of that
-with the state in a scratch folder), keeps those this checkout implements
-(``IMPLEMENTED``), and returns the first that fits the budget, or refuses in one line.
+with the state in a scratch folder) and returns the first that fits the budget, or refuses in one line.
 The constants were calibrated against measured peak RSS on numba (``tests/test_memory_model.py``
 checks the agreement within 25% on three small sizes; benchmarks/RESULTS.md, "Memory ladder").
 """
@@ -38,11 +37,12 @@ from .execution import IN_MEMORY, Execution
 
 GiB = 2**30
 
-# The Execution options this checkout implements; the planner offers no plan that needs another.
-IMPLEMENTED = frozenset({"scratch"})
-
 # Resident memory of a process that imported lockstep, NumPy and the backend, before any
 # model exists (measured: numba 0.2 GiB on x86-64 (200 MiB) with the kernels loaded from the cache).
+# The shared kernels keep their (B*H, T, T) score buffers while two fit this many bytes
+# (``backends.kernels.attention.AttentionOps.score_budget_bytes``) and use row kernels past it.
+SCORE_BUDGET = 64 * 2**20
+
 BASELINE = {"spec": 110 * 2**20, "numba": 200 * 2**20, "kernels": 300 * 2**20}
 
 KINDS = ("spec", "numba", "kernels")
@@ -94,18 +94,21 @@ def activation_bytes(cfg: ModelConfig, micro_batch: int, execution: Execution = 
     n, t = micro_batch * cfg.seq_len, cfg.seq_len
     d, h, g, dh, v = cfg.d_model, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, cfg.vocab_size
     block = block_saved_floats(cfg, n)
-    if execution.recompute and "recompute" in IMPLEMENTED:
+    if execution.recompute:
         saved = cfg.n_layers * n * d + block  # each block's input, and one block recomputed
     else:
         saved = cfg.n_layers * block
-    rows = n if execution.head_rows is None or "head_rows" not in IMPLEMENTED else min(n, execution.head_rows)
+    rows = n if execution.head_rows is None else min(n, execution.head_rows)
     out = {
         "activations": 4 * (saved + 4 * n * d + 3 * n),  # + the embedding, the last block's output, the final norm
         "logits": 4 * 2 * rows * v + 4 * 2 * n,          # logits and their gradient, the row statistics
         "backward transients": 4 * block // 2,           # a block's gradients in flight
     }
-    if kind == "kernels":  # the shared kernels hold T x T scores per head (forward; backward twice)
+    scores = 4 * 2 * micro_batch * h * t * t
+    if kind == "kernels" and scores <= SCORE_BUDGET:  # two (B*H, T, T) score buffers, and a third in the backward
         out["attention"] = 4 * 3 * micro_batch * h * t * t
+    elif kind == "kernels":  # past the budget the row kernels hold no T x T buffer: outputs and row statistics
+        out["attention"] = 4 * 3 * micro_batch * h * t * (dh + 2)
     else:  # numba works in query blocks: the padded keys and a few blocks' rows per thread
         out["attention"] = 4 * (micro_batch * g * dh * (t + 8) + 2 * 64 * 4 * (t + 64))
     if cfg.quantize:  # each linear's int8 activation and its scales, forward and backward
@@ -127,7 +130,7 @@ def step_memory(cfg: ModelConfig, tcfg: TrainConfig, execution: Execution = IN_M
     most = max(n for _, n in tcfg.batch_ramp)
     m = -(-most // tcfg.micro_batch)
     waiting = depth(m)
-    scratch = execution.scratch is not None and "scratch" in IMPLEMENTED
+    scratch = execution.scratch is not None
     vec = 4 * (params + 1)
     device = 4 * params if kind == "kernels" else 0  # the device copy of the weights (host memory on a CPU device)
     int8_weights = 2 * linear if cfg.quantize else 0  # the int8 forms, forward and transposed, kept for a step
@@ -184,13 +187,11 @@ def device_memory(cfg: ModelConfig, micro_batch: int, execution: Execution = IN_
 
 
 def plans(scratch: str | None) -> list[tuple[str, Execution]]:
-    """The plans in the order the planner tries them (cheapest first), those this checkout implements."""
+    """The plans in the order the planner tries them (cheapest first)."""
     head = 1024
-    options = [("in memory", IN_MEMORY, set()),
-               ("recompute", Execution(recompute=True), {"recompute"}),
-               (f"recompute, head in rows of {head}", Execution(recompute=True, head_rows=head), {"recompute", "head_rows"})]
-    out = [(label, ex) for label, ex, need in options if need <= IMPLEMENTED]
-    if scratch is not None and "scratch" in IMPLEMENTED:
+    out = [("in memory", IN_MEMORY), ("recompute", Execution(recompute=True)),
+           (f"recompute, head in rows of {head}", Execution(recompute=True, head_rows=head))]
+    if scratch is not None:
         out += [((label + ", " if label != "in memory" else "") + f"moments and sums in {scratch}",
                  replace(ex, scratch=scratch)) for label, ex in list(out)]
     return out
@@ -224,7 +225,7 @@ def choose_execution(cfg: ModelConfig, tcfg: TrainConfig, what: str, *, max_memo
         if budget is None or need <= budget:
             return Plan(ex, label, need, budget)
         best = need if best is None else min(best, need)
-    hint = "" if scratch is not None or given is not None or "scratch" not in IMPLEMENTED else \
+    hint = "" if scratch is not None or given is not None else \
         " (a scratch folder for the state, --scratch DIR, may bring it lower)"
     raise RunFileError(f"the recipe's model ({cfg.name}: d_model {cfg.d_model}, {cfg.n_layers} layers, seq_len "
                        f"{cfg.seq_len}, vocab {cfg.vocab_size}, micro-batch {tcfg.micro_batch}) needs about "

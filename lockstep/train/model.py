@@ -191,7 +191,7 @@ def forward(P: dict, inputs, cfg: ModelConfig, backend):
     ``(logits (B*T, V), saved)``, ``saved`` (``ForwardSaved``) being what ``loss_and_grads`` needs for the backward."""
     be = backend
     t = inputs.shape[1]
-    cos, sin = (be.asarray(a) for a in _rope(t, cfg.head_dim, cfg.rope_theta))
+    cos, sin = _rope(t, cfg.head_dim, cfg.rope_theta)  # host tables: a device backend uploads them once
     x0, x, r0 = embed_forward(be, cfg, P, inputs)
     blocks = []
     attend = training_attention(be)
@@ -284,7 +284,7 @@ def loss_and_grads(params: dict, windows, cfg: ModelConfig, backend, n_global: i
     P = device_params(params, be)
 
     # ---- forward: every block's saved activations, or (recompute) only its input
-    cos, sin = (be.asarray(a) for a in _rope(t, cfg.head_dim, cfg.rope_theta))
+    cos, sin = _rope(t, cfg.head_dim, cfg.rope_theta)  # host tables: a device backend uploads them once
     x0, x, r0 = embed_forward(be, cfg, P, inputs)
     attend = training_attention(be)
     kept = []                                   # BlockSaved per layer, or the block's input x

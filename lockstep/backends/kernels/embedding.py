@@ -22,7 +22,7 @@ class EmbeddingOps(LayoutOps):
         table = self.contiguous(self._f32(table))
         ids_h = check_ids(self._host(ids), table.shape[0])
         out = self.empty(ids_h.shape + (table.shape[1],), F32)
-        d_ids = self._upload(np.ascontiguousarray(ids_h.reshape(-1), dtype=np.int32))
+        d_ids = self._reused_upload(np.ascontiguousarray(ids_h.reshape(-1), dtype=np.int32))
         n, d = ids_h.size, table.shape[1]
         self._ew("ls_embedding_forward_kernel", n * d, out, table, d_ids, np.int32(n), np.int32(d))
         return out
@@ -43,6 +43,6 @@ class EmbeddingOps(LayoutOps):
         start = np.zeros(vocab_size + 1, dtype=np.int32)
         np.cumsum(np.bincount(ids_h, minlength=vocab_size), out=start[1:])
         grad = self.empty((vocab_size, d), F32)
-        self._ew("ls_embedding_backward_kernel", vocab_size * d, grad, rows, self._upload(start), self._upload(order),
+        self._ew("ls_embedding_backward_kernel", vocab_size * d, grad, rows, self._reused_upload(start), self._reused_upload(order),
                  np.int32(vocab_size), np.int32(d))
         return grad

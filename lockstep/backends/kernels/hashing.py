@@ -80,6 +80,7 @@ class HashingOps(LayoutOps):
             raise ValueError(f"sha256_bytes hashes at most 4 GiB on one work-item, got {nbytes} bytes")
         out = self.empty((8,), np.uint32)
         self._single("ls_sha256_bytes_kernel", out, words, np.uint32(nbytes))
+        self._count("out", 32)
         return _digest_bytes(self.rt.download(out.buffer, np.uint32, 8))[0]
 
     # ------------------------------------------------------------------ internals
@@ -99,6 +100,7 @@ class HashingOps(LayoutOps):
         params = ParamBlock("ls_sha_leaf_params", n_segments=len(table), total_chunks=first, chunk_bytes=chunk_bytes)
         seg = self._upload(np.array(table, dtype=np.uint32))
         self.rt.launch("ls_sha256_leaves_kernel", (groups,), (LEAF_LOCAL,), (out, segments[0][1], seg, params))
+        self._count("out", 32 * first)  # the leaves: all that crosses back
         leaves = _digest_bytes(self.rt.download(out.buffer, np.uint32, 8 * first))
         result, at = {}, 0
         for (name, _, _, _), count in zip(segments, counts):

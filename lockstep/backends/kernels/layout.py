@@ -80,6 +80,27 @@ class LayoutOps:
         buf = self.rt.upload(host if host.size else np.zeros(1, dtype=host.dtype))
         return DeviceArray(self.rt, buf, tuple(host.shape), host.dtype, c_strides(host.shape), 0)
 
+    UPLOAD_CACHE_ENTRIES = 8
+
+    def _reused_upload(self, host: np.ndarray, f32: bool = False) -> DeviceArray:
+        """``host`` on the device for an op to *read*, uploaded once for as long as the same bytes come
+        back: the token ids (a micro-batch's forward and backward read them four times), their
+        grouping by id, the rope tables (every layer, every micro-batch). The last few uploads are
+        kept with a host copy and found again by comparing bytes (exact; no hash, no identity), so a
+        changed array is uploaded again. What it returns is never written by any kernel: only op
+        inputs come from here, never an array handed back to a caller."""
+        host = np.ascontiguousarray(host)
+        cache = self.__dict__.setdefault("_uploads", [])
+        raw = host.reshape(-1).view(np.uint8)
+        for i, (h, d) in enumerate(cache):
+            if h.dtype == host.dtype and h.shape == host.shape and np.array_equal(h.reshape(-1).view(np.uint8), raw):
+                cache.append(cache.pop(i))  # most recently used last
+                return d
+        d = self._upload_f32(host) if f32 else self._upload(host)
+        cache.append((host.copy(), d))
+        del cache[: -self.UPLOAD_CACHE_ENTRIES]
+        return d
+
     def _upload_f32(self, host: np.ndarray) -> DeviceArray:
         d = self._upload(host)
         self._ew("ls_canon_kernel", d.size, d, d, np.int32(d.size))

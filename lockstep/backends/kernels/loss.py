@@ -21,7 +21,7 @@ class LossOps(LayoutOps):
         from lockstep.spec.checks import check_targets
 
         t = check_targets(self._host(targets), n, vocab)
-        return self._upload(np.ascontiguousarray(t, dtype=np.int32))
+        return self._reused_upload(np.ascontiguousarray(t, dtype=np.int32))
 
     def cross_entropy_rows(self, logits, targets, z_loss: float):
         """spec loss.cross_entropy_rows: ``ls_ce_forward_kernel``. Returns (losses, lse)."""

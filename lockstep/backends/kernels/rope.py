@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .layout import F32, LayoutOps
+from .layout import F32, DeviceArray, LayoutOps
 
 
 class RopeOps(LayoutOps):
@@ -18,7 +18,8 @@ class RopeOps(LayoutOps):
         from lockstep.spec.checks import check_rope_shapes
 
         x = self.contiguous(self._f32(x))
-        cos, sin = self._f32(cos), self._f32(sin)
+        cos, sin = (self._f32(a) if isinstance(a, DeviceArray) else self._reused_upload(np.asarray(a, dtype=np.float32), f32=True)
+                    for a in (cos, sin))  # host tables: uploaded once while they stay the same
         check_rope_shapes(x, cos, sin)  # the spec's refusals, alike on every backend
         t, half = x.shape[-2], x.shape[-1] // 2
         rows = x.size // x.shape[-1] if x.size else 0

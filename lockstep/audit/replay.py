@@ -415,8 +415,8 @@ def _replay_targets(rp: "_Replayer", steps, t0: float) -> ReplayResult:
     if bad:
         raise ReplayError(f"{rp.run_dir}: the run has steps 1..{n}; cannot replay step(s) {bad}")
     rp.load_backend()
-    rp.log(rp.plan.line("replay"))
     rp.open_scratch()
+    plan_said = False
     for p in rp.problems:
         rp.log(f"RUN INVALID: {p}")
     checks: list[StepCheck] = []
@@ -429,6 +429,9 @@ def _replay_targets(rp: "_Replayer", steps, t0: float) -> ReplayResult:
                 rp.log(f"DAMAGED OR INVALID: {d}")
             if state is None:
                 continue
+        if not plan_said:  # after what is damaged or invalid has been said, before the first step runs
+            rp.log(rp.plan.line("replay"))
+            plan_said = True
         _replay_run_of_steps(rp, state, t, checks)
         state = rp.last_state
     trained_on = recorded_world_sizes(rp.run_dir, [c.step for c in checks])

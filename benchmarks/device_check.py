@@ -540,19 +540,12 @@ def section_breakdown(work: Path) -> dict:
 
 
 def section_open1b(work: Path) -> dict:
-    """One open-1b micro-batch (4 x 4096 tokens) on cupy with the bounded-memory options, if they exist."""
-    import inspect
+    """One open-1b micro-batch (4 x 4096 tokens) on cupy with the bounded-memory options (recomputation,
+    the LM head in row chunks)."""
+    import perf_model
 
     from lockstep.train import model as train_model
-
-    try:
-        from lockstep.train.execution import Execution
-    except ImportError:
-        return {"skipped": "no lockstep.train.execution.Execution (the bounded-memory options have not landed)"}
-    fields = getattr(Execution, "__dataclass_fields__", {})
-    if not {"recompute", "head_rows"} <= set(fields) or "execution" not in inspect.signature(train_model.loss_and_grads).parameters:
-        return {"skipped": "Execution(recompute, head_rows) is not wired into loss_and_grads yet: nothing to run"}
-    import perf_model
+    from lockstep.train.execution import Execution
 
     from lockstep.backends import get_backend
 

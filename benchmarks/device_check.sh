@@ -58,8 +58,8 @@ NUMBA_PID=$!
 # The questions, in this order: cuda conformance; tiny and small state roots against the
 # references; one audit replay; the step-time breakdown (kernels, update, hashing, bytes moved)
 # measured against benchmarks/perf_model.py's prediction; MFU and the tax against PyTorch bf16
-# (torch, then throughput; the summary prints the tax); one Open-1B micro-batch (skipped with a
-# message unless the bounded-memory options exist). Then, with what is left of the budget, the
+# (torch, then throughput; the summary prints the tax); one Open-1B micro-batch (with recomputation and
+# the LM head in row chunks: its time and device memory). Then, with what is left of the budget, the
 # diagnostics (flush probe, int8 and float GEMMs).
 section versions 30
 section conformance 120

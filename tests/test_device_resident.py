@@ -149,9 +149,11 @@ def test_tiny_step_on_the_device_moves_only_tokens_scalars_and_digests():
     _check_bound(cfg, tcfg, moved, plan, res)
 
 
-def test_small_step_on_the_device_matches_numba_and_its_transfers_are_bounded():
+@pytest.mark.parametrize("quantize", [True, False], ids=["int8", "float32"])
+def test_small_step_on_the_device_matches_numba_and_its_transfers_are_bounded(quantize):
     pytest.importorskip("numba")
-    cfg, tcfg = preset("small"), train_preset("small", batch_ramp=((0, 1),), micro_batch=1)
+    cfg = preset("small", quantize=quantize)
+    tcfg = train_preset("small", batch_ramp=((0, 1),), micro_batch=1)
     params = init_params(cfg, 0)
     res, plan, moved = _one_step(_OPENCL, cfg, tcfg, params)
     want, _, _ = _one_step(get_backend("numba"), cfg, tcfg, params)

@@ -13,7 +13,7 @@ from lockstep.formats.params import param_count
 from lockstep.formats.rundir import RunFileError
 from lockstep.train import trainer
 from lockstep.train.execution import Execution
-from lockstep.train.memory import GiB, choose_execution, step_memory
+from lockstep.train.memory import GiB, choose_execution, plans, step_memory
 
 # One step of a recipe in a fresh process, as the trainer runs it; prints its own peak RSS (KiB): VmHWM,
 # the high-water mark of the process's own address space. (Not ru_maxrss: Linux carries the parent's
@@ -76,16 +76,22 @@ def test_terms_follow_the_options():
 
 
 def test_the_planner_takes_the_cheapest_plan_that_fits(tmp_path):
+    """The plans in the planner's order (in memory; recompute; recompute with head rows; each again with
+    the state in scratch): for a budget of each plan's own modelled need, the first plan in that order
+    that fits is taken; open-1b's smallest plan is the one with every option; below it, a refusal."""
     cfg, tcfg = preset("open-1b"), train_preset("open-1b")
-    ram = step_memory(cfg, tcfg).total
-    disk = step_memory(cfg, tcfg, Execution(scratch=str(tmp_path))).total
-    assert disk < ram
-    plan = choose_execution(cfg, tcfg, "train it", max_memory=ram / GiB + 1, scratch=str(tmp_path))
-    assert plan.execution.scratch is None and plan.line("train").startswith("memory plan to train: in memory")
-    plan = choose_execution(cfg, tcfg, "train it", max_memory=(ram + disk) / 2 / GiB, scratch=str(tmp_path))
-    assert plan.execution.scratch == str(tmp_path) and "moments and sums in" in plan.line("train")
+    options = plans(str(tmp_path))
+    needs = [step_memory(cfg, tcfg, ex).total for _, ex in options]
+    assert [label for label, _ in options][0] == "in memory" and options[-1][1].recompute
+    assert options[-1][1].head_rows and options[-1][1].scratch == str(tmp_path)
+    assert min(needs) == needs[-1] < needs[0]
+    for need in needs:
+        plan = choose_execution(cfg, tcfg, "train it", max_memory=need / GiB, scratch=str(tmp_path))
+        first = next(i for i, n in enumerate(needs) if n <= need)
+        assert plan.execution == options[first][1] and plan.line("train").startswith(
+            f"memory plan to train: {options[first][0]}")
     with pytest.raises(RunFileError, match="even in its smallest plan.*--max-memory"):
-        choose_execution(cfg, tcfg, "train it", max_memory=disk / GiB / 2, scratch=str(tmp_path))
+        choose_execution(cfg, tcfg, "train it", max_memory=needs[-1] / GiB / 2, scratch=str(tmp_path))
 
 
 def test_a_budget_no_plan_fits_is_refused_before_init_and_before_any_file(tmp_path, monkeypatch):

@@ -230,6 +230,7 @@ import numpy as np
 a, b = np.arange(5000, dtype=np.float32), np.ones(5000, np.float32)
 for out in (np.empty_like(a), a, b):  # the add_into extra's three kernels (the trainer's in-place sums)
     be.capabilities.add_into(a, b, out)
+be.capabilities.truncated_normal(0, "probe", 70000, 2.0)  # the init capability's kernels (parameter init)
 found = {}
 for info in pkgutil.iter_modules(pkg.__path__):
     mod = importlib.import_module(f"{pkg.__name__}.{info.name}")

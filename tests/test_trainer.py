@@ -271,8 +271,8 @@ def test_non_finite_loss_stops_and_keeps_the_last_checkpoint(tmp_path, corpus, m
     real = step_mod.loss_and_grads
     calls = {"n": 0}
 
-    def poisoned(params, windows, cfg, backend, n_global=None):
-        loss, grads = real(params, windows, cfg, backend, n_global=n_global)
+    def poisoned(params, windows, cfg, backend, n_global=None, **how):
+        loss, grads = real(params, windows, cfg, backend, n_global=n_global, **how)
         calls["n"] += 1
         if calls["n"] == 3:  # the first micro-batch of step 3
             loss = np.float32(np.nan)

@@ -24,16 +24,14 @@ from __future__ import annotations
 import base64
 import binascii
 import json
-import os
 import re
-import stat
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
 from lockstep.contract import CONTRACT, Kind
-from lockstep.fsio import FileFormatError, iter_lines, parse_json
+from lockstep.fsio import FileFormatError, NotRegularFile, iter_lines, open_named_file, parse_json
 
 from .trace import DIRECTIONS, NONE_DIGEST, TRACE_FORMAT, Capture, TraceError, trace_root, trace_step, value_digest
 
@@ -62,19 +60,6 @@ class Trace:
 # ---------------------------------------------------------------------------
 # reading a trace (untrusted)
 # ---------------------------------------------------------------------------
-
-
-def _open_named(path: Path, what: str, max_bytes: int):
-    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
-    f = os.fdopen(fd, "rb")
-    st = os.fstat(fd)
-    if not stat.S_ISREG(st.st_mode):
-        f.close()
-        raise TraceError(f"{what} {path} is not a regular file")
-    if st.st_size > max_bytes:
-        f.close()
-        raise TraceError(f"{what} {path} is larger than {max_bytes} bytes; refusing to read it")
-    return f
 
 
 def _check_entry(e, where: str, output: bool) -> None:
@@ -150,7 +135,9 @@ def read_trace(path) -> Trace:
     path = Path(path)
     what = "trace"
     try:
-        f = _open_named(path, what, MAX_TRACE_BYTES)
+        f = open_named_file(path, what, MAX_TRACE_BYTES)
+    except (NotRegularFile, FileFormatError) as exc:
+        raise TraceError(str(exc)) from None
     except FileNotFoundError:
         raise TraceError(f"trace not found: {path}") from None
     except OSError as exc:

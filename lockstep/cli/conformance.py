@@ -133,7 +133,7 @@ def add_parser(subparsers) -> None:
 
     c = subparsers.add_parser("conformance", help="compare a backend with the spec, byte for byte")
     c.add_argument("--replay-op", metavar="FILE", default="",
-                   help="re-check one op call saved by `lockstep audit diff --referee` (safetensors) on the spec, and "
+                   help="re-check one op call saved by lockstep audit diff --referee (a safetensors file) on the spec, and "
                         "on --backend when it is not spec")
     c.add_argument("--backend", default="spec", help="spec, numba, opencl, cuda or metal (default: spec)")
     c.add_argument("--level", type=int, choices=(1, 2, 3), default=1,

@@ -296,18 +296,35 @@ def iter_lines(f: IO[bytes], where: str, max_line: int) -> Iterator[tuple[int, b
         yield n, body, ended
 
 
-def read_named_file(path: str | os.PathLike, what: str = "file", max_bytes: int = MAX_JSON_BYTES) -> bytes:
-    """The bytes of a file the user named (a certificate, a plan, a key): symlinks the user gave are followed,
-    but it must be a regular file (never a FIFO or a device: opened without blocking, checked with fstat)
-    of at most ``max_bytes``."""
+def open_named_file(path: str | os.PathLike, what: str = "file", max_bytes: int = MAX_JSON_BYTES) -> IO[bytes]:
+    """A file the user named (a certificate, a plan, a key, a trace), open for reading: symlinks the user
+    gave are followed, but it must be a regular file (never a FIFO or a device: opened without
+    blocking, checked with fstat) of at most ``max_bytes`` when opened. The caller bounds its reads."""
     path = Path(path)
     fd = os.open(path, os.O_RDONLY | _NONBLOCK | _CLOEXEC)
-    with os.fdopen(fd, "rb") as f:
+    f = os.fdopen(fd, "rb")
+    try:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
             raise _not_regular(what, path, st.st_mode)
         if st.st_size > max_bytes:
             raise FileFormatError(f"{what} {path} is larger than {max_bytes} bytes ({st.st_size}); refusing to read it")
+    except BaseException:
+        f.close()
+        raise
+    return f
+
+
+def create_exclusive_at(dir_fd: int, name: str, mode: int = 0o600) -> int:
+    """A new file ``name`` in the folder open as ``dir_fd``, created exclusively (never an existing
+    file, never through a symbolic link) and open read-write: its descriptor (the caller closes it)."""
+    flags = os.O_RDWR | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0) | _CLOEXEC
+    return os.open(name, flags, mode, dir_fd=dir_fd)
+
+
+def read_named_file(path: str | os.PathLike, what: str = "file", max_bytes: int = MAX_JSON_BYTES) -> bytes:
+    """The bytes of a file the user named (``open_named_file``'s rules), at most ``max_bytes``."""
+    with open_named_file(path, what, max_bytes) as f:
         data = f.read(max_bytes + 1)
     if len(data) > max_bytes:
         raise FileFormatError(f"{what} {path} grew past {max_bytes} bytes while being read")

@@ -26,6 +26,8 @@ import tempfile
 
 import numpy as np
 
+from lockstep.fsio import create_exclusive_at
+
 PAGE = mmap.PAGESIZE
 
 
@@ -56,8 +58,7 @@ class ScratchSpace:
         nbytes = max(4 * n, 1)
         name = f"{self._count:06d}.f32"
         self._count += 1
-        flags = os.O_RDWR | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
-        fd = os.open(name, flags, 0o600, dir_fd=self._dir_fd)
+        fd = create_exclusive_at(self._dir_fd, name, 0o600)
         try:
             os.unlink(name, dir_fd=self._dir_fd)  # ours alone, and gone whatever happens to the process
             os.ftruncate(fd, nbytes)

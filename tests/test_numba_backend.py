@@ -231,6 +231,8 @@ a, b = np.arange(5000, dtype=np.float32), np.ones(5000, np.float32)
 for out in (np.empty_like(a), a, b):  # the add_into extra's three kernels (the trainer's in-place sums)
     be.capabilities.add_into(a, b, out)
 be.capabilities.truncated_normal(0, "probe", 70000, 2.0)  # the init capability's kernels (parameter init)
+from lockstep.backends.numba_cpu.rng import truncated_normal_from_words
+truncated_normal_from_words(np.arange(0, 1 << 32, 1 << 16, dtype=np.uint64).astype(np.uint32))  # its test entry
 found = {}
 for info in pkgutil.iter_modules(pkg.__path__):
     mod = importlib.import_module(f"{pkg.__name__}.{info.name}")

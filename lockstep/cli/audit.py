@@ -111,7 +111,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     c.add_argument("--recompute", action="store_true", help="with --run: replay the targets and compare")
     c.add_argument("--backend", default="auto", help="backend for --recompute (default auto: the fastest installed "
                                                      "backend that passes conformance here)")
-    c.add_argument("--from-earlier", action="store_true", help="with --recompute: as `audit replay --from-earlier`")
+    c.add_argument("--from-earlier", action="store_true", help="with --recompute: as audit replay --from-earlier")
     c.add_argument("--data", type=Path, help="data folder for --recompute")
 
     pl = sub.add_parser("plan", help="assign steps to auditors, drawn from the commitment and a public beacon")

@@ -6,7 +6,7 @@ import numpy as np
 
 from lockstep.spec.philox import DEFAULT_ROUNDS, PHILOX_M4x32_0, PHILOX_M4x32_1, PHILOX_W32_0, PHILOX_W32_1
 
-from .tasks import parallel_kernel, rows
+from .tasks import inlined, parallel_kernel, rows
 
 M0 = np.uint64(PHILOX_M4x32_0)
 M1 = np.uint64(PHILOX_M4x32_1)
@@ -14,6 +14,23 @@ W0 = np.uint32(PHILOX_W32_0)
 W1 = np.uint32(PHILOX_W32_1)
 MASK32 = np.uint64(0xFFFFFFFF)
 SHIFT32 = np.uint64(32)
+
+
+@inlined
+def philox_block(c0, c1, c2, c3, k0, k1, rounds):
+    """One Philox4x32 block of counter (c0..c3) and key (k0, k1): ``rounds`` rounds, exact uint32 work."""
+    for r in range(rounds):
+        if r > 0:
+            k0 = np.uint32((np.uint64(k0) + np.uint64(W0)) & MASK32)
+            k1 = np.uint32((np.uint64(k1) + np.uint64(W1)) & MASK32)
+        p0 = np.uint64(c0) * M0
+        p1 = np.uint64(c2) * M1
+        hi0 = np.uint32(p0 >> SHIFT32)
+        lo0 = np.uint32(p0 & MASK32)
+        hi1 = np.uint32(p1 >> SHIFT32)
+        lo1 = np.uint32(p1 & MASK32)
+        c0, c1, c2, c3 = np.uint32(hi1 ^ c1 ^ k0), lo1, np.uint32(hi0 ^ c3 ^ k1), lo0
+    return c0, c1, c2, c3
 
 
 @parallel_kernel(rows, weight=8)
@@ -24,19 +41,7 @@ def _philox_kernel(t0, t1, ctr, key, rounds, out):
         c1 = np.uint32(ctr[i, 1])
         c2 = np.uint32(ctr[i, 2])
         c3 = np.uint32(ctr[i, 3])
-        k0 = np.uint32(key[i, 0])
-        k1 = np.uint32(key[i, 1])
-        for r in range(rounds):
-            if r > 0:
-                k0 = np.uint32((np.uint64(k0) + np.uint64(W0)) & MASK32)
-                k1 = np.uint32((np.uint64(k1) + np.uint64(W1)) & MASK32)
-            p0 = np.uint64(c0) * M0
-            p1 = np.uint64(c2) * M1
-            hi0 = np.uint32(p0 >> SHIFT32)
-            lo0 = np.uint32(p0 & MASK32)
-            hi1 = np.uint32(p1 >> SHIFT32)
-            lo1 = np.uint32(p1 & MASK32)
-            c0, c1, c2, c3 = np.uint32(hi1 ^ c1 ^ k0), lo1, np.uint32(hi0 ^ c3 ^ k1), lo0
+        c0, c1, c2, c3 = philox_block(c0, c1, c2, c3, np.uint32(key[i, 0]), np.uint32(key[i, 1]), rounds)
         out[i, 0] = c0
         out[i, 1] = c1
         out[i, 2] = c2

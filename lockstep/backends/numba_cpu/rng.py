@@ -23,8 +23,8 @@ from lockstep.spec.philox import PhiloxStream
 from lockstep.spec.rng import (ACKLAM_A, ACKLAM_B, ACKLAM_C, ACKLAM_CENTRAL_MAX, ACKLAM_D, HALF, MINUS_TWO, ONE,
                                truncated_normal_constants)
 
-from .fp import cn, fadd, fdiv, fl, fmul, from_bits, fsub, max_total, min_total
-from .philox import M0, M1, MASK32, SHIFT32, W0, W1
+from .fp import cn, fadd, fdiv, fl, fmul, fsub, max_total, min_total
+from .philox import MASK32, SHIFT32, philox_block
 from .tasks import BLOCK, inlined, parallel_kernel
 from .transcendental import log1
 
@@ -160,19 +160,7 @@ def _truncated_normal_kernel(t0, t1, key, nonce, mass, b32, out):
             c1 = np.uint32(b >> SHIFT32)
             c2 = n0
             c3 = n1
-            k0 = k0_init
-            k1 = k1_init
-            for r in range(ROUNDS):
-                if r > 0:
-                    k0 = np.uint32((np.uint64(k0) + np.uint64(W0)) & MASK32)
-                    k1 = np.uint32((np.uint64(k1) + np.uint64(W1)) & MASK32)
-                p0 = np.uint64(c0) * M0
-                p1 = np.uint64(c2) * M1
-                hi0 = np.uint32(p0 >> SHIFT32)
-                lo0 = np.uint32(p0 & MASK32)
-                hi1 = np.uint32(p1 >> SHIFT32)
-                lo1 = np.uint32(p1 & MASK32)
-                c0, c1, c2, c3 = np.uint32(hi1 ^ c1 ^ k0), lo1, np.uint32(hi0 ^ c3 ^ k1), lo0
+            c0, c1, c2, c3 = philox_block(c0, c1, c2, c3, k0_init, k1_init, ROUNDS)
             j = 4 * (blk - first)
             words[j] = c0
             words[j + 1] = c1

@@ -96,8 +96,8 @@ def matmul_accumulate(acc, a, b) -> np.ndarray:
     only, nothing broadcast.
 
     ``matmul(a, b) == matmul_accumulate(zeros, a, b)`` bit for bit (``matmul`` starts from
-    +0.0), and a contraction over K split into ascending pieces ``a[:, k0:k1] @ b[k0:k1]``,
-    each continuing the last one's result, gives the whole contraction's bits: how the LM
+    +0.0), and a contraction over K split into ascending pieces (columns k0..k1-1 of ``a``,
+    rows k0..k1-1 of ``b``; prose, no ``@`` is called), each continuing the last one's result, gives the whole contraction's bits: how the LM
     head's weight gradient runs over chunks of tokens (``train.model``).
     """
     check_matmul_accumulate_shapes(acc, a, b)

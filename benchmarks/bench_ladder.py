@@ -136,18 +136,20 @@ def main() -> None:
                   f"{want / GiB:,.3f} GiB | {want / r['peak']:.2f} | {r['micro_batch_s']:.3f} | {flops / 1e9:,.3g} | "
                   f"{r['init_s']:.1f} |", flush=True)
 
-    print("\nDevice memory of one micro-batch (shared kernels; moments and sums on the host), GB = 10^9 bytes:")
-    print("| size | device | micro-batch sizes that fit, in memory | with recompute (modelled) |")
-    print("|---|---|---|---|")
+    print("\nDevice memory of one step (shared kernels; the whole state on the device; the recipe's largest "
+          "batch), GB = 10^9 bytes:")
+    print("| size | device | batch | micro-batch sizes that fit, in memory | with recompute (modelled) |")
+    print("|---|---|---:|---|---|")
     for name in ("400m", "open-1b"):
-        cfg, _ = rows[name]
+        cfg, tcfg = rows[name]
+        batch = max(n for _, n in tcfg.batch_ramp)
         for dev, cap in (("H200 141 GB", 141 * GB), ("H100 80 GB", 80 * GB)):
-            fits = {}
+            show = {}
             for label, ex in (("plain", Execution()), ("recompute", Execution(recompute=True))):
-                fits[label] = [b for b in (1, 2, 4, 8, 16, 32) if memory.device_memory(cfg, b, ex) <= cap]
-            show = {k: (", ".join(map(str, v)) or "none") + (f" (at 1: {memory.device_memory(cfg, 1, e) / GB:,.0f} GB)")
-                    for (k, v), e in zip(fits.items(), (Execution(), Execution(recompute=True)))}
-            print(f"| {name} | {dev} | {show['plain']} | {show['recompute']} |")
+                need = {b: memory.device_memory(cfg, b, ex, batch) for b in (1, 2, 4, 8, 16, 32)}
+                fit = [b for b, n in need.items() if n <= cap]
+                show[label] = (", ".join(map(str, fit)) or "none") + f" (at 1: {need[1] / GB:,.0f} GB)"
+            print(f"| {name} | {dev} | {batch} | {show['plain']} | {show['recompute']} |")
 
 
 if __name__ == "__main__":

@@ -16,6 +16,12 @@ tokens; the update and hashing are small next to it and are not included).
     NUMBA_NUM_THREADS=2 python benchmarks/bench_open1b_microbatch.py --seqs 1 --max-memory 20
 
 ``--max-memory`` is checked before anything is allocated: the modelled micro-batch must fit it.
+
+``--scratch DIR`` runs the micro-batch as the out-of-core step does instead
+(``step.micro_batch_value`` into a vector of a scratch folder's pool: each gradient copied into
+its place as the backward finishes it and that slice's pages handed back), so the peak is the
+full step's micro-batch phase: the weights, their int8 forms, the activations and one gradient
+with its slice (modelled the same way, ``memory.step_memory``'s terms).
 """
 
 from __future__ import annotations
@@ -47,19 +53,23 @@ def main() -> int:
     from lockstep.train import memory
     from lockstep.train.execution import Execution
     from lockstep.train.model import init_params, loss_and_grads
+    from lockstep.train.scratch import ScratchSpace
+    from lockstep.train.step import GradLayout, VectorPool, micro_batch_value
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--preset", default="open-1b")
     ap.add_argument("--seqs", type=int, default=1, help="sequences in the micro-batch (default 1)")
     ap.add_argument("--head-rows", type=int, default=1024, help="LM head row chunk (default 1024)")
     ap.add_argument("--max-memory", type=float, default=20.0, help="GiB the modelled micro-batch must fit")
+    ap.add_argument("--scratch", metavar="DIR", help="run it as the out-of-core step does, its vector in DIR")
     args = ap.parse_args()
 
     cfg, tcfg = preset(args.preset), train_preset(args.preset)
     execution = Execution(recompute=True, head_rows=args.head_rows)
-    params_n, linear, _ = memory._counts(cfg)
+    params_n, linear, largest = memory._counts(cfg)
     acts = memory.activation_bytes(cfg, args.seqs, execution, "numba")
-    modelled = (memory.BASELINE["numba"] + 4 * params_n + 4 * params_n + (2 * linear if cfg.quantize else 0)
+    grads_bytes = 2 * 4 * largest if args.scratch else 4 * params_n  # one gradient and its slice, or all of them
+    modelled = (memory.BASELINE["numba"] + 4 * params_n + grads_bytes + (2 * linear if cfg.quantize else 0)
                 + sum(acts.values()))
     if modelled > args.max_memory * GiB:
         print(f"bench_open1b_microbatch: the micro-batch is modelled at {modelled / GiB:,.1f} GiB, over "
@@ -82,25 +92,38 @@ def main() -> int:
           file=sys.stderr, flush=True)
     rng = np.random.default_rng(1)
     windows = rng.integers(0, cfg.vocab_size, (args.seqs, cfg.seq_len + 1), dtype=np.int64)
+    tokens = args.seqs * cfg.seq_len
+    space = None
     t0 = time.perf_counter()
-    loss, grads = loss_and_grads(params, windows, cfg, be, execution=execution)
+    if args.scratch:
+        space = ScratchSpace(args.scratch)
+        layout = GradLayout.of(cfg)
+        pool = VectorPool(layout.size, scratch=space)
+        grads = micro_batch_value(params, windows, cfg, tokens, be, layout, out=pool.take(), execution=execution,
+                                  release=pool.release_part)
+        loss = grads[0]
+    else:
+        loss, grads = loss_and_grads(params, windows, cfg, be, execution=execution)
     mb_s = time.perf_counter() - t0
     peak = vm_hwm()
-    tokens = args.seqs * cfg.seq_len
     flops = 6 * param_count(cfg) * tokens
     per_step_tokens = max(n for _, n in tcfg.batch_ramp[:1]) * cfg.seq_len  # the first ramp stage's batch
     m = -(-tcfg.batch_ramp[0][1] // tcfg.micro_batch)
     print(json.dumps({
         "preset": cfg.name, "parameters": param_count(cfg), "seqs": args.seqs, "tokens": tokens,
         "threads": int(os.environ.get("NUMBA_NUM_THREADS", os.cpu_count() or 1)),
-        "execution": {"recompute": execution.recompute, "head_rows": execution.head_rows},
+        "execution": {"recompute": execution.recompute, "head_rows": execution.head_rows,
+                      "path": "step, out of core" if args.scratch else "loss_and_grads"},
         "init_s": round(init_s, 1), "micro_batch_s": round(mb_s, 1),
         "peak_rss_gib": round(peak / GiB, 2), "modelled_gib": round(modelled / GiB, 2),
         "model_over_measured": round(modelled / peak, 2),
         "gflop_s_6n": round(flops / mb_s / 1e9, 1), "loss_contribution": float(np.asarray(be.to_numpy(loss))),
         "projected_step_replay_h": round(mb_s * per_step_tokens / tokens / 3600, 1), "step_micro_batches": m,
     }), flush=True)
-    del grads
+    del grads, loss
+    if space is not None:
+        pool = None
+        space.close()
     return 0
 
 

@@ -61,6 +61,73 @@ def test_scratch_space_is_private_refuses_links_and_leaves_nothing(tmp_path):
     assert sorted(os.listdir(tmp_path)) == ["file", "link"]
 
 
+def _resident_pages(a: np.ndarray) -> int:
+    """Pages of the array's mapping resident in this process (its ``Rss`` in ``/proc/self/smaps``; the
+    page cache does not count): the array starts its own mapping."""
+    import mmap
+
+    start, lines = f"{a.ctypes.data:x}-", open("/proc/self/smaps").read().splitlines()
+    at = next(i for i, line in enumerate(lines) if line.startswith(start))
+    rss = next(line for line in lines[at + 1 :] if line.startswith("Rss:"))
+    return int(rss.split()[1]) * 1024 // mmap.PAGESIZE
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/smaps"), reason="residency is read from Linux's /proc/self/smaps")
+def test_a_released_slice_leaves_ram_page_by_page_and_keeps_its_values(tmp_path):
+    """A gradient's slice of a scratch vector: the whole pages inside it leave RAM, the pages it
+    shares with its neighbours stay, and every value is still there."""
+    import mmap
+
+    per = mmap.PAGESIZE // 4  # float32 values per page
+    with ScratchSpace(tmp_path) as space:
+        a = space.array(8 * per)
+        a[:] = np.arange(a.size, dtype=np.float32)
+        other = a.copy()
+        assert _resident_pages(a) == 8
+        space.release(a[per // 2 : 5 * per + 3])  # pages 1..4 are inside it; 0 and 5 are shared
+        assert _resident_pages(a) == 4
+        space.release(a[7 * per + 1 :])  # the file's end, but its last page is shared with the value before
+        assert _resident_pages(a) == 4
+        space.release(a[6 * per :])  # pages 6 and 7, to the file's end
+        assert _resident_pages(a) == 2
+        space.release(np.arange(4, dtype=np.float32), other)  # not of this space: left alone
+        assert _resident_pages(a) == 2
+        assert np.array_equal(a, np.arange(a.size, dtype=np.float32))  # the values come back from the file
+        assert _resident_pages(a) == 8
+        space.release(a)
+        assert _resident_pages(a) == 0
+
+
+def test_tree_adds_in_pieces_give_the_same_bits(tmp_path, corpus, monkeypatch):
+    """With scratch vectors the tree's adds run in pieces (``step.ADD_PIECE``); pieces far smaller
+    than a vector, and not dividing it, still give the in-memory run's files byte for byte."""
+    from lockstep.train import step
+
+    monkeypatch.setattr(step, "ADD_PIECE", 1000)
+    _same_run_with_and_without_scratch(tmp_path, "tiny", "numba", True, 6, 2, 2, corpus)
+
+
+def test_the_gradient_writer_takes_each_gradient_once_and_all_of_them():
+    from lockstep.train.step import GradLayout
+
+    be = get_backend("numba")
+    layout = GradLayout(("a", "b"), ((2, 3), (4,)))
+    out = np.full(layout.size, np.nan, dtype=np.float32)
+    put, finish = layout.writer(out, be)
+    put("b", np.arange(4, dtype=np.float32))
+    with pytest.raises(ValueError, match="came twice"):
+        put("b", np.arange(4, dtype=np.float32))
+    with pytest.raises(ValueError, match="shape"):
+        put("a", np.zeros((3, 2), np.float32))
+    with pytest.raises(ValueError, match="no gradient for a"):
+        finish(np.float32(1.5))
+    put("a", np.ones((2, 3), np.float32))
+    finish(np.float32(1.5))
+    assert out.tolist() == [1.5, 1, 1, 1, 1, 1, 1, 0, 1, 2, 3]
+    with pytest.raises(ValueError, match="11 float32 elements"):
+        layout.writer(np.zeros(10, np.float32), be)
+
+
 def test_a_scratch_pool_takes_back_its_own_vectors_only(tmp_path):
     with ScratchSpace(tmp_path) as space:
         pool = VectorPool(7, scratch=space)

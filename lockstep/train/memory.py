@@ -8,12 +8,14 @@ two phases, and its peak is the larger:
 
 * a micro-batch: the weights, the moments (unless in a scratch folder), the sums
   waiting in the tree (``spec.tree.TreeFolder``: ``depth(M)`` of them at most, for the
-  ramp's largest ``M``; none in RAM with a scratch folder), the vector being written,
-  the micro-batch's gradients, and its activations at their largest (the end of the
-  forward: every block's saved tensors, ``model.BlockSaved``, plus the logits and their
+  ramp's largest ``M``; none in RAM with a scratch folder), the vector being written
+  and one gradient (each is copied into the vector as the backward finishes it; with a
+  scratch folder only that gradient's slice of the vector is in RAM, and the tree's
+  adds run in pieces), and its activations at their largest (the end of the forward:
+  every block's saved tensors, ``model.BlockSaved``, plus the logits and their
   gradient, ``N x V`` float32 each);
-* the update: the old and the new weights, the step's sum, and the old and new
-  moments (one tensor's worth with a scratch folder).
+* the update: the old and the new weights, the step's sum (one tensor's worth with a
+  scratch folder), and the old and new moments (one tensor's worth with a scratch folder).
 
 ``Execution.recompute`` keeps only each block's input (one block's saved tensors exist
 again while it is differentiated); ``Execution.head_rows`` holds the logits and their
@@ -34,6 +36,7 @@ from lockstep.formats.config import ModelConfig, TrainConfig
 from lockstep.formats.rundir import RunFileError
 
 from .execution import IN_MEMORY, Execution
+from .step import ADD_PIECE
 
 GiB = 2**30
 
@@ -139,15 +142,19 @@ def step_memory(cfg: ModelConfig, tcfg: TrainConfig, execution: Execution = IN_M
     mb = dict(base)
     mb["moments"] = 0 if scratch else 8 * params
     mb["waiting sums"] = 0 if scratch else waiting * vec
-    mb["micro-batch vector and gradients"] = 2 * vec + (vec if kind == "kernels" else 0)
-    if scratch and waiting:
-        mb["micro-batch vector and gradients"] = max(mb["micro-batch vector and gradients"], 2 * vec)
+    # the gradients go into the vector one by one as the backward finishes them (``GradLayout.writer``):
+    # the vector and one gradient; a host scratch vector keeps only that gradient's slice in RAM
+    mb["micro-batch vector and gradients"] = (2 * 4 * largest if scratch else vec + 4 * largest) + \
+        (4 * largest if kind == "kernels" else 0)  # the shared kernels: the gradient's device copy too
+    if scratch and waiting:  # the tree's adds run in pieces (``step.ADD_PIECE``) of both operands
+        mb["tree add pieces"] = min(vec, 2 * 4 * ADD_PIECE)
     mb["int8 weights"] = int8_weights
     mb.update(activation_bytes(cfg, min(tcfg.micro_batch, most), execution, kind))
 
     up = dict(base)
     up["new weights"] = 4 * params
-    up["step sum"] = vec
+    # out of core on the host: read tensor by tensor, pages released (the shared kernels upload it whole)
+    up["step sum"] = 4 * largest if scratch and kind != "kernels" else vec
     up["moments"] = 8 * largest * 2 if scratch else 16 * params
     up["clipped gradient"] = 4 * largest
     if kind == "kernels":
@@ -177,13 +184,27 @@ def require_budget(need: int, what: str, cfg: ModelConfig, max_memory: float | N
                            f"{budget_words(budget, max_memory)}: use a machine with more memory")
 
 
-def device_memory(cfg: ModelConfig, micro_batch: int, execution: Execution = IN_MEMORY) -> int:
-    """Modelled bytes a GPU (a shared-kernel backend) holds for one micro-batch: the weights, their int8
-    forms, the micro-batch's gradients and its activations with T x T attention scores. The moments and
-    the tree's sums stay on the host (``apply_update`` brings the update's results back)."""
-    params, linear, _ = _counts(cfg)
+def device_memory(cfg: ModelConfig, micro_batch: int, execution: Execution = IN_MEMORY, batch: int | None = None) -> int:
+    """Modelled bytes a GPU (a shared-kernel backend, whose step stays on the device: ``device_vectors``)
+    holds in one step of ``batch`` windows (default ``micro_batch``: one micro-batch) cut into micro-batches
+    of ``micro_batch``; the larger of its two phases:
+
+    * a micro-batch: the weights, their int8 forms, the AdamW moments, the tree's waiting sums
+      (``depth(M)``), the micro-batch's vector and one gradient in flight, and its activations
+      (T x T attention scores within ``SCORE_BUDGET``, row kernels past it);
+    * the update: the old and the new parameters and moments (the old state stays until the
+      step's result replaces it), the step's sum and one clipped gradient.
+    """
+    from lockstep.spec.tree import depth
+
+    params, linear, largest = _counts(cfg)
+    vec = 4 * (params + 1)
+    m = -(-(micro_batch if batch is None else batch) // micro_batch)
     acts = activation_bytes(cfg, micro_batch, execution, "kernels")
-    return 4 * params + (2 * linear if cfg.quantize else 0) + 4 * params + sum(acts.values())
+    mb = (4 * params + (2 * linear if cfg.quantize else 0) + 8 * params + depth(m) * vec + vec + 4 * largest
+          + sum(acts.values()))
+    up = 2 * 12 * params + vec + 4 * largest
+    return max(mb, up)
 
 
 def plans(scratch: str | None) -> list[tuple[str, Execution]]:

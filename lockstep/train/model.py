@@ -253,8 +253,23 @@ def _head_loss_and_grads(be, cfg: ModelConfig, P: dict, x, targets, inv_n, head_
     return loss_sum, dx
 
 
+class _Gradients(dict):
+    """The backward's gradients by name: kept (a dict), or each handed to ``sink(name, gradient)`` as
+    soon as it is set and not kept (``loss_and_grads``'s ``grad_sink``)."""
+
+    def __init__(self, sink=None):
+        super().__init__()
+        self._sink = sink
+
+    def __setitem__(self, name, g):
+        if self._sink is None:
+            super().__setitem__(name, g)
+        else:
+            self._sink(name, g)
+
+
 def loss_and_grads(params: dict, windows, cfg: ModelConfig, backend, n_global: int | None = None,
-                   execution: Execution = IN_MEMORY):
+                   execution: Execution = IN_MEMORY, grad_sink=None):
     """Loss and gradients of one micro-batch: ``(loss, grads)``.
 
     ``windows`` is an int array (B, T+1): inputs ``[:, :-1]``, targets ``[:, 1:]``.
@@ -270,6 +285,12 @@ def loss_and_grads(params: dict, windows, cfg: ModelConfig, backend, n_global: i
     block (``block_forward``, the same ops on the same inputs) just before its backward;
     ``head_rows`` runs the final norm, LM head and loss in row chunks
     (``_head_loss_and_grads``). ``execution.scratch`` is not read here.
+
+    ``grad_sink(name, gradient)``, if given, receives each parameter's gradient as soon as
+    the backward has finished it (the LM head's first, the embedding's last), and the
+    returned dict is empty: the caller (``step.micro_batch_value``) copies each into the
+    micro-batch's vector, so the gradients are never all alive at once. The same ops on
+    the same values either way.
     """
     be = backend
     windows = np.asarray(windows)
@@ -295,7 +316,7 @@ def loss_and_grads(params: dict, windows, cfg: ModelConfig, backend, n_global: i
         del saved
 
     # ---- head and loss, forward and backward
-    grads = {}
+    grads = _Gradients(grad_sink)
     loss_sum, dx = _head_loss_and_grads(be, cfg, P, x, targets, inv_n, execution.head_rows, grads)
     loss = be.mul(loss_sum, inv_n)
     del x
@@ -323,4 +344,4 @@ def loss_and_grads(params: dict, windows, cfg: ModelConfig, backend, n_global: i
         del b
     dx0, grads["embed_norm.gain"] = be.rmsnorm_backward(dx, x0, P["embed_norm.gain"], r0)
     grads["embed"] = be.embedding_backward(dx0, inputs, cfg.vocab_size)
-    return loss, grads
+    return loss, dict(grads)

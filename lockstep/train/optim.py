@@ -44,13 +44,15 @@ def host_scalars(tcfg: TrainConfig, t: int) -> dict:
 
 
 def optimizer_step(params: dict, grads: dict, state: AdamWState, cfg: ModelConfig, tcfg: TrainConfig,
-                   lr: np.float32, backend, *, place=None):
+                   lr: np.float32, backend, *, place=None, release=None):
     """Clip and apply AdamW. Returns ``(params, state, grad_norm)`` (new dicts; inputs untouched).
 
     ``place(kind, name, value)``, when given, receives each new moment (``kind`` "m" or
     "v") as soon as its tensor is updated and returns the array the new state holds
     instead (``scratch.MomentFiles``: a copy in a memory-mapped file); the bits are the
-    backend's.
+    backend's. ``release(gradient)``, when given, is called after each pass has read a
+    gradient (its sum of squares, then its update): an out-of-core step sum hands that
+    tensor's pages back (``scratch.ScratchSpace.release``), so the sum is never all in RAM.
 
     1. ``s_i = sum_of_squares(g_i)`` per tensor; ``norm = global_norm(s)`` over the
        tensors in canonical parameter order (``param_specs``).
@@ -60,7 +62,11 @@ def optimizer_step(params: dict, grads: dict, state: AdamWState, cfg: ModelConfi
     """
     be = backend
     specs = param_specs(cfg)
-    sums = [be.sum_of_squares(grads[s.name]) for s in specs]
+    done = release if release is not None else (lambda g: None)
+    sums = []
+    for s in specs:
+        sums.append(be.sum_of_squares(grads[s.name]))
+        done(grads[s.name])
     norm = be.global_norm(sums)
     if not np.isfinite(float(be.to_numpy(norm))):
         bad = next((s.name for s, v in zip(specs, sums) if not np.isfinite(float(be.to_numpy(v)))), "?")
@@ -78,6 +84,7 @@ def optimizer_step(params: dict, grads: dict, state: AdamWState, cfg: ModelConfi
             params[s.name], g, state.m[s.name], state.v[s.name], lr,
             hs["beta1"], hs["beta2"], hs["one_minus_beta1"], hs["one_minus_beta2"], hs["eps"],
             wd if s.decay else np.float32(0.0), hs["bc1"], hs["bc2"])
+        done(grads[s.name])
         if place is not None:
             new_m[s.name] = place("m", s.name, be.to_numpy(new_m[s.name]))
             new_v[s.name] = place("v", s.name, be.to_numpy(new_v[s.name]))

@@ -74,17 +74,39 @@ class ScratchSpace:
         held = self._maps.get(id(a))
         return held is not None and held[0] is a
 
+    def _owner(self, a):
+        """The array of this space that ``a`` is (or is a view of), or None."""
+        while isinstance(a, np.ndarray) and not self.owns(a) and isinstance(a.base, np.ndarray):
+            a = a.base
+        return a if isinstance(a, np.ndarray) and self.owns(a) else None
+
     def release(self, *arrays) -> None:
-        """Hand the pages of these arrays (of this space, or views of them) back to the system; their values stay in the files."""
+        """Hand the pages of these arrays back to the system; their values stay in the files.
+
+        An array of this space is released whole; a contiguous view of one (a moment reshaped
+        to its tensor's shape, one gradient's slice of a step vector) releases the whole pages
+        inside its bytes only, so the values around it that share a page stay resident.
+        Anything else is left alone."""
         advice = getattr(mmap, "MADV_DONTNEED", None)
         if advice is None:
             return
         for a in arrays:
-            while isinstance(a, np.ndarray) and not self.owns(a) and isinstance(a.base, np.ndarray):
-                a = a.base  # a view (a moment reshaped to its tensor's shape): its array
-            held = self._maps.get(id(a))
-            if held is not None and held[0] is a:
-                held[1].madvise(advice)
+            owner = self._owner(a)
+            if owner is None:
+                continue
+            mm = self._maps[id(owner)][1]
+            if a is owner:
+                mm.madvise(advice)
+                continue
+            if not a.flags.c_contiguous or a.nbytes == 0:
+                continue
+            start = a.__array_interface__["data"][0] - owner.__array_interface__["data"][0]
+            lo = -(-start // PAGE) * PAGE                 # the first whole page inside the view
+            hi = (start + a.nbytes) // PAGE * PAGE         # the end of the last whole page inside it
+            if start + a.nbytes >= owner.nbytes:
+                hi = len(mm)                               # the view ends the file: its last, partial page too
+            if hi > lo:
+                mm.madvise(advice, lo, hi - lo)
 
     def release_all(self) -> None:
         self.release(*(a for a, _ in self._maps.values()))

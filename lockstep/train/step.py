@@ -23,7 +23,7 @@ Step t (1-based):
 Where the backend offers ``device_vectors`` (the GPU backends), the step's state stays in
 device memory: parameters and moments are backend arrays between steps (``to_device``
 once), micro-batch vectors and the tree's sums come from a ``DeviceVectorPool``, the
-gradients are copied into them on the device (``GradLayout.write_on_device``), and the
+gradients are copied into them on the device (``GradLayout.writer``), and the
 tree's adds, the norm, clipping and AdamW run there. The host sees the loss and norm
 scalars, the state root's inputs (leaf digests where the backend offers
 ``tensor_leaves``, else the state's bytes), the exchange's vectors when R > 1 and the
@@ -66,21 +66,56 @@ class GradLayout:
     def size(self) -> int:
         return 1 + sum(int(np.prod(s, dtype=np.int64)) for s in self.shapes)
 
-    def flatten(self, loss, grads: dict, out: np.ndarray | None = None) -> np.ndarray:
-        """The vector of ``loss`` and ``grads`` (their bits copied), written into ``out`` when given."""
-        if out is None:
-            out = np.empty(self.size, dtype=np.float32)
-        elif out.dtype != np.float32 or out.shape != (self.size,):
-            raise ValueError(f"a step's gradient vector has {self.size} float32 elements, got {out.dtype} {out.shape}")
-        out[0] = np.asarray(loss, dtype=np.float32).reshape(1)[0]
-        at = 1
+    def offsets(self) -> dict[str, tuple[int, int, tuple[int, ...]]]:
+        """``{name: (start, length, shape)}``: where each gradient sits in the vector."""
+        out, at = {}, 1
         for name, shape in zip(self.names, self.shapes):
-            g = np.asarray(grads[name], dtype=np.float32)
-            if g.shape != shape:
-                raise ValueError(f"gradient {name!r} has shape {g.shape}, the model's parameter {shape}")
-            out[at : at + g.size] = g.reshape(-1)
-            at += g.size
+            n = int(np.prod(shape, dtype=np.int64))
+            out[name] = (at, n, shape)
+            at += n
         return out
+
+    def writer(self, out, backend, release=None):
+        """``(put(name, gradient), finish(loss))``: ``loss_and_grads``'s ``grad_sink`` that writes each
+        gradient into its place in ``out`` as soon as the backward has finished it, so the micro-batch
+        never holds its gradients and its vector at once (only copies: the bits are the backend's).
+
+        ``out`` is a host vector, or a device vector where the backend offers ``device_vectors``.
+        ``release(view)``, if given (a scratch vector's pages), is called on each host slice once
+        written. ``finish(loss)`` writes the loss and checks that every gradient came, once."""
+        if tuple(out.shape) != (self.size,):
+            raise ValueError(f"a step's gradient vector has {self.size} float32 elements, got shape {out.shape}")
+        be, where = backend, self.offsets()
+        vectors = None if isinstance(out, np.ndarray) else be.capabilities.device_vectors
+        if isinstance(out, np.ndarray) and out.dtype != np.float32:
+            raise ValueError(f"a step's gradient vector is float32, got {out.dtype}")
+        seen: set[str] = set()
+
+        def put(name: str, g) -> None:
+            if name not in where or name in seen:
+                raise ValueError(f"gradient {name!r} is not a parameter of the model, or came twice")
+            at, n, shape = where[name]
+            if tuple(g.shape) != shape:
+                raise ValueError(f"gradient {name!r} has shape {tuple(g.shape)}, the model's parameter {shape}")
+            seen.add(name)
+            if vectors is not None:
+                vectors.copy_into(out[at : at + n], g.reshape(-1))
+                return
+            part = out[at : at + n]
+            part[...] = np.asarray(be.to_numpy(g), dtype=np.float32).reshape(-1)
+            if release is not None:
+                release(part)
+
+        def finish(loss) -> None:
+            missing = sorted(set(where) - seen)
+            if missing:
+                raise ValueError(f"the backward gave no gradient for {', '.join(missing[:3])}")
+            if vectors is not None:
+                vectors.copy_into(out[0:1], loss.reshape(1))
+            else:
+                out[0] = np.asarray(be.to_numpy(loss), dtype=np.float32).reshape(-1)[0]
+
+        return put, finish
 
     def unflatten(self, flat: np.ndarray) -> tuple[np.float32, dict[str, np.ndarray]]:
         """``(loss, {name: gradient})``; the gradients are views of ``flat``."""
@@ -92,22 +127,6 @@ class GradLayout:
             grads[name] = flat[at : at + n].reshape(shape)
             at += n
         return np.float32(np.asarray(flat[0:1]).reshape(-1)[0]), grads
-
-    def write_on_device(self, vectors, loss, grads: dict, out):
-        """``flatten`` for backend arrays: ``loss`` and ``grads`` copied into the device vector ``out``
-        at their offsets (``vectors`` is the backend's ``device_vectors``); the same bits as ``flatten``."""
-        if tuple(out.shape) != (self.size,):
-            raise ValueError(f"a step's gradient vector has {self.size} float32 elements, got shape {out.shape}")
-        vectors.copy_into(out[0:1], loss.reshape(1))
-        at = 1
-        for name, shape in zip(self.names, self.shapes):
-            g = grads[name]
-            if tuple(g.shape) != shape:
-                raise ValueError(f"gradient {name!r} has shape {tuple(g.shape)}, the model's parameter {shape}")
-            n = int(np.prod(shape, dtype=np.int64))
-            vectors.copy_into(out[at : at + n], g.reshape(-1))
-            at += n
-        return out
 
 
 class VectorPool:
@@ -145,6 +164,11 @@ class VectorPool:
         """Vectors that wait (their values kept): with a scratch space their pages leave RAM; else nothing."""
         if self.scratch is not None:
             self.scratch.release(*vectors)
+
+    def release_part(self, view: np.ndarray) -> None:
+        """A finished slice of one of this pool's vectors: with a scratch space its whole pages leave RAM; else nothing."""
+        if self.scratch is not None:
+            self.scratch.release(view)
 
     def _ours(self, v) -> bool:
         if v.dtype != np.float32 or v.shape != (self.length,) or not v.flags.c_contiguous:
@@ -192,6 +216,8 @@ class DeviceVectorPool:
     def park(self, *vectors) -> None:
         """Nothing to do: device vectors are not paged out (``VectorPool.park`` releases scratch pages)."""
 
+    release_part = park
+
 
 def vector_pool(backend, length: int):
     """The pool a run's step vectors come from: device memory where the backend offers
@@ -218,18 +244,36 @@ def to_device(backend, params: dict, opt: AdamWState) -> tuple[dict, AdamWState]
         return up(params), AdamWState(opt.step, up(opt.m), up(opt.v))
 
 
+ADD_PIECE = 2**24  # elements per piece of a tree add on scratch vectors (64 MiB of each operand)
+
+
 def in_place_add(backend, pool: VectorPool):
     """The tree's ``add`` for vectors from ``pool``: ``left + right`` written into ``left``
     (the backend's ``add_into`` extra where it has one, else its ``add`` and a copy), and
-    ``right`` given back to the pool. The same bits as ``backend.add``."""
+    ``right`` given back to the pool. The same bits as ``backend.add``.
+
+    On a pool's scratch vectors the add runs in pieces of ``ADD_PIECE`` elements, each
+    piece's pages of both operands released once written (the add is element by element:
+    the pieces give the same bits), so the two vectors are never in RAM at once."""
     be = backend
     add_into = be.capabilities.add_into
+    pieces = isinstance(pool, VectorPool) and pool.scratch is not None
 
-    def add(left: np.ndarray, right: np.ndarray) -> np.ndarray:
+    def add_part(left, right) -> None:
         if add_into is not None:
             add_into(left, right, left)
         else:
             np.copyto(left, np.asarray(be.to_numpy(be.add(left, right)), dtype=np.float32).reshape(-1))
+
+    def add(left: np.ndarray, right: np.ndarray) -> np.ndarray:
+        if not pieces:
+            add_part(left, right)
+        else:
+            for lo in range(0, left.shape[0], ADD_PIECE):
+                a, b = left[lo : lo + ADD_PIECE], right[lo : lo + ADD_PIECE]
+                add_part(a, b)
+                pool.release_part(a)
+                pool.release_part(b)
         pool.give(right)
         return left
 
@@ -238,19 +282,28 @@ def in_place_add(backend, pool: VectorPool):
 
 def micro_batch_value(params: dict, windows: np.ndarray, cfg: ModelConfig, n_global: int, backend,
                       layout: GradLayout, where: str = "", out: np.ndarray | None = None, *,
-                      execution: Execution = IN_MEMORY) -> np.ndarray:
+                      execution: Execution = IN_MEMORY, release=None) -> np.ndarray:
     """One micro-batch's loss and gradients (contributions to the mean over ``n_global`` tokens),
-    flattened (into ``out`` when given). ``execution``: how it holds memory (``train.execution``), never a bit."""
+    flattened (into ``out`` when given). ``execution``: how it holds memory (``train.execution``), never a bit.
+
+    Each gradient is copied into its place in the vector as soon as the backward has
+    finished it (``GradLayout.writer``), so the micro-batch's gradients and its vector are
+    never all alive at once; ``release(view)`` (a scratch pool's ``release_part``) hands each
+    written slice's pages back."""
     be = backend
+    vectors = be.capabilities.device_vectors
+    if out is None:
+        out = vectors.empty(layout.size) if vectors is not None else np.empty(layout.size, dtype=np.float32)
+    elif vectors is None and not isinstance(out, np.ndarray):
+        raise TypeError(f"a host backend writes gradients into a NumPy vector, got {type(out).__name__}")
+    put, finish = layout.writer(out, be, release=release)
     with transfer_phase(be, "data"):  # what the forward and backward upload: token ids, their tables, rope, 1/n
-        loss_d, grads = loss_and_grads(params, windows, cfg, be, n_global=n_global, execution=execution)
+        loss_d, _ = loss_and_grads(params, windows, cfg, be, n_global=n_global, execution=execution, grad_sink=put)
     loss = np.asarray(be.to_numpy(loss_d), dtype=np.float32).reshape(-1)[0]
     if not np.isfinite(loss):
         raise NonFiniteError(f"non-finite loss{where}: {loss}")
-    vectors = be.capabilities.device_vectors
-    if vectors is not None and not isinstance(out, np.ndarray):  # the gradients stay on the device
-        return layout.write_on_device(vectors, loss_d, grads, vectors.empty(layout.size) if out is None else out)
-    return layout.flatten(loss, {k: be.to_numpy(v) for k, v in grads.items()}, out=out)
+    finish(loss_d if vectors is not None and not isinstance(out, np.ndarray) else loss)
+    return out
 
 
 def subtree_sums(params: dict, windows: np.ndarray, plan: StepPlan, lo: int, hi: int, cfg: ModelConfig,
@@ -277,7 +330,7 @@ def subtree_sums(params: dict, windows: np.ndarray, plan: StepPlan, lo: int, hi:
             where = (f" at step {plan.step}, micro-batch {j} (windows {plan.first_window + start}.."
                      f"{plan.first_window + stop - 1})")
             folder.push_leaf(micro_batch_value(params, windows[start:stop], cfg, plan.n_global, be, layout, where,
-                                               out=pool.take(), execution=execution))
+                                               out=pool.take(), execution=execution, release=pool.release_part))
             pool.park(*(v for _, _, v in folder.parts()))  # they wait for a sibling (or the caller)
             if progress is not None:
                 progress(j - lo + 1, hi - lo)
@@ -326,7 +379,8 @@ def apply_update(params: dict, opt: AdamWState, summed: np.ndarray, plan: StepPl
 
     ``moments`` (a ``scratch.MomentFiles``, host backends): the new moments are written to its
     files as they are made, and their pages released again once hashed (the same bits, the
-    same root).
+    same root); a ``summed`` of the same scratch space has each gradient's pages released once
+    read, so neither the moments nor the step's sum are ever all in RAM.
     """
     be = backend
     on_device = be.capabilities.device_vectors is not None
@@ -339,7 +393,8 @@ def apply_update(params: dict, opt: AdamWState, summed: np.ndarray, plan: StepPl
     lr = learning_rate(tcfg, plan.tokens_after)  # tokens consumed once this step is done
     on_host_files = moments is not None and not on_device
     place = moments.place(opt.step + 1) if on_host_files else None
-    new_params, new_opt, norm = optimizer_step(params, grads, opt, cfg, tcfg, lr, be, place=place)
+    release = moments.space.release if on_host_files else None  # a scratch step sum, tensor by tensor
+    new_params, new_opt, norm = optimizer_step(params, grads, opt, cfg, tcfg, lr, be, place=place, release=release)
     if on_device:
         with transfer_phase(be, "hashing"):
             root = (hashing.state_root(state_tensors(new_params, new_opt)) if be.capabilities.tensor_leaves is None

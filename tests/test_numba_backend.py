@@ -175,6 +175,23 @@ def test_matmul_rows_with_and_without_the_flush_tests(be):
     assert_same(spec.matmul(a, b), be.matmul(a, b), "matmul inf")
 
 
+@pytest.mark.parametrize("batch,m,k,n", [((), 35, 2500, 70), ((2,), 16, 1025, 32), ((), 64, 1024, 33),
+                                         ((3,), 9, 7, 100)])
+def test_matmul_register_tiles_over_packed_panels_give_the_spec_bits(be, batch, m, k, n):
+    """The tiled path packs b in panels of ``K_PANEL`` k by 32 columns and continues each output's
+    sum from panel to panel: K past one panel (and one past it), N not a multiple of 32, partial
+    row blocks beside full ones, a batch, and the same for ``matmul_accumulate`` from a nonzero start."""
+    from lockstep.backends.numba_cpu.reduce import K_PANEL
+
+    assert k <= 3 * K_PANEL
+    a = _tiny_values(10 + m, batch + (m, k), -4, 2)
+    b = _tiny_values(11 + n, batch + (k, n), -4, 2)
+    assert_same(spec.matmul(a, b), be.matmul(a, b), f"matmul {batch} {m}x{k}x{n}")
+    if not batch:
+        acc = _tiny_values(12, (m, n), -2, 2)
+        assert_same(spec.matmul_accumulate(acc, a, b), be.matmul_accumulate(acc, a, b), "matmul_accumulate")
+
+
 @pytest.mark.parametrize("m,k,n", [(1100, 24, 16), (8, 16, 1100), (7, 12, 5)])
 def test_int8_linear_chunked_and_odd_shapes(be, m, k, n):
     """M > 1024 and N > 1024 split the backward GEMMs into K-chunks; odd M has Hadamard block 1."""

@@ -201,26 +201,50 @@ def continue_rows(a_rows, b, acc_rows):
             acc[j] = cn(acc[j])
 
 
+K_PANEL = 1024  # k per packed panel of b: 1024 x 32 float32 (128 KiB) stays in L2 while a task's row blocks use it
+
+
 @kernel
-def _tiled_rows(a_rows, b, b_tail, tail_col, out_rows, tile, accumulate=False):
-    """``contract_rows`` for a full block of ROW_BLOCK rows with register tiles (``tiles.tile_8x32``):
-    32 columns per tile, read from b, or for a last partial chunk from b_tail (its columns
-    zero-padded to 32); no flush tests (the caller proved none can fire), canonical output.
-    ``accumulate``: continue from out_rows' contents instead of +0.0 (``continue_rows``)."""
-    kk = a_rows.shape[1]
-    n = out_rows.shape[1]
-    for c0 in range(0, tail_col, 32):
-        tile_8x32(out_rows[0, c0:].ctypes.data, n, a_rows.ctypes.data, kk, 1, b[0, c0:].ctypes.data, n, kk, accumulate)
-    if tail_col < n:
-        if accumulate:
-            tile[:, :] = ZERO
-            tile[:, :n - tail_col] = out_rows[:, tail_col:]
-        tile_8x32(tile.ctypes.data, 32, a_rows.ctypes.data, kk, 1, b_tail.ctypes.data, 32, kk, accumulate)
-        out_rows[:, tail_col:] = tile[:, :n - tail_col]
-    for i in range(out_rows.shape[0]):
-        acc = out_rows[i]
-        for j in range(n):
-            acc[j] = cn(acc[j])
+def _tiled_blocks(a, b, out, starts, count, pack, tile, accumulate):
+    """``contract_rows`` (fast path) for the row blocks ``starts[:count]`` (each ROW_BLOCK full rows)
+    of ``out = a @ b`` (a (M, K), b (K, N), out (M, N)), with register tiles (``tiles.tile_8x32``).
+
+    b is packed a panel at a time: K_PANEL rows of k by 32 columns, contiguous and zero-padded
+    past the last column (``pack``), and every block of the task uses that panel before the
+    next is packed, so b streams from memory once per task rather than once per block of
+    rows. Each output's sum still runs over ascending k in one accumulator: the tile starts
+    from +0.0 (or out's contents when ``accumulate``) on the first panel and continues from
+    the value it stored on the next, so the bits are those of one pass. No flush tests (the
+    caller proved none can fire); canonical output."""
+    kk = a.shape[1]
+    n = out.shape[1]
+    for k0 in range(0, kk, K_PANEL):
+        kb = min(K_PANEL, kk - k0)
+        cont = accumulate or k0 > 0
+        for c0 in range(0, n, 32):
+            w = min(32, n - c0)
+            for k in range(kb):
+                row = b[k0 + k]
+                dst = pack[k]
+                for j in range(w):
+                    dst[j] = row[c0 + j]
+                for j in range(w, 32):
+                    dst[j] = ZERO
+            for i in range(count):
+                r0 = starts[i]
+                if w == 32:
+                    tile_8x32(out[r0, c0:].ctypes.data, n, a[r0, k0:].ctypes.data, kk, 1, pack.ctypes.data, 32, kb,
+                              cont)
+                else:  # the last columns: through a 32-wide tile
+                    if cont:
+                        tile[:, :w] = out[r0 : r0 + ROW_BLOCK, c0:]
+                    tile_8x32(tile.ctypes.data, 32, a[r0, k0:].ctypes.data, kk, 1, pack.ctypes.data, 32, kb, cont)
+                    out[r0 : r0 + ROW_BLOCK, c0:] = tile[:, :w]
+    for i in range(count):
+        for r in range(starts[i], starts[i] + ROW_BLOCK):
+            acc = out[r]
+            for j in range(n):
+                acc[j] = cn(acc[j])
 
 
 def _row_blocks(a, b, out) -> int:
@@ -232,35 +256,38 @@ def _row_blocks(a, b, out) -> int:
 def _matmul_kernel(t0, t1, a, b, out):
     """a (Bt, M, K), b (Bt, K, N), both canonical; out (Bt, M, N). Tasks: blocks of output rows.
 
-    A block whose products provably never flush runs as register tiles (full blocks of
-    ROW_BLOCK rows) or ``contract_rows``; else row by row with the flush tests."""
+    The full blocks of a batch element whose products provably never flush run together as
+    register tiles over packed panels of b (``_tiled_blocks``); a last partial block on the
+    fast path runs as ``contract_rows``; any other block row by row with the flush tests."""
     nb, m, kk = a.shape
     n = b.shape[2]
     blocks = (m + ROW_BLOCK - 1) // ROW_BLOCK
-    min_b = np.empty(nb)
-    for i in range(nb):
-        min_b[i] = min_nonzero_abs(b[i].reshape(-1))
-    tail_col = n - n % 32
-    b_tail = np.zeros((kk, 32), dtype=np.float32)
-    tail_of = -1  # which batch element's tail b_tail holds
+    pack = np.empty((min(K_PANEL, kk), 32), dtype=np.float32)
     tile = np.empty((ROW_BLOCK, 32), dtype=np.float32)
-    for task in range(t0, t1):
+    starts = np.empty(t1 - t0, dtype=np.int64)
+    task = t0
+    while task < t1:
         bi = task // blocks
-        r0 = (task % blocks) * ROW_BLOCK
-        r1 = min(m, r0 + ROW_BLOCK)
-        fast = True
-        for r in range(r0, r1):
-            fast = fast and safe_products(min_nonzero_abs(a[bi, r]), min_b[bi])
-        if fast and r1 - r0 == ROW_BLOCK:
-            if tail_col < n and tail_of != bi:
-                b_tail[:, :n - tail_col] = b[bi, :, tail_col:]
-                tail_of = bi
-            _tiled_rows(a[bi, r0:r1], b[bi], b_tail, tail_col, out[bi, r0:r1], tile)
-        elif fast:
-            contract_rows(a[bi, r0:r1], b[bi], out[bi, r0:r1])
-        else:
+        end = min(t1, (bi + 1) * blocks)
+        min_b = min_nonzero_abs(b[bi].reshape(-1))
+        count = 0
+        for tk in range(task, end):
+            r0 = (tk % blocks) * ROW_BLOCK
+            r1 = min(m, r0 + ROW_BLOCK)
+            fast = True
             for r in range(r0, r1):
-                contract_row(a[bi, r], b[bi], out[bi, r], safe_products(min_nonzero_abs(a[bi, r]), min_b[bi]))
+                fast = fast and safe_products(min_nonzero_abs(a[bi, r]), min_b)
+            if fast and r1 - r0 == ROW_BLOCK:
+                starts[count] = r0
+                count += 1
+            elif fast:
+                contract_rows(a[bi, r0:r1], b[bi], out[bi, r0:r1])
+            else:
+                for r in range(r0, r1):
+                    contract_row(a[bi, r], b[bi], out[bi, r], safe_products(min_nonzero_abs(a[bi, r]), min_b))
+        if count > 0:
+            _tiled_blocks(a[bi], b[bi], out[bi], starts, count, pack, tile, False)
+        task = end
 
 
 @parallel_kernel(_row_blocks, weight=16)
@@ -270,14 +297,12 @@ def _accumulate_kernel(t0, t1, a, b, out):
     products provably never flush and its accumulators are multiples of 2**-126 (every nonzero
     |acc| >= 2**-103: ``fp.safe_products``' argument then holds for the continued sum too)."""
     m, kk = a.shape[1], a.shape[2]
-    n = b.shape[2]
     blocks = (m + ROW_BLOCK - 1) // ROW_BLOCK
     min_b = min_nonzero_abs(b[0].reshape(-1))
-    tail_col = n - n % 32
-    b_tail = np.zeros((kk, 32), dtype=np.float32)
-    if tail_col < n:
-        b_tail[:, :n - tail_col] = b[0, :, tail_col:]
+    pack = np.empty((min(K_PANEL, kk), 32), dtype=np.float32)
     tile = np.empty((ROW_BLOCK, 32), dtype=np.float32)
+    starts = np.empty(t1 - t0, dtype=np.int64)
+    count = 0
     for task in range(t0, t1):
         r0 = (task % blocks) * ROW_BLOCK
         r1 = min(m, r0 + ROW_BLOCK)
@@ -285,7 +310,8 @@ def _accumulate_kernel(t0, t1, a, b, out):
         for r in range(r0, r1):
             fast = fast and safe_products(min_nonzero_abs(a[0, r]), min_b) and min_nonzero_abs(out[0, r]) >= SAFE_PRODUCT
         if fast and r1 - r0 == ROW_BLOCK:
-            _tiled_rows(a[0, r0:r1], b[0], b_tail, tail_col, out[0, r0:r1], tile, True)
+            starts[count] = r0
+            count += 1
         elif fast:
             continue_rows(a[0, r0:r1], b[0], out[0, r0:r1])
         else:
@@ -294,6 +320,8 @@ def _accumulate_kernel(t0, t1, a, b, out):
                 accumulate_rows(acc, a[0, r], b[0], 0, False)
                 for j in range(acc.size):
                     acc[j] = cn(acc[j])
+    if count > 0:
+        _tiled_blocks(a[0], b[0], out[0], starts, count, pack, tile, True)
 
 
 def canonical_copy(x, shape=None) -> np.ndarray:

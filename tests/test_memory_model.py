@@ -28,6 +28,10 @@ from lockstep.formats.schedule import plan_step
 from lockstep.train.malloc import keep_freed_memory
 from lockstep.train.model import init_params
 from lockstep.train.optim import AdamWState
+
+def resident_moments(params):  # zero moments written: resident, as a later step's are (np.zeros pages are not)
+    return AdamWState(0, {k: np.full_like(p, 0.0) for k, p in params.items()},
+                      {k: np.full_like(p, 0.0) for k, p in params.items()})
 from lockstep.train.scratch import MomentFiles, ScratchSpace
 from lockstep.train.step import GradLayout, VectorPool, apply_update, subtree_sums
 spec = json.loads(sys.argv[1])
@@ -39,7 +43,7 @@ plan = plan_step(tcfg, cfg.seq_len, 1)
 windows = np.random.default_rng(0).integers(0, 257, size=(plan.n_windows, cfg.seq_len + 1)).astype(np.int32)
 space = ScratchSpace(spec["scratch"]) if spec.get("scratch") else None  # out of core, as the trainer does it
 moments = MomentFiles(space) if space is not None else None
-opt = AdamWState.zeros(params) if moments is None else moments.adopt(AdamWState.zeros(params))
+opt = resident_moments(params) if moments is None else moments.adopt(resident_moments(params))
 pool = VectorPool(GradLayout.of(cfg).size, scratch=space)
 [(_, _, s)] = subtree_sums(params, windows, plan, 0, len(plan.micro_batches(tcfg.micro_batch)), cfg, tcfg, be, pool)
 apply_update(params, opt, s, plan, cfg, tcfg, be, moments=moments)

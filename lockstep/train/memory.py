@@ -14,8 +14,9 @@ two phases, and its peak is the larger:
   adds run in pieces), and its activations at their largest (the end of the forward:
   every block's saved tensors, ``model.BlockSaved``, plus the logits and their
   gradient, ``N x V`` float32 each);
-* the update: the old and the new weights, the step's sum (one tensor's worth with a
-  scratch folder), and the old and new moments (one tensor's worth with a scratch folder).
+* the update: the old and the new weights, the step's sum and the other vectors the run's
+  pool made for the tree (they stay allocated, to be reused; one tensor's worth of the sum
+  with a scratch folder), and the old and new moments (one tensor's worth with a scratch folder).
 
 ``Execution.recompute`` keeps only each block's input (one block's saved tensors exist
 again while it is differentiated); ``Execution.head_rows`` holds the logits and their
@@ -154,7 +155,8 @@ def step_memory(cfg: ModelConfig, tcfg: TrainConfig, execution: Execution = IN_M
     up = dict(base)
     up["new weights"] = 4 * params
     # out of core on the host: read tensor by tensor, pages released (the shared kernels upload it whole)
-    up["step sum"] = 4 * largest if scratch and kind != "kernels" else vec
+    # in memory the pool's vectors (the sum and the depth(M) it was built with) stay allocated for the run
+    up["step sum and the pool's vectors"] = 4 * largest if scratch and kind != "kernels" else (waiting + 1) * vec
     up["moments"] = 8 * largest * 2 if scratch else 16 * params
     up["clipped gradient"] = 4 * largest
     if kind == "kernels":

@@ -21,9 +21,7 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -35,15 +33,7 @@ from lockstep.backends import get_backend  # noqa: E402
 from lockstep.backends.kernels import hashing as kernel_hashing  # noqa: E402
 from lockstep.backends.state_hash import device_state_root  # noqa: E402
 from lockstep.spec import hashing  # noqa: E402
-
-
-def median_time(fn, repeats: int) -> float:
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
+from record import median_seconds  # noqa: E402
 
 
 def main() -> None:
@@ -67,10 +57,10 @@ def main() -> None:
         at += v.size
     shaped = {k: v.reshape(-1) for k, v in host.items()}
     assert device_state_root(be, arena) == hashing.state_root(shaped)
-    t_dev = median_time(lambda: device_state_root(be, dev), args.repeats)
-    t_arena = median_time(lambda: device_state_root(be, arena), args.repeats)
-    t_dl = median_time(lambda: hashing.state_root({k: be.to_numpy(v) for k, v in dev.items()}), args.repeats)
-    t_host = median_time(lambda: hashing.state_root(host), args.repeats)
+    t_dev = median_seconds(lambda: device_state_root(be, dev), args.repeats)
+    t_arena = median_seconds(lambda: device_state_root(be, arena), args.repeats)
+    t_dl = median_seconds(lambda: hashing.state_root({k: be.to_numpy(v) for k, v in dev.items()}), args.repeats)
+    t_host = median_seconds(lambda: hashing.state_root(host), args.repeats)
     print(f"backend: {be.description}")
     print(f"state: {len(host)} tensors, {nbytes / 2**20:.0f} MiB; host threads: {os.cpu_count()}; "
           f"leaves kernel: {kernel_hashing.LEAF_LOCAL} work-items per group; repeats {args.repeats}")
@@ -87,8 +77,8 @@ def main() -> None:
     for mib in (1, 4, 16):
         a = rng.standard_normal(mib << 18).astype(np.float32)
         d = be.asarray(a)
-        td = median_time(lambda: be.capabilities.tensor_leaves("w", d), args.repeats)
-        th = median_time(lambda: hashing.leaf_digests(memoryview(a).cast("B")), args.repeats)
+        td = median_seconds(lambda: be.capabilities.tensor_leaves("w", d), args.repeats)
+        th = median_seconds(lambda: hashing.leaf_digests(memoryview(a).cast("B")), args.repeats)
         print(f"| {mib} MiB float32 | {mib} | {td:.4f} | {th:.4f} | {td / th:.2f} |")
     print()
     print("| leaves kernel work-group size | state leaves median s | GiB/s |")
@@ -98,7 +88,7 @@ def main() -> None:
         for local in (int(s) for s in args.locals.split(",") if s):
             kernel_hashing.LEAF_LOCAL = local
             assert device_state_root(be, dev) == want
-            t = median_time(lambda: device_state_root(be, dev), args.repeats)
+            t = median_seconds(lambda: device_state_root(be, dev), args.repeats)
             print(f"| {local}{' (shipped)' if local == shipped else ''} | {t:.3f} | {gib / t:.3f} |")
     finally:
         kernel_hashing.LEAF_LOCAL = shipped

@@ -31,19 +31,13 @@ import argparse
 import json
 import os
 import statistics
-import time
+import sys
+from pathlib import Path
 
 import numpy as np
 
-
-def median_s(fn, repeats: int) -> float:
-    fn()  # warm-up: compile or load the kernels, fault the pages in
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from record import median_seconds  # noqa: E402
 
 
 def main() -> int:
@@ -66,7 +60,7 @@ def main() -> int:
     rows_out = []
 
     def record(name, kind, flops, fn):
-        s = median_s(fn, args.repeats)
+        s = median_seconds(fn, args.repeats, warm_up=True)  # the warm-up compiles or loads the kernels
         rows_out.append({"op": name, "kind": kind, "seconds": round(s, 4), "gflop_s": round(flops / s / 1e9, 1)})
         rates.setdefault(kind, []).append(flops / s)
         print(f"  {name}: {s * 1e3:,.1f} ms, {flops / s / 1e9:,.1f} GFLOP/s", flush=True)

@@ -6,9 +6,23 @@ this folder is on ``sys.path``).
 
 from __future__ import annotations
 
+import statistics
+import time
 from pathlib import Path
 
 RESULTS = Path(__file__).resolve().parent / "RESULTS.md"
+
+
+def median_seconds(fn, repeats: int, warm_up: bool = False) -> float:
+    """The median wall time of ``repeats`` calls of ``fn()`` (after one untimed call when ``warm_up``)."""
+    if warm_up:
+        fn()
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
 
 
 def markdown_table(columns: list[tuple[str, str]], rows: list[list[str]]) -> str:

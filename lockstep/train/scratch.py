@@ -83,9 +83,9 @@ class ScratchSpace:
     def release(self, *arrays) -> None:
         """Hand the pages of these arrays back to the system; their values stay in the files.
 
-        An array of this space is released whole; a contiguous view of one (a moment reshaped
-        to its tensor's shape, one gradient's slice of a step vector) releases the whole pages
-        inside its bytes only, so the values around it that share a page stay resident.
+        An array of this space, or a contiguous view of one (a moment reshaped to its tensor's
+        shape, one gradient's slice of a step vector), releases the whole pages inside its bytes
+        (all of them for the whole array), so the values around it that share a page stay resident.
         Anything else is left alone."""
         advice = getattr(mmap, "MADV_DONTNEED", None)
         if advice is None:
@@ -95,9 +95,6 @@ class ScratchSpace:
             if owner is None:
                 continue
             mm = self._maps[id(owner)][1]
-            if a is owner:
-                mm.madvise(advice)
-                continue
             if not a.flags.c_contiguous or a.nbytes == 0:
                 continue
             start = a.__array_interface__["data"][0] - owner.__array_interface__["data"][0]

@@ -34,6 +34,7 @@ checkpoint's tensors. ``transfer_phase`` names what each copy is for (the
 from __future__ import annotations
 
 import contextlib
+import functools
 from dataclasses import dataclass
 
 import numpy as np
@@ -66,8 +67,9 @@ class GradLayout:
     def size(self) -> int:
         return 1 + sum(int(np.prod(s, dtype=np.int64)) for s in self.shapes)
 
+    @functools.cached_property
     def offsets(self) -> dict[str, tuple[int, int, tuple[int, ...]]]:
-        """``{name: (start, length, shape)}``: where each gradient sits in the vector."""
+        """``{name: (start, length, shape)}``: where each gradient sits in the vector (computed once)."""
         out, at = {}, 1
         for name, shape in zip(self.names, self.shapes):
             n = int(np.prod(shape, dtype=np.int64))
@@ -85,7 +87,7 @@ class GradLayout:
         written. ``finish(loss)`` writes the loss and checks that every gradient came, once."""
         if tuple(out.shape) != (self.size,):
             raise ValueError(f"a step's gradient vector has {self.size} float32 elements, got shape {out.shape}")
-        be, where = backend, self.offsets()
+        be, where = backend, self.offsets
         vectors = None if isinstance(out, np.ndarray) else be.capabilities.device_vectors
         if isinstance(out, np.ndarray) and out.dtype != np.float32:
             raise ValueError(f"a step's gradient vector is float32, got {out.dtype}")
@@ -121,11 +123,7 @@ class GradLayout:
         """``(loss, {name: gradient})``; the gradients are views of ``flat``."""
         if flat.shape != (self.size,):
             raise ValueError(f"a step's gradient vector has {self.size} elements, got shape {flat.shape}")
-        grads, at = {}, 1
-        for name, shape in zip(self.names, self.shapes):
-            n = int(np.prod(shape, dtype=np.int64))
-            grads[name] = flat[at : at + n].reshape(shape)
-            at += n
+        grads = {name: flat[at : at + n].reshape(shape) for name, (at, n, shape) in self.offsets.items()}
         return np.float32(np.asarray(flat[0:1]).reshape(-1)[0]), grads
 
 
@@ -302,7 +300,7 @@ def micro_batch_value(params: dict, windows: np.ndarray, cfg: ModelConfig, n_glo
     loss = np.asarray(be.to_numpy(loss_d), dtype=np.float32).reshape(-1)[0]
     if not np.isfinite(loss):
         raise NonFiniteError(f"non-finite loss{where}: {loss}")
-    finish(loss_d if vectors is not None and not isinstance(out, np.ndarray) else loss)
+    finish(loss_d)
     return out
 
 

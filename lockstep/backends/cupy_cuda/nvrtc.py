@@ -1,7 +1,7 @@
 """NVRTC, called directly: CUDA C++ source -> PTX (to lint) and a cubin (to load), no GPU needed.
 
 Why not CuPy's own compiler: ``cupy.RawModule(code=...)`` and ``RawKernel`` append
-``-ftz=true`` after the caller's options (why they are not used here), and NVRTC lets the last ``-ftz`` win
+``-ftz=true`` after the caller's options (so lockstep never calls either), and NVRTC lets the last ``-ftz`` win
 (docs/gpu-kernels.md, "Toolchain traps"). lockstep compiles with NVRTC itself, with exactly
 ``COMPILE_OPTIONS`` plus the language standard and the architecture, and loads the
 cubin with ``cupy.RawModule(path=...)``.

@@ -5,11 +5,15 @@ Hypothesis profiles (``lockstep.conformance.search.register_profiles``): the sui
 ``python3 -m tools.conformance_search`` and ``pytest --hypothesis-profile=deep``.
 ``honest_run``: one small honest run that the hostile-input tests copy and attack.
 ``corpus``: the default corpus, written once per test module, for tests that train their own runs.
+
+The suite runs on pytest-xdist workers (``addopts`` in pyproject.toml): one per core, at most
+``MAX_WORKERS`` (each holds a few hundred MB and some tests start four MPI ranks).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import os
 import shutil
 from pathlib import Path
 
@@ -20,6 +24,14 @@ from lockstep.conformance.search import SUITE_PROFILE, register_profiles
 
 register_profiles()
 settings.load_profile(SUITE_PROFILE)
+
+MAX_WORKERS = 8
+
+
+def pytest_xdist_auto_num_workers(config) -> int:
+    """``-n auto``: this machine's cores, at most ``MAX_WORKERS``."""
+    return max(1, min(MAX_WORKERS, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
+                      else os.cpu_count() or 1))
 
 
 @pytest.fixture(scope="module")

@@ -6,13 +6,15 @@ numba with 1 and 2 threads; then which micro-batch sizes of the large models fit
     python benchmarks/bench_ladder.py                       # the tables, nothing run
     python benchmarks/bench_ladder.py --measure tiny small  # + measured rows (one process per row)
     python benchmarks/bench_ladder.py --measure medium --threads 2 --micro-batches 1
+    python benchmarks/bench_ladder.py --measure 400m --micro-batches 2 --recompute --head-rows 1024
 
-Each measured row is one fresh process: init, one warm-up micro-batch (kernels loaded from the
-cache), then one step of ``--micro-batches`` micro-batches (the tree and the update as the trainer
-runs them) timed; its ``VmHWM`` (the high-water mark of its own address space, Linux) is
-the peak (``ru_maxrss`` would carry the parent's resident size at fork across exec). The plans' predictions come from
-``lockstep.train.memory``; options this checkout does not implement yet (recompute, head rows) are
-modelled from their terms and marked "(modelled)".
+Each measured row is one fresh process: init, one warm-up micro-batch (one window of at most 128
+tokens: every kernel loaded from the cache, in seconds even at 400m), then one step of
+``--micro-batches`` micro-batches (the tree and the update as the trainer runs them) timed; its
+``VmHWM`` (the high-water mark of its own address space, Linux) is the peak (``ru_maxrss`` would
+carry the parent's resident size at fork across exec). The plans' predictions come from
+``lockstep.train.memory``; ``--recompute`` and ``--head-rows`` run the measured rows with that
+``Execution`` (the same bits; needed where the in-memory plan is larger than this machine: 400m).
 """
 
 from __future__ import annotations
@@ -60,7 +62,7 @@ def _modelled(cfg, tcfg, ex) -> int:
 
 
 CHILD = r"""
-import json, sys, time
+import dataclasses, json, sys, time
 import numpy as np
 from lockstep.backends import get_backend
 from lockstep.formats.config import ModelConfig, TrainConfig
@@ -72,8 +74,10 @@ from lockstep.train.optim import AdamWState
 def resident_moments(params):  # zero moments written: resident, as a later step's are (np.zeros pages are not)
     return AdamWState(0, {k: np.full_like(p, 0.0) for k, p in params.items()},
                       {k: np.full_like(p, 0.0) for k, p in params.items()})
+from lockstep.train.execution import Execution
 from lockstep.train.step import GradLayout, VectorPool, apply_update, micro_batch_value, subtree_sums
 spec = json.loads(sys.argv[1])
+ex = Execution(**spec["execution"])
 keep_freed_memory()
 cfg, tcfg = ModelConfig.from_dict(spec["model"]), TrainConfig.from_dict(spec["train"])
 be = get_backend("numba")
@@ -85,11 +89,13 @@ plan = plan_step(tcfg, cfg.seq_len, 1)
 windows = np.random.default_rng(0).integers(0, 257, size=(plan.n_windows, cfg.seq_len + 1)).astype(np.int32)
 layout = GradLayout.of(cfg)
 pool = VectorPool(layout.size)
-warm = micro_batch_value(params, windows[: tcfg.micro_batch], cfg, plan.n_global, be, layout, out=pool.take())
+short = dataclasses.replace(cfg, seq_len=min(cfg.seq_len, 128))  # the same kernels, loaded in seconds
+warm = micro_batch_value(params, windows[:1, : short.seq_len + 1], short, short.seq_len, be, layout, out=pool.take(),
+                         execution=ex)
 pool.give(warm)
 m = len(plan.micro_batches(tcfg.micro_batch))
 t0 = time.perf_counter()
-[(_, _, s)] = subtree_sums(params, windows, plan, 0, m, cfg, tcfg, be, pool)
+[(_, _, s)] = subtree_sums(params, windows, plan, 0, m, cfg, tcfg, be, pool, execution=ex)
 t_mb = (time.perf_counter() - t0) / m
 t0 = time.perf_counter()
 apply_update(params, opt, s, plan, cfg, tcfg, be)
@@ -100,9 +106,11 @@ print(json.dumps({"peak": hwm * 1024, "init_s": t_init,
 """
 
 
-def measure(cfg, tcfg, threads: int) -> dict:
+def measure(cfg, tcfg, threads: int, ex: Execution) -> dict:
     env = dict(os.environ, NUMBA_NUM_THREADS=str(threads))
-    r = subprocess.run([sys.executable, "-c", CHILD, json.dumps({"model": cfg.to_dict(), "train": tcfg.to_dict()})],
+    spec = {"model": cfg.to_dict(), "train": tcfg.to_dict(),
+            "execution": {"recompute": ex.recompute, "head_rows": ex.head_rows}}
+    r = subprocess.run([sys.executable, "-c", CHILD, json.dumps(spec)],
                        capture_output=True, text=True, env=env)
     if r.returncode:
         raise SystemExit(r.stderr[-3000:])
@@ -115,7 +123,10 @@ def main() -> None:
     ap.add_argument("--threads", type=int, nargs="*", default=[1, 2], help="NUMBA_NUM_THREADS values (default 1 2)")
     ap.add_argument("--micro-batches", type=int, help="measured rows: the step's micro-batches (default: the "
                                                       "recipe's batch, at most 2 here)")
+    ap.add_argument("--recompute", action="store_true", help="measured rows: activation recomputation")
+    ap.add_argument("--head-rows", type=int, help="measured rows: the LM head and loss in chunks of this many rows")
     args = ap.parse_args()
+    measured_ex = Execution(recompute=args.recompute, head_rows=args.head_rows)
     rows = ladder()
     print("| size | parameters | " + " | ".join(label for label, _ in PLANS) + " |")
     print("|---|---:|" + "---:|" * len(PLANS))
@@ -126,16 +137,18 @@ def main() -> None:
         print(f"| {name} | {param_count(cfg) / 1e6:,.1f}M | " + " | ".join(cells) + " |")
 
     if args.measure:
-        print("\n| size | threads | micro-batch | M | measured peak RSS | modelled (in memory) | model/measured | "
+        plan = ("in memory" + (", recompute" if measured_ex.recompute else "")
+                + (f", head rows {measured_ex.head_rows}" if measured_ex.head_rows else ""))
+        print(f"\n| size | threads | micro-batch | M | measured peak RSS | modelled ({plan}) | model/measured | "
               "s per micro-batch | GFLOP/s (6N per token) | init s |")
         print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for name in args.measure:
         cfg, tcfg = rows[name]
         n = args.micro_batches or min(2, -(-max(b for _, b in tcfg.batch_ramp) // tcfg.micro_batch))
         tcfg = dataclasses.replace(tcfg, batch_ramp=((0, n * tcfg.micro_batch),))
-        want = memory.step_memory(cfg, tcfg).total
+        want = memory.step_memory(cfg, tcfg, measured_ex).total
         for threads in args.threads:
-            r = measure(cfg, tcfg, threads)
+            r = measure(cfg, tcfg, threads, measured_ex)
             flops = 6 * param_count(cfg) * tcfg.micro_batch * cfg.seq_len / r["micro_batch_s"]
             print(f"| {name} | {threads} | {tcfg.micro_batch} | {r['m']} | {r['peak'] / GiB:,.3f} GiB | "
                   f"{want / GiB:,.3f} GiB | {want / r['peak']:.2f} | {r['micro_batch_s']:.3f} | {flops / 1e9:,.3g} | "

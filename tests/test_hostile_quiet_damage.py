@@ -127,6 +127,7 @@ def test_a_fifo_given_as_a_certificate_or_plan_is_refused_not_waited_on(tmp_path
     args = ["audit", command[0], tmp_path / "fifo.json"]
     if command[1:]:
         (tmp_path / "c.json").write_text("{}")
-        args = ["audit", "merge", tmp_path / "c.json", "--plan", tmp_path / "fifo.json", "--beacon", "00" * 32]
+        args = ["audit", "merge", tmp_path / "c.json", "--plan", tmp_path / "fifo.json", "--beacon", "00" * 32,
+                "--pub", "11" * 32, "--redundancy", "1"]
     r = lockstep_limited(*args, timeout=120)
     assert r.returncode in (1, 2) and "FIFO" in r.stdout + r.stderr and "Traceback" not in r.stderr

@@ -16,7 +16,8 @@ until all agree (``collectives.on_all_ranks``). A resume starts from the last
 complete checkpoint, or from the initial state (recipe and seed) when there is
 none, and runs to the recorded target unless given another. The first SIGINT or
 SIGTERM ends the run after the current step with a checkpoint (``stop``), the
-ranks agreeing on the step; the second stops it at once.
+ranks agreeing on the step; the second stops it at once. A file the loop cannot write
+(a full disk) raises ``RunWriteError``: which file, and the checkpoint the run resumes from.
 """
 
 from __future__ import annotations
@@ -90,7 +91,7 @@ def _writing(run_dir: Path, what: str, step: int, resume_step: int, world_size: 
     ``RunWriteError`` saying what was not written and where the run resumes."""
     try:
         yield
-    except (BrokenPipeError, ConnectionError):
+    except ConnectionError:  # BrokenPipeError among them: a reader of the output went away, no file failed
         raise
     except OSError as exc:
         raise RunWriteError(run_dir, what, step, resume_step, world_size, exc) from exc

@@ -54,7 +54,7 @@ from lockstep.formats import checkpoint as ckpt
 from lockstep.formats.manifest import DataError, Manifest
 from lockstep.formats.rundir import DataLocationError, RunFileError, open_run_data, read_target
 from lockstep.formats.recipe import load_recipe
-from lockstep.formats.trajectory import Strictness, read_commitment, read_trajectory
+from lockstep.formats.trajectory import COMMITMENT_KEYS, Strictness, read_commitment, read_trajectory
 from lockstep.use.run import UseError
 
 # the deep profile (10,000 examples) multiplies every budget here by 25; the suite's gives 1
@@ -498,8 +498,12 @@ def test_trajectory_readers_refuse_damaged_lines(ws, data):
 def test_commitment_reader_refuses_a_damaged_commitment(ws, data):
     path = ws.run / "commitment.json"
     with damaged(ws, data, path):
-        refused_cleanly(lambda: read_commitment(ws.run), RunFileError, str(path))
+        got = refused_cleanly(lambda: read_commitment(ws.run), RunFileError, str(path))
         refused_cleanly(lambda: plan_mod._commitment_of(path), plan_mod.PlanError, str(path))
+    if got is not None:  # accepted: exactly the keys the trainer writes, each of its type (issue 34, item 8)
+        assert set(got) == COMMITMENT_KEYS, got
+        assert type(got["version"]) is int and type(got["last_step"]) is int, got
+        assert all(type(got[k]) is str for k in COMMITMENT_KEYS - {"version", "last_step"}), got
 
 
 @budget(20)

@@ -14,7 +14,9 @@ For a target step t:
    ``Manifest.load``. The stream is built from its start and each step's windows
    come from the step plan (the recipe's batch schedule), never from a record a
    checkpoint carries: a checkpoint's ``stream_state`` is only compared with the
-   derived position, and a difference makes the run invalid (``problems``).
+   derived position, and a difference makes the run invalid (``problems``). So does a
+   published ``commitment.json`` that is refused (``trajectory.read_commitment``) or is not
+   the run's (``trajectory.commitment_problems``); a missing one is only a run not finished.
 3. **Each step s = start+1 .. t** (``step.tree_step``): the global batch of step s,
    its micro-batches one after another (one micro-batch's activations alive at a
    time), added as the spec's tree says (``spec.tree.TreeFolder``: at most
@@ -46,9 +48,9 @@ from lockstep.fsio import UnsafePath
 from lockstep.spec import SPEC_VERSION, hashing
 from lockstep.formats import checkpoint as ckpt
 from lockstep.train.malloc import keep_freed_memory
-from lockstep.formats.rundir import RunFileError, checkpoints_beyond, open_run_data, recorded_world_sizes
+from lockstep.formats.rundir import COMMITMENT_FILE, RunFileError, checkpoints_beyond, open_run_data, recorded_world_sizes
 from lockstep.formats.recipe import genesis, load_recipe, recipe_configs, recipe_digest
-from lockstep.formats.trajectory import Strictness, read_commitment, read_trajectory
+from lockstep.formats.trajectory import Strictness, commitment_problems, read_commitment, read_trajectory
 from lockstep.formats.stream import GlobalStream, batch_digest
 
 from lockstep.train.memory import backend_kind, choose_execution
@@ -127,14 +129,18 @@ class _Replayer:
             self.problems.append(f"checkpoint {ckpt.step_dirname(s)} is beyond the trajectory's last step "
                                  f"{len(self.traj)}: no chain link covers what it holds (a trainer saves a step "
                                  "after its record), so the run is invalid: treat it as forged")
-        try:
-            self.commitment = read_commitment(run_dir)["chain_hash"]
-            if self.traj and self.commitment != self.traj[-1]["chain_hash"]:
-                self.problems.append(f"commitment.json ({self.commitment}) is not the trajectory's last chain hash "
-                                     f"({self.traj[-1]['chain_hash']})")
-        except RunFileError as exc:
-            self.commitment = self.traj[-1]["chain_hash"] if self.traj else self.h0
-            self.notes.append(f"{exc}; the trajectory's last chain hash stands in for the commitment")
+        self.commitment = self.traj[-1]["chain_hash"] if self.traj else self.h0
+        if not (run_dir / COMMITMENT_FILE).exists() and not (run_dir / COMMITMENT_FILE).is_symlink():
+            self.notes.append(f"{run_dir / COMMITMENT_FILE}: missing (the run did not finish, or its commitment "
+                              "was not published); the trajectory's last chain hash stands in for it")
+        else:  # published: it must be the one the trainer wrote for this run, or the run is invalid
+            try:
+                c = read_commitment(run_dir)
+                for problem in commitment_problems(c, self.traj, self.recipe):
+                    self.problems.append(f"{run_dir / COMMITMENT_FILE}: {problem}")
+                self.commitment = c["chain_hash"]
+            except RunFileError as exc:
+                self.problems.append(str(exc))
         self._check_published_chain()
 
     # -- the starting state -------------------------------------------------------------

@@ -20,7 +20,7 @@ from pathlib import Path
 
 from lockstep.fsio import printable
 
-from .common import EXIT_BAD, EXIT_OK, MAX_MEMORY_HELP, default_backend, fail, gib, positive_int
+from .common import EXIT_BAD, EXIT_OK, MAX_MEMORY_HELP, default_backend, fail, gib, note, positive_int, say
 
 
 # ---------------------------------------------------------------- eval
@@ -99,7 +99,7 @@ def run_eval(args) -> int:
             png = plot_run(args.run)
         except (OSError, ValueError) as exc:
             return fail("eval", f"could not record the result in {args.run}: {exc}")
-        print(f"recorded in {args.run / 'metrics.jsonl'}" + (f", {png}" if png else ""), file=sys.stderr)
+        note(f"recorded in {args.run / 'metrics.jsonl'}" + (f", {png}" if png else ""))
     return code
 
 
@@ -239,7 +239,7 @@ def run_sample(args) -> int:
                               max_memory=args.max_memory)
     except (UseError, SamplingError, BackendUnavailable, ValueError) as exc:
         return fail("sample", str(exc))
-    say = (lambda msg: print(msg, file=sys.stderr, flush=True)) if not args.quiet else (lambda msg: None)
+    say = note if not args.quiet else (lambda msg: None)
     if len(prompt) > limit:
         say(f"note: the prompt is {len(prompt)} tokens; the model reads at most {model.cfg.seq_len}, "
             f"so it sees the last {limit} after the end-of-document token")
@@ -249,11 +249,6 @@ def run_sample(args) -> int:
     except UseError as exc:  # the tokenizer failed on the generated ids
         sys.stdout.write("\n")
         return fail("sample", str(exc))
-    except BrokenPipeError:  # the reader went away (| head): stop quietly, as other Unix tools do
-        import os
-
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        return EXIT_OK
 
 
 def _generate_into(args, be, model, tokenizer, prompt: list[int], sampling, say) -> int:
@@ -261,9 +256,9 @@ def _generate_into(args, be, model, tokenizer, prompt: list[int], sampling, say)
 
     from lockstep.use.generate import CachedModel, SamplingError, generate
 
-    note = model.spec_note()
-    if note:
-        say(printable(note))  # the recipe's SPEC_VERSION is the run's text
+    spec_note = model.spec_note()
+    if spec_note:
+        say(spec_note)  # the recipe's SPEC_VERSION is the run's text: say escapes it
     context = [tokenizer.eod_id] + prompt
     stream = None if args.json else _TextStream(tokenizer, sys.stdout)
     if stream is not None:
@@ -356,7 +351,7 @@ def run_export(args) -> int:
     if not rep.ok:  # never expected: the export was just made from a verified checkpoint
         print(rep.format())
         return fail("export", f"{out} does not verify against {args.run}; do not publish it")
-    print(f"exported step {model.step} of {args.run} to {out} (state root {model.sidecar['state_root'][:16]}..., "
+    say(f"exported step {model.step} of {args.run} to {out} (state root {model.sidecar['state_root'][:16]}..., "
           f"chain hash {model.sidecar['chain_hash'][:16]}...); verified against the run")
     return EXIT_OK
 

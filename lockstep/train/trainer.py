@@ -16,12 +16,14 @@ until all agree (``collectives.on_all_ranks``). A resume starts from the last
 complete checkpoint, or from the initial state (recipe and seed) when there is
 none, and runs to the recorded target unless given another. The first SIGINT or
 SIGTERM ends the run after the current step with a checkpoint (``stop``), the
-ranks agreeing on the step; the second stops it at once.
+ranks agreeing on the step; the second stops it at once. A file the loop cannot write
+(a full disk) raises ``RunWriteError``: which file, and the checkpoint the run resumes from.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import sys
 import time
@@ -56,6 +58,43 @@ from .stop import StopRequest
 
 class RecipeMismatch(RuntimeError):
     """A resume was asked with settings that differ from the run's recipe."""
+
+
+class RunWriteError(RuntimeError):
+    """A file of the run could not be written during the loop (a full disk, a quota, an I/O error).
+
+    Nothing published is lost: every file is written atomically (a checkpoint that was not finished
+    leaves no folder), so the run resumes from ``resume_step``, its last complete checkpoint (0: its
+    initial state), and trains the steps after it again, to the same bits. ``what`` names the file
+    that was not written, ``step`` the step being recorded; the message says all of it in the
+    library's terms (the CLI adds the command that resumes).
+    """
+
+    def __init__(self, run_dir: Path, what: str, step: int, resume_step: int, world_size: int, cause: OSError):
+        self.run_dir, self.what, self.step, self.resume_step = Path(run_dir), what, step, resume_step
+        self.world_size = world_size
+        reason = cause.strerror or str(cause) or type(cause).__name__
+        start = f"checkpoint {resume_step}" if resume_step else "its initial state (it has no checkpoint yet)"
+        again = ("" if step <= resume_step else f"; step {step} is trained again, to the same bits"
+                 if step == resume_step + 1 else f"; steps {resume_step + 1}..{step} are trained again, to the same bits")
+        room = ("once there is room on its file system" if cause.errno in _NO_ROOM else "once that is fixed")
+        super().__init__(f"{run_dir}: {what} was not written ({reason}); nothing published is lost (every file "
+                         f"is written atomically): {room}, the run resumes from {start}{again}")
+
+
+_NO_ROOM = {errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSPC), errno.EFBIG}
+
+
+@contextlib.contextmanager
+def _writing(run_dir: Path, what: str, step: int, resume_step: int, world_size: int):
+    """Around a write of the loop: an ``OSError`` (not a closed pipe: that is the terminal's) becomes
+    ``RunWriteError`` saying what was not written and where the run resumes."""
+    try:
+        yield
+    except ConnectionError:  # BrokenPipeError among them: a reader of the output went away, no file failed
+        raise
+    except OSError as exc:
+        raise RunWriteError(run_dir, what, step, resume_step, world_size, exc) from exc
 
 
 # ---------------------------------------------------------------- MPI
@@ -99,7 +138,8 @@ class Progress:
         width = 24
         done = int(width * step / max(self.total, 1))
         bar = "#" * done + "-" * (width - done)
-        line = f"[{bar}] step {step}/{self.total}  loss {loss:.4f}  {tok_s:,.0f} tok/s  {time.perf_counter() - self.t0:,.0f}s"
+        line = printable(f"[{bar}] step {step}/{self.total}  loss {loss:.4f}  {tok_s:,.0f} tok/s  "
+                         f"{time.perf_counter() - self.t0:,.0f}s")
         if self.tty:
             print("\r" + line, end="", file=sys.stderr, flush=True)
         else:
@@ -412,6 +452,7 @@ def _steps(comm, rank, world, run_dir, st, be, checkpoint_every, say, stop, eval
     summary_loss = float("nan")
     stopped_by = 0
     done = st.start_step
+    saved = st.start_step  # the last complete checkpoint (0: the initial state): where a resume starts
     for t in range(st.start_step + 1, last_step + 1):
         stop.step = t
         t0 = time.perf_counter()
@@ -448,24 +489,29 @@ def _steps(comm, rank, world, run_dir, st, be, checkpoint_every, say, stop, eval
             saving = t % checkpoint_every == 0 or t == last_step or stopped_by or evaluating
             if saving:  # the state's tensors on the host (copied from a device backend), before the counts are taken
                 with transfer_phase(be, "checkpoint"):
-                    saved = state_tensors(params, opt)
-            append_record(run_dir / TRAJECTORY_FILE, rec)
+                    tensors = state_tensors(params, opt)
             metrics = {"step": t, "seconds": dt, "tokens_per_s": plan.n_global / dt,
                        "backend": be.name, "world_size": world, "loss": float(res.loss)}
             if transfers is not None:
                 metrics["transfer_bytes"] = transfers.take()
-            append_record(run_dir / METRICS_FILE, metrics)
+            with _writing(run_dir, f"the record of step {t}", t, saved, world):
+                append_record(run_dir / TRAJECTORY_FILE, rec)
+                append_record(run_dir / METRICS_FILE, metrics)
             bar.update(t, float(res.loss), plan.n_global / dt)
             if saving:
                 side = {"chain_hash": prev_chain, "stream_state": stream.state_at(plan.first_window + plan.n_windows),
                         "recipe_sha256": recipe_digest(recipe), "tokens": plan.tokens_after}
-                with PhaseProgress(f"checkpoint {t}", 1, "bytes hashed and written", enabled=progress) as ck_bar:
-                    ckpt.save_checkpoint(run_dir, t, saved, side, progress=ck_bar.update)
-                del saved
+                with (_writing(run_dir, f"checkpoint {t}", t, saved, world),
+                      PhaseProgress(f"checkpoint {t}", 1, "bytes hashed and written", enabled=progress) as ck_bar):
+                    ckpt.save_checkpoint(run_dir, t, tensors, side, progress=ck_bar.update)
+                del tensors
+                saved = t
                 if moments is not None:
                     moments.release()  # the moments' pages the checkpoint read leave RAM again
             if evaluating:  # after the checkpoint, so `lockstep eval --step t` can reproduce it
-                hooks.validate(run_dir, t, plan.tokens_after, params, cfg, stream.manifest, be, tcfg.micro_batch, say)
+                with _writing(run_dir, f"the validation record of step {t}", t, saved, world):
+                    hooks.validate(run_dir, t, plan.tokens_after, params, cfg, stream.manifest, be, tcfg.micro_batch,
+                                   say)
         if stopped_by:
             break
     bar.close()
@@ -474,8 +520,10 @@ def _steps(comm, rank, world, run_dir, st, be, checkpoint_every, say, stop, eval
         summary.stopped_by = stopped_by
         return summary
     if is_root:
-        write_commitment(run_dir, recipe, last_step, prev_chain)
-        png = hooks.plot(run_dir, read_trajectory(run_dir, Strictness.LIVE)) if hooks.plot else None
+        with _writing(run_dir, "commitment.json", last_step, saved, world):
+            write_commitment(run_dir, recipe, last_step, prev_chain)
+        with _writing(run_dir, "loss.png", last_step, saved, world):
+            png = hooks.plot(run_dir, read_trajectory(run_dir, Strictness.LIVE)) if hooks.plot else None
         say(f"done: {run_dir} step {last_step}, loss {summary_loss:.4f}, chain {prev_chain}"
             + (f", loss curve {png}" if png else ""))
     return summary

@@ -23,9 +23,10 @@ from lockstep.conformance.runner import all_passed, print_table, run_conformance
 from lockstep.spec.hashing import state_root
 from lockstep.formats.config import preset, train_preset
 from lockstep.train.model import init_params, loss_and_grads
-from lockstep.train.optim import AdamWState, optimizer_step
+from lockstep.train.optim import optimizer_step
+from lockstep.formats.state import AdamWState
 from lockstep.formats.schedule import learning_rate
-from lockstep.train.step import state_tensors
+from lockstep.formats.state import state_tensors
 
 ROOT = Path(__file__).resolve().parents[1]
 REFERENCE = ROOT / "benchmarks" / "data" / "device_check_reference.json"

@@ -178,8 +178,8 @@ def test_bad_arguments_fail_in_one_line(be, ops):
 def test_device_state_root_of_a_tiny_model_state_is_the_spec_root(be):
     from lockstep.formats.config import preset
     from lockstep.train.model import init_params
-    from lockstep.train.optim import AdamWState
-    from lockstep.train.step import state_tensors
+    from lockstep.formats.state import AdamWState
+    from lockstep.formats.state import state_tensors
 
     params = init_params(preset("tiny"), seed=5)
     rng = np.random.default_rng(6)

@@ -22,7 +22,8 @@ from lockstep.formats.config import preset, train_preset
 from lockstep.formats.manifest import Manifest
 from lockstep.formats.stream import GlobalStream
 from lockstep.train.model import init_params
-from lockstep.train.optim import AdamWState, NonFiniteError
+from lockstep.train.optim import NonFiniteError
+from lockstep.formats.state import AdamWState
 from lockstep.formats.recipe import genesis, load_recipe, make_recipe, recipe_configs
 from lockstep.formats.trajectory import Strictness, read_trajectory
 from lockstep.formats.schedule import plan_step

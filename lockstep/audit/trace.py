@@ -370,7 +370,7 @@ def traced_tree_step(params, opt, windows, plan, cfg, tcfg, be, tracer: Tracer):
     from lockstep.spec import tree
     from lockstep.train.step import GradLayout, VectorPool, apply_update, in_place_add, subtree_sums
 
-    from lockstep.train.optim import AdamWState
+    from lockstep.formats.state import AdamWState
 
     def host(v):  # a state a device-resident step left on the device is traced from host copies (same bits)
         return v if isinstance(v, np.ndarray) else np.asarray(be.to_numpy(v))

@@ -181,16 +181,6 @@ def read_trajectory(run_dir: str | os.PathLike, strictness: Strictness) -> list[
 
 
 
-def first_broken_link(recipe: dict, records: list[dict]) -> int | None:
-    """The first step whose ``chain_hash`` is not ``H_t`` recomputed from ``H_0`` and the records; None if none."""
-    h = genesis(recipe)
-    for rec in records:
-        if hashing.record_chain_hash(h, rec) != rec["chain_hash"]:
-            return rec["step"]
-        h = rec["chain_hash"]
-    return None
-
-
 # ---------------------------------------------------------------- commitment
 
 

@@ -164,7 +164,7 @@ class MomentFiles:
 
     def adopt(self, opt):
         """``opt`` (an ``AdamWState``) with its moments copied into slot ``opt.step % 2``."""
-        from .optim import AdamWState
+        from lockstep.formats.state import AdamWState
 
         slot = opt.step % 2
         m = {k: self._put(slot, "m", k, v) for k, v in opt.m.items()}

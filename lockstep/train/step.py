@@ -47,7 +47,8 @@ from lockstep.spec import hashing, tree
 
 from .execution import IN_MEMORY, Execution
 from .model import loss_and_grads
-from .optim import AdamWState, NonFiniteError, optimizer_step
+from .optim import NonFiniteError, optimizer_step
+from lockstep.formats.state import AdamWState, state_tensors
 
 
 @dataclass(frozen=True)
@@ -333,27 +334,6 @@ def subtree_sums(params: dict, windows: np.ndarray, plan: StepPlan, lo: int, hi:
             if progress is not None:
                 progress(j - lo + 1, hi - lo)
     return folder.parts()
-
-
-def state_tensors(params: dict, opt: AdamWState, host: bool = True) -> dict[str, np.ndarray]:
-    """The published state: parameters, AdamW moments and the step counter (host arrays; with
-    ``host=False`` the arrays are left where they are, the step counter a host array)."""
-    put = np.asarray if host else (lambda v: v)
-    out = {f"param/{k}": put(v) for k, v in params.items()}
-    out.update({f"adam_m/{k}": put(v) for k, v in opt.m.items()})
-    out.update({f"adam_v/{k}": put(v) for k, v in opt.v.items()})
-    out["step"] = np.array([opt.step], dtype=np.int64)
-    return out
-
-
-def split_state(tensors: dict[str, np.ndarray]) -> tuple[dict, AdamWState]:
-    """Inverse of ``state_tensors`` (used when loading checkpoints)."""
-    params = {k[len("param/"):]: v for k, v in tensors.items() if k.startswith("param/")}
-    m = {k[len("adam_m/"):]: v for k, v in tensors.items() if k.startswith("adam_m/")}
-    v = {k[len("adam_v/"):]: v for k, v in tensors.items() if k.startswith("adam_v/")}
-    if "step" not in tensors or set(params) != set(m) or set(params) != set(v):
-        raise ValueError("checkpoint tensors are not a lockstep training state (param/, adam_m/, adam_v/, step)")
-    return params, AdamWState(int(np.asarray(tensors["step"]).reshape(-1)[0]), m, v)
 
 
 @dataclass

@@ -33,7 +33,6 @@ from typing import Callable
 
 from lockstep.fsio import check_regular_or_absent, printable
 from lockstep.fsio.progress import PhaseProgress
-from lockstep.spec import SPEC_VERSION
 
 from lockstep.formats import checkpoint as ckpt
 from lockstep.formats.config import ModelConfig, TrainConfig
@@ -41,9 +40,9 @@ from lockstep.formats.manifest import Manifest
 from lockstep.formats.tokenizer import BYTE_TOKENIZER_VOCAB_SIZE
 from lockstep.formats.stream import GlobalStream, batch_digest
 from .model import init_params
-from .optim import AdamWState
-from lockstep.formats.rundir import (DATA_DIR, METRICS_FILE, RECIPE_FILE, TARGET_FILE, TRAJECTORY_FILE, open_run_data, read_target, write_target)
-from lockstep.formats.recipe import genesis, load_recipe, make_recipe, recipe_configs, recipe_digest, write_recipe
+from lockstep.formats.rundir import (DATA_DIR, METRICS_FILE, RECIPE_FILE, TARGET_FILE, TRAJECTORY_FILE, read_target, write_target)
+from lockstep.formats.recipe import genesis, make_recipe, recipe_digest, write_recipe
+from lockstep.formats.run import Run
 from lockstep.formats.trajectory import Strictness, read_trajectory, step_record, write_commitment, write_trajectory
 from lockstep.formats.trajectory import append_record
 from .malloc import keep_freed_memory
@@ -51,8 +50,8 @@ from .execution import Execution
 from .memory import Plan, backend_kind, choose_execution
 from lockstep.formats.schedule import plan_step
 from .scratch import MomentFiles, ScratchSpace
-from .step import (GradLayout, VectorPool, apply_update, split_state, state_tensors, subtree_sums, to_device,
-                   transfer_phase, vector_pool)
+from .step import GradLayout, VectorPool, apply_update, subtree_sums, to_device, transfer_phase, vector_pool
+from lockstep.formats.state import AdamWState, state_tensors
 from .stop import StopRequest
 
 
@@ -355,45 +354,46 @@ def _check_vocab(manifest: Manifest, cfg: ModelConfig) -> None:
 
 def _resume_start(run_dir: Path, data, steps, tokens, is_root, check_recipe, given_cfg, given_tcfg,
                   memory: _MemoryAsk, be, progress: bool) -> _Start:
-    recipe = load_recipe(run_dir)
+    """The state a resume continues from: the run's newest checkpoint, which must obey the run's checkpoint
+    rule (``Run.checkpoint_problems``) with the published chain holding up to it, or the initial state."""
+    run = Run.open(run_dir, Strictness.LIVE).require("recipe")
+    recipe = run.recipe
     check_regular_or_absent(run_dir, METRICS_FILE, "metrics log")  # appended to: refuse a link now
-    if recipe.get("spec_version") != SPEC_VERSION:
-        raise RecipeMismatch(f"{run_dir}: run made with SPEC_VERSION {recipe.get('spec_version')}, "
-                             f"this lockstep has {SPEC_VERSION}; replay it with a matching version")
+    run.require_spec_version()
     if check_recipe is not None:
         check_recipe(recipe)
-    cfg, tcfg = recipe_configs(recipe)
+    cfg, tcfg = run.cfg, run.tcfg
     if given_cfg is not None and given_cfg != cfg or given_tcfg is not None and given_tcfg != tcfg:
         raise RecipeMismatch(f"{run_dir}: the model/train settings given differ from recipe.json; "
                              "resume without changing them (or start a new run)")
     plan = memory.plan(cfg, tcfg, "resume it")  # before anything is allocated
-    manifest = open_run_data(run_dir, recipe, data)
+    manifest = run.open_data(data)
     seed = recipe["seed"]
     # the data a step sees is a function of the recipe, the manifest and the step: the stream is
     # positioned from the step plan, and a checkpoint's record of it is only checked against that
     stream = GlobalStream(manifest, seed, cfg.seq_len)
-    found = ckpt.latest_checkpoint(run_dir)
-    if found is None:  # stopped before its first checkpoint: the recipe and seed define the state
-        params = initial_params(cfg, seed, be, progress and is_root)
-        opt, start_step, prev_chain = AdamWState.zeros(params), 0, genesis(recipe)
-    else:
-        c = ckpt.load_checkpoint(found[1], max_bytes=ckpt.state_bytes_bound(cfg))
-        if c.sidecar.get("recipe_sha256") != recipe_digest(recipe):
-            raise RecipeMismatch(f"{run_dir / RECIPE_FILE} does not match the recipe checkpoint {c.step} was made "
+    run.require("trajectory", "checkpoints")
+    start = run.sound_start(None, stream)
+    if start.stopped is not None:
+        step, kind, why = start.stopped
+        if any(p.what == "recipe" for p in start.stopped_problems):
+            raise RecipeMismatch(f"{run_dir / RECIPE_FILE} does not match the recipe checkpoint {step} was made "
                                  "with (it was edited); restore it or start a new run")
-        params, opt = split_state(c.tensors)
-        start_step, prev_chain = c.step, c.sidecar["chain_hash"]
-        why = ckpt.stream_state_problem(c.sidecar, stream, tcfg, start_step)
-        if why is not None:
-            raise ckpt.CheckpointError(f"{c.path / ckpt.SIDECAR_FILE}: {why}; the run is invalid "
-                                       "(lockstep audit verify reports it): it cannot be resumed")
-    kept = None
-    if is_root:
-        kept = [r for r in read_trajectory(run_dir, Strictness.LIVE) if r["step"] <= start_step]
-        if len(kept) != start_step or (kept and kept[-1]["chain_hash"] != prev_chain):
-            raise ValueError(f"{run_dir}: trajectory.jsonl does not agree with checkpoint {start_step}")
-    last_step = _last_step(tcfg, cfg.seq_len, start_step, steps, tokens, read_target(run_dir))
-    return _Start(recipe, cfg, tcfg, params, opt, start_step, prev_chain, stream, last_step, kept, plan)
+        raise ckpt.CheckpointError(f"checkpoint {ckpt.step_dirname(step)} of {run_dir} "
+                                   f"{'is damaged' if kind == 'damaged' else 'contradicts the run'}: {why}; it "
+                                   "cannot be resumed from (lockstep audit verify reports it)")
+    if not run.chain_holds_to(start.step):
+        raise ckpt.CheckpointError(f"{run_dir / 'trajectory.jsonl'}: the published chain is broken at step "
+                                   f"{run.chain_breaks[0]}, so it does not vouch for the state a resume continues "
+                                   "from (lockstep audit verify reports it): it cannot be resumed")
+    if start.step == 0:  # stopped before its first checkpoint: the recipe and seed define the state
+        params = initial_params(cfg, seed, be, progress and is_root)
+        opt = AdamWState.zeros(params)
+    else:
+        params, opt = start.params, start.opt
+    kept = run.trajectory[:start.step] if is_root else None
+    last_step = _last_step(tcfg, cfg.seq_len, start.step, steps, tokens, read_target(run_dir))
+    return _Start(recipe, cfg, tcfg, params, opt, start.step, start.chain, stream, last_step, kept, plan)
 
 
 def _write_start(run_dir: Path, st: _Start, resume: bool) -> None:

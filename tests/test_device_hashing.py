@@ -14,17 +14,12 @@ import hashlib
 import numpy as np
 import pytest
 
-from lockstep.backends import BackendUnavailable, get_backend
+from backend_cases import loaded_backend
+from lockstep.backends import get_backend
 from lockstep.backends.state_hash import device_state_root, device_tensor_digests
 from lockstep.spec import hashing
 
-try:
-    _BE = get_backend("opencl")
-    _SKIP = None
-except BackendUnavailable as e:  # pragma: no cover - CI installs pyopencl[pocl]
-    _BE, _SKIP = None, str(e)
-
-pytestmark = pytest.mark.skipif(_SKIP is not None, reason=f"opencl backend unavailable: {_SKIP}")
+_BE, pytestmark = loaded_backend("opencl")
 
 CHUNK_F32 = hashing.CHUNK_BYTES // 4  # float32 elements in one chunk
 

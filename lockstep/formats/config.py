@@ -10,6 +10,13 @@ import dataclasses
 from dataclasses import dataclass, field
 
 
+def _refuse_unknown_keys(cls, d: dict, what: str) -> None:
+    """``ValueError`` naming the keys of ``d`` that are not fields of the config dataclass ``cls``."""
+    unknown = sorted(set(d) - {f.name for f in dataclasses.fields(cls)})
+    if unknown:
+        raise ValueError(f"unknown {what} config key(s): {', '.join(unknown)}")
+
+
 @dataclass(frozen=True)
 class ModelConfig:
     name: str = "custom"
@@ -51,10 +58,7 @@ class ModelConfig:
 
     @classmethod
     def from_dict(cls, d: dict) -> "ModelConfig":
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(d) - known)
-        if unknown:
-            raise ValueError(f"unknown model config key(s): {', '.join(unknown)}")
+        _refuse_unknown_keys(cls, d, "model")
         return cls(**d)
 
 
@@ -82,10 +86,7 @@ class TrainConfig:
 
     @classmethod
     def from_dict(cls, d: dict) -> "TrainConfig":
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(d) - known)
-        if unknown:
-            raise ValueError(f"unknown train config key(s): {', '.join(unknown)}")
+        _refuse_unknown_keys(cls, d, "train")
         d = dict(d)
         if "batch_ramp" in d:
             d["batch_ramp"] = tuple(tuple(int(v) for v in x) for x in d["batch_ramp"])

@@ -49,6 +49,7 @@ import os
 import re
 from pathlib import Path
 
+from lockstep.errors import LockstepError
 from lockstep.fsio import FileFormatError, printable, read_json
 from lockstep.spec.philox import PhiloxStream, keyed_permutation
 
@@ -68,7 +69,7 @@ MAX_AUDITORS = 100_000
 MAX_PLAN_BYTES = 256 << 20
 
 
-class PlanError(ValueError):
+class PlanError(LockstepError, ValueError):
     """A plan cannot be made or read; the message says why and what to do."""
 
 

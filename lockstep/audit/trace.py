@@ -39,6 +39,7 @@ from typing import Any
 
 import numpy as np
 
+from lockstep.errors import LockstepError
 from lockstep.contract import CONTRACT, Kind
 from lockstep.spec import SPEC_VERSION
 from lockstep.spec.hashing import array_digest
@@ -56,7 +57,7 @@ _PASS_THROUGH = ("weights_unchanged", "watch_compilation", "kernel_runtime")
 _TRACED_AS = {"add_into": "add"}
 
 
-class TraceError(ValueError):
+class TraceError(LockstepError, ValueError):
     """A trace cannot be made or read; the message is one line."""
 
 

@@ -134,14 +134,10 @@ def recipe_checker(args):
 
 
 def run_train(args) -> int:
-    from lockstep.backends import BackendUnavailable
-
-    from lockstep.formats.checkpoint import CheckpointError
+    from lockstep.errors import LockstepError
     from lockstep.train.collectives import AgreedError
-    from lockstep.formats.manifest import DataError
-    from lockstep.train.optim import NonFiniteError
     from lockstep.train import trainer
-    from lockstep.train.trainer import RecipeMismatch, RunWriteError, launcher_rank
+    from lockstep.train.trainer import RunWriteError, launcher_rank
     from lockstep.use.hooks import run_hooks
 
     is_root = launcher_rank() == 0
@@ -172,8 +168,7 @@ def run_train(args) -> int:
                                     scratch=args.scratch)
     except RunWriteError as e:  # a full disk: what was not written, where the run resumes, and how
         return fail("train", f"{e}; {_resume_hint(e.run_dir, e.world_size, args.data)}") if is_root else EXIT_ERROR
-    except (BackendUnavailable, RecipeMismatch, CheckpointError, DataError, NonFiniteError, AgreedError,
-            OSError, ValueError) as e:
+    except (LockstepError, OSError) as e:  # a ValueError from deep in the step is a bug: its traceback shows
         if isinstance(e, BrokenPipeError):
             raise  # stdout's reader went away: lockstep.cli.main ends every command the same way
         what = "" if isinstance(e, AgreedError) else f"{type(e).__name__}: "

@@ -35,6 +35,7 @@ from typing import Any
 
 import numpy as np
 
+from lockstep.errors import LockstepError
 from lockstep.fsio import FileFormatError, UnsafePath, atomic_write_bytes, atomic_writer, fsync_dir, json_bytes, open_regular, parse_json, read_regular, safe_join
 from lockstep.fsio.safetensors import parse_safetensors, safetensors_header, write_safetensors_to
 from lockstep.spec.hashing import state_root_from_digests, tensor_digests
@@ -54,7 +55,7 @@ MAX_HEADER_BYTES = 1 << 20  # a checkpoint's safetensors header: about 110 bytes
 _HEX64 = re.compile(r"[0-9a-f]{64}")
 
 
-class CheckpointError(RuntimeError):
+class CheckpointError(LockstepError, RuntimeError):
     """A checkpoint is missing, incomplete, corrupt or inconsistent."""
 
 

@@ -64,6 +64,7 @@ import os
 import re
 from pathlib import Path
 
+from lockstep.errors import LockstepError
 from lockstep.fsio import (FileFormatError, UnsafePath, atomic_write_json, iter_lines, open_regular, read_json,
                            read_json_regular, safe_join)
 
@@ -98,7 +99,7 @@ RECORD_FLOAT_KEYS = ("lr", "loss", "grad_norm")
 MAX_TOKENS = 2**64 - 1  # the chain hashes a record's token count as 8 bytes
 
 
-class RunFileError(ValueError):
+class RunFileError(LockstepError, ValueError):
     """A file of the run cannot be used; the message names it and says what to do."""
 
 

@@ -83,6 +83,7 @@ from collections.abc import Callable, Iterator, Sequence
 
 import numpy as np
 
+from lockstep.errors import LockstepError
 from lockstep.spec import tree
 
 DEFAULT_CHUNK_BYTES = 32 << 20  # 32 MiB element ranges: bounded temporaries and message sizes
@@ -309,7 +310,7 @@ def _exchange(comm, send: np.ndarray, dest: int, recv: np.ndarray, source: int, 
 # ---------------------------------------------------------------------------
 
 
-class RankDisagreement(RuntimeError):
+class RankDisagreement(LockstepError, RuntimeError):
     """Ranks hold different state roots after a step; raised on every rank alike."""
 
     def __init__(self, step: int, roots: list[str]):
@@ -346,7 +347,7 @@ def check_state_agreement(comm, state_root_hex: str, step: int) -> None:
         raise RankDisagreement(step, roots)
 
 
-class AgreedError(RuntimeError):
+class AgreedError(LockstepError, RuntimeError):
     """An error that every rank raises together (``on_all_ranks``): no rank is left waiting.
 
     ``rank`` is the lowest rank where it happened; the message is that rank's error.

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from lockstep.errors import LockstepError
 from lockstep.spec import hostmath
 
 from lockstep.formats.config import ModelConfig, TrainConfig
@@ -16,7 +17,7 @@ from lockstep.formats.params import param_specs
 from lockstep.formats.state import AdamWState
 
 
-class NonFiniteError(FloatingPointError):
+class NonFiniteError(LockstepError, FloatingPointError):
     """A loss or gradient was NaN or infinite: training stops before it enters the state."""
 
 

@@ -31,11 +31,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+from lockstep.errors import LockstepError
 from lockstep.fsio import check_regular_or_absent, printable
 from lockstep.fsio.progress import PhaseProgress
 
 from lockstep.formats import checkpoint as ckpt
-from lockstep.formats.config import ModelConfig, TrainConfig
+from lockstep.formats.config import ConfigError, ModelConfig, TrainConfig
 from lockstep.formats.manifest import Manifest
 from lockstep.formats.tokenizer import BYTE_TOKENIZER_VOCAB_SIZE
 from lockstep.formats.stream import GlobalStream, batch_digest
@@ -55,11 +56,11 @@ from lockstep.formats.state import AdamWState, state_tensors
 from .stop import StopRequest
 
 
-class RecipeMismatch(RuntimeError):
+class RecipeMismatch(LockstepError, RuntimeError):
     """A resume was asked with settings that differ from the run's recipe."""
 
 
-class RunWriteError(RuntimeError):
+class RunWriteError(LockstepError, RuntimeError):
     """A file of the run could not be written during the loop (a full disk, a quota, an I/O error).
 
     Nothing published is lost: every file is written atomically (a checkpoint that was not finished
@@ -271,7 +272,7 @@ def _checked_backend(backend_name: str, checkpoint_every: int):
     from lockstep.backends import get_backend
 
     if type(checkpoint_every) is not int or checkpoint_every < 1:
-        raise ValueError(f"checkpoint_every must be a positive integer, got {checkpoint_every!r}")
+        raise ConfigError(f"checkpoint_every must be a positive integer, got {checkpoint_every!r}")
     return get_backend(backend_name)
 
 
@@ -294,7 +295,7 @@ class _MemoryAsk:
         """The plan (``memory.choose_execution``); a named scratch folder is checked now, before anything is written."""
         if self.scratch is not None:
             if os.path.islink(self.scratch) or not os.path.isdir(self.scratch):
-                raise ValueError(f"--scratch {self.scratch}: not an existing folder (a symbolic link is refused)")
+                raise ConfigError(f"--scratch {self.scratch}: not an existing folder (a symbolic link is refused)")
         return choose_execution(cfg, tcfg, what, max_memory=self.max_memory, kind=self.kind,
                                 scratch=self.scratch or self.run_dir, given=self.given)
 
@@ -304,12 +305,12 @@ def _new_run_start(comm, run_dir: Path, cfg, tcfg, data, seed, steps, tokens, is
     from .collectives import on_all_ranks
 
     if cfg is None or tcfg is None:
-        raise ValueError("train needs a model and a train config for a new run")
+        raise ConfigError("train needs a model and a train config for a new run")
     default_data = data in (None, "default")
 
     def check() -> tuple[int, Manifest | None]:
         if type(seed) is not int or not 0 <= seed < 2**64:
-            raise ValueError(f"seed must be an integer in [0, 2**64), got {seed!r}")
+            raise ConfigError(f"seed must be an integer in [0, 2**64), got {seed!r}")
         if is_root and (run_dir / RECIPE_FILE).exists():
             raise FileExistsError(f"{run_dir} already holds a run; use --resume to continue it or pick another --out")
         last = _last_step(tcfg, cfg.seq_len, 0, steps, tokens, None)
@@ -317,7 +318,7 @@ def _new_run_start(comm, run_dir: Path, cfg, tcfg, data, seed, steps, tokens, is
         if manifest is not None:
             _check_vocab(manifest, cfg)
         elif cfg.vocab_size < BYTE_TOKENIZER_VOCAB_SIZE:  # before the default corpus is built in the run
-            raise ValueError(f"the default corpus's byte tokenizer has {BYTE_TOKENIZER_VOCAB_SIZE} ids but the model "
+            raise ConfigError(f"the default corpus's byte tokenizer has {BYTE_TOKENIZER_VOCAB_SIZE} ids but the model "
                              f"only {cfg.vocab_size}; raise vocab_size")
         return last, manifest, memory.plan(cfg, tcfg, "train it")  # before anything is allocated or written
 
@@ -348,7 +349,7 @@ def _new_run_start(comm, run_dir: Path, cfg, tcfg, data, seed, steps, tokens, is
 
 def _check_vocab(manifest: Manifest, cfg: ModelConfig) -> None:
     if manifest.vocab_size > cfg.vocab_size:
-        raise ValueError(f"the data's tokenizer has {manifest.vocab_size} ids but the model only "
+        raise ConfigError(f"the data's tokenizer has {manifest.vocab_size} ids but the model only "
                          f"{cfg.vocab_size}; raise vocab_size")
 
 
@@ -562,21 +563,21 @@ def _last_step(tcfg: TrainConfig, seq_len: int, start_step: int, steps: int | No
                recorded: int | None) -> int:
     """The run's target step: ``steps``, or the step that reaches ``tokens``, or the recorded target."""
     if steps is not None and tokens is not None:
-        raise ValueError("give --steps or --tokens, not both")
+        raise ConfigError("give --steps or --tokens, not both")
     if steps is not None:
         if type(steps) is not int or steps < 1:
-            raise ValueError(f"--steps must be a positive integer, got {steps!r}")
+            raise ConfigError(f"--steps must be a positive integer, got {steps!r}")
         last = steps
     elif tokens is not None:
         if type(tokens) is not int or tokens < 1:
-            raise ValueError(f"--tokens must be a positive integer, got {tokens!r}")
+            raise ConfigError(f"--tokens must be a positive integer, got {tokens!r}")
         last = _step_reaching(tcfg, seq_len, tokens)
     elif recorded is not None:
         return max(recorded, start_step)
     else:
-        raise ValueError(f"this run has no recorded target ({TARGET_FILE}); give --steps N or --tokens T")
+        raise ConfigError(f"this run has no recorded target ({TARGET_FILE}); give --steps N or --tokens T")
     if last < start_step:
-        raise ValueError(f"the run already has a checkpoint at step {start_step}, beyond the target "
+        raise ConfigError(f"the run already has a checkpoint at step {start_step}, beyond the target "
                          f"{'--steps' if steps is not None else '--tokens'} gives (step {last}); give a larger one")
     return last
 

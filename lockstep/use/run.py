@@ -20,6 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
+from lockstep.errors import LockstepError
 from lockstep.fsio import FileFormatError, UnsafePath
 from lockstep.spec import SPEC_VERSION
 from lockstep.formats import checkpoint as ckpt
@@ -30,7 +31,7 @@ from lockstep.formats.state import split_state
 from lockstep.formats.trajectory import Strictness
 
 
-class UseError(ValueError):
+class UseError(LockstepError, ValueError):
     """A run, checkpoint, export or argument that cannot be used; the message says why and what to do."""
 
 

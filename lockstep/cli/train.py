@@ -135,6 +135,7 @@ def recipe_checker(args):
 
 def run_train(args) -> int:
     from lockstep.errors import LockstepError
+    from lockstep.formats.config import ConfigError
     from lockstep.train.collectives import AgreedError
     from lockstep.train import trainer
     from lockstep.train.trainer import RunWriteError, launcher_rank
@@ -144,10 +145,10 @@ def run_train(args) -> int:
     run_dir = args.resume or args.out
     try:
         if args.resume and args.out is not None:
-            raise ValueError(f"--out names a new run; --resume {args.resume} continues that run in place")
+            raise ConfigError(f"--out names a new run; --resume {args.resume} continues that run in place")
         backend = args.backend or default_backend()
         if args.resume and (args.config or args.sets):
-            raise ValueError("--config and --set make a new run; a resume continues the run as its recipe.json "
+            raise ConfigError("--config and --set make a new run; a resume continues the run as its recipe.json "
                              "says: drop them, or start a new run with --out")
         if args.resume:
             summary = trainer.train(args.resume, resume=True, data=args.data, steps=args.steps, tokens=args.tokens,

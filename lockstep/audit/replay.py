@@ -18,7 +18,7 @@ For a target step t:
    derived position, and a difference makes the run invalid (``problems``). So does a
    published ``commitment.json`` that is refused (``trajectory.read_commitment``) or is not
    the run's (``trajectory.commitment_problems``); a missing one is only a run not finished.
-3. **Each step s = start+1 .. t** (``step.tree_step``): the global batch of step s,
+3. **Each step s = start+1 .. t** (``step.step_over_ranks``, the trainer's step): the global batch of step s,
    its micro-batches one after another (one micro-batch's activations alive at a
    time), added as the spec's tree says (``spec.tree.TreeFolder``: at most
    ceil(log2 M) + 1 gradient sums alive), clipping, AdamW, the state root; then
@@ -39,6 +39,7 @@ state when no newer checkpoint lies between them.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 from dataclasses import dataclass
@@ -75,9 +76,12 @@ class _State:
 
 class _Replayer:
     def __init__(self, run_dir: Path, backend_name: str, data, log, from_earlier: bool = False,
-                 max_memory: float | None = None, scratch=None):
+                 max_memory: float | None = None, scratch=None, comm=None):
         self.run_dir = run_dir
-        self.log = log or (lambda msg: None)
+        # under mpiexec every rank replays its share of each step's micro-batches; rank 0 speaks
+        self.comm = comm if comm is not None and comm.Get_size() > 1 else None
+        self.rank, self.world = (self.comm.Get_rank(), self.comm.Get_size()) if self.comm is not None else (0, 1)
+        self.log = (log if self.rank == 0 else None) or (lambda msg: None)
         self.from_earlier = from_earlier
         self.notes: list[str] = []
         self.damaged: list[str] = []
@@ -136,6 +140,18 @@ class _Replayer:
             self.problems.append(f"the published chain is broken at step {t}: its chain_hash is not H_{t} "
                                  f"recomputed from the record and H_{t - 1} (`lockstep audit verify` lists every "
                                  "broken link)")
+
+    def processes_line(self, step: int) -> str:
+        """How the micro-batches of ``step`` are split over the processes (``collectives.rank_micro_batches``)."""
+        if self.world == 1:
+            return "one process"
+        from lockstep.formats.schedule import plan_step
+        from lockstep.train.collectives import rank_micro_batches
+
+        m = len(plan_step(self.tcfg, self.cfg.seq_len, step).micro_batches(self.tcfg.micro_batch))
+        spans = [rank_micro_batches(m, self.world, r) for r in range(self.world)]
+        split = ", ".join(f"rank {r}: {lo}..{hi - 1}" if hi > lo else f"rank {r}: none" for r, (lo, hi) in enumerate(spans))
+        return f"{self.world} processes (its {m} micro-batches split {split})"
 
     def open_scratch(self) -> None:
         """The plan's scratch folder: the moments and the tree's sums in files there (``train.scratch``)."""
@@ -263,7 +279,8 @@ class _Replayer:
         from lockstep.fsio.progress import PhaseProgress
         from lockstep.train.optim import NonFiniteError
         from lockstep.formats.schedule import plan_step
-        from lockstep.train.step import tree_step
+        from lockstep.train.collectives import abort_on_exception, check_state_agreement
+        from lockstep.train.step import step_over_ranks, to_device
 
         s = st.step + 1
         t0 = time.perf_counter()
@@ -275,8 +292,13 @@ class _Replayer:
         try:
             opt = self.moments.adopt(st.opt) if self.moments is not None else st.opt
             with PhaseProgress(f"  step {s}", 1, "micro-batches", write=self.log) as bar:
-                res = tree_step(st.params, opt, windows, plan, self.cfg, self.tcfg, self.be, pool=self.pool,
-                                moments=self.moments, progress=bar.update, execution=self.plan.execution)
+                params, opt = to_device(self.be, st.params, opt)
+                with abort_on_exception(self.comm) if self.comm is not None else contextlib.nullcontext():
+                    res = step_over_ranks(params, opt, windows, plan, self.cfg, self.tcfg, self.be, self.comm,
+                                          pool=self.pool, moments=self.moments, progress=bar.update,
+                                          execution=self.plan.execution)
+                    if self.comm is not None:
+                        check_state_agreement(self.comm, res.state_root, s)
         except NonFiniteError as exc:
             check = StepCheck(s, st.start, {"batch_digest": bd}, published, ["state_root", "chain_hash"],
                               note=f"the replay stopped: {exc} (the run published finite values)",
@@ -332,7 +354,10 @@ def replay_steps(run_dir: str | os.PathLike, steps, backend_name: str = "spec", 
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
         raise ReplayError(f"{run_dir}: not a directory; give the path of a run directory")
-    rp = _Replayer(run_dir, backend_name, data, log, from_earlier, max_memory, scratch)
+    from lockstep.train.trainer import mpi_world
+
+    comm, _, _ = mpi_world()
+    rp = _Replayer(run_dir, backend_name, data, log, from_earlier, max_memory, scratch, comm)
     try:
         return _replay_targets(rp, steps, t0)
     finally:
@@ -370,6 +395,9 @@ def _replay_targets(rp: "_Replayer", steps, t0: float) -> ReplayResult:
             plan_said = True
         _replay_run_of_steps(rp, state, t, checks)
         state = rp.last_state
+    if rp.world > 1 and checks:
+        rp.notes.append(f"replayed on {rp.world} processes (mpiexec), every step's micro-batches split over them "
+                        "as training splits them; the bits do not depend on the number")
     trained_on = recorded_world_sizes(rp.run_dir, [c.step for c in checks])
     for c in checks:
         c.world_size = trained_on.get(c.step)
@@ -385,7 +413,7 @@ def _replay_run_of_steps(rp: _Replayer, state: _State, target: int, checks: list
     first, count = state.step + 1, target - state.step
     origin = (f"checkpoint {ckpt.step_dirname(state.start)}" if state.start and state.step == state.start else
               "the initial state" if state.step == 0 else f"the state replayed to step {state.step}")
-    rp.log(f"replaying {count} step(s), {first}..{target}, from {origin} on one process (the spec's micro-batch "
+    rp.log(f"replaying {count} step(s), {first}..{target}, from {origin} on {rp.processes_line(first)} (the spec's micro-batch "
            f"tree needs no world size), backend {rp.be.name}")
     t0 = time.perf_counter()
     done = 0

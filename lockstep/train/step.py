@@ -394,20 +394,53 @@ def apply_update(params: dict, opt: AdamWState, summed: np.ndarray, plan: StepPl
     return StepResult(new_params, new_opt, loss, np.float32(np.asarray(be.to_numpy(norm)).reshape(-1)[0]), lr, root)
 
 
+def step_over_ranks(params: dict, opt: AdamWState, windows: np.ndarray, plan: StepPlan, cfg: ModelConfig,
+                    tcfg: TrainConfig, backend, comm=None, *, pool: VectorPool | None = None,
+                    host_pool: VectorPool | None = None, moments=None, progress=None,
+                    execution: Execution = IN_MEMORY) -> StepResult:
+    """Step ``plan.step`` with its micro-batches split over the ranks of ``comm`` (None: this process alone).
+
+    The one step algorithm, which training and replay both run: this rank's maximal
+    subtrees of the micro-batch tree (``subtree_sums`` over ``rank_micro_batches``), the
+    exchange that makes the tree's sum ``S[0, M)`` on every rank (``tree_allreduce``, on the
+    host), then the update (``apply_update``). The bits do not depend on the number of
+    ranks. ``pool``: the step's vectors (a fresh pool when None); ``host_pool``: the
+    exchange's host vectors (``pool`` when it is a host pool); ``moments``, ``progress`` and
+    ``execution`` as in ``subtree_sums`` and ``apply_update``.
+    """
+    from .collectives import rank_micro_batches, tree_allreduce
+
+    be = backend
+    world, rank = (1, 0) if comm is None else (comm.Get_size(), comm.Get_rank())
+    layout = GradLayout.of(cfg)
+    pool = pool if pool is not None else vector_pool(be, layout.size)
+    m = len(plan.micro_batches(tcfg.micro_batch))
+    lo, hi = rank_micro_batches(m, world, rank)
+    parts = subtree_sums(params, windows, plan, lo, hi, cfg, tcfg, be, pool, progress=progress, execution=execution)
+    if world > 1:
+        if host_pool is None:
+            host_pool = pool if isinstance(pool, VectorPool) else VectorPool(layout.size)
+        with transfer_phase(be, "exchange"):  # MPI moves host memory: a device's subtree sums come over
+            sent = parts if host_pool is pool else [(a, b, be.to_numpy(v)) for a, b, v in parts]
+            summed = tree_allreduce(comm, sent, m, layout.size, be.add, out=host_pool.take(),
+                                    add_into=be.capabilities.add_into)
+        pool.give(*(v for _, _, v in parts))
+    else:
+        [(_, _, summed)] = parts
+    res = apply_update(params, opt, summed, plan, cfg, tcfg, be, moments=moments)
+    (host_pool if world > 1 else pool).give(summed)  # dead: the update's results are new arrays
+    return res
+
+
 def tree_step(params: dict, opt: AdamWState, windows: np.ndarray, plan: StepPlan, cfg: ModelConfig,
               tcfg: TrainConfig, backend, *, pool: VectorPool | None = None, moments=None,
               progress=None, execution: Execution = IN_MEMORY) -> StepResult:
-    """Step ``plan.step`` on one process: the whole tree, then the update (what the audit replays).
+    """Step ``plan.step`` on one process: the whole tree, then the update (``step_over_ranks`` with no ranks).
 
     ``windows`` is the step's batch (``plan.n_windows`` rows). Its bits are those of a
     run with any number of ranks, and of any ``execution``. ``pool``, ``moments`` and ``progress`` as in ``subtree_sums``
     and ``apply_update`` (``pool`` and ``moments``: a scratch folder's, for out-of-core state).
     """
-    m = len(plan.micro_batches(tcfg.micro_batch))
     params, opt = to_device(backend, params, opt)  # once per step at most (device arrays stay as they are)
-    [(_, _, summed)] = subtree_sums(params, windows, plan, 0, m, cfg, tcfg, backend, pool, progress=progress,
-                                    execution=execution)
-    res = apply_update(params, opt, summed, plan, cfg, tcfg, backend, moments=moments)
-    if pool is not None:
-        pool.give(summed)  # dead: the update's results are new arrays
-    return res
+    return step_over_ranks(params, opt, windows, plan, cfg, tcfg, backend, None, pool=pool, moments=moments,
+                           progress=progress, execution=execution)

@@ -51,7 +51,7 @@ from .execution import Execution
 from .memory import Plan, backend_kind, choose_execution
 from lockstep.formats.schedule import plan_step
 from .scratch import MomentFiles, ScratchSpace
-from .step import GradLayout, VectorPool, apply_update, subtree_sums, to_device, transfer_phase, vector_pool
+from .step import GradLayout, VectorPool, step_over_ranks, to_device, transfer_phase, vector_pool
 from lockstep.formats.state import AdamWState, state_tensors
 from .stop import StopRequest
 
@@ -438,7 +438,7 @@ def _run_loop(comm, rank, world, run_dir: Path, st: _Start, be, checkpoint_every
 
 def _steps(comm, rank, world, run_dir, st, be, checkpoint_every, say, stop, eval_every, hooks, pool, moments,
            progress) -> RunSummary:
-    from .collectives import check_state_agreement, max_over_ranks, rank_micro_batches, tree_allreduce
+    from .collectives import check_state_agreement, max_over_ranks, rank_micro_batches
 
     is_root = rank == 0
     recipe, cfg, tcfg, params, opt, stream = st.recipe, st.cfg, st.tcfg, st.params, st.opt, st.stream
@@ -464,18 +464,9 @@ def _steps(comm, rank, world, run_dir, st, be, checkpoint_every, say, stop, eval
             m = len(plan.micro_batches(tcfg.micro_batch))
             lo, hi = rank_micro_batches(m, world, rank)
             with PhaseProgress(f"step {t}", hi - lo, "micro-batches", enabled=progress and is_root) as mb_bar:
-                parts = subtree_sums(params, windows, plan, lo, hi, cfg, tcfg, be, pool, progress=mb_bar.update,
-                                     execution=st.plan.execution if st.plan is not None else Execution())
-            if world > 1:
-                with transfer_phase(be, "exchange"):  # MPI moves host memory: a device's subtree sums come over
-                    sent = parts if host_pool is pool else [(a, b, be.to_numpy(v)) for a, b, v in parts]
-                    summed = tree_allreduce(comm, sent, m, layout.size, be.add, out=host_pool.take(),
-                                            add_into=be.capabilities.add_into)
-                pool.give(*(v for _, _, v in parts))
-            else:
-                [(_, _, summed)] = parts
-            res = apply_update(params, opt, summed, plan, cfg, tcfg, be, moments=moments)
-            (host_pool if world > 1 else pool).give(summed)  # dead: the update's results are new arrays
+                res = step_over_ranks(params, opt, windows, plan, cfg, tcfg, be, comm if world > 1 else None,
+                                      pool=pool, host_pool=host_pool, moments=moments, progress=mb_bar.update,
+                                      execution=st.plan.execution if st.plan is not None else Execution())
         if comm is not None and world > 1:
             check_state_agreement(comm, res.state_root, t)
         params, opt = res.params, res.opt

@@ -27,6 +27,7 @@ ROOT = Path(__file__).resolve().parents[1] / "lockstep"
 LAYERS: dict[str, int] = {
     "lockstep": 0,  # the package's own __init__ (its version): imports nothing
     "lockstep.errors": 0,  # the root of the errors lockstep raises on purpose: imports nothing
+    "lockstep.launch": 0,  # the rank mpiexec gave this process, and the MPI world: imports nothing of lockstep
     "lockstep.fsio": 1,
     "lockstep.spec": 1,
     "lockstep.contract": 2,

@@ -354,7 +354,7 @@ def replay_steps(run_dir: str | os.PathLike, steps, backend_name: str = "spec", 
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
         raise ReplayError(f"{run_dir}: not a directory; give the path of a run directory")
-    from lockstep.train.trainer import mpi_world
+    from lockstep.launch import mpi_world
 
     comm, _, _ = mpi_world()
     rp = _Replayer(run_dir, backend_name, data, log, from_earlier, max_memory, scratch, comm)

@@ -233,7 +233,7 @@ def _verify(args) -> int:
 def _replay(args) -> int:
     from lockstep.audit.certificate import make_certificate, sign_certificate, write_certificate
     from lockstep.audit.replay import replay_steps
-    from lockstep.train.trainer import launcher_rank
+    from lockstep.launch import launcher_rank
 
     if args.plan is not None:
         steps = _planned_steps(args)

@@ -33,7 +33,7 @@ class OneLineErrorParser(argparse.ArgumentParser):
     """A usage error is one line (``lockstep train: error: ...``), printed by rank 0 only under mpiexec."""
 
     def error(self, message: str):
-        from lockstep.train.trainer import launcher_rank
+        from lockstep.launch import launcher_rank
 
         if launcher_rank() == 0:
             note(f"{self.prog}: error: {message} (see {self.prog} --help)")

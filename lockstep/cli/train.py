@@ -138,7 +138,8 @@ def run_train(args) -> int:
     from lockstep.formats.config import ConfigError
     from lockstep.train.collectives import AgreedError
     from lockstep.train import trainer
-    from lockstep.train.trainer import RunWriteError, launcher_rank
+    from lockstep.launch import launcher_rank
+    from lockstep.train.trainer import RunWriteError
     from lockstep.use.hooks import run_hooks
 
     is_root = launcher_rank() == 0

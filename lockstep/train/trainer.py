@@ -33,6 +33,7 @@ from typing import Callable
 
 from lockstep.errors import LockstepError
 from lockstep.fsio import check_regular_or_absent, printable
+from lockstep.launch import mpi_world
 from lockstep.fsio.progress import PhaseProgress
 
 from lockstep.formats import checkpoint as ckpt
@@ -98,30 +99,6 @@ def _writing(run_dir: Path, what: str, step: int, resume_step: int, world_size: 
 
 
 # ---------------------------------------------------------------- MPI
-
-LAUNCHER_RANK_VARIABLES = ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK")
-
-
-def launcher_rank() -> int:
-    """This process's rank as mpiexec set it in the environment (0 when not launched by mpiexec);
-    known before MPI starts, so errors in the arguments are printed by rank 0 only."""
-    for key in LAUNCHER_RANK_VARIABLES:
-        value = os.environ.get(key, "")
-        if value.isdigit():
-            return int(value)
-    return 0
-
-
-def mpi_world():
-    """``(comm, rank, size)``; comm is None when not launched by mpiexec."""
-    launched = any(k in os.environ for k in ("PMI_RANK", "PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "PMIX_RANK"))
-    if not launched:
-        return None, 0, 1
-    from mpi4py import MPI
-
-    comm = MPI.COMM_WORLD
-    return comm, comm.Get_rank(), comm.Get_size()
-
 
 # ---------------------------------------------------------------- progress
 

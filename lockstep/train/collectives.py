@@ -44,8 +44,7 @@ rules on top of the spec's tree and a conforming elementwise ``add``:
      rank: ``k_r * n * (R-1)/R`` floats sent in the reduce-scatter (``k_r`` its
      subtree count) plus ``n * (R-1)/R`` in the allgather; the butterfly's is the
      case ``k_r = 1``. Imbalance and traffic for small and large ``M``
-     (``exchange_cost``), and speed: ``benchmarks/RESULTS.md``, "Micro-batch tree
-     across ranks".
+     (``exchange_cost``).
 
    Large vectors go through in element ranges of ``chunk_bytes`` (32 MiB by default),
    each exchanged as above: chunking bounds temporaries and never changes a bit.

@@ -24,7 +24,7 @@ gradient for that many rows instead of ``N``. ``choose_execution`` goes through 
 plans cheapest first (in memory; recompute; recompute and head rows; and all of that
 with the state in a scratch folder) and returns the first that fits the budget, or refuses in one line.
 The constants were calibrated against measured peak RSS on numba (``tests/test_memory_model.py``
-checks the agreement within 25% on three small sizes; benchmarks/RESULTS.md, "Memory ladder").
+checks the agreement within 25% on three small sizes).
 """
 
 from __future__ import annotations

@@ -134,9 +134,8 @@ class VectorPool:
     The trainer keeps one for a run, so micro-batch values, tree sums and the exchange's
     result reuse the same memory step after step (11.6 MiB vectors on ``small``): no
     allocation, and no fresh pages to fault in, wherever the allocator would hand them
-    back to the system. What removed the page faults measured on ``small`` is
-    ``malloc.keep_freed_memory`` (benchmarks/RESULTS.md, "After the fix"); the pool is
-    what still helps where that setting does nothing (no glibc). A vector given back
+    back to the system. Where glibc's malloc is used, ``malloc.keep_freed_memory`` keeps
+    freed memory for reuse too; the pool is what still helps where that setting does nothing (no glibc). A vector given back
     must be dead: nothing reads it again. Bits never depend on the pool (every element
     of a vector taken is written before it is read).
 

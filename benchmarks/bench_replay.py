@@ -66,7 +66,8 @@ def _train_step_cpu(run: Path, step: int, backend: str, world: int) -> tuple[flo
     from lockstep.formats.manifest import Manifest
     from lockstep.formats.recipe import load_recipe, recipe_configs
     from lockstep.formats.schedule import plan_step
-    from lockstep.train.step import apply_update, split_state, subtree_sums
+    from lockstep.train.step import apply_update, subtree_sums
+    from lockstep.formats.state import split_state
     from lockstep.formats.stream import GlobalStream
 
     recipe = load_recipe(run)
@@ -128,7 +129,8 @@ def _replay_step_cpu(run: Path, backend: str) -> float:
     from lockstep.formats.manifest import Manifest
     from lockstep.formats.recipe import load_recipe, recipe_configs
     from lockstep.formats.schedule import plan_step
-    from lockstep.train.step import split_state, tree_step
+    from lockstep.train.step import tree_step
+    from lockstep.formats.state import split_state
     from lockstep.formats.stream import GlobalStream
 
     recipe = load_recipe(run)

@@ -583,7 +583,7 @@ def _load_and_check_stream(folder: Path):
     c = ckpt.load_checkpoint(folder)
     recipe = load_recipe(folder.parents[1])
     from lockstep.formats.stream import GlobalStream
-    from lockstep.train.trainer import recipe_configs
+    from lockstep.formats.recipe import recipe_configs
 
     cfg, tcfg = recipe_configs(recipe)
     stream = GlobalStream(Manifest.load(folder.parents[1] / "data"), recipe["seed"], cfg.seq_len)

@@ -39,6 +39,7 @@ from typing import Any
 
 import numpy as np
 
+from lockstep.errors import LockstepError
 from lockstep.contract import CONTRACT, Kind
 from lockstep.spec import SPEC_VERSION
 from lockstep.spec.hashing import array_digest
@@ -56,7 +57,7 @@ _PASS_THROUGH = ("weights_unchanged", "watch_compilation", "kernel_runtime")
 _TRACED_AS = {"add_into": "add"}
 
 
-class TraceError(ValueError):
+class TraceError(LockstepError, ValueError):
     """A trace cannot be made or read; the message is one line."""
 
 
@@ -370,7 +371,7 @@ def traced_tree_step(params, opt, windows, plan, cfg, tcfg, be, tracer: Tracer):
     from lockstep.spec import tree
     from lockstep.train.step import GradLayout, VectorPool, apply_update, in_place_add, subtree_sums
 
-    from lockstep.train.optim import AdamWState
+    from lockstep.formats.state import AdamWState
 
     def host(v):  # a state a device-resident step left on the device is traced from host copies (same bits)
         return v if isinstance(v, np.ndarray) else np.asarray(be.to_numpy(v))

@@ -233,6 +233,7 @@ def _verify(args) -> int:
 def _replay(args) -> int:
     from lockstep.audit.certificate import make_certificate, sign_certificate, write_certificate
     from lockstep.audit.replay import replay_steps
+    from lockstep.launch import launcher_rank
 
     if args.plan is not None:
         steps = _planned_steps(args)
@@ -252,6 +253,8 @@ def _replay(args) -> int:
     log = None if args.quiet else (lambda msg: print(printable(msg), file=sys.stderr, flush=True))
     result = replay_steps(args.run, steps, args.backend, data=args.data, log=log, from_earlier=args.from_earlier,
                           max_memory=args.max_memory, scratch=args.scratch)
+    if launcher_rank() != 0:  # under mpiexec: rank 0 prints the one verdict and writes the certificate
+        return EXIT_OK if result.ok else EXIT_BAD
     print(result.format())
     if args.out is not None or args.key is not None:
         cert = make_certificate(result, auditor=args.auditor)

@@ -95,8 +95,10 @@ from typing import Annotated, Any, Protocol, Sequence, Union
 
 import numpy as np
 
+from lockstep.errors import LockstepError
 
-class BackendUnavailable(RuntimeError):
+
+class BackendUnavailable(LockstepError, RuntimeError):
     """The backend cannot run here (its package, its compiler or its hardware is missing).
 
     The message is one line: what is missing, then what to do (see the module

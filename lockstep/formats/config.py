@@ -7,7 +7,20 @@ unknown keys, so a typo in a recipe is an error, not a silent default.
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+
+from lockstep.errors import LockstepError
+
+
+class ConfigError(LockstepError, ValueError):
+    """A model or train setting that lockstep cannot train with (an unknown key or preset, a value out of range)."""
+
+
+def _refuse_unknown_keys(cls, d: dict, what: str) -> None:
+    """``ValueError`` naming the keys of ``d`` that are not fields of the config dataclass ``cls``."""
+    unknown = sorted(set(d) - {f.name for f in dataclasses.fields(cls)})
+    if unknown:
+        raise ConfigError(f"unknown {what} config key(s): {', '.join(unknown)}")
 
 
 @dataclass(frozen=True)
@@ -32,12 +45,12 @@ class ModelConfig:
 
     def __post_init__(self):
         if self.n_heads % self.n_kv_heads:
-            raise ValueError(f"n_heads ({self.n_heads}) must be a multiple of n_kv_heads ({self.n_kv_heads})")
+            raise ConfigError(f"n_heads ({self.n_heads}) must be a multiple of n_kv_heads ({self.n_kv_heads})")
         if self.head_dim % 2:
-            raise ValueError(f"head_dim must be even for RoPE, got {self.head_dim}")
+            raise ConfigError(f"head_dim must be even for RoPE, got {self.head_dim}")
         for k in ("vocab_size", "d_model", "n_layers", "n_heads", "n_kv_heads", "head_dim", "ffn_dim", "seq_len"):
             if int(getattr(self, k)) <= 0:
-                raise ValueError(f"{k} must be positive, got {getattr(self, k)}")
+                raise ConfigError(f"{k} must be positive, got {getattr(self, k)}")
 
     def is_full_attention(self, layer: int) -> bool:
         """Layer ``layer`` (0-based) is fully causal if it is every 5th or the last."""
@@ -51,10 +64,7 @@ class ModelConfig:
 
     @classmethod
     def from_dict(cls, d: dict) -> "ModelConfig":
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(d) - known)
-        if unknown:
-            raise ValueError(f"unknown model config key(s): {', '.join(unknown)}")
+        _refuse_unknown_keys(cls, d, "model")
         return cls(**d)
 
 
@@ -82,10 +92,7 @@ class TrainConfig:
 
     @classmethod
     def from_dict(cls, d: dict) -> "TrainConfig":
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(d) - known)
-        if unknown:
-            raise ValueError(f"unknown train config key(s): {', '.join(unknown)}")
+        _refuse_unknown_keys(cls, d, "train")
         d = dict(d)
         if "batch_ramp" in d:
             d["batch_ramp"] = tuple(tuple(int(v) for v in x) for x in d["batch_ramp"])
@@ -135,11 +142,11 @@ TRAIN_PRESETS: dict[str, TrainConfig] = {
 def preset(name: str, **overrides) -> ModelConfig:
     """The named model preset (tiny, small, medium, open-1b), with optional field overrides."""
     if name not in PRESETS:
-        raise ValueError(f"unknown preset {name!r}; choose one of {', '.join(PRESETS)}")
+        raise ConfigError(f"unknown preset {name!r}; choose one of {', '.join(PRESETS)}")
     return dataclasses.replace(PRESETS[name], **overrides) if overrides else PRESETS[name]
 
 
 def train_preset(name: str, **overrides) -> TrainConfig:
     if name not in TRAIN_PRESETS:
-        raise ValueError(f"unknown preset {name!r}; choose one of {', '.join(TRAIN_PRESETS)}")
+        raise ConfigError(f"unknown preset {name!r}; choose one of {', '.join(TRAIN_PRESETS)}")
     return dataclasses.replace(TRAIN_PRESETS[name], **overrides) if overrides else TRAIN_PRESETS[name]

@@ -37,9 +37,11 @@ from decimal import Decimal
 from pathlib import Path
 from typing import IO, Any
 
+from lockstep.errors import LockstepError
+
 
 MAX_JSON_BYTES = 64 << 20  # a run's JSON files are small; refuse to parse anything huge
-class UnsafePath(ValueError):
+class UnsafePath(LockstepError, ValueError):
     """A path from untrusted input would leave its root directory."""
 
 
@@ -47,7 +49,7 @@ class NotRegularFile(UnsafePath):
     """A path names a symlink, a FIFO, a device or a folder where a regular file must be."""
 
 
-class FileFormatError(ValueError):
+class FileFormatError(LockstepError, ValueError):
     """A file is malformed; the message names the file and the problem."""
 
 

@@ -6,8 +6,10 @@ docstrings, the vectors file and the code agree."""
 from __future__ import annotations
 
 import hashlib
+import math
 import re
 import struct
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -248,3 +250,82 @@ def test_the_stream_docstring_writes_out_the_domain_and_the_encoding():
     assert f"the {len(philox.STREAM_DOMAIN)} bytes" in doc
     example = re.search(r"``STREAM_DOMAIN \|\| ([0-9a-f |]+)``", doc).group(1)
     assert bytes.fromhex(example.replace("|", "")) == vectors.stream_message(7, "init", 2)[len(philox.STREAM_DOMAIN):]
+
+
+# ---------------------------------------------------------------- the parameter table: docstring, docs, code
+
+def _table_rows(text: str) -> list[list[str]]:
+    """The rows of the parameter table that follows the ``name  shape  init  std  decay`` heading."""
+    lines = text.splitlines()
+    start = next(i for i, ln in enumerate(lines) if ln.split()[:5] == ["name", "shape", "init", "std", "decay"])
+    rows = []
+    for ln in lines[start + 1:]:
+        if not ln.strip():
+            break
+        m = re.fullmatch(r"\s*(\S+)\s+(\(.*?\))\s+(\S+)\s+(\S+)\s+(\S+)\s*", ln)
+        assert m, ln
+        rows.append(list(m.groups()))
+    return rows
+
+
+def _expand(rows, cfg, shape_of):
+    """The table's rows for ``cfg``: ``layers.NN.`` rows once per layer, in the table's order."""
+    layer_rows = [r for r in rows if r[0].startswith("layers.NN.")]
+    head = [r for r in rows[: rows.index(layer_rows[0])]]
+    tail = [r for r in rows[rows.index(layer_rows[-1]) + 1:]]
+    assert rows == head + layer_rows + tail  # the layer rows are contiguous
+    out = []
+    for name, shape, init, std, decay in head + [
+            [r[0].replace("NN", f"{i:02d}"), *r[1:]] for i in range(cfg.n_layers) for r in layer_rows] + tail:
+        std_value = {"-": 0.0, "init_std": cfg.init_std,
+                     "init_std/sqrt(2*L)": cfg.init_std / math.sqrt(2 * cfg.n_layers)}[std]
+        out.append((name, shape_of(shape), init, std_value, {"yes": True, "no": False}[decay]))
+    return out
+
+
+def _spec_rows(cfg):
+    from lockstep.formats.params import param_specs
+
+    return [(s.name, tuple(s.shape), s.init, s.std, s.decay) for s in param_specs(cfg)]
+
+
+@pytest.mark.parametrize("name,overrides", [("tiny", {}), ("small", {}), ("open-1b", {}),
+                                            ("tiny", {"n_layers": 101, "init_std": 0.05})])
+def test_the_params_docstring_table_is_param_specs(name, overrides):
+    from lockstep.formats import params
+    from lockstep.formats.config import preset
+
+    cfg = preset(name, **overrides)
+    sym = {"V": cfg.vocab_size, "D": cfg.d_model, "L": cfg.n_layers, "H": cfg.n_heads, "G": cfg.n_kv_heads,
+           "Dh": cfg.head_dim, "F": cfg.ffn_dim}
+
+    def shape_of(text):
+        return tuple(eval(text, {"__builtins__": {}}, sym))  # "(D, 2*F)", "(D,)": tuples of the symbols
+
+    assert _expand(_table_rows(params.__doc__), cfg, shape_of) == _spec_rows(cfg)
+
+
+def test_the_docs_parameter_table_is_open_1bs_param_specs():
+    from lockstep.formats.config import preset
+    from lockstep.formats.params import param_count
+
+    cfg = preset("open-1b")
+    doc = (Path(hashing.__file__).parents[2] / "docs" / "formats.md").read_text(encoding="utf-8")
+    section = doc[doc.index("## Parameters"):doc.index("## Data folder")]
+    rows = _expand(_table_rows(section), cfg, lambda t: tuple(int(v) for v in t.strip("(),").split(",") if v.strip()))
+    assert rows == _spec_rows(cfg)
+    assert f"{param_count(cfg):,} parameters" in section
+
+
+def test_the_quoted_init_stds_are_the_float32_of_param_specs():
+    from lockstep.formats import params
+    from lockstep.formats.config import preset
+
+    stds = sorted({s.std for s in params.param_specs(preset("open-1b")) if s.init == "normal"}, reverse=True)
+    assert stds == [0.02, 0.02 / math.sqrt(48)]
+    bits = [f"0x{int(np.float32(s).view(np.uint32)):08X}" for s in stds]
+    doc = (Path(hashing.__file__).parents[2] / "docs" / "formats.md").read_text(encoding="utf-8")
+    for text in (params.__doc__, doc):
+        for b in bits:
+            assert b in text
+    assert f"float32({stds[1]!r}) = {bits[1]}" in params.__doc__

@@ -329,3 +329,45 @@ def test_the_quoted_init_stds_are_the_float32_of_param_specs():
         for b in bits:
             assert b in text
     assert f"float32({stds[1]!r}) = {bits[1]}" in params.__doc__
+
+
+# ---------------------------------------------------------------- fsio.json_bytes does what its docstring says
+
+def test_json_bytes_layout_escapes_and_numbers_are_as_documented():
+    from lockstep.fsio import json_bytes
+
+    obj = {"z": [1, 2.0, 0.1, 1e-8, 1e16, -0.0, True, None, {}, [], (3,)], "é": "é€\u2028\"\\\n\x01\x7f",
+           "a": {"k": 1}, "7": "int key"}
+    want = ('{\n'
+            '  "7": "int key",\n'
+            '  "a": {\n'
+            '    "k": 1\n'
+            '  },\n'
+            '  "z": [\n'
+            '    1,\n    2.0,\n    0.1,\n    1e-08,\n    1e+16,\n    -0.0,\n    true,\n    null,\n    {},\n    [],\n'
+            '    [\n      3\n    ]\n'
+            '  ],\n'
+            '  "é": "é€\u2028\\"\\\\\\n\\u0001\x7f"\n'
+            '}\n').encode("utf-8")
+    assert json_bytes(obj) == want
+    assert json_bytes({7: "int key"}) == b'{\n  "7": "int key"\n}\n'  # an int key is written as a string
+    assert all(not line.endswith(b" ") for line in want.split(b"\n"))
+    for bad, err in ((float("nan"), ValueError), (float("inf"), ValueError), (np.float32(1), TypeError),
+                     (np.int64(1), TypeError), (np.bool_(True), TypeError), ("\udc80", UnicodeEncodeError),
+                     ({1: 0, "a": 0}, TypeError)):
+        with pytest.raises(err):
+            json_bytes(bad)
+    assert json_bytes(np.float64(1.5)) == b"1.5\n"
+
+
+def test_json_bytes_docstring_spells_float32_settings_as_genesis_writes_them():
+    from lockstep.formats.config import ModelConfig, TrainConfig
+    from lockstep.formats.recipe import _settings
+    from lockstep.fsio import json_bytes
+
+    doc = " ".join(json_bytes.__doc__.split())
+    model = _settings(ModelConfig(norm_eps=1e-6).to_dict(), ModelConfig, "model")
+    train = _settings(TrainConfig(eps=1e-8).to_dict(), TrainConfig, "train")
+    for key, given, value in (("norm_eps", "1e-6", model["norm_eps"]), ("eps", "1e-8", train["eps"])):
+        assert f"``{key}`` {given} is ``{value!r}``" in doc
+        assert f'"{key}": {value!r}'.encode() in json_bytes({key: value})

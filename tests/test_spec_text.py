@@ -371,3 +371,54 @@ def test_json_bytes_docstring_spells_float32_settings_as_genesis_writes_them():
     for key, given, value in (("norm_eps", "1e-6", model["norm_eps"]), ("eps", "1e-8", train["eps"])):
         assert f"``{key}`` {given} is ``{value!r}``" in doc
         assert f'"{key}": {value!r}'.encode() in json_bytes({key: value})
+
+
+# ---------------------------------------------------------------- the recipe's settings table: docstring, docs, code
+
+def _settings_rows() -> list[list[str]]:
+    """Every ModelConfig/TrainConfig field: name, type, default as recipe.json spells it, and as H_0 binds it."""
+    import dataclasses
+    import json
+
+    from lockstep.formats.config import ModelConfig, TrainConfig
+    from lockstep.formats.recipe import FLOAT32_SETTINGS, NON_BIT_FIELDS, _settings, genesis_recipe
+    from lockstep.spec import SPEC_VERSION
+
+    recipe = {"format": "lockstep.recipe", "model": {}, "train": {}, "data": {"manifest_sha256": "0" * 64},
+              "seed": 0, "micro_batch": 8, "spec_version": SPEC_VERSION}
+    bound = genesis_recipe(recipe)
+    rows = []
+    for section, cls in (("model", ModelConfig), ("train", TrainConfig)):
+        written = cls().to_dict()
+        assert _settings({}, cls, section).keys() == written.keys()  # every field written out
+        for f in dataclasses.fields(cls):
+            kind = {"int": "int", "float": "float", "bool": "bool", "str": "str",
+                    "tuple[tuple[int, int], ...]": "[[int, int], ...]"}[f.type]
+            if f.name in FLOAT32_SETTINGS[section]:
+                assert kind == "float"
+                kind = "float32"
+            name = f"{section}.{f.name}"
+            in_h0 = "left out" if name in NON_BIT_FIELDS else json.dumps(bound[section][f.name])
+            assert (name in NON_BIT_FIELDS) == (f.name not in bound[section])
+            rows.append([name, kind, json.dumps(written[f.name]), in_h0])
+    return rows
+
+
+def _settings_table(text: str) -> list[list[str]]:
+    lines = text.splitlines()
+    start = next(i for i, ln in enumerate(lines) if ln.split()[:2] == ["field", "type"])
+    rows = []
+    for ln in lines[start + 1:]:
+        if not ln.strip():
+            break
+        rows.append(re.split(r"\s{2,}", ln.strip()))
+    return rows
+
+
+def test_the_genesis_recipe_settings_tables_are_the_dataclasses():
+    from lockstep.formats import recipe
+
+    doc = (Path(hashing.__file__).parents[2] / "docs" / "formats.md").read_text(encoding="utf-8")
+    want = _settings_rows()
+    assert _settings_table(recipe.genesis_recipe.__doc__) == want
+    assert _settings_table(doc[doc.index("**Genesis fields.**"):]) == want

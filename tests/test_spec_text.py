@@ -422,3 +422,17 @@ def test_the_genesis_recipe_settings_tables_are_the_dataclasses():
     want = _settings_rows()
     assert _settings_table(recipe.genesis_recipe.__doc__) == want
     assert _settings_table(doc[doc.index("**Genesis fields.**"):]) == want
+
+
+def test_the_readmes_open_1b_checkpoint_size_is_three_float32_copies():
+    from lockstep.formats.checkpoint import MAX_HEADER_BYTES, state_bytes_bound
+    from lockstep.formats.config import preset
+    from lockstep.formats.params import param_count
+
+    readme = " ".join((Path(hashing.__file__).parents[2] / "README.md").read_text(encoding="utf-8").split())
+    cfg = preset("open-1b")
+    n = param_count(cfg)
+    state = 3 * 4 * n
+    assert state_bytes_bound(cfg) == 8 + MAX_HEADER_BYTES + state + 8  # the state is those three copies and the step
+    assert (f"an Open-1B checkpoint is about {state / 1e9:.1f} GB: the parameters and both AdamW moments, three "
+            f"float32 copies of {n:,} values, {state:,} bytes") in readme

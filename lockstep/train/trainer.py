@@ -37,7 +37,7 @@ from lockstep.launch import mpi_world
 from lockstep.fsio.progress import PhaseProgress
 
 from lockstep.formats import checkpoint as ckpt
-from lockstep.formats.config import ConfigError, ModelConfig, TrainConfig
+from lockstep.formats.config import ConfigError, ModelConfig, TrainConfig, checkpoint_every as default_checkpoint_every
 from lockstep.formats.manifest import Manifest
 from lockstep.formats.tokenizer import BYTE_TOKENIZER_VOCAB_SIZE
 from lockstep.formats.stream import GlobalStream, batch_digest
@@ -186,7 +186,7 @@ class _Start:
 
 def train(run_dir: str | Path, *, cfg: ModelConfig | None = None, tcfg: TrainConfig | None = None,
           data: str | Path | None = None, seed: int = 42, steps: int | None = None, tokens: int | None = None,
-          backend_name: str = "spec", checkpoint_every: int = 50, resume: bool = False,
+          backend_name: str = "spec", checkpoint_every: int | None = None, resume: bool = False,
           progress: bool = True, log=print, check_recipe=None, handle_signals: bool = True,
           eval_every: int | None = 0, hooks: RunHooks | None = None, max_memory: float | None = None,
           scratch: str | Path | None = None, execution: Execution | None = None) -> RunSummary:
@@ -198,6 +198,10 @@ def train(run_dir: str | Path, *, cfg: ModelConfig | None = None, tcfg: TrainCon
     then the user's ``--data DIR`` (default: the recipe's folder, which must be inside
     the run), ``steps``/``tokens`` move the target (default: the recorded one), and
     ``check_recipe(recipe)`` may refuse settings the run cannot honour.
+
+    ``checkpoint_every`` K: a checkpoint every K steps, at the last step and when
+    stopped; None: the default for the run's model name (``config.checkpoint_every``:
+    100 for open-1b, 50 otherwise).
 
     Every argument is checked, on every rank, before anything is written; an error
     found then is raised on all ranks together (``AgreedError`` under mpiexec). With
@@ -241,14 +245,15 @@ def train(run_dir: str | Path, *, cfg: ModelConfig | None = None, tcfg: TrainCon
             say(f"resuming {run_dir} from " + (f"step {st.start_step}" if st.start_step else
                                                 "its initial state (no checkpoint yet)"))
         with StopRequest(install=handle_signals, announce=is_root) as stop:
-            return _run_loop(comm, rank, world, run_dir, st, be, checkpoint_every, progress, say, stop, eval_every,
+            every = default_checkpoint_every(st.cfg.name) if checkpoint_every is None else checkpoint_every
+            return _run_loop(comm, rank, world, run_dir, st, be, every, progress, say, stop, eval_every,
                              hooks or RunHooks())
 
 
-def _checked_backend(backend_name: str, checkpoint_every: int):
+def _checked_backend(backend_name: str, checkpoint_every: int | None):
     from lockstep.backends import get_backend
 
-    if type(checkpoint_every) is not int or checkpoint_every < 1:
+    if checkpoint_every is not None and (type(checkpoint_every) is not int or checkpoint_every < 1):
         raise ConfigError(f"checkpoint_every must be a positive integer, got {checkpoint_every!r}")
     return get_backend(backend_name)
 

@@ -325,12 +325,21 @@ def record_bytes(record: dict) -> bytes:
     return json.dumps(bare, sort_keys=True, separators=(",", ":"), ensure_ascii=True).encode("ascii")
 
 
+def record_digest(record: dict) -> bytes:
+    """``SHA-256(record_bytes(record))``, a record's leaf of the root."""
+    return hashlib.sha256(record_bytes(record)).digest()
+
+
+def root_of_digests(digests: bytes) -> str:
+    """The root of the records whose ``record_digest`` values, in order, are ``digests`` (32 bytes each)."""
+    h = hashlib.sha256(TRACE_DOMAIN + struct.pack("<Q", len(digests) // 32))
+    h.update(digests)
+    return h.hexdigest()
+
+
 def trace_root(records: list[dict]) -> str:
     """``SHA-256(TRACE_DOMAIN || u64 n || SHA-256(record_bytes(r)) for each record in order)``."""
-    h = hashlib.sha256(TRACE_DOMAIN + struct.pack("<Q", len(records)))
-    for r in records:
-        h.update(hashlib.sha256(record_bytes(r)).digest())
-    return h.hexdigest()
+    return root_of_digests(b"".join(record_digest(r) for r in records))
 
 
 def write_trace(path, header: dict, records: list[dict]) -> str:

@@ -32,13 +32,14 @@ from typing import Callable
 
 import numpy as np
 
+from lockstep.errors import LockstepError
 from lockstep.spec import checks
 
 Shape = tuple[int, ...]
 AxisError = getattr(np, "exceptions", np).AxisError  # what the spec raises for an axis out of range
 
 
-class EnlargingBroadcast(ValueError):
+class EnlargingBroadcast(LockstepError, ValueError):
     """A call whose operands broadcast to a shape larger than every one of them: the ops compute it
     (NumPy's rule), but no call of the contract makes one (module docstring)."""
 

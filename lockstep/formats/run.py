@@ -279,11 +279,6 @@ class Run:
                 out.append(CheckpointProblem("sidecar", why, what="stream"))
         return out
 
-    def checkpoint_problem(self, c: ckpt.Checkpoint, stream=None) -> str | None:
-        """The first of ``checkpoint_problems``, or None when the checkpoint belongs to the run."""
-        problems = self.checkpoint_problems(c, stream)
-        return problems[0].message if problems else None
-
     def sound_start(self, before: int | None = None, stream=None, *, skip_unsound: bool = False) -> Start:
         """The newest checkpoint before step ``before`` (any, when None) that loads and obeys the rule, as a
         ``Start`` holding its state; with none, the initial state (step 0, ``H_0``).

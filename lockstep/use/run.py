@@ -66,22 +66,6 @@ class RunModel:
                 f"SPEC_VERSION {SPEC_VERSION}; values can differ in the last bits from the run's own")
 
 
-def load_run_recipe(run_dir: Path) -> tuple[dict, ModelConfig, TrainConfig]:
-    """The recipe (strict JSON, read inside the run) and its two configs."""
-    from lockstep.formats.recipe import load_recipe, recipe_configs
-
-    if not run_dir.is_dir():
-        raise UseError(f"{run_dir} is not a run directory (no such folder)")
-    try:
-        recipe = load_recipe(run_dir)
-        cfg, tcfg = recipe_configs(recipe)
-    except FileNotFoundError:
-        raise UseError(f"{run_dir}: no recipe.json; is this a lockstep run directory?") from None
-    except (FileFormatError, UnsafePath, KeyError, TypeError, ValueError) as exc:
-        raise UseError(f"{run_dir / 'recipe.json'}: cannot be used: {exc}") from None
-    return recipe, cfg, tcfg
-
-
 def open_model(run_dir: str | os.PathLike, step: int | None = None) -> RunModel:
     """The parameters of checkpoint ``step`` (default: the latest complete one the trajectory covers), verified.
 
@@ -93,10 +77,14 @@ def open_model(run_dir: str | os.PathLike, step: int | None = None) -> RunModel:
     refused (and never chosen by default).
     """
     run_dir = Path(run_dir)
-    recipe, cfg, tcfg = load_run_recipe(run_dir)
+    if not run_dir.is_dir():
+        raise UseError(f"{run_dir} is not a run directory (no such folder)")
+    run = Run.open(run_dir, Strictness.LIVE)  # every file read once, through its one reader
+    if "recipe" in run.errors:
+        raise UseError(f"{run_dir / 'recipe.json'}: cannot be used: {run.errors['recipe']}")
+    recipe, cfg, tcfg = run.recipe, run.cfg, run.tcfg
     if step is not None and (isinstance(step, bool) or not isinstance(step, int) or step < 1):
         raise UseError(f"--step must be a positive integer, got {step!r}")
-    run = Run.open(run_dir, Strictness.LIVE)
     if "checkpoints" in run.errors:
         raise UseError(f"refused: {run.errors['checkpoints']}")
     if "trajectory" in run.errors:

@@ -108,7 +108,7 @@ def test_a_checkpoint_folder_swapped_for_a_symlink_mid_load_is_not_read(copy_run
 # Reading a file by path after a separate check is the race; run files are read only through
 # fsio.open_regular / read_regular (which walk from the run directory without following links).
 # ``open(`` is the builtin only: not ``os.open`` (a descriptor, as fsio walks), ``Run.open`` or a ``def open``
-_PATH_READS = re.compile(r"\.read_bytes\(|\.read_text\(|(?<![\w.])(?<!def )open\(|np\.load\(|os\.path\.getsize\(|\bread_json\(")
+_PATH_READS = re.compile(r"\.read_bytes\(|\.read_text\(|(?<![\w.])(?<!def )open\(|\bio\.open\(|np\.load\(|os\.path\.getsize\(|\bread_json\(")
 
 
 @pytest.mark.parametrize("module", ["audit/verify.py", "audit/replay.py", "audit/replay_outcome.py", "formats/checkpoint.py",

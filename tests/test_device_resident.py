@@ -24,9 +24,9 @@ from lockstep.formats.config import preset, train_preset
 from lockstep.formats.schedule import plan_step
 from lockstep.spec import hashing
 from lockstep.train.model import init_params
-from lockstep.train.optim import AdamWState
-from lockstep.train.step import (DeviceVectorPool, GradLayout, state_tensors, to_device, tree_step,
-                                 vector_pool)
+from lockstep.formats.state import AdamWState
+from lockstep.train.step import DeviceVectorPool, GradLayout, to_device, tree_step, vector_pool
+from lockstep.formats.state import state_tensors
 
 try:
     _OPENCL = get_backend("opencl")

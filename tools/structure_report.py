@@ -33,51 +33,27 @@ import sys
 from collections import Counter, defaultdict
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+from test_layering import all_modules, imported_by  # noqa: E402  (the layering test's one reading of imports)
+
 ROOT = Path(__file__).resolve().parents[1] / "lockstep"
 FLAG_RE = re.compile(r"(?<![\w-])--[a-z][a-z0-9]+(?:-[a-z0-9]+)*")
 BASE_ERROR = "LockstepError"
 
 
-def module_name(path: Path) -> str:
-    parts = list(path.relative_to(ROOT.parent).with_suffix("").parts)
-    if parts[-1] == "__init__":
-        parts.pop()
-    return ".".join(parts)
-
-
 def modules() -> dict[str, Path]:
-    return {module_name(p): p for p in sorted(ROOT.rglob("*.py"))}
+    return all_modules()
 
 
 def _trees(mods: dict[str, Path]) -> dict[str, ast.Module]:
     return {m: ast.parse(p.read_text(encoding="utf-8")) for m, p in mods.items()}
 
 
-def _imported(name: str, path: Path, node: ast.AST, mods: dict[str, Path]) -> list[str]:
-    package = name if path.name == "__init__.py" else name.rsplit(".", 1)[0]
-    if isinstance(node, ast.Import):
-        return [a.name for a in node.names if a.name.split(".")[0] == "lockstep"]
-    if not isinstance(node, ast.ImportFrom):
-        return []
-    if node.level:
-        base = package.split(".")[: len(package.split(".")) - node.level + 1]
-        target = ".".join(base + ([node.module] if node.module else []))
-    else:
-        target = node.module or ""
-    if target.split(".")[0] != "lockstep":
-        return []
-    out = []
-    for a in node.names:
-        sub = f"{target}.{a.name}"
-        out.append(sub if sub in mods else target)
-    return out
-
-
 def import_graph(mods, trees) -> dict[str, set[str]]:
     graph: dict[str, set[str]] = {m: set() for m in mods}
     for m, tree in trees.items():
         for node in ast.walk(tree):
-            for t in _imported(m, mods[m], node, mods):
+            for t in imported_by(m, mods[m], node, mods):
                 while t not in mods and "." in t:
                     t = t.rsplit(".", 1)[0]
                 if t in mods and t != m:
@@ -225,11 +201,11 @@ def function_imports(mods, trees) -> tuple[Counter, Counter]:
     for m, tree in trees.items():
         pkg = m.split(".")[1] if "." in m else m
         for node in ast.walk(tree):
-            if _imported(m, mods[m], node, mods):
+            if imported_by(m, mods[m], node, mods):
                 total[pkg] += 1
         for _, fn in _functions(tree):
             for node in ast.walk(fn):
-                if _imported(m, mods[m], node, mods):
+                if imported_by(m, mods[m], node, mods):
                     inside[pkg] += 1
     return inside, total
 

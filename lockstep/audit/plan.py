@@ -49,6 +49,7 @@ import os
 import re
 from pathlib import Path
 
+from lockstep.errors import LockstepError
 from lockstep.fsio import FileFormatError, printable, read_json
 from lockstep.spec.philox import PhiloxStream, keyed_permutation
 
@@ -68,7 +69,7 @@ MAX_AUDITORS = 100_000
 MAX_PLAN_BYTES = 256 << 20
 
 
-class PlanError(ValueError):
+class PlanError(LockstepError, ValueError):
     """A plan cannot be made or read; the message says why and what to do."""
 
 
@@ -104,24 +105,22 @@ def _commitment_of(source, where: str | None = None) -> tuple[str, int]:
 
 def _intact_commitment(run_dir: Path) -> dict:
     """A run's commitment, checked here (not left to a separate ``audit verify``): it must be ``H_N`` of
-    the published chain, recomputed from ``H_0`` link by link, so no plan is drawn for a broken chain."""
-    from lockstep.spec import hashing
+    the published chain, recomputed from ``H_0`` link by link (``Run.chain_breaks``), so no plan is drawn
+    for a broken chain."""
+    from lockstep.formats.run import Run
     from lockstep.formats.rundir import RunFileError
-    from lockstep.formats.recipe import genesis, load_recipe
-    from lockstep.formats.trajectory import Strictness, read_commitment, read_trajectory
+    from lockstep.formats.trajectory import Strictness
 
     try:
-        c = read_commitment(run_dir)
-        traj = read_trajectory(run_dir, Strictness.AUDIT)
-        h = genesis(load_recipe(run_dir))
+        run = Run.open(run_dir, Strictness.AUDIT).require("recipe", "trajectory")
+        c = run.commitment
     except RunFileError as exc:
         raise PlanError(str(exc)) from None
-    for rec in traj:
-        if hashing.record_chain_hash(h, rec) != rec["chain_hash"]:
-            raise PlanError(f"{run_dir}: the published chain is broken at step {rec['step']}; the run is invalid, "
-                            "so no audit plan is drawn for it (`lockstep audit verify` lists why)")
-        h = rec["chain_hash"]
-    if not traj or h != c["chain_hash"] or len(traj) != c["last_step"]:
+    if run.chain_breaks:
+        raise PlanError(f"{run_dir}: the published chain is broken at step {run.chain_breaks[0]}; the run is "
+                        "invalid, so no audit plan is drawn for it (`lockstep audit verify` lists why)")
+    traj = run.trajectory
+    if not traj or traj[-1]["chain_hash"] != c["chain_hash"] or len(traj) != c["last_step"]:
         raise PlanError(f"{run_dir}: commitment.json is not H_{len(traj)} of the trajectory; the run is invalid, "
                         "so no audit plan is drawn for it")
     return c

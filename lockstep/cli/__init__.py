@@ -8,7 +8,10 @@ run, 2 invalid / mismatch; ``train`` also 130/143 when a signal stopped it). Eve
 command prints goes through ``common.say``/``note``/``fail``, which escape it. A reader that
 closes stdout or stderr early (``lockstep audit verify RUN | head -1``) is handled here, for
 every command: the command stops quietly, as a Unix tool that SIGPIPE ends, and exits
-``EXIT_PIPE_CLOSED`` (141), never 0. The modules are imported whole, so a broken one fails
+``EXIT_PIPE_CLOSED`` (141), never 0. An error lockstep raises on purpose
+(``lockstep.errors.LockstepError``) is one line and exit 1; any other exception is a bug
+and ends with its traceback; ``lockstep --debug CMD`` (or ``LOCKSTEP_DEBUG=1``) prints the
+traceback of a reported error too. The modules are imported whole, so a broken one fails
 ``lockstep`` with its traceback instead of dropping its commands from ``--help``. A
 command that needs an optional package imports it when it runs; if it is not
 installed the command says which package and extra, in one line, and exits 1.
@@ -22,13 +25,17 @@ import sys
 import warnings
 
 from . import audit, conformance, data, train, use
-from .common import EXIT_PIPE_CLOSED, OneLineErrorParser, fail, missing_optional_package, note
+from lockstep.errors import LockstepError
+
+from .common import DEBUG, EXIT_PIPE_CLOSED, OneLineErrorParser, debug_requested, fail, missing_optional_package, note
 
 COMMAND_MODULES = (conformance, data, train, audit, use)
 
 
 def build_parser() -> OneLineErrorParser:
     p = OneLineErrorParser(prog="lockstep", description="Bit-exact, auditable language-model training.")
+    p.add_argument("--debug", action="store_true",
+                   help="print the traceback of an error as well as its line (also: LOCKSTEP_DEBUG=1)")
     sub = p.add_subparsers(dest="command", required=True)
     for module in COMMAND_MODULES:
         module.add_parser(sub)
@@ -70,8 +77,11 @@ def _run(argv) -> int:
     except SystemExit as e:
         # argparse exits 2 on a usage error; lockstep reserves 2 for "invalid / mismatch"
         return 1 if e.code == 2 else int(e.code or 0)
+    token = DEBUG.set(debug_requested(args.debug))
     try:
         return int(args.func(args) or 0)
+    except LockstepError as exc:  # an error lockstep raises on purpose that the command did not report itself
+        return fail(args.command, f"{type(exc).__name__}: {exc}")
     except ModuleNotFoundError as exc:
         message = missing_optional_package(exc)
         if message is None:
@@ -80,6 +90,8 @@ def _run(argv) -> int:
     except KeyboardInterrupt:
         note("interrupted")
         return 130
+    finally:
+        DEBUG.reset(token)
 
 
 def _silence_closed_streams() -> None:

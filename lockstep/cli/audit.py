@@ -44,7 +44,10 @@ from pathlib import Path
 
 from lockstep.fsio import printable
 
+from lockstep.backends import BACKEND_ALIASES, FASTEST_FIRST, KNOWN_BACKENDS
+
 from .common import EXIT_BAD, EXIT_OK, MAX_MEMORY_HELP, fail, gib, plain_help
+
 MAX_REPLAY_STEPS = 10_000_000  # the steps one --step list may name (a run has at most a few million)
 
 
@@ -66,6 +69,17 @@ def _steps_arg(text: str) -> list[int]:
     if not out:
         raise argparse.ArgumentTypeError("no step given")
     return out
+
+
+def _or_list(names) -> str:
+    names = list(names)
+    return ", ".join(names[:-1]) + " or " + names[-1] if len(names) > 1 else "".join(names)
+
+
+# every name get_backend knows (lockstep.backends), and what auto tries (FASTEST_FIRST, then the spec)
+REPLAY_BACKEND_HELP = (f"{_or_list(['auto', *KNOWN_BACKENDS])} (aliases: "
+                       f"{', '.join(f'{a} = {b}' for a, b in sorted(BACKEND_ALIASES.items()))}); default auto: the "
+                       f"first of {', '.join(FASTEST_FIRST)} that is installed and passes conformance here, else spec")
 
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
@@ -97,8 +111,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                                                                 "plan must be drawn over exactly these keys")
     r.add_argument("--redundancy", type=int, help="with --plan: the redundancy the auditors published; the plan "
                                                   "must be drawn with it")
-    r.add_argument("--backend", default="auto", help="auto, spec, numba, cuda or metal (default auto: the fastest "
-                                                     "installed backend that passes conformance here)")
+    r.add_argument("--backend", default="auto", help=REPLAY_BACKEND_HELP)
     r.add_argument("--from-earlier", action="store_true",
                    help="when a checkpoint a replay starts from is damaged, replay from an earlier one (or the "
                         "initial state) instead of stopping; the damage is still reported")
@@ -118,8 +131,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                                                               "repeatable; then unsigned certificates fail")
     c.add_argument("--run", type=Path, help="the run directory: check the quoted published hashes")
     c.add_argument("--recompute", action="store_true", help="with --run: replay the targets and compare")
-    c.add_argument("--backend", default="auto", help="backend for --recompute (default auto: the fastest installed "
-                                                     "backend that passes conformance here)")
+    c.add_argument("--backend", default="auto", help="backend for --recompute: " + REPLAY_BACKEND_HELP)
     c.add_argument("--from-earlier", action="store_true", help="with --recompute: as audit replay --from-earlier")
     c.add_argument("--data", type=Path, help="data folder for --recompute")
 
@@ -233,6 +245,7 @@ def _verify(args) -> int:
 def _replay(args) -> int:
     from lockstep.audit.certificate import make_certificate, sign_certificate, write_certificate
     from lockstep.audit.replay import replay_steps
+    from lockstep.launch import launcher_rank
 
     if args.plan is not None:
         steps = _planned_steps(args)
@@ -252,6 +265,8 @@ def _replay(args) -> int:
     log = None if args.quiet else (lambda msg: print(printable(msg), file=sys.stderr, flush=True))
     result = replay_steps(args.run, steps, args.backend, data=args.data, log=log, from_earlier=args.from_earlier,
                           max_memory=args.max_memory, scratch=args.scratch)
+    if launcher_rank() != 0:  # under mpiexec: rank 0 prints the one verdict and writes the certificate
+        return EXIT_OK if result.ok else EXIT_BAD
     print(result.format())
     if args.out is not None or args.key is not None:
         cert = make_certificate(result, auditor=args.auditor)

@@ -5,7 +5,10 @@ message for an optional package that is not installed."""
 from __future__ import annotations
 
 import argparse
+import contextvars
+import os
 import sys
+import traceback
 
 from lockstep.fsio import printable
 
@@ -30,7 +33,7 @@ class OneLineErrorParser(argparse.ArgumentParser):
     """A usage error is one line (``lockstep train: error: ...``), printed by rank 0 only under mpiexec."""
 
     def error(self, message: str):
-        from lockstep.train.trainer import launcher_rank
+        from lockstep.launch import launcher_rank
 
         if launcher_rank() == 0:
             note(f"{self.prog}: error: {message} (see {self.prog} --help)")
@@ -51,8 +54,24 @@ def note(message: str) -> None:
     print(printable(message), file=sys.stderr, flush=True)
 
 
+# ``lockstep --debug`` (or LOCKSTEP_DEBUG=1): the command being run prints the traceback of the error it
+# reports. Set by ``lockstep.cli.main`` for the length of one command; nothing else sets it.
+DEBUG: contextvars.ContextVar[bool] = contextvars.ContextVar("lockstep_debug", default=False)
+
+
+def debug_requested(flag: bool) -> bool:
+    """``--debug`` given, or ``LOCKSTEP_DEBUG`` set to anything but empty or 0."""
+    return flag or os.environ.get("LOCKSTEP_DEBUG", "") not in ("", "0")
+
+
 def fail(command: str, message: str) -> int:
-    """``lockstep COMMAND: MESSAGE`` on stderr (escaped: messages quote files), and ``EXIT_ERROR``."""
+    """``lockstep COMMAND: MESSAGE`` on stderr (escaped: messages quote files), and ``EXIT_ERROR``.
+
+    Called while an exception is handled, with ``--debug``, its traceback is printed first (escaped).
+    """
+    if DEBUG.get() and sys.exc_info()[0] is not None:
+        for line in traceback.format_exc().splitlines():  # escaped too: the messages quote files
+            note(line)
     note(f"lockstep {command}: {message}")
     return EXIT_ERROR
 

@@ -23,6 +23,14 @@ from lockstep.fsio import printable
 from .common import EXIT_BAD, EXIT_OK, MAX_MEMORY_HELP, default_backend, fail, gib, note, positive_int, say
 
 
+def _checkpoint_arguments(p: argparse.ArgumentParser, data_help: str) -> None:
+    """RUN, ``--step``, ``--backend`` and ``--data``: the checkpoint a command computes with, and where."""
+    p.add_argument("run", type=Path, help="the run directory")
+    p.add_argument("--step", type=positive_int, help="the checkpoint's step (default: the latest the chain covers)")
+    p.add_argument("--backend", default=None, help="spec, numba or another installed backend (default: numba)")
+    p.add_argument("--data", type=Path, help=data_help)
+
+
 # ---------------------------------------------------------------- eval
 
 def add_eval_parser(subparsers) -> argparse.ArgumentParser:
@@ -32,10 +40,7 @@ def add_eval_parser(subparsers) -> argparse.ArgumentParser:
                     "data, in nats per token and bits per byte. The same bits on every backend: if the run "
                     "recorded a value for that step (train --eval-every), it is compared bit for bit "
                     "(exit 2 if it differs).")
-    p.add_argument("run", type=Path, help="the run directory")
-    p.add_argument("--step", type=positive_int, help="the checkpoint's step (default: the latest the chain covers)")
-    p.add_argument("--backend", default=None, help="spec, numba or another installed backend (default: numba)")
-    p.add_argument("--data", type=Path, help="the run's data folder, when it is not inside the run")
+    _checkpoint_arguments(p, "the run's data folder, when it is not inside the run")
     p.add_argument("--record", action="store_true",
                    help="append the result to the run's metrics.jsonl and redraw loss.png")
     p.add_argument("--json", action="store_true", help="print the result as JSON")
@@ -131,18 +136,15 @@ def add_sample_parser(subparsers) -> argparse.ArgumentParser:
                     "end of the document or after --max-new-tokens. Sampling draws from Philox keyed by --seed, "
                     "so the same command prints the same text on every backend. The prompt and the text go to "
                     "stdout; progress and a summary to stderr.")
-    p.add_argument("run", type=Path, help="the run directory")
+    _checkpoint_arguments(p, "the run's data folder (for its tokenizer), when it is not inside the run")
     src = p.add_mutually_exclusive_group()
     src.add_argument("--prompt", default="", help="the start of the text (default: empty: a new document)")
     src.add_argument("--prompt-file", type=Path, help="read the prompt from this file (bytes as they are)")
-    p.add_argument("--step", type=positive_int, help="the checkpoint's step (default: the latest the chain covers)")
     p.add_argument("--max-new-tokens", type=positive_int, default=200, help="at most this many tokens (default 200)")
     p.add_argument("--temperature", type=float, default=0.8, help="0: greedy (argmax); default 0.8")
     p.add_argument("--top-k", type=int, default=0, help="sample only from the k most likely tokens (0: all; default 0)")
     p.add_argument("--seed", type=int, default=0, help="the sampling seed (default 0)")
     p.add_argument("--no-stop", action="store_true", help="go on past the end of the document (into the next)")
-    p.add_argument("--backend", default=None, help="spec, numba or another installed backend (default: numba)")
-    p.add_argument("--data", type=Path, help="the run's data folder (for its tokenizer), when it is not inside the run")
     p.add_argument("--json", action="store_true", help="print one JSON record (ids and text) instead of streaming")
     p.add_argument("--quiet", action="store_true", help="no progress or summary on stderr")
     p.add_argument("--max-memory", type=gib, metavar="GIB", help=MAX_MEMORY_HELP)

@@ -118,7 +118,7 @@ def _check_record(rec: Any, lineno: int, path: Path) -> None:
         v = rec.get(key)
         if isinstance(v, bool) or not isinstance(v, (int, float)):
             raise RunFileError(f"{where} (step {step}): {key!r} must be a number")
-        bits = rec.get(f"{key}_bits")  # the chain binds these bits (SPEC_VERSION 2): required
+        bits = rec.get(f"{key}_bits")  # the chain binds these bits: required
         if not (isinstance(bits, str) and BITS_RE.fullmatch(bits)):
             raise RunFileError(f"{where} (step {step}): '{key}_bits' must look like 0x3F800000, got {bits!r}")
         value = bits_value(bits)
@@ -179,16 +179,6 @@ def read_trajectory(run_dir: str | os.PathLike, strictness: Strictness) -> list[
     return records
 
 
-
-
-def first_broken_link(recipe: dict, records: list[dict]) -> int | None:
-    """The first step whose ``chain_hash`` is not ``H_t`` recomputed from ``H_0`` and the records; None if none."""
-    h = genesis(recipe)
-    for rec in records:
-        if hashing.record_chain_hash(h, rec) != rec["chain_hash"]:
-            return rec["step"]
-        h = rec["chain_hash"]
-    return None
 
 
 # ---------------------------------------------------------------- commitment

@@ -57,7 +57,7 @@ OPS: tuple[str, ...] = (
     "cross_entropy_forward", "cross_entropy_backward",
     # the optimizer (optim)
     "sum_of_squares", "global_norm", "clip_coefficient", "scale", "adamw_update",
-    # added after the first 42 (issue 26): a step's memory in row chunks, the same bits
+    # a step's memory in row chunks (the same bits as the whole-tensor ops)
     "matmul_accumulate", "cross_entropy_rows",
     # added with SPEC_VERSION 4 (issue 36): attention in the int8 recipe
     "attention_forward_int8", "attention_backward_int8",

@@ -35,9 +35,13 @@ from .execution import IN_MEMORY, Execution
 def init_params(cfg: ModelConfig, seed: int, backend=None, progress=None) -> dict[str, np.ndarray]:
     """Parameters from Philox streams keyed by (seed, "init", parameter name) only.
 
-    A matrix is ``std * truncated_normal(bound=2)`` (one rounded product per
-    element, std rounded to float32); gains are ones. Adding a parameter never
-    changes another, since each has its own stream. Host (NumPy) arrays.
+    A matrix is ``fp.mul(truncated_normal(PhiloxStream(seed, "init", name), 0, n,
+    bound=2.0), float32(std))``: one rounded product per element, the float64 std
+    (``init_std``, or ``init_std / sqrt(2 * n_layers)`` for ``attn.wo`` and
+    ``ffn.w_down``) rounded to float32 once; gains are ones. Every name, shape, std
+    and the exact order of the std's float64 arithmetic: ``lockstep.formats.params``.
+    Adding a parameter never changes another, since each has its own stream. Host
+    (NumPy) arrays.
 
     The spec (``spec.rng.truncated_normal``, ``spec.fp.mul``) defines the values. A
     ``backend`` that offers the ``truncated_normal`` capability draws them itself

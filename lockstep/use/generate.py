@@ -52,6 +52,7 @@ from typing import Iterator
 
 import numpy as np
 
+from lockstep.errors import LockstepError
 from lockstep.spec.philox import PhiloxStream, uniform_open_from_uint32
 from lockstep.formats.config import ModelConfig
 from lockstep.train.model import _rope, block_forward, device_params, embed_forward, head_forward, training_attention
@@ -59,7 +60,7 @@ from lockstep.train.model import _rope, block_forward, device_params, embed_forw
 SAMPLE_PURPOSE = "lockstep.sample"
 
 
-class SamplingError(ValueError):
+class SamplingError(LockstepError, ValueError):
     """Bad sampling settings or a model output that cannot be sampled from."""
 
 

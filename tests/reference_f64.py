@@ -119,10 +119,12 @@ def rope(x, theta):
     return np.concatenate([x1 * c - x2 * s, x2 * c + x1 * s], axis=-1)
 
 
-def causal_gqa_attention(q, k, v, window):
+def causal_gqa_attention(q, k, v, window, quantize: bool = False):
     """q (B, H, T, Dh), k and v (B, G, T, Dh); query head h reads KV head h // (H/G).
 
-    Query i sees key j iff j <= i and (no window, or i - j < window).
+    Query i sees key j iff j <= i and (no window, or i - j < window). With ``quantize`` P.V is the
+    int8 recipe's: ``p`` in codes of the fixed scale 1/127, ``v`` in codes of a scale per (b, g, d)
+    (``max_j |v| / 127``), the product of the codes exact in float64 (|sum| <= T * 127**2), one rescale.
     """
     b, h, t, dh = q.shape
     g = k.shape[1]
@@ -139,7 +141,12 @@ def causal_gqa_attention(q, k, v, window):
     s = s - s.max(axis=-1, keepdims=True)
     p = np.exp(s)
     p = p / p.sum(axis=-1, keepdims=True)
-    return p @ vh
+    if not quantize:
+        return p @ vh
+    sv = _nonzero(np.max(np.abs(v), axis=2, keepdims=True) / QMAX)         # (B, G, 1, Dh)
+    vq = np.repeat(quantize_codes(v, sv), rep, axis=1)
+    pq = quantize_codes(p, 1.0 / QMAX)
+    return (pq @ vq) * (1.0 / QMAX) * np.repeat(sv, rep, axis=1)
 
 
 def silu(x):
@@ -162,7 +169,7 @@ def logits(params: dict, inputs, cfg, quantize: bool = False, stats: dict | None
         v = qkv[..., (h + g) * dh :].reshape(b, t, g, dh).transpose(0, 2, 1, 3)
         q = rope(rmsnorm(q, None, eps), cfg.rope_theta)                     # QK-norm, no gain
         k = rope(rmsnorm(k, None, eps), cfg.rope_theta)
-        o = causal_gqa_attention(q, k, v, cfg.window(layer))                # (B, H, T, Dh)
+        o = causal_gqa_attention(q, k, v, cfg.window(layer), quantize)              # (B, H, T, Dh)
         o = o.transpose(0, 2, 1, 3).reshape(b, t, h * dh)
         x = x + linear(o, P[p + "attn.wo"], quantize, stats, p + "wo")
         fin = rmsnorm(x, P[p + "ffn_norm.gain"], eps)

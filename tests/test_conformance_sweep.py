@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 from lockstep import spec
+from lockstep.spec import SPEC_VERSION
 from lockstep.backends import Backend, get_backend
 from lockstep.cli import main
 from lockstep.conformance import sweep
@@ -110,13 +111,16 @@ def test_golden_file_parses_covers_its_ops_and_agrees_with_the_spec_on_a_block()
     assert checked
 
 
+HEAD = f"format 1\nspec_version {SPEC_VERSION}\nblock_bits 24\n"  # a sound header: each case breaks one thing after it
+
+
 @pytest.mark.parametrize("text, why", [
-    ("format 1\nspec_version 3\nblock_bits 24\nneg block 256 " + "0" * 64, "not in 0..255"),
-    ("format 1\nspec_version 3\nblock_bits 24\nneg block 0 xyz", "not a SHA-256"),
-    ("format 1\nspec_version 3\nblock_bits 24\nneg block 0 " + "0" * 64 + "\nneg block 0 " + "1" * 64, "twice"),
-    ("format 1\nspec_version 3\nblock_bits 24\nmatmul block 0 " + "0" * 64, "not a unary op"),
-    ("format 1\nspec_version 3\nblock_bits 24\nneg root " + "0" * 64, "0 blocks and a root"),
-    ("format 2\nspec_version 3\nblock_bits 24\n", "format"),
+    (HEAD + "neg block 256 " + "0" * 64, "not in 0..255"),
+    (HEAD + "neg block 0 xyz", "not a SHA-256"),
+    (HEAD + "neg block 0 " + "0" * 64 + "\nneg block 0 " + "1" * 64, "twice"),
+    (HEAD + "matmul block 0 " + "0" * 64, "not a unary op"),
+    (HEAD + "neg root " + "0" * 64, "0 blocks and a root"),
+    ("format 2\n" + HEAD.split("\n", 1)[1], "format"),
     ("neg block 0 " + "0" * 64, "before the header"),
 ])
 def test_malformed_golden_files_are_refused_in_one_line(text, why):

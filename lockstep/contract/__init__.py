@@ -307,6 +307,15 @@ class BackendOps(Protocol):
     def cross_entropy_rows(self, logits: F32, targets: Ids, z_loss: HostFloat) -> tuple[F32, F32]:
         """(N, V), (N,) -> ``(losses, lse)``: per-token losses; their lane tree is ``cross_entropy_forward``'s sum."""
 
+    # ---- added with SPEC_VERSION 4 (issue 36): attention in the int8 recipe
+    @shapes(S.attention_forward, S.attention_pairs)
+    def attention_forward_int8(self, q: F32, k: F32, v: F32, window: Window = None) -> tuple[F32, F32, F32]:
+        """``attention_forward`` with P.V an int8 contraction: ``(o, m, l)``."""
+    @shapes(S.attention_backward, S.attention_backward_pairs)
+    def attention_backward_int8(self, do: F32, q: F32, k: F32, v: F32, o: F32, m: F32, l: F32,
+                                window: Window = None) -> tuple[F32, F32, F32]:
+        """``(dq, dk, dv)`` of ``attention_forward_int8``; dq in 64-bit fixed point."""
+
 
 @dataclass(frozen=True)
 class Param:

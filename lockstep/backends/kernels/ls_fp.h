@@ -422,9 +422,9 @@ LS_FN ls_i64 ls_fixed_term(float a, float b, int grid) {
         c = m << n; /* n <= 15: the grid keeps c below 2**62 */
     } else if (n >= -62) { /* below that m * 2**n < 2**-14: rounds to 0 */
         int sh = -n;
-        ls_u64 rest = m & ((((ls_u64)1u) << sh) - 1u), half = ((ls_u64)1u) << (sh - 1);
+        ls_u64 rest = m & ((((ls_u64)1u) << sh) - 1u), tie = ((ls_u64)1u) << (sh - 1);
         c = m >> sh;
-        if (rest > half || (rest == half && (c & 1u))) c++;
+        if (rest > tie || (rest == tie && (c & 1u))) c++;
     }
     return ((ls_bits(a) ^ ls_bits(b)) & LS_SIGN_BIT) ? -(ls_i64)c : (ls_i64)c;
 }
@@ -439,8 +439,8 @@ LS_FN float ls_i64_to_f32(ls_i64 x) {
     while ((a >> shift) >= (ls_u64)0x01000000u) shift++;
     ls_u64 q = a >> shift;
     if (shift > 0) {
-        ls_u64 rest = a & ((((ls_u64)1u) << shift) - 1u), half = ((ls_u64)1u) << (shift - 1);
-        if (rest > half || (rest == half && (q & 1u))) q++;
+        ls_u64 rest = a & ((((ls_u64)1u) << shift) - 1u), tie = ((ls_u64)1u) << (shift - 1);
+        if (rest > tie || (rest == tie && (q & 1u))) q++;
     }
     return ls_float(sign | ls_bits(ls_mul((float)(ls_i32)q, ls_pow2(shift))));
 }

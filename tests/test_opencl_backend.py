@@ -86,23 +86,27 @@ def test_attention_near_the_flush_range_with_windows_and_nonfinite_inputs(be, at
     assert_same(fw, be.attention_forward(q, k, v, 3), "fwd non-finite")
 
 
-def test_attention_row_kernels_past_their_local_cache_and_chunks(be, monkeypatch):
+@pytest.mark.parametrize("suffix", ["", "_int8"], ids=["float32", "int8"])
+def test_attention_row_kernels_past_their_local_cache_and_chunks(be, monkeypatch, suffix):
     """Rows longer than the forward's local score cache (1024 keys: the rest recomputed) and than a chunk
-    of staged weights (128), with windows that cut inside a chunk; several heads per KV group. The long
-    rows are checked against numba (equal to the spec: test_conformance), the spec being slow at T = 1030."""
+    of staged weights (128), with windows that cut inside a chunk; several heads per KV group; the float
+    ops and the int8 recipe's (whose integer scratch carries the sums across chunks). The long rows are
+    checked against numba (equal to the spec: test_conformance, test_attention_int8), the spec being slow
+    at T = 1030."""
     monkeypatch.setattr(ops_for(be.capabilities.kernel_runtime), "score_budget_bytes", 0)
     cases = [(spec, (2, 3, 1, 150, 5, 130)), (spec, (1, 2, 2, 40, 3, None))]
     try:
         cases.append((get_backend("numba"), (1, 2, 1, 1030, 2, 1029)))
     except BackendUnavailable:  # pragma: no cover - CI installs numba
         pass
+    fwd, bwd = f"attention_forward{suffix}", f"attention_backward{suffix}"
     for ref, (b, h, g, t, dh, window) in cases:
         q, do = _values(t, (b, h, t, dh), -3, 3), _values(t + 1, (b, h, t, dh), -3, 3)
         k, v = _values(t + 2, (b, g, t, dh), -3, 3), _values(t + 3, (b, g, t, dh), -3, 3)
-        fw = ref.attention_forward(q, k, v, window)
-        assert_same(fw, be.attention_forward(q, k, v, window), f"fwd {t} window {window}")
-        assert_same(ref.attention_backward(do, q, k, v, *fw, window),
-                    be.attention_backward(do, q, k, v, *fw, window), f"bwd {t} window {window}")
+        fw = getattr(ref, fwd)(q, k, v, window)
+        assert_same(fw, getattr(be, fwd)(q, k, v, window), f"{fwd} {t} window {window}")
+        assert_same(getattr(ref, bwd)(do, q, k, v, *fw, window),
+                    getattr(be, bwd)(do, q, k, v, *fw, window), f"{bwd} {t} window {window}")
 
 
 def _int8_attention_cases():
@@ -136,25 +140,6 @@ def test_int8_attention_gives_the_spec_bytes_in_both_forms(be, attention_form, b
         assert_same(fw, be.attention_forward_int8(q_, k_, v_, window), f"int8 fwd {label} {name}")
         assert_same(spec.attention_backward_int8(do_, q_, k_, v_, *fw, window),
                     be.attention_backward_int8(do_, q_, k_, v_, *fw, window), f"int8 bwd {label} {name}")
-
-
-def test_int8_attention_row_kernels_past_their_local_cache_and_chunks(be, monkeypatch):
-    """The int8 row kernels on rows longer than a chunk (128) and than the forward's score cache (1024), where
-    the integer scratch carries the sums across chunks; the long rows against numba (equal to the spec:
-    test_attention_int8), the spec being slow at T = 1030."""
-    monkeypatch.setattr(ops_for(be.capabilities.kernel_runtime), "score_budget_bytes", 0)
-    cases = [(spec, (1, 2, 1, 150, 5, 130))]
-    try:
-        cases.append((get_backend("numba"), (1, 2, 1, 1030, 2, 1029)))
-    except BackendUnavailable:  # pragma: no cover - CI installs numba
-        pass
-    for ref, (b, h, g, t, dh, window) in cases:
-        q, do = _values(t, (b, h, t, dh), -3, 3), _values(t + 1, (b, h, t, dh), -3, 3)
-        k, v = _values(t + 2, (b, g, t, dh), -3, 3), _values(t + 3, (b, g, t, dh), -3, 3)
-        fw = ref.attention_forward_int8(q, k, v, window)
-        assert_same(fw, be.attention_forward_int8(q, k, v, window), f"int8 fwd {t} window {window}")
-        assert_same(ref.attention_backward_int8(do, q, k, v, *fw, window),
-                    be.attention_backward_int8(do, q, k, v, *fw, window), f"int8 bwd {t} window {window}")
 
 
 def test_attention_holds_no_t_by_t_buffer_past_the_score_budget(be, monkeypatch):

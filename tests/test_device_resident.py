@@ -109,22 +109,12 @@ def _bound(cfg, plan, micro_batch: int) -> dict:
     step out: the M micro-batch losses, the sum's loss, the norm, the clip coefficient and the
     norm once more for the record (4 * (M + 4)). hashing: the state's 32-byte leaves out and a
     24-byte segment-table entry per tensor in (without ``tensor_leaves``, the state's bytes out).
-    Nothing crosses in the exchange or checkpoint.
-    int8 attention (SPEC_VERSION 4) has no kernel yet: the kernel backends run ``attention_forward_int8``
-    and ``attention_backward_int8`` through the spec on the host, so with ``quantize`` each layer of each
-    micro-batch also moves q, k, v out and o, m, l in (forward), and do, q, k, v, o, m, l out and
-    dq, dk, dv in (backward): ``attn_out``/``attn_in``, counted in the data phase."""
+    Nothing crosses in the exchange or checkpoint; the int8 recipe's attention (SPEC_VERSION 4) runs in
+    the kernels, so ``quantize`` moves nothing more."""
     bounds = plan.micro_batches(micro_batch)
     data_in = sum(8 * (stop - start) * cfg.seq_len + 4 * ((stop - start) * cfg.seq_len + cfg.vocab_size + 1) + 4
                   for start, stop in bounds) + 4 * cfg.seq_len * cfg.head_dim
-    attn_in = attn_out = 0
-    if cfg.quantize:
-        h, g, dh = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
-        for start, stop in bounds:
-            bt = (stop - start) * cfg.seq_len
-            attn_out += cfg.n_layers * 4 * bt * (dh * (h + 2 * g) + dh * (3 * h + 2 * g) + 2 * h)
-            attn_in += cfg.n_layers * 4 * bt * (h * (dh + 2) + dh * (h + 2 * g))
-    return {"data_in": data_in + attn_in, "data_out": attn_out, "step_out": 4 * (len(bounds) + 4)}
+    return {"data_in": data_in, "data_out": 0, "step_out": 4 * (len(bounds) + 4)}
 
 
 def _one_step(backend, cfg, tcfg, params=None):

@@ -146,6 +146,44 @@ def test_quantize_and_int_to_float_equal_the_spec(builds):
         assert_bits(want_f, h.i32_to_f32(acc), (acc.view(np.float32),), f"{build}: int32 -> float32")
 
 
+def test_the_fixed_point_of_the_int8_attention_equals_the_spec(builds):
+    """attention_backward_int8's dq arithmetic: the grid, each term (the exact product scaled to the grid
+    and rounded once, by integers: the spec rounds a float64 product), int64 -> float32 and the output's
+    two products by powers of two, on random finite operands of every magnitude, ties, zeros and
+    operands whose terms lie far below the grid, and sums up to the grid's limit."""
+    from lockstep.spec import attention as A
+
+    n = N_RANDOM
+    a = canon(gen.random_bits(0, ("host", "fx", "a"), n))
+    b = canon(gen.random_bits(0, ("host", "fx", "b"), n))
+    a[~np.isfinite(a)], b[~np.isfinite(b)] = np.float32(1.5), np.float32(-0.75)
+    a[:4], b[:4] = [0.0, -0.0, 1.0, 3.0], [5.0, 1.0, -0.0, 0.5]
+    lbits = gen.random_uint32(0, ("host", "fx", "L"), (n,)).astype(np.int32) % 33
+    # a row's maxima are at least the term's operands: the term's own |a|, |b|, or larger by up to 2**40
+    up_a = gen.random_uint32(0, ("host", "fx", "ua"), (n,)).astype(np.int64) % 41
+    up_b = gen.random_uint32(0, ("host", "fx", "ub"), (n,)).astype(np.int64) % 41
+    a_max = np.minimum(np.abs(a).astype(np.float64) * 2.0**up_a, float(np.finfo(np.float32).max)).astype(np.float32)
+    b_max = np.minimum(np.abs(b).astype(np.float64) * 2.0**up_b, float(np.finfo(np.float32).max)).astype(np.float32)
+    want_grid = np.array([A.dq_grid_exponent(x, y, (1 << int(lb)) - 1 if lb else 0)
+                          for x, y, lb in zip(a_max[:2000], b_max[:2000], lbits[:2000])]).astype(np.int32)
+    ea, eb = np.frexp(a_max.astype(np.float64))[1], np.frexp(b_max.astype(np.float64))[1]
+    grid = np.maximum(ea + eb - (A.DQ_BITS - lbits), A.DQ_MIN_GRID).astype(np.int32)  # bit_length(K) = lbits
+    want_term = np.rint(a.astype(np.float64) * b.astype(np.float64) * np.ldexp(1.0, -grid.astype(np.int64))).astype(np.int64)
+    # sums: terms near the top of the grid added up (<= 2**62), and random int64 values
+    s = gen.random_uint32(0, ("host", "fx", "s"), (n, 2)).astype(np.uint64)
+    sums = ((s[:, 0] << np.uint64(32)) | s[:, 1]).view(np.int64) >> (gen.random_uint32(0, ("host", "fx", "sh"), (n,)) % 64)
+    sums[:6] = [0, 1, -1, 2**62 - 1, -(2**62 - 1), 2**24 + 1]
+    g_out = (gen.random_uint32(0, ("host", "fx", "g"), (n,)).astype(np.int64) % 479 - 252).astype(np.int32)  # [-252, 226]
+    g1 = np.clip(g_out, -126, 127)
+    want_out = fp.mul(fp.mul(A.int64_to_float32(sums), A._pow2_f32(g1)), A._pow2_f32(g_out - g1))
+    for build, h in builds:
+        assert np.array_equal(h.dq_grid(a_max[:2000], b_max[:2000], lbits[:2000]), want_grid), build
+        assert np.array_equal(h.dq_grid(a_max, b_max, lbits), grid), build
+        assert np.array_equal(h.fixed_term(a, b, grid), want_term), build
+        assert_bits(A.int64_to_float32(sums), h.i64_to_f32(sums), (sums.astype(np.float32),), f"{build}: int64 -> float32")
+        assert_bits(want_out, h.fixed_to_f32(sums, g_out), (sums.astype(np.float32),), f"{build}: fixed -> float32")
+
+
 @pytest.mark.parametrize("length", [0, 1, 31, 32, 33, 100, 1000])
 def test_lane_tree_sum_and_the_ascending_contraction(builds, length):
     rows = 1000 if length < 200 else 100

@@ -86,23 +86,60 @@ def test_attention_near_the_flush_range_with_windows_and_nonfinite_inputs(be, at
     assert_same(fw, be.attention_forward(q, k, v, 3), "fwd non-finite")
 
 
-def test_attention_row_kernels_past_their_local_cache_and_chunks(be, monkeypatch):
+@pytest.mark.parametrize("suffix", ["", "_int8"], ids=["float32", "int8"])
+def test_attention_row_kernels_past_their_local_cache_and_chunks(be, monkeypatch, suffix):
     """Rows longer than the forward's local score cache (1024 keys: the rest recomputed) and than a chunk
-    of staged weights (128), with windows that cut inside a chunk; several heads per KV group. The long
-    rows are checked against numba (equal to the spec: test_conformance), the spec being slow at T = 1030."""
+    of staged weights (128), with windows that cut inside a chunk; several heads per KV group; the float
+    ops and the int8 recipe's (whose integer scratch carries the sums across chunks). The long rows are
+    checked against numba (equal to the spec: test_conformance, test_attention_int8), the spec being slow
+    at T = 1030."""
     monkeypatch.setattr(ops_for(be.capabilities.kernel_runtime), "score_budget_bytes", 0)
     cases = [(spec, (2, 3, 1, 150, 5, 130)), (spec, (1, 2, 2, 40, 3, None))]
     try:
         cases.append((get_backend("numba"), (1, 2, 1, 1030, 2, 1029)))
     except BackendUnavailable:  # pragma: no cover - CI installs numba
         pass
+    fwd, bwd = f"attention_forward{suffix}", f"attention_backward{suffix}"
     for ref, (b, h, g, t, dh, window) in cases:
         q, do = _values(t, (b, h, t, dh), -3, 3), _values(t + 1, (b, h, t, dh), -3, 3)
         k, v = _values(t + 2, (b, g, t, dh), -3, 3), _values(t + 3, (b, g, t, dh), -3, 3)
-        fw = ref.attention_forward(q, k, v, window)
-        assert_same(fw, be.attention_forward(q, k, v, window), f"fwd {t} window {window}")
-        assert_same(ref.attention_backward(do, q, k, v, *fw, window),
-                    be.attention_backward(do, q, k, v, *fw, window), f"bwd {t} window {window}")
+        fw = getattr(ref, fwd)(q, k, v, window)
+        assert_same(fw, getattr(be, fwd)(q, k, v, window), f"{fwd} {t} window {window}")
+        assert_same(getattr(ref, bwd)(do, q, k, v, *fw, window),
+                    getattr(be, bwd)(do, q, k, v, *fw, window), f"{bwd} {t} window {window}")
+
+
+def _int8_attention_cases():
+    """(b, h, g, t, dh, window) with windows, GQA, odd T and T past a 64-wide tile, and a stress label."""
+    return [(1, 4, 2, 17, 5, None, "gqa"), (2, 2, 1, 33, 3, 5, "window"), (1, 3, 3, 9, 40, 4, "dh-past-32"),
+            (1, 2, 1, 70, 4, 33, "two-tiles"), (1, 2, 2, 31, 3, 1, "window-1")]
+
+
+@pytest.mark.parametrize("b, h, g, t, dh, window, label", _int8_attention_cases())
+def test_int8_attention_gives_the_spec_bytes_in_both_forms(be, attention_form, b, h, g, t, dh, window, label):
+    """attention_forward_int8 and attention_backward_int8 on the kernels (int32 P.V, dq in 64-bit fixed point):
+    a key of 3e30 (a coarse grid for its KV head's rows), rows of tiny dO (ds near the flush: a fine grid),
+    dO of 2**90 against keys of 2**100 (terms near the top of the grid), an all-zero value channel and one
+    whose scale flushes (codes 0), and an inf and a NaN in k and in v (NaN rows, non-finite channels)."""
+    seed = t * 7 + dh
+    q, do = _values(seed, (b, h, t, dh), -3, 3), _values(seed + 1, (b, h, t, dh), -3, 3)
+    k, v = _values(seed + 2, (b, g, t, dh), -3, 3), _values(seed + 3, (b, g, t, dh), -3, 3)
+    k[0, 0, 3 % t, 0] = np.float32(3e30)
+    do[0, 0, 2] *= np.float32(2.0**-100)
+    v[0, -1, :, -1] = 0.0
+    if dh > 1:
+        v[0, -1, :, 0] *= np.float32(2.0**-140)
+    cases = [("plain", q, k, v, do)]
+    kb = (_values(seed + 2, (b, g, t, dh), -3, 3) * np.float32(2.0**100)).astype(np.float32)
+    cases.append(("huge", q, kb, v, (do * np.float32(2.0**90)).astype(np.float32)))
+    kn, vn = k.copy(), v.copy()
+    kn[-1, -1, t - 1, 0], vn[0, 0, t // 2, 0], vn[-1, -1, 0, dh - 1] = np.inf, np.nan, -np.inf
+    cases.append(("non-finite", q, kn, vn, do))
+    for name, q_, k_, v_, do_ in cases:
+        fw = spec.attention_forward_int8(q_, k_, v_, window)
+        assert_same(fw, be.attention_forward_int8(q_, k_, v_, window), f"int8 fwd {label} {name}")
+        assert_same(spec.attention_backward_int8(do_, q_, k_, v_, *fw, window),
+                    be.attention_backward_int8(do_, q_, k_, v_, *fw, window), f"int8 bwd {label} {name}")
 
 
 def test_attention_holds_no_t_by_t_buffer_past_the_score_budget(be, monkeypatch):
@@ -127,14 +164,19 @@ def test_attention_holds_no_t_by_t_buffer_past_the_score_budget(be, monkeypatch)
     results = {}
     for name, budget in (("scores", 2 * b * h * t * t * 4), ("rows", 2 * b * h * t * t * 4 - 1)):
         monkeypatch.setattr(ops, "score_budget_bytes", budget)
-        sizes.clear()
-        fw = be.attention_forward(q, k, v, window)
-        bw = be.attention_backward(do, q, k, v, *fw, window)
-        results[name] = (max(sizes), [be.to_numpy(x) for x in fw + bw])
-    assert results["scores"][0] == b * h * t * t * 4  # the hook sees the T x T buffers when they exist
-    assert results["rows"][0] < t * t * 4
-    assert results["rows"][0] == b * h * t * dh * 4
-    assert all(same_bits(x, y) for x, y in zip(results["scores"][1], results["rows"][1]))
+        for int8 in (False, True):
+            fwd, bwd = ((be.attention_forward_int8, be.attention_backward_int8) if int8 else
+                        (be.attention_forward, be.attention_backward))
+            sizes.clear()
+            fw = fwd(q, k, v, window)
+            bw = bwd(do, q, k, v, *fw, window)
+            results[name, int8] = (max(sizes), [be.to_numpy(x) for x in fw + bw])
+    for int8 in (False, True):
+        assert results["scores", int8][0] == b * h * t * t * 4  # the hook sees the T x T buffers when they exist
+        assert results["rows", int8][0] < t * t * 4
+        assert all(same_bits(x, y) for x, y in zip(results["scores", int8][1], results["rows", int8][1]))
+    assert results["rows", False][0] == b * h * t * dh * 4
+    assert results["rows", True][0] == b * h * t * dh * 8  # the int64 scratch of the fixed-point dq
 
 
 @pytest.mark.parametrize("quantize", [True, False])

@@ -88,16 +88,18 @@ _F = np.ctypeslib.ndpointer(dtype=np.float32, flags="C_CONTIGUOUS")
 _I32 = np.ctypeslib.ndpointer(dtype=np.int32, flags="C_CONTIGUOUS")
 _U32 = np.ctypeslib.ndpointer(dtype=np.uint32, flags="C_CONTIGUOUS")
 _I8 = np.ctypeslib.ndpointer(dtype=np.int8, flags="C_CONTIGUOUS")
+_I64 = np.ctypeslib.ndpointer(dtype=np.int64, flags="C_CONTIGUOUS")
 _L = ctypes.c_long
 BINARY = ("add", "sub", "mul", "div", "maximum", "minimum", "mul_raw", "div_raw", "add_raw", "mul_hw", "div_hw",
           "mul_exact", "div_exact")
 UNARY = ("sqrt", "neg", "abs", "exp", "log", "sigmoid", "silu", "canon")
-F32, I32, I8 = np.dtype(np.float32), np.dtype(np.int32), np.dtype(np.int8)
-_POINTER = {F32: _F, I32: _I32, I8: _I8}
+F32, I32, I8, I64 = np.dtype(np.float32), np.dtype(np.int32), np.dtype(np.int8), np.dtype(np.int64)
+_POINTER = {F32: _F, I32: _I32, I8: _I8, I64: _I64}
 # every elementwise ls_host_<name>(n, in..., out): name -> (output dtype, input dtypes); inputs broadcast
 ELEMENTWISE = {**{name: (F32, (F32, F32)) for name in BINARY}, **{name: (F32, (F32,)) for name in UNARY},
                "ldexp_exact": (F32, (F32, I32)), "total_key": (I32, (F32,)), "quantize": (I8, (F32, F32)),
-               "i32_to_f32": (F32, (I32,))}
+               "i32_to_f32": (F32, (I32,)), "i64_to_f32": (F32, (I64,)), "fixed_term": (I64, (F32, F32, I32)),
+               "dq_grid": (I32, (F32, F32, I32)), "fixed_to_f32": (F32, (I64, I32))}
 
 
 class HostFP:

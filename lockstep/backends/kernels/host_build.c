@@ -67,6 +67,21 @@ LS_EXPORT void ls_host_i32_to_f32(long n, const ls_i32 *a, float *out) {
     for (long i = 0; i < n; i++) out[i] = ls_i32_to_f32(a[i]);
 }
 
+LS_EXPORT void ls_host_i64_to_f32(long n, const ls_i64 *a, float *out) {
+    for (long i = 0; i < n; i++) out[i] = ls_i64_to_f32(a[i]);
+}
+
+/* The fixed point of attention_backward_int8: a term on a grid, the grid of (a_max, b_max, lbits). */
+LS_EXPORT void ls_host_fixed_term(long n, const float *a, const float *b, const ls_i32 *grid, ls_i64 *out) {
+    for (long i = 0; i < n; i++) out[i] = ls_fixed_term(a[i], b[i], grid[i]);
+}
+LS_EXPORT void ls_host_dq_grid(long n, const float *a_max, const float *b_max, const ls_i32 *lbits, ls_i32 *out) {
+    for (long i = 0; i < n; i++) out[i] = ls_dq_grid(a_max[i], b_max[i], lbits[i]);
+}
+LS_EXPORT void ls_host_fixed_to_f32(long n, const ls_i64 *s, const ls_i32 *grid, float *out) {
+    for (long i = 0; i < n; i++) out[i] = ls_fixed_to_f32(s[i], grid[i]);
+}
+
 /* lane_tree_sum of `rows` rows of length len: lanes in registers (ls_fold32_private). */
 LS_EXPORT void ls_host_lane_tree_sum(long rows, long len, const float *x, float *out) {
     for (long r = 0; r < rows; r++) {

@@ -388,3 +388,66 @@ LS_FN int ls_quantize(float x, float s) {
     float r = ls_sub(ls_add(q, LS_ROUND_MAGIC), LS_ROUND_MAGIC);
     return (int)r;
 }
+
+/* ------------------------------------------------------------------ attention: 64-bit fixed point */
+
+#define LS_DQ_BITS 62       /* spec attention.DQ_BITS: every fixed-point sum stays below 2**62 */
+#define LS_DQ_MIN_GRID (-252) /* spec attention.DQ_MIN_GRID */
+
+/* frexp's exponent of a canonical finite x: x = f * 2**e with f in [0.5, 1), so e = field - 126
+ * for a normal x; 0 for a zero (as numpy.frexp). */
+LS_FN int ls_frexp_exponent(float x) {
+    int f = ls_exponent_field(x);
+    return f ? f - 126 : 0;
+}
+
+/* spec attention.dq_grid_exponent: G = max(ea + eb - (62 - lbits), -252), with ea, eb the frexp
+ * exponents of a_max and b_max (canonical, finite) and lbits = bit_length(n_terms). */
+LS_FN int ls_dq_grid(float a_max, float b_max, int lbits) {
+    int g = ls_frexp_exponent(a_max) + ls_frexp_exponent(b_max) - (LS_DQ_BITS - lbits);
+    return g > LS_DQ_MIN_GRID ? g : LS_DQ_MIN_GRID;
+}
+
+/* One term of spec attention.fixed_point_contract: round_half_even(a * b * 2**-grid) as an int64,
+ * from the exact 48-bit product of the significands (a * b = m * 2**(fa + fb - 300)), shifted by
+ * integers: no float64 (Metal has none) and no rounding but the one. A zero operand gives 0, and
+ * so does a non-finite one (the spec reads it as 0; its row is the canonical NaN anyway). With
+ * grid = ls_dq_grid of the row, |a * b| < 2**(ea + eb) gives a term below 2**(62 - lbits). */
+LS_FN ls_i64 ls_fixed_term(float a, float b, int grid) {
+    if (!ls_is_normal(a) || !ls_is_normal(b)) return 0;
+    ls_u64 m = (ls_u64)ls_significand(a) * (ls_u64)ls_significand(b); /* in [2**46, 2**48) */
+    int n = ls_exponent_field(a) + ls_exponent_field(b) - 300 - grid; /* the term is m * 2**n */
+    ls_u64 c = 0u;
+    if (n >= 0) {
+        c = m << n; /* n <= 15: the grid keeps c below 2**62 */
+    } else if (n >= -62) { /* below that m * 2**n < 2**-14: rounds to 0 */
+        int sh = -n;
+        ls_u64 rest = m & ((((ls_u64)1u) << sh) - 1u), tie = ((ls_u64)1u) << (sh - 1);
+        c = m >> sh;
+        if (rest > tie || (rest == tie && (c & 1u))) c++;
+    }
+    return ((ls_bits(a) ^ ls_bits(b)) & LS_SIGN_BIT) ? -(ls_i64)c : (ls_i64)c;
+}
+
+/* spec attention.int64_to_float32: |x| < 2**63 rounded once to float32, to nearest even, by
+ * integers (the top 24 significant bits kept; the bits shifted out decide), then q * 2**shift as
+ * one exact product (q <= 2**24 converts exactly, 2**shift <= 2**39 is normal). */
+LS_FN float ls_i64_to_f32(ls_i64 x) {
+    ls_u32 sign = (x < 0) ? LS_SIGN_BIT : 0u;
+    ls_u64 a = (x < 0) ? (ls_u64)0u - (ls_u64)x : (ls_u64)x;
+    int shift = 0;
+    while ((a >> shift) >= (ls_u64)0x01000000u) shift++;
+    ls_u64 q = a >> shift;
+    if (shift > 0) {
+        ls_u64 rest = a & ((((ls_u64)1u) << shift) - 1u), tie = ((ls_u64)1u) << (shift - 1);
+        if (rest > tie || (rest == tie && (q & 1u))) q++;
+    }
+    return ls_float(sign | ls_bits(ls_mul((float)(ls_i32)q, ls_pow2(shift))));
+}
+
+/* fixed_point_contract's output from a row's int64 sum s on grid G: (r * 2**G1) * 2**G2 with
+ * r = int64_to_float32(s), G1 = clip(G, -126, 127), G2 = G - G1 (two spec products), stored ls_cn. */
+LS_FN float ls_fixed_to_f32(ls_i64 s, int grid) {
+    int g1 = ls_clip_int(grid, -126, 127);
+    return ls_cn(ls_mul(ls_mul(ls_i64_to_f32(s), ls_pow2(g1)), ls_pow2(grid - g1)));
+}

@@ -13,6 +13,7 @@ from lockstep.formats.params import param_count
 from lockstep.formats.rundir import RunFileError
 from lockstep.train import trainer
 from lockstep.train.execution import Execution
+from lockstep.backends import KERNELS_MEMORY
 from lockstep.train.memory import GiB, choose_execution, plans, step_memory
 
 # One step of a recipe in a fresh process, as the trainer runs it; prints its own peak RSS (KiB): VmHWM,
@@ -97,7 +98,7 @@ def test_terms_follow_the_options():
     assert disk.total < ram.total and disk.terms["waiting sums"] == 0 and disk.terms.get("moments", 0) < ram.terms["moments"]
     big = step_memory(preset("open-1b"), train_preset("open-1b"))
     assert big.terms["weights"] == 4 * param_count(preset("open-1b"))
-    assert step_memory(cfg, tcfg, kind="kernels").terms["attention"] > ram.terms["attention"]  # T x T scores
+    assert step_memory(cfg, tcfg, memory=KERNELS_MEMORY).terms["attention"] > ram.terms["attention"]  # T x T scores
 
 
 def test_the_planner_takes_the_cheapest_plan_that_fits(tmp_path):

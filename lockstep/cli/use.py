@@ -71,15 +71,14 @@ def _check_memory(args, what: str, need) -> None:
 def run_eval(args) -> int:
     from lockstep.backends import BackendUnavailable, get_backend
 
-    from lockstep.train.memory import backend_kind, forward_memory
+    from lockstep.train.memory import forward_memory
     from lockstep.use.evaluate import append_metrics, evaluate, metrics_line, progress_printer, recorded_validations
     from lockstep.use.plots import plot_run
     from lockstep.use.run import UseError, open_data, open_model
 
     try:
         be = get_backend(args.backend or default_backend())
-        kind = backend_kind(be.name)
-        _check_memory(args, "evaluate it", lambda cfg, tcfg: forward_memory(cfg, tcfg.micro_batch, kind))
+        _check_memory(args, "evaluate it", lambda cfg, tcfg: forward_memory(cfg, tcfg.micro_batch, be.memory))
         model = open_model(args.run, args.step)
         manifest = open_data(args.run, model.recipe, args.data)
         v = evaluate(model.params, model.cfg, manifest, be, model.tcfg.micro_batch, step=model.step,

@@ -304,9 +304,28 @@ def micro_batch_value(params: dict, windows: np.ndarray, cfg: ModelConfig, n_glo
     return out
 
 
+class StepWatch:
+    """What observes a step's phases (the audit's op trace, ``audit.trace``): each method is called as
+    its phase begins and computes nothing, so a watched step is the same step, with the same bits.
+    This base observes nothing; a watcher overrides what it needs."""
+
+    def micro_batch(self, j: int) -> None:
+        """Micro-batch ``j``'s forward and backward begin (``micro_batch_value``)."""
+
+    def tree(self) -> None:
+        """The tree's adds that micro-batch's value completes begin (``TreeFolder.push_leaf``)."""
+
+    def update(self, summed, opt: AdamWState) -> None:
+        """The update of the tree's sum ``summed`` and the moments ``opt`` begins (``apply_update``)."""
+
+
+_NO_WATCH = StepWatch()
+
+
 def subtree_sums(params: dict, windows: np.ndarray, plan: StepPlan, lo: int, hi: int, cfg: ModelConfig,
                  tcfg: TrainConfig, backend, pool: VectorPool | None = None,
-                 progress=None, *, execution: Execution = IN_MEMORY) -> list[tuple[int, int, np.ndarray]]:
+                 progress=None, *, execution: Execution = IN_MEMORY,
+                 watch: StepWatch | None = None) -> list[tuple[int, int, np.ndarray]]:
     """The maximal subtrees of micro-batches ``lo .. hi-1`` and their sums: ``[(lo, hi, vector), ...]``.
 
     ``windows`` is the step's whole batch (``plan.n_windows`` rows). Micro-batches are
@@ -314,9 +333,11 @@ def subtree_sums(params: dict, windows: np.ndarray, plan: StepPlan, lo: int, hi:
     (the right sum added into the left one's memory), so one micro-batch's activations
     and at most ``ceil(log2 M) + 1`` vectors are alive. The vectors come from ``pool``
     (a fresh one when none is given); the caller gives them back when done.
-    ``progress(done, total)``, if given, is called after each micro-batch (counts within the range).
+    ``progress(done, total)``, if given, is called after each micro-batch (counts within the range);
+    ``watch`` (a ``StepWatch``) is told where each micro-batch and each push into the tree begins.
     """
     be = backend
+    watch = watch if watch is not None else _NO_WATCH
     bounds = plan.micro_batches(tcfg.micro_batch)
     layout = GradLayout.of(cfg)
     pool = pool if pool is not None else vector_pool(be, layout.size)
@@ -327,8 +348,11 @@ def subtree_sums(params: dict, windows: np.ndarray, plan: StepPlan, lo: int, hi:
             start, stop = bounds[j]
             where = (f" at step {plan.step}, micro-batch {j} (windows {plan.first_window + start}.."
                      f"{plan.first_window + stop - 1})")
-            folder.push_leaf(micro_batch_value(params, windows[start:stop], cfg, plan.n_global, be, layout, where,
-                                               out=pool.take(), execution=execution, release=pool.release_part))
+            watch.micro_batch(j)
+            value = micro_batch_value(params, windows[start:stop], cfg, plan.n_global, be, layout, where,
+                                      out=pool.take(), execution=execution, release=pool.release_part)
+            watch.tree()
+            folder.push_leaf(value)
             pool.park(*(v for _, _, v in folder.parts()))  # they wait for a sibling (or the caller)
             if progress is not None:
                 progress(j - lo + 1, hi - lo)
@@ -396,7 +420,7 @@ def apply_update(params: dict, opt: AdamWState, summed: np.ndarray, plan: StepPl
 def step_over_ranks(params: dict, opt: AdamWState, windows: np.ndarray, plan: StepPlan, cfg: ModelConfig,
                     tcfg: TrainConfig, backend, comm=None, *, pool: VectorPool | None = None,
                     host_pool: VectorPool | None = None, moments=None, progress=None,
-                    execution: Execution = IN_MEMORY) -> StepResult:
+                    execution: Execution = IN_MEMORY, watch: StepWatch | None = None) -> StepResult:
     """Step ``plan.step`` with its micro-batches split over the ranks of ``comm`` (None: this process alone).
 
     The one step algorithm, which training and replay both run: this rank's maximal
@@ -404,8 +428,9 @@ def step_over_ranks(params: dict, opt: AdamWState, windows: np.ndarray, plan: St
     exchange that makes the tree's sum ``S[0, M)`` on every rank (``tree_allreduce``, on the
     host), then the update (``apply_update``). The bits do not depend on the number of
     ranks. ``pool``: the step's vectors (a fresh pool when None); ``host_pool``: the
-    exchange's host vectors (``pool`` when it is a host pool); ``moments``, ``progress`` and
-    ``execution`` as in ``subtree_sums`` and ``apply_update``.
+    exchange's host vectors (``pool`` when it is a host pool); ``moments``, ``progress``,
+    ``execution`` and ``watch`` (a ``StepWatch``: the audit's trace) as in ``subtree_sums`` and
+    ``apply_update``.
     """
     from .collectives import rank_micro_batches, tree_allreduce
 
@@ -415,7 +440,8 @@ def step_over_ranks(params: dict, opt: AdamWState, windows: np.ndarray, plan: St
     pool = pool if pool is not None else vector_pool(be, layout.size)
     m = len(plan.micro_batches(tcfg.micro_batch))
     lo, hi = rank_micro_batches(m, world, rank)
-    parts = subtree_sums(params, windows, plan, lo, hi, cfg, tcfg, be, pool, progress=progress, execution=execution)
+    parts = subtree_sums(params, windows, plan, lo, hi, cfg, tcfg, be, pool, progress=progress, execution=execution,
+                         watch=watch)
     if world > 1:
         if host_pool is None:
             host_pool = pool if isinstance(pool, VectorPool) else VectorPool(layout.size)
@@ -426,6 +452,8 @@ def step_over_ranks(params: dict, opt: AdamWState, windows: np.ndarray, plan: St
         pool.give(*(v for _, _, v in parts))
     else:
         [(_, _, summed)] = parts
+    if watch is not None:
+        watch.update(summed, opt)
     res = apply_update(params, opt, summed, plan, cfg, tcfg, be, moments=moments)
     (host_pool if world > 1 else pool).give(summed)  # dead: the update's results are new arrays
     return res

@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+from lockstep.backends import MemoryProfile
 from lockstep.errors import LockstepError
 from lockstep.fsio import check_regular_or_absent, printable
 from lockstep.launch import mpi_world
@@ -49,7 +50,7 @@ from lockstep.formats.trajectory import Strictness, read_trajectory, step_record
 from lockstep.formats.trajectory import append_record
 from .malloc import keep_freed_memory
 from .execution import Execution
-from .memory import Plan, backend_kind, choose_execution
+from .memory import Plan, choose_execution
 from lockstep.formats.schedule import plan_step
 from .scratch import MomentFiles, ScratchSpace
 from .step import GradLayout, VectorPool, step_over_ranks, to_device, transfer_phase, vector_pool
@@ -232,8 +233,8 @@ def train(run_dir: str | Path, *, cfg: ModelConfig | None = None, tcfg: TrainCon
     ctx = abort_on_exception(comm) if comm is not None else _null_ctx()
     with ctx:
         be = on_all_ranks(comm, lambda: _checked_backend(backend_name, checkpoint_every))
-        memory = _MemoryAsk(max_memory, None if scratch is None else str(scratch), execution,
-                            backend_kind(backend_name), str(run_dir))
+        memory = _MemoryAsk(max_memory, None if scratch is None else str(scratch), execution, be.memory,
+                            str(run_dir))
         if resume:
             st = on_all_ranks(comm, lambda: _resume_start(run_dir, data, steps, tokens, is_root, check_recipe,
                                                           cfg, tcfg, memory, be, progress))
@@ -270,7 +271,7 @@ class _MemoryAsk:
     max_memory: float | None
     scratch: str | None      # the folder the user named, or None: the run directory
     given: Execution | None
-    kind: str
+    memory: MemoryProfile    # what the backend declares it holds (``Backend.memory``)
     run_dir: str
 
     def plan(self, cfg: ModelConfig, tcfg: TrainConfig, what: str) -> Plan:
@@ -278,7 +279,7 @@ class _MemoryAsk:
         if self.scratch is not None:
             if os.path.islink(self.scratch) or not os.path.isdir(self.scratch):
                 raise ConfigError(f"--scratch {self.scratch}: not an existing folder (a symbolic link is refused)")
-        return choose_execution(cfg, tcfg, what, max_memory=self.max_memory, kind=self.kind,
+        return choose_execution(cfg, tcfg, what, max_memory=self.max_memory, memory=self.memory,
                                 scratch=self.scratch or self.run_dir, given=self.given)
 
 

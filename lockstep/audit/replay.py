@@ -104,7 +104,7 @@ class _Replayer:
                                          memory=declared_memory(backend_name),
                                          scratch=None if scratch is None else str(scratch))
         except (RunFileError, ValueError) as exc:  # ValueError: an unknown backend name
-            raise ReplayError(str(exc)) from None
+            raise ReplayError.like(exc) from None
         self.space = self.pool = self.moments = None  # made by open_scratch when the plan has a scratch folder
         self.state_bound = run.state_bound  # a larger state file is refused unread
         self.h0, self.digest = run.genesis, run.recipe_sha256

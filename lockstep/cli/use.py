@@ -20,7 +20,7 @@ from pathlib import Path
 
 from lockstep.fsio import printable
 
-from .common import EXIT_BAD, EXIT_OK, MAX_MEMORY_HELP, default_backend, fail, gib, note, positive_int, say
+from .common import EXIT_BAD, EXIT_OK, MAX_MEMORY_HELP, default_backend, fail, gib, note, positive_int, said, say
 
 
 def _checkpoint_arguments(p: argparse.ArgumentParser, data_help: str) -> None:
@@ -65,7 +65,7 @@ def _check_memory(args, what: str, need) -> None:
     try:
         require_budget(need(cfg, tcfg), what, cfg, args.max_memory)
     except RunFileError as exc:
-        raise UseError(str(exc)) from None
+        raise UseError(said(exc)) from None
 
 
 def run_eval(args) -> int:
@@ -239,7 +239,7 @@ def run_sample(args) -> int:
         require_sample_memory(model.cfg, min(len(prompt), limit), args.max_new_tokens,  # before anything is sized
                               max_memory=args.max_memory)
     except (UseError, SamplingError, BackendUnavailable, ValueError) as exc:
-        return fail("sample", str(exc))
+        return fail("sample", said(exc))
     say = note if not args.quiet else (lambda msg: None)
     if len(prompt) > limit:
         say(f"note: the prompt is {len(prompt)} tokens; the model reads at most {model.cfg.seq_len}, "

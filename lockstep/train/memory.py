@@ -33,6 +33,7 @@ import math
 import os
 from dataclasses import dataclass, replace
 
+from lockstep.errors import Setting
 from lockstep.formats.config import ConfigError, ModelConfig, TrainConfig
 from lockstep.formats.rundir import RunFileError
 
@@ -173,9 +174,9 @@ def require_budget(need: int, what: str, cfg: ModelConfig, max_memory: float | N
     """``RunFileError`` (one line) when ``need`` bytes are beyond ``max_memory`` GiB (default: this machine's memory)."""
     budget = memory_budget(max_memory)
     if budget is not None and need > budget:
-        raise RunFileError(f"the recipe's model ({cfg.name}: d_model {cfg.d_model}, {cfg.n_layers} layers, seq_len "
-                           f"{cfg.seq_len}, vocab {cfg.vocab_size}) needs about {need / GiB:,.1f} GiB to {what}; "
-                           f"{budget_words(budget, max_memory)}: use a machine with more memory")
+        raise RunFileError.naming(f"the recipe's model ({cfg.name}: d_model {cfg.d_model}, {cfg.n_layers} layers, "
+                                  f"seq_len {cfg.seq_len}, vocab {cfg.vocab_size}) needs about {need / GiB:,.1f} GiB "
+                                  f"to {what}; ", *budget_words(budget, max_memory), ": use a machine with more memory")
 
 
 def device_memory(cfg: ModelConfig, micro_batch: int, execution: Execution = IN_MEMORY, batch: int | None = None,
@@ -242,12 +243,12 @@ def choose_execution(cfg: ModelConfig, tcfg: TrainConfig, what: str, *, max_memo
         if budget is None or need <= budget:
             return Plan(ex, label, need, budget)
         best = need if best is None else min(best, need)
-    hint = "" if scratch is not None or given is not None else \
-        " (a scratch folder for the state, --scratch DIR, may bring it lower)"
-    raise RunFileError(f"the recipe's model ({cfg.name}: d_model {cfg.d_model}, {cfg.n_layers} layers, seq_len "
-                       f"{cfg.seq_len}, vocab {cfg.vocab_size}, micro-batch {tcfg.micro_batch}) needs about "
-                       f"{best / GiB:,.1f} GiB to {what} even in its smallest plan; {budget_words(budget, max_memory)}"
-                       f"{hint}: use a machine with more memory")
+    hint = () if scratch is not None or given is not None else \
+        (" (a scratch folder for the state, ", Setting("scratch"), " DIR, may bring it lower)")
+    raise RunFileError.naming(f"the recipe's model ({cfg.name}: d_model {cfg.d_model}, {cfg.n_layers} layers, seq_len "
+                              f"{cfg.seq_len}, vocab {cfg.vocab_size}, micro-batch {tcfg.micro_batch}) needs about "
+                              f"{best / GiB:,.1f} GiB to {what} even in its smallest plan; ",
+                              *budget_words(budget, max_memory), *hint, ": use a machine with more memory")
 
 
 def memory_estimate(cfg: ModelConfig, tcfg: TrainConfig) -> int:
@@ -272,11 +273,12 @@ def available_memory() -> int | None:
     return phys
 
 
-def budget_words(budget: int, max_memory: float | None) -> str:
-    """``this machine has X GiB`` or ``the budget (--max-memory) is X GiB``, for the one-line refusals."""
+def budget_words(budget: int, max_memory: float | None) -> tuple:
+    """``this machine has X GiB`` or ``the budget (max_memory) is X GiB``, for the one-line refusals: message
+    parts (``LockstepError.naming``), the budget named as the setting ``max_memory``."""
     if max_memory is None:
-        return f"this machine has {budget / GiB:,.1f} GiB"
-    return f"the budget (--max-memory) is {budget / GiB:,.1f} GiB"
+        return (f"this machine has {budget / GiB:,.1f} GiB",)
+    return ("the budget (", Setting("max_memory"), f") is {budget / GiB:,.1f} GiB")
 
 
 def memory_budget(max_memory: float | None) -> int | None:
@@ -284,7 +286,7 @@ def memory_budget(max_memory: float | None) -> int | None:
     if max_memory is None:
         return available_memory()
     if not float(max_memory) > 0:
-        raise ConfigError(f"--max-memory must be a positive number of GiB, got {max_memory!r}")
+        raise ConfigError.naming(Setting("max_memory"), f" must be a positive number of GiB, got {max_memory!r}")
     return int(float(max_memory) * GiB)
 
 

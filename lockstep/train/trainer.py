@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Callable
 
 from lockstep.backends import MemoryProfile
-from lockstep.errors import LockstepError
+from lockstep.errors import LockstepError, Setting
 from lockstep.fsio import check_regular_or_absent, printable
 from lockstep.launch import mpi_world
 from lockstep.fsio.progress import PhaseProgress
@@ -60,6 +60,10 @@ from .stop import StopRequest
 
 class RecipeMismatch(LockstepError, RuntimeError):
     """A resume was asked with settings that differ from the run's recipe."""
+
+
+class RunExists(LockstepError, FileExistsError):
+    """A new run was asked in a directory that already holds one."""
 
 
 class RunWriteError(LockstepError, RuntimeError):
@@ -154,12 +158,19 @@ class RunHooks:
       after the checkpoint of an evaluation step, on rank 0 (metrics.jsonl);
     * ``eval_interval(eval_every, cfg) -> int``: the interval in steps (0: never),
       ``eval_every`` None meaning the preset's default;
-    * ``plot(run_dir, trajectory) -> Path | None``: when the run reaches its target.
+    * ``plot(run_dir, trajectory) -> Path | None``: when the run reaches its target;
+    * ``setting(name) -> str``: how the run's lines name a setting (``steps``, ``micro_batch``):
+      the front end's word for it (the CLI's flag); None: the keyword itself.
     """
 
     validate: Callable[..., object] | None = None
     eval_interval: Callable[[int | None, ModelConfig], int] | None = None
     plot: Callable[[Path, list[dict]], Path | None] | None = None
+    setting: Callable[[str], str] | None = None
+
+    def word(self, name: str) -> str:
+        """How the run's lines name the setting ``name`` (``setting``, else the keyword)."""
+        return name if self.setting is None else self.setting(name)
 
     def interval(self, eval_every: int | None, cfg: ModelConfig) -> int:
         if self.eval_interval is not None:
@@ -196,7 +207,7 @@ def train(run_dir: str | Path, *, cfg: ModelConfig | None = None, tcfg: TrainCon
     A new run needs ``cfg``, ``tcfg``, ``seed``, ``steps`` or ``tokens``, and ``data``
     (None or ``"default"``: the embedded corpus, built inside the run; else a data
     folder). A resume (``resume=True``) takes all of that from the run; ``data`` is
-    then the user's ``--data DIR`` (default: the recipe's folder, which must be inside
+    then the data folder the user gives (default: the recipe's folder, which must be inside
     the run), ``steps``/``tokens`` move the target (default: the recorded one), and
     ``check_recipe(recipe)`` may refuse settings the run cannot honour.
 
@@ -278,7 +289,8 @@ class _MemoryAsk:
         """The plan (``memory.choose_execution``); a named scratch folder is checked now, before anything is written."""
         if self.scratch is not None:
             if os.path.islink(self.scratch) or not os.path.isdir(self.scratch):
-                raise ConfigError(f"--scratch {self.scratch}: not an existing folder (a symbolic link is refused)")
+                raise ConfigError.naming(Setting("scratch"),
+                                         f" {self.scratch}: not an existing folder (a symbolic link is refused)")
         return choose_execution(cfg, tcfg, what, max_memory=self.max_memory, memory=self.memory,
                                 scratch=self.scratch or self.run_dir, given=self.given)
 
@@ -295,7 +307,8 @@ def _new_run_start(comm, run_dir: Path, cfg, tcfg, data, seed, steps, tokens, is
         if type(seed) is not int or not 0 <= seed < 2**64:
             raise ConfigError(f"seed must be an integer in [0, 2**64), got {seed!r}")
         if is_root and (run_dir / RECIPE_FILE).exists():
-            raise FileExistsError(f"{run_dir} already holds a run; use --resume to continue it or pick another --out")
+            raise RunExists.naming(f"{run_dir} already holds a run; use ", Setting("resume"),
+                                   " to continue it or pick another ", Setting("run_dir"))
         last = _last_step(tcfg, cfg.seq_len, 0, steps, tokens, None)
         manifest = None if default_data else Manifest.load(data)
         if manifest is not None:
@@ -404,8 +417,8 @@ def _run_loop(comm, rank, world, run_dir: Path, st: _Start, be, checkpoint_every
     eval_every = hooks.interval(eval_every, cfg)
     say(f"run {run_dir}: preset {printable(cfg.name)}, backend {be.name}, {world} rank(s), steps {st.start_step + 1}..{last_step}"
         if last_step > st.start_step else f"run {run_dir} is already at its target step {last_step}; "
-                                          "give --steps N (or --tokens) to extend it")
-    _say_idle_ranks(tcfg, cfg.seq_len, st.start_step + 1, last_step, world, say)
+                                          f"give {hooks.word('steps')} N (or {hooks.word('tokens')}) to extend it")
+    _say_idle_ranks(tcfg, cfg.seq_len, st.start_step + 1, last_step, world, say, hooks.word)
     if st.plan is not None and last_step > st.start_step:
         say(st.plan.line("train"))
     execution = st.plan.execution if st.plan is not None else Execution()
@@ -504,14 +517,15 @@ def _steps(comm, rank, world, run_dir, st, be, checkpoint_every, say, stop, eval
     return summary
 
 
-def _say_idle_ranks(tcfg: TrainConfig, seq_len: int, first: int, last: int, world: int, say) -> None:
+def _say_idle_ranks(tcfg: TrainConfig, seq_len: int, first: int, last: int, world: int, say,
+                    word: Callable[[str], str] = str) -> None:
     """Ranks beyond a step's micro-batch count wait (the tree, not the world size, decides the work): say so."""
     if last < first:
         return
     m = len(plan_step(tcfg, seq_len, first).micro_batches(tcfg.micro_batch))
     if m < world:
         say(f"note: step {first} has {m} micro-batch(es) of {tcfg.micro_batch} sequences for {world} ranks, so "
-            f"{world - m} rank(s) wait; a run with a smaller --micro-batch (a new recipe) keeps them busy")
+            f"{world - m} rank(s) wait; a run with a smaller {word('micro_batch')} (a new recipe) keeps them busy")
 
 
 @contextlib.contextmanager
@@ -537,22 +551,24 @@ def _last_step(tcfg: TrainConfig, seq_len: int, start_step: int, steps: int | No
                recorded: int | None) -> int:
     """The run's target step: ``steps``, or the step that reaches ``tokens``, or the recorded target."""
     if steps is not None and tokens is not None:
-        raise ConfigError("give --steps or --tokens, not both")
+        raise ConfigError.naming("give ", Setting("steps"), " or ", Setting("tokens"), ", not both")
     if steps is not None:
         if type(steps) is not int or steps < 1:
-            raise ConfigError(f"--steps must be a positive integer, got {steps!r}")
+            raise ConfigError.naming(Setting("steps"), f" must be a positive integer, got {steps!r}")
         last = steps
     elif tokens is not None:
         if type(tokens) is not int or tokens < 1:
-            raise ConfigError(f"--tokens must be a positive integer, got {tokens!r}")
+            raise ConfigError.naming(Setting("tokens"), f" must be a positive integer, got {tokens!r}")
         last = _step_reaching(tcfg, seq_len, tokens)
     elif recorded is not None:
         return max(recorded, start_step)
     else:
-        raise ConfigError(f"this run has no recorded target ({TARGET_FILE}); give --steps N or --tokens T")
+        raise ConfigError.naming(f"this run has no recorded target ({TARGET_FILE}); give ", Setting("steps"), " N or ",
+                                 Setting("tokens"), " T")
     if last < start_step:
-        raise ConfigError(f"the run already has a checkpoint at step {start_step}, beyond the target "
-                         f"{'--steps' if steps is not None else '--tokens'} gives (step {last}); give a larger one")
+        raise ConfigError.naming(f"the run already has a checkpoint at step {start_step}, beyond the target ",
+                                 Setting("steps" if steps is not None else "tokens"),
+                                 f" gives (step {last}); give a larger one")
     return last
 
 

@@ -69,13 +69,13 @@ FLAG_OF_SETTING = {"run_dir": "--out"}
 
 
 def flag_of(setting: str) -> str:
-    """The flag that gives the library setting ``setting`` (``max_memory`` -> ``--max-memory``, ``run_dir`` -> ``--out``)."""
+    """The flag that gives the library setting ``setting``: ``max_memory`` -> ``--max-memory``, ``run_dir`` -> ``--out``."""
     return FLAG_OF_SETTING.get(setting, "--" + setting.replace("_", "-"))
 
 
 def said(exc: BaseException) -> str:
-    """An error's one line in the command line's words: the settings a ``LockstepError`` names (``LockstepError.worded``)
-    as the flags that give them; any other error's own text."""
+    """An error's one line in the command line's words: the settings a ``LockstepError`` names
+    (``LockstepError.worded``) as the flags that give them; any other error's own text."""
     worded = getattr(exc, "worded", None)
     return worded(flag_of) if callable(worded) else str(exc)
 

@@ -155,22 +155,22 @@ def run_train(args) -> int:
             raise ConfigError("--config and --set make a new run; a resume continues the run as its recipe.json "
                              "says: drop them, or start a new run with --out")
         if args.resume:
-            summary = trainer.train(args.resume, resume=True, data=args.data, steps=args.steps, tokens=args.tokens,
-                                    backend_name=backend, checkpoint_every=args.checkpoint_every,
-                                    progress=not args.quiet, log=say, check_recipe=recipe_checker(args),
-                                    eval_every=args.eval_every, hooks=hooks, max_memory=args.max_memory,
-                                    scratch=args.scratch)
+            asked = trainer.RunSettings(resume=True, data=args.data, steps=args.steps, tokens=args.tokens,
+                                        backend_name=backend, checkpoint_every=args.checkpoint_every,
+                                        eval_every=args.eval_every, max_memory=args.max_memory, scratch=args.scratch)
+            summary = trainer.train(args.resume, asked, progress=not args.quiet, log=say,
+                                    check_recipe=recipe_checker(args), hooks=hooks)
         else:
             name = args.preset or DEFAULT_PRESET
             cfg, tcfg = new_run_settings(args, name)
             steps = args.steps if args.steps is not None or args.tokens is not None else DEFAULT_STEPS[name]
             label = cfg.name if cfg.name != name and _plain_label(cfg.name) else name
             run_dir = args.out or str(Path("runs") / f"{label}-{time.strftime('%Y%m%d-%H%M%S')}")
-            summary = trainer.train(run_dir, cfg=cfg, tcfg=tcfg, data=args.data, steps=steps, tokens=args.tokens,
-                                    seed=DEFAULT_SEED if args.seed is None else args.seed, backend_name=backend,
-                                    checkpoint_every=args.checkpoint_every, progress=not args.quiet, log=say,
-                                    eval_every=args.eval_every, hooks=hooks, max_memory=args.max_memory,
-                                    scratch=args.scratch)
+            asked = trainer.RunSettings(cfg=cfg, tcfg=tcfg, data=args.data, steps=steps, tokens=args.tokens,
+                                        seed=DEFAULT_SEED if args.seed is None else args.seed, backend_name=backend,
+                                        checkpoint_every=args.checkpoint_every, eval_every=args.eval_every,
+                                        max_memory=args.max_memory, scratch=args.scratch)
+            summary = trainer.train(run_dir, asked, progress=not args.quiet, log=say, hooks=hooks)
     except RunWriteError as e:  # a full disk: what was not written, where the run resumes, and how
         return fail("train", f"{e}; {_resume_hint(e.run_dir, e.world_size, args.data)}") if is_root else EXIT_ERROR
     except (LockstepError, OSError) as e:  # a ValueError from deep in the step is a bug: its traceback shows

@@ -196,13 +196,35 @@ class _Start:
     plan: Plan | None = None            # how the steps hold memory (memory.choose_execution)
 
 
-def train(run_dir: str | Path, *, cfg: ModelConfig | None = None, tcfg: TrainConfig | None = None,
-          data: str | Path | None = None, seed: int = 42, steps: int | None = None, tokens: int | None = None,
-          backend_name: str = "spec", checkpoint_every: int | None = None, resume: bool = False,
-          progress: bool = True, log=print, check_recipe=None, handle_signals: bool = True,
-          eval_every: int | None = 0, hooks: RunHooks | None = None, max_memory: float | None = None,
-          scratch: str | Path | None = None, execution: Execution | None = None) -> RunSummary:
-    """Train (or resume) the run in ``run_dir``; see the module docstring.
+@dataclass(frozen=True)
+class RunSettings:
+    """What a run is asked to be (``train``'s settings; see ``train`` for each).
+
+    A new run: ``cfg``, ``tcfg``, ``data``, ``seed`` and a target (``steps`` or ``tokens``);
+    a resume (``resume=True``) takes the recipe's, ``data`` and the target optional. How it
+    runs: ``backend_name``, ``checkpoint_every``, ``eval_every``, and its memory plan
+    (``max_memory``, ``scratch``, ``execution``), none of which changes a bit.
+    """
+
+    cfg: ModelConfig | None = None
+    tcfg: TrainConfig | None = None
+    data: str | Path | None = None
+    seed: int = 42
+    steps: int | None = None
+    tokens: int | None = None
+    backend_name: str = "spec"
+    checkpoint_every: int | None = None
+    resume: bool = False
+    eval_every: int | None = 0
+    max_memory: float | None = None
+    scratch: str | Path | None = None
+    execution: Execution | None = None
+
+
+def train(run_dir: str | Path, settings: RunSettings | None = None, *, progress: bool = True, log=print,
+          check_recipe=None, handle_signals: bool = True, hooks: RunHooks | None = None, **asked) -> RunSummary:
+    """Train (or resume) the run in ``run_dir`` as ``settings`` say (a ``RunSettings``, or its fields
+    given as keywords: ``train(out, cfg=..., tcfg=..., steps=4)``); see the module docstring.
 
     A new run needs ``cfg``, ``tcfg``, ``seed``, ``steps`` or ``tokens``, and ``data``
     (None or ``"default"``: the embedded corpus, built inside the run; else a data
@@ -235,6 +257,11 @@ def train(run_dir: str | Path, *, cfg: ModelConfig | None = None, tcfg: TrainCon
     """
     from .collectives import abort_on_exception, on_all_ranks
 
+    if settings is None:
+        settings = RunSettings(**asked)
+    elif asked:
+        raise TypeError(f"train takes its settings as a RunSettings or as keywords, not both ({', '.join(asked)})")
+    s = settings
     comm, rank, world = mpi_world()
     keep_freed_memory()  # the steps reuse their memory instead of faulting in fresh pages (malloc module)
     run_dir = Path(run_dir)
@@ -243,23 +270,24 @@ def train(run_dir: str | Path, *, cfg: ModelConfig | None = None, tcfg: TrainCon
 
     ctx = abort_on_exception(comm) if comm is not None else _null_ctx()
     with ctx:
-        be = on_all_ranks(comm, lambda: _checked_backend(backend_name, checkpoint_every))
-        memory = _MemoryAsk(max_memory, None if scratch is None else str(scratch), execution, be.memory,
+        be = on_all_ranks(comm, lambda: _checked_backend(s.backend_name, s.checkpoint_every))
+        memory = _MemoryAsk(s.max_memory, None if s.scratch is None else str(s.scratch), s.execution, be.memory,
                             str(run_dir))
-        if resume:
-            st = on_all_ranks(comm, lambda: _resume_start(run_dir, data, steps, tokens, is_root, check_recipe,
-                                                          cfg, tcfg, memory, be, progress))
+        if s.resume:
+            st = on_all_ranks(comm, lambda: _resume_start(run_dir, s, is_root, check_recipe, memory, be, progress))
         else:
-            st = _new_run_start(comm, run_dir, cfg, tcfg, data, seed, steps, tokens, is_root, say, memory, be, progress)
+            st = _new_run_start(comm, run_dir, s, is_root, say, memory, be, progress)
         # every argument is checked: now write (rank 0), and make sure it worked everywhere
-        on_all_ranks(comm, lambda: _write_start(run_dir, st, resume) if is_root else None)
-        if resume:
+        on_all_ranks(comm, lambda: _write_start(run_dir, st, s.resume) if is_root else None)
+        if s.resume:
             say(f"resuming {run_dir} from " + (f"step {st.start_step}" if st.start_step else
                                                 "its initial state (no checkpoint yet)"))
         with StopRequest(install=handle_signals, announce=is_root) as stop:
-            every = default_checkpoint_every(st.cfg.name) if checkpoint_every is None else checkpoint_every
-            return _run_loop(comm, rank, world, run_dir, st, be, every, progress, say, stop, eval_every,
-                             hooks or RunHooks())
+            every = default_checkpoint_every(st.cfg.name) if s.checkpoint_every is None else s.checkpoint_every
+            hooks = hooks or RunHooks()
+            loop = _Loop(comm, rank, world, run_dir, be, every, progress, say, stop,
+                         hooks.interval(s.eval_every, st.cfg), hooks)
+            return _run_loop(loop, st)
 
 
 def _checked_backend(backend_name: str, checkpoint_every: int | None):
@@ -295,10 +323,11 @@ class _MemoryAsk:
                                 scratch=self.scratch or self.run_dir, given=self.given)
 
 
-def _new_run_start(comm, run_dir: Path, cfg, tcfg, data, seed, steps, tokens, is_root, say,
-                   memory: _MemoryAsk, be, progress: bool) -> _Start:
+def _new_run_start(comm, run_dir: Path, s: RunSettings, is_root: bool, say, memory: _MemoryAsk, be,
+                   progress: bool) -> _Start:
     from .collectives import on_all_ranks
 
+    cfg, tcfg, data, seed, steps, tokens = s.cfg, s.tcfg, s.data, s.seed, s.steps, s.tokens
     if cfg is None or tcfg is None:
         raise ConfigError("train needs a model and a train config for a new run")
     default_data = data in (None, "default")
@@ -349,10 +378,11 @@ def _check_vocab(manifest: Manifest, cfg: ModelConfig) -> None:
                          f"{cfg.vocab_size}; raise vocab_size")
 
 
-def _resume_start(run_dir: Path, data, steps, tokens, is_root, check_recipe, given_cfg, given_tcfg,
-                  memory: _MemoryAsk, be, progress: bool) -> _Start:
+def _resume_start(run_dir: Path, s: RunSettings, is_root: bool, check_recipe, memory: _MemoryAsk, be,
+                  progress: bool) -> _Start:
     """The state a resume continues from: the run's newest checkpoint, which must obey the run's checkpoint
     rule (``Run.checkpoint_problems``) with the published chain holding up to it, or the initial state."""
+    data, steps, tokens, given_cfg, given_tcfg = s.data, s.steps, s.tokens, s.cfg, s.tcfg
     run = Run.open(run_dir, Strictness.LIVE).require("recipe")
     recipe = run.recipe
     check_regular_or_absent(run_dir, METRICS_FILE, "metrics log")  # appended to: refuse a link now
@@ -406,15 +436,33 @@ def _write_start(run_dir: Path, st: _Start, resume: bool) -> None:
         write_trajectory(run_dir, [])
 
 
-def _run_loop(comm, rank, world, run_dir: Path, st: _Start, be, checkpoint_every: int, progress: bool, say,
-              stop, eval_every: int | None, hooks: RunHooks) -> RunSummary:
+@dataclass(frozen=True)
+class _Loop:
+    """How the loop runs, fixed before its first step: the ranks, the run, the backend, the
+    checkpoint and validation intervals (``eval_every`` in steps, 0: never), the progress lines,
+    the stop request and the hooks."""
+
+    comm: object
+    rank: int
+    world: int
+    run_dir: Path
+    be: object
+    checkpoint_every: int
+    progress: bool
+    say: Callable[..., object]
+    stop: StopRequest
+    eval_every: int
+    hooks: RunHooks
+
+
+def _run_loop(loop: _Loop, st: _Start) -> RunSummary:
     """Steps ``start_step + 1 .. last_step``; stops early, with a checkpoint, when a signal came.
 
     With a scratch folder in the plan, the moments and the tree's sums live in a private
     folder there for the loop (``scratch``), removed when it ends.
     """
+    run_dir, be, world, say, hooks = loop.run_dir, loop.be, loop.world, loop.say, loop.hooks
     cfg, tcfg, last_step = st.cfg, st.tcfg, st.last_step
-    eval_every = hooks.interval(eval_every, cfg)
     say(f"run {run_dir}: preset {printable(cfg.name)}, backend {be.name}, {world} rank(s), steps {st.start_step + 1}..{last_step}"
         if last_step > st.start_step else f"run {run_dir} is already at its target step {last_step}; "
                                           f"give {hooks.word('steps')} N (or {hooks.word('tokens')}) to extend it")
@@ -427,15 +475,18 @@ def _run_loop(comm, rank, world, run_dir: Path, st: _Start, be, checkpoint_every
         moments = MomentFiles(space) if space is not None else None
         if moments is not None:
             st.opt = moments.adopt(st.opt)
-        return _steps(comm, rank, world, run_dir, st, be, checkpoint_every, say, stop, eval_every, hooks,
-                      vector_pool(be, GradLayout.of(cfg).size) if space is None
-                      else VectorPool(GradLayout.of(cfg).size, scratch=space), moments, progress)
+        return _steps(loop, st, vector_pool(be, GradLayout.of(cfg).size) if space is None
+                      else VectorPool(GradLayout.of(cfg).size, scratch=space), moments)
 
 
-def _steps(comm, rank, world, run_dir, st, be, checkpoint_every, say, stop, eval_every, hooks, pool, moments,
-           progress) -> RunSummary:
+def _steps(loop: _Loop, st: _Start, pool, moments) -> RunSummary:
+    """The loop's steps, their records and checkpoints; ``pool`` gives the steps' vectors, ``moments``
+    (a ``scratch.MomentFiles``, or None) holds the moments in files."""
     from .collectives import check_state_agreement, max_over_ranks, rank_micro_batches
 
+    comm, rank, world, run_dir, be = loop.comm, loop.rank, loop.world, loop.run_dir, loop.be
+    checkpoint_every, eval_every, hooks = loop.checkpoint_every, loop.eval_every, loop.hooks
+    say, stop, progress = loop.say, loop.stop, loop.progress
     is_root = rank == 0
     recipe, cfg, tcfg, params, opt, stream = st.recipe, st.cfg, st.tcfg, st.params, st.opt, st.stream
     prev_chain, last_step = st.prev_chain, st.last_step

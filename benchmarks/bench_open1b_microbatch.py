@@ -106,7 +106,7 @@ def main() -> int:
             layout = GradLayout.of(cfg)
             pool = VectorPool(layout.size, scratch=space)
             grads = micro_batch_value(params, windows, cfg, tokens, be, layout, out=pool.take(),
-                                      execution=execution, release=pool.release_part)
+                                      execution=execution, pool=pool)
             loss = grads[0]
         else:
             loss, grads = loss_and_grads(params, windows, cfg, be, execution=execution)

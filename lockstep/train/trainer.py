@@ -475,8 +475,7 @@ def _run_loop(loop: _Loop, st: _Start) -> RunSummary:
         moments = MomentFiles(space) if space is not None else None
         if moments is not None:
             st.opt = moments.adopt(st.opt)
-        return _steps(loop, st, vector_pool(be, GradLayout.of(cfg).size) if space is None
-                      else VectorPool(GradLayout.of(cfg).size, scratch=space), moments)
+        return _steps(loop, st, vector_pool(be, GradLayout.of(cfg).size, space), moments)
 
 
 def _steps(loop: _Loop, st: _Start, pool, moments) -> RunSummary:

@@ -14,6 +14,7 @@ from lockstep.formats.rundir import RunFileError
 from lockstep.train import trainer
 from lockstep.train.execution import Execution
 from lockstep.backends import KERNELS_MEMORY
+from lockstep.cli.common import said
 from lockstep.train.memory import GiB, choose_execution, plans, step_memory
 
 # One step of a recipe in a fresh process, as the trainer runs it; prints its own peak RSS (KiB): VmHWM,
@@ -116,8 +117,9 @@ def test_the_planner_takes_the_cheapest_plan_that_fits(tmp_path):
         first = next(i for i, n in enumerate(needs) if n <= need)
         assert plan.execution == options[first][1] and plan.line("train").startswith(
             f"memory plan to train: {options[first][0]}")
-    with pytest.raises(RunFileError, match="even in its smallest plan.*--max-memory"):
+    with pytest.raises(RunFileError, match=r"even in its smallest plan.*budget \(max_memory\)") as refused:
         choose_execution(cfg, tcfg, "train it", max_memory=needs[-1] / GiB / 2, scratch=str(tmp_path))
+    assert refused.value.settings == ("max_memory",) and "budget (--max-memory)" in said(refused.value)
 
 
 def test_a_budget_no_plan_fits_is_refused_before_init_and_before_any_file(tmp_path, monkeypatch):

@@ -133,3 +133,13 @@ def test_an_error_names_settings_by_keyword_and_a_front_end_words_them():
     wrapped = LockstepError.like(err)
     assert wrapped.parts == err.parts and said(wrapped) == "give --max-memory or --out"
     assert said(ValueError("x")) == "x"
+
+
+def test_a_new_run_over_an_old_one_names_the_settings_and_the_cli_its_flags(tmp_path):
+    (tmp_path / "recipe.json").write_text("{}")
+    with pytest.raises(FileExistsError) as caught:
+        trainer.train(tmp_path, cfg=preset("tiny"), tcfg=train_preset("tiny"), steps=1, progress=False,
+                      log=lambda *a: None)
+    assert isinstance(caught.value, trainer.RunExists) and caught.value.settings == ("resume", "run_dir")
+    assert str(caught.value).endswith("use resume to continue it or pick another run_dir")
+    assert said(caught.value).endswith("use --resume to continue it or pick another --out")

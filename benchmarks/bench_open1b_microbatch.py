@@ -50,7 +50,7 @@ def vm_hwm() -> int:
 
 
 def main() -> int:
-    from lockstep.backends import get_backend
+    from lockstep.backends import NUMBA_MEMORY, get_backend
     from lockstep.formats.config import preset, train_preset
     from lockstep.formats.params import param_count
     from lockstep.train import memory
@@ -70,9 +70,9 @@ def main() -> int:
     cfg, tcfg = preset(args.preset), train_preset(args.preset)
     execution = Execution(recompute=True, head_rows=args.head_rows)
     params_n, linear, largest = memory._counts(cfg)
-    acts = memory.activation_bytes(cfg, args.seqs, execution, "numba")
+    acts = memory.activation_bytes(cfg, args.seqs, execution, NUMBA_MEMORY)
     grads_bytes = 2 * 4 * largest if args.scratch else 4 * params_n  # one gradient and its slice, or all of them
-    modelled = (memory.BASELINE["numba"] + 4 * params_n + grads_bytes + (2 * linear if cfg.quantize else 0)
+    modelled = (NUMBA_MEMORY.baseline + 4 * params_n + grads_bytes + (2 * linear if cfg.quantize else 0)
                 + sum(acts.values()))
     if modelled > args.max_memory * GiB:
         print(f"bench_open1b_microbatch: the micro-batch is modelled at {modelled / GiB:,.1f} GiB, over "
@@ -106,7 +106,7 @@ def main() -> int:
             layout = GradLayout.of(cfg)
             pool = VectorPool(layout.size, scratch=space)
             grads = micro_batch_value(params, windows, cfg, tokens, be, layout, out=pool.take(),
-                                      execution=execution, release=pool.release_part)
+                                      execution=execution, pool=pool)
             loss = grads[0]
         else:
             loss, grads = loss_and_grads(params, windows, cfg, be, execution=execution)

@@ -130,20 +130,20 @@ def test_train_resume_escapes_every_line_it_prints_from_a_hostile_run(copy_run, 
 
     from lockstep.train import trainer
 
-    def stopped(run_dir, **kwargs):
+    def stopped(run_dir, settings=None, **kwargs):
         return trainer.RunSummary(Path(run_dir), 5, "0" * 64, 1.0, target=6, stopped_by=signal.SIGTERM)
 
     monkeypatch.setattr(trainer, "train", stopped)
     assert shown in _train_says(capfd, "--resume", run, "--backend", "spec", code=128 + signal.SIGTERM)
 
-    def interrupted(run_dir, **kwargs):
+    def interrupted(run_dir, settings=None, **kwargs):
         raise KeyboardInterrupt
 
     monkeypatch.setattr(trainer, "train", interrupted)
     assert shown in _train_says(capfd, "--resume", run, "--backend", "spec", "--data", run / recipe["data"]["folder"],
                                 code=130)
 
-    def disk_full(run_dir, **kwargs):
+    def disk_full(run_dir, settings=None, **kwargs):
         raise trainer.RunWriteError(Path(run_dir), "checkpoint 5", 5, 4, 1, OSError(28, "No space left on device"))
 
     monkeypatch.setattr(trainer, "train", disk_full)

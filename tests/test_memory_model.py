@@ -13,6 +13,8 @@ from lockstep.formats.params import param_count
 from lockstep.formats.rundir import RunFileError
 from lockstep.train import trainer
 from lockstep.train.execution import Execution
+from lockstep.backends import KERNELS_MEMORY
+from lockstep.cli.common import said
 from lockstep.train.memory import GiB, choose_execution, plans, step_memory
 
 # One step of a recipe in a fresh process, as the trainer runs it; prints its own peak RSS (KiB): VmHWM,
@@ -97,7 +99,7 @@ def test_terms_follow_the_options():
     assert disk.total < ram.total and disk.terms["waiting sums"] == 0 and disk.terms.get("moments", 0) < ram.terms["moments"]
     big = step_memory(preset("open-1b"), train_preset("open-1b"))
     assert big.terms["weights"] == 4 * param_count(preset("open-1b"))
-    assert step_memory(cfg, tcfg, kind="kernels").terms["attention"] > ram.terms["attention"]  # T x T scores
+    assert step_memory(cfg, tcfg, memory=KERNELS_MEMORY).terms["attention"] > ram.terms["attention"]  # T x T scores
 
 
 def test_the_planner_takes_the_cheapest_plan_that_fits(tmp_path):
@@ -115,8 +117,9 @@ def test_the_planner_takes_the_cheapest_plan_that_fits(tmp_path):
         first = next(i for i, n in enumerate(needs) if n <= need)
         assert plan.execution == options[first][1] and plan.line("train").startswith(
             f"memory plan to train: {options[first][0]}")
-    with pytest.raises(RunFileError, match="even in its smallest plan.*--max-memory"):
+    with pytest.raises(RunFileError, match=r"even in its smallest plan.*budget \(max_memory\)") as refused:
         choose_execution(cfg, tcfg, "train it", max_memory=needs[-1] / GiB / 2, scratch=str(tmp_path))
+    assert refused.value.settings == ("max_memory",) and "budget (--max-memory)" in said(refused.value)
 
 
 def test_a_budget_no_plan_fits_is_refused_before_init_and_before_any_file(tmp_path, monkeypatch):

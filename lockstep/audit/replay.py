@@ -54,7 +54,8 @@ from lockstep.formats.state import AdamWState, state_tensors
 from lockstep.formats.trajectory import Strictness
 from lockstep.formats.stream import GlobalStream, batch_digest
 
-from lockstep.train.memory import backend_kind, choose_execution
+from lockstep.backends import declared_memory
+from lockstep.train.memory import choose_execution
 
 from .replay_outcome import (COMPARED, ReplayError, ReplayResult, StepCheck, TensorDiff,  # noqa: F401
                              _diagnose, diff_tensors)
@@ -97,11 +98,13 @@ class _Replayer:
         run = self.run
         self.recipe, self.traj, self.cfg, self.tcfg = run.recipe, run.trajectory, run.cfg, run.tcfg
         try:
-            # before anything is allocated: the cheapest plan within the budget, or a one-line refusal
+            # before anything is allocated (the backend is loaded later): the cheapest plan within the budget
+            # for the memory the backend declares, or a one-line refusal
             self.plan = choose_execution(self.cfg, self.tcfg, "replay a step", max_memory=max_memory,
-                                         kind=backend_kind(backend_name), scratch=None if scratch is None else str(scratch))
-        except RunFileError as exc:
-            raise ReplayError(str(exc)) from None
+                                         memory=declared_memory(backend_name),
+                                         scratch=None if scratch is None else str(scratch))
+        except (RunFileError, ValueError) as exc:  # ValueError: an unknown backend name
+            raise ReplayError.like(exc) from None
         self.space = self.pool = self.moments = None  # made by open_scratch when the plan has a scratch folder
         self.state_bound = run.state_bound  # a larger state file is refused unread
         self.h0, self.digest = run.genesis, run.recipe_sha256

@@ -308,7 +308,7 @@ def traced_backend(be, tracer: Tracer):
             changes[f.name] = None
     return Backend(name=be.name, ops={op: wrap(op, fn) for op, fn in be.ops.items()}, asarray=asarray,
                    to_numpy=be.to_numpy, description=be.description, info=dict(be.info),
-                   capabilities=dataclasses.replace(caps, **changes))
+                   capabilities=dataclasses.replace(caps, **changes), memory=be.memory)
 
 
 # ---------------------------------------------------------------------------
@@ -369,16 +369,44 @@ class StepTrace:
     root: str
 
 
-def traced_tree_step(params, opt, windows, plan, cfg, tcfg, be, tracer: Tracer):
-    """``train.step.tree_step`` with every op traced: the same calls in the same order, the same bits.
+class _TracedPhases:
+    """The ``train.step.StepWatch`` of a traced step: each phase sets the tracer's context
+    (micro-batch ``j`` forward, the tree, the optimizer) and the update names what it reads:
+    the gradients by where they lie in the summed vector (``GradLayout``), and the moments."""
 
-    Each micro-batch is computed alone (``subtree_sums`` over ``j .. j+1``) and pushed into
-    the spec's tree as soon as it is done, exactly as ``tree_step`` does; the tree's adds
-    run in ``tree``, clipping and AdamW in ``optim``. With ``tracer.only_micro_batch`` only that
-    micro-batch is computed and nothing after it (returns None).
+    def __init__(self, tracer: Tracer, layout):
+        self.tracer, self.layout = tracer, layout
+
+    def micro_batch(self, j: int) -> None:
+        self.tracer.begin(j, "forward")
+
+    def tree(self) -> None:
+        self.tracer.begin(None, "tree")
+
+    def update(self, summed, opt) -> None:
+        tracer = self.tracer
+        tracer.begin(None, "optim")
+        _, grads = self.layout.unflatten(summed)
+        for name, g in grads.items():
+            tracer.name_host(name, g)
+        for name, p in opt.m.items():
+            tracer.name_host(f"adam_m/{name}", np.asarray(p))
+        for name, p in opt.v.items():
+            tracer.name_host(f"adam_v/{name}", np.asarray(p))
+
+
+def traced_tree_step(params, opt, windows, plan, cfg, tcfg, be, tracer: Tracer):
+    """``train.step.step_over_ranks`` (the step the trainer and the replay run) on one process, over
+    ``traced_backend(be, tracer)`` and watched by the tracer: the same calls in the same order, the
+    same bits. Micro-batch ``j``'s ops are traced in ``forward``/``backward``, the tree's adds its
+    value completes in ``tree``, clipping and AdamW in ``optim``.
+
+    The traced backend offers no device-resident capability, so the step runs on host arrays (a
+    state left on the device is traced from host copies: the same bits). With
+    ``tracer.only_micro_batch`` only that micro-batch is computed (the step's own ``subtree_sums``
+    over it) and nothing after it (returns None).
     """
-    from lockstep.spec import tree
-    from lockstep.train.step import GradLayout, VectorPool, apply_update, in_place_add, subtree_sums
+    from lockstep.train.step import GradLayout, step_over_ranks, subtree_sums
 
     from lockstep.formats.state import AdamWState
 
@@ -390,32 +418,15 @@ def traced_tree_step(params, opt, windows, plan, cfg, tcfg, be, tracer: Tracer):
     tb = traced_backend(be, tracer)
     for name, p in params.items():
         tracer.name_host(name, np.asarray(p))
-    m = len(plan.micro_batches(tcfg.micro_batch))
+    watch = _TracedPhases(tracer, GradLayout.of(cfg))
     only = tracer.only_micro_batch
     if only is not None:
+        m = len(plan.micro_batches(tcfg.micro_batch))
         if not 0 <= only < m:
             raise TraceError(f"step {plan.step} has micro-batches 0..{m - 1}; there is no micro-batch {only}")
-        tracer.begin(only, "forward")
-        subtree_sums(params, windows, plan, only, only + 1, cfg, tcfg, tb)
+        subtree_sums(params, windows, plan, only, only + 1, cfg, tcfg, tb, watch=watch)
         return None
-    layout = GradLayout.of(cfg)
-    pool = VectorPool(layout.size)
-    folder = tree.TreeFolder(m, in_place_add(tb, pool))
-    for j in range(m):
-        tracer.begin(j, "forward")
-        [(_, _, v)] = subtree_sums(params, windows, plan, j, j + 1, cfg, tcfg, tb, pool)
-        tracer.begin(None, "tree")
-        folder.push_leaf(v)
-    [(_, _, summed)] = folder.parts()
-    tracer.begin(None, "optim")
-    _, grads = layout.unflatten(summed)
-    for name, g in grads.items():
-        tracer.name_host(name, g)
-    for name, p in opt.m.items():
-        tracer.name_host(f"adam_m/{name}", np.asarray(p))
-    for name, p in opt.v.items():
-        tracer.name_host(f"adam_v/{name}", np.asarray(p))
-    return apply_update(params, opt, summed, plan, cfg, tcfg, tb)
+    return step_over_ranks(params, opt, windows, plan, cfg, tcfg, tb, None, watch=watch)
 
 
 def trace_step(run_dir, step: int, backend, micro_batch: int | None = None, data=None,

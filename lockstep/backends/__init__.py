@@ -25,7 +25,8 @@ import numpy as np
 from lockstep.contract import OP_NAMES, BackendUnavailable
 from lockstep.contract.capabilities import NO_CAPABILITIES, Capabilities
 
-__all__ = ["Backend", "BackendUnavailable", "BACKEND_ALIASES", "BACKEND_MODULES", "FASTEST_FIRST", "KNOWN_BACKENDS", "get_backend", "spec_backend"]
+__all__ = ["Backend", "BackendUnavailable", "BACKEND_ALIASES", "BACKEND_MODULES", "FASTEST_FIRST", "KNOWN_BACKENDS",
+           "MemoryProfile", "declared_memory", "get_backend", "spec_backend"]
 
 # name -> the module that builds it (its make_backend()); the extra of the same name installs its packages
 BACKEND_MODULES: dict[str, str] = {
@@ -41,6 +42,45 @@ BACKEND_ALIASES = {"numba_cpu": "numba", "cupy": "cuda", "cupy_cuda": "cuda"}
 FASTEST_FIRST: tuple[str, ...] = ("cuda", "metal", "numba")
 
 
+@dataclass(frozen=True)
+class MemoryProfile:
+    """How a backend holds memory, as the memory model (``lockstep.train.memory``) needs to know it.
+
+    * ``baseline``: resident bytes of a process that imported lockstep, NumPy and the backend,
+      before any model exists (measured on x86-64: the spec 110 MiB, numba 200 MiB with its kernels
+      loaded from the cache, the shared kernels 300 MiB);
+    * ``device_resident``: the backend computes on its own copy of the arrays in device memory
+      (host memory on a CPU device), where a training step's state stays (``device_vectors``):
+      the weights, each gradient in flight and the update's operands exist there too;
+    * ``score_budget``: bytes within which its attention keeps two (B*H, T, T) score buffers (row
+      kernels past it); None: it works in query blocks (numba, and the spec's model of it).
+    """
+
+    baseline: int
+    device_resident: bool = False
+    score_budget: int | None = None
+
+
+SPEC_MEMORY = MemoryProfile(baseline=110 * 2**20)
+NUMBA_MEMORY = MemoryProfile(baseline=200 * 2**20)
+KERNELS_MEMORY = MemoryProfile(baseline=300 * 2**20, device_resident=True,
+                               score_budget=64 * 2**20)  # kernels.attention.AttentionOps.score_budget_bytes
+
+# what each backend declares (its Backend.memory), by name, for a plan made before it is loaded
+DECLARED_MEMORY: dict[str, MemoryProfile] = {"spec": SPEC_MEMORY, "numba": NUMBA_MEMORY, "opencl": KERNELS_MEMORY,
+                                             "cuda": KERNELS_MEMORY, "metal": KERNELS_MEMORY}
+
+
+def declared_memory(name: str) -> MemoryProfile:
+    """The ``MemoryProfile`` the backend called ``name`` declares, without loading it (a plan is made
+    before anything is allocated). ``auto`` (the fastest backend that passes conformance here, chosen
+    later): numba's, the CPU default. ``ValueError`` for an unknown name."""
+    key = "numba" if name == "auto" else BACKEND_ALIASES.get(name, name)
+    if key not in DECLARED_MEMORY:
+        raise ValueError(f"unknown backend {name!r}; choose one of {', '.join(KNOWN_BACKENDS)}")
+    return DECLARED_MEMORY[key]
+
+
 @dataclass
 class Backend:
     """A named op table plus the two array movers."""
@@ -52,6 +92,7 @@ class Backend:
     description: str = ""
     info: dict[str, Any] = field(default_factory=dict)  # facts for reports (threads, device, arch): never callables
     capabilities: Capabilities = NO_CAPABILITIES  # what it offers beyond its ops (``lockstep.contract.capabilities``)
+    memory: MemoryProfile = SPEC_MEMORY  # how it holds memory (the memory model's input)
 
     def implements(self, op: str) -> bool:
         return op in self.ops
@@ -78,6 +119,7 @@ def spec_backend() -> Backend:
         asarray=canonical,
         to_numpy=np.asarray,
         description=f"pure-NumPy reference, SPEC_VERSION {spec.SPEC_VERSION}",
+        memory=SPEC_MEMORY,
     )
 
 

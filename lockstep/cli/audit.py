@@ -46,7 +46,7 @@ from lockstep.fsio import printable
 
 from lockstep.backends import BACKEND_ALIASES, FASTEST_FIRST, KNOWN_BACKENDS
 
-from .common import EXIT_BAD, EXIT_OK, MAX_MEMORY_HELP, fail, gib, plain_help
+from .common import EXIT_BAD, EXIT_OK, MAX_MEMORY_HELP, fail, gib, plain_help, said
 
 MAX_REPLAY_STEPS = 10_000_000  # the steps one --step list may name (a run has at most a few million)
 
@@ -212,7 +212,7 @@ def run_audit(args) -> int:
     try:
         return handlers[args.audit_command](args)
     except (ReplayError, PlanError, CertificateError, BackendUnavailable, FileNotFoundError, TraceError) as exc:
-        return _err(str(exc))
+        return _err(said(exc))
 
 
 def _verify(args) -> int:

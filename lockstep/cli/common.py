@@ -64,6 +64,22 @@ def debug_requested(flag: bool) -> bool:
     return flag or os.environ.get("LOCKSTEP_DEBUG", "") not in ("", "0")
 
 
+# the command line's name for each library setting whose flag is not ``--`` and the keyword with dashes
+FLAG_OF_SETTING = {"run_dir": "--out"}
+
+
+def flag_of(setting: str) -> str:
+    """The flag that gives the library setting ``setting``: ``max_memory`` -> ``--max-memory``, ``run_dir`` -> ``--out``."""
+    return FLAG_OF_SETTING.get(setting, "--" + setting.replace("_", "-"))
+
+
+def said(exc: BaseException) -> str:
+    """An error's one line in the command line's words: the settings a ``LockstepError`` names
+    (``LockstepError.worded``) as the flags that give them; any other error's own text."""
+    worded = getattr(exc, "worded", None)
+    return worded(flag_of) if callable(worded) else str(exc)
+
+
 def fail(command: str, message: str) -> int:
     """``lockstep COMMAND: MESSAGE`` on stderr (escaped: messages quote files), and ``EXIT_ERROR``.
 

@@ -11,6 +11,7 @@ through ``common.say``/``note``/``fail`` (escaped: they quote the run's files).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import signal
 import sys
 import time
@@ -18,8 +19,8 @@ from pathlib import Path
 
 from lockstep.backends import BACKEND_ALIASES, KNOWN_BACKENDS
 
-from .common import (EXIT_ERROR, EXIT_OK, MAX_MEMORY_HELP, default_backend, fail, gib, integer_arg,
-                     non_negative_int, note, positive_int, say)
+from .common import (EXIT_ERROR, EXIT_OK, MAX_MEMORY_HELP, default_backend, fail, flag_of, gib, integer_arg,
+                     non_negative_int, note, positive_int, said, say)
 
 DEFAULT_STEPS = {"tiny": 100, "small": 100, "medium": 10, "open-1b": 10}
 DEFAULT_PRESET = "small"
@@ -145,6 +146,7 @@ def run_train(args) -> int:
 
     is_root = launcher_rank() == 0
     run_dir = args.resume or args.out
+    hooks = dataclasses.replace(run_hooks(), setting=flag_of)  # the run's lines name settings by their flags
     try:
         if args.resume and args.out is not None:
             raise ConfigError(f"--out names a new run; --resume {args.resume} continues that run in place")
@@ -153,29 +155,29 @@ def run_train(args) -> int:
             raise ConfigError("--config and --set make a new run; a resume continues the run as its recipe.json "
                              "says: drop them, or start a new run with --out")
         if args.resume:
-            summary = trainer.train(args.resume, resume=True, data=args.data, steps=args.steps, tokens=args.tokens,
-                                    backend_name=backend, checkpoint_every=args.checkpoint_every,
-                                    progress=not args.quiet, log=say, check_recipe=recipe_checker(args),
-                                    eval_every=args.eval_every, hooks=run_hooks(), max_memory=args.max_memory,
-                                    scratch=args.scratch)
+            asked = trainer.RunSettings(resume=True, data=args.data, steps=args.steps, tokens=args.tokens,
+                                        backend_name=backend, checkpoint_every=args.checkpoint_every,
+                                        eval_every=args.eval_every, max_memory=args.max_memory, scratch=args.scratch)
+            summary = trainer.train(args.resume, asked, progress=not args.quiet, log=say,
+                                    check_recipe=recipe_checker(args), hooks=hooks)
         else:
             name = args.preset or DEFAULT_PRESET
             cfg, tcfg = new_run_settings(args, name)
             steps = args.steps if args.steps is not None or args.tokens is not None else DEFAULT_STEPS[name]
             label = cfg.name if cfg.name != name and _plain_label(cfg.name) else name
             run_dir = args.out or str(Path("runs") / f"{label}-{time.strftime('%Y%m%d-%H%M%S')}")
-            summary = trainer.train(run_dir, cfg=cfg, tcfg=tcfg, data=args.data, steps=steps, tokens=args.tokens,
-                                    seed=DEFAULT_SEED if args.seed is None else args.seed, backend_name=backend,
-                                    checkpoint_every=args.checkpoint_every, progress=not args.quiet, log=say,
-                                    eval_every=args.eval_every, hooks=run_hooks(), max_memory=args.max_memory,
-                                    scratch=args.scratch)
+            asked = trainer.RunSettings(cfg=cfg, tcfg=tcfg, data=args.data, steps=steps, tokens=args.tokens,
+                                        seed=DEFAULT_SEED if args.seed is None else args.seed, backend_name=backend,
+                                        checkpoint_every=args.checkpoint_every, eval_every=args.eval_every,
+                                        max_memory=args.max_memory, scratch=args.scratch)
+            summary = trainer.train(run_dir, asked, progress=not args.quiet, log=say, hooks=hooks)
     except RunWriteError as e:  # a full disk: what was not written, where the run resumes, and how
         return fail("train", f"{e}; {_resume_hint(e.run_dir, e.world_size, args.data)}") if is_root else EXIT_ERROR
     except (LockstepError, OSError) as e:  # a ValueError from deep in the step is a bug: its traceback shows
         if isinstance(e, BrokenPipeError):
             raise  # stdout's reader went away: lockstep.cli.main ends every command the same way
         what = "" if isinstance(e, AgreedError) else f"{type(e).__name__}: "
-        return fail("train", f"{what}{e}") if is_root else EXIT_ERROR
+        return fail("train", f"{what}{said(e)}") if is_root else EXIT_ERROR
     except KeyboardInterrupt:
         if is_root:
             print(file=sys.stderr)  # ends the progress bar's line

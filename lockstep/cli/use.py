@@ -20,7 +20,7 @@ from pathlib import Path
 
 from lockstep.fsio import printable
 
-from .common import EXIT_BAD, EXIT_OK, MAX_MEMORY_HELP, default_backend, fail, gib, note, positive_int, say
+from .common import EXIT_BAD, EXIT_OK, MAX_MEMORY_HELP, default_backend, fail, gib, note, positive_int, said, say
 
 
 def _checkpoint_arguments(p: argparse.ArgumentParser, data_help: str) -> None:
@@ -65,21 +65,20 @@ def _check_memory(args, what: str, need) -> None:
     try:
         require_budget(need(cfg, tcfg), what, cfg, args.max_memory)
     except RunFileError as exc:
-        raise UseError(str(exc)) from None
+        raise UseError(said(exc)) from None
 
 
 def run_eval(args) -> int:
     from lockstep.backends import BackendUnavailable, get_backend
 
-    from lockstep.train.memory import backend_kind, forward_memory
+    from lockstep.train.memory import forward_memory
     from lockstep.use.evaluate import append_metrics, evaluate, metrics_line, progress_printer, recorded_validations
     from lockstep.use.plots import plot_run
     from lockstep.use.run import UseError, open_data, open_model
 
     try:
         be = get_backend(args.backend or default_backend())
-        kind = backend_kind(be.name)
-        _check_memory(args, "evaluate it", lambda cfg, tcfg: forward_memory(cfg, tcfg.micro_batch, kind))
+        _check_memory(args, "evaluate it", lambda cfg, tcfg: forward_memory(cfg, tcfg.micro_batch, be.memory))
         model = open_model(args.run, args.step)
         manifest = open_data(args.run, model.recipe, args.data)
         v = evaluate(model.params, model.cfg, manifest, be, model.tcfg.micro_batch, step=model.step,
@@ -240,7 +239,7 @@ def run_sample(args) -> int:
         require_sample_memory(model.cfg, min(len(prompt), limit), args.max_new_tokens,  # before anything is sized
                               max_memory=args.max_memory)
     except (UseError, SamplingError, BackendUnavailable, ValueError) as exc:
-        return fail("sample", str(exc))
+        return fail("sample", said(exc))
     say = note if not args.quiet else (lambda msg: None)
     if len(prompt) > limit:
         say(f"note: the prompt is {len(prompt)} tokens; the model reads at most {model.cfg.seq_len}, "

@@ -372,13 +372,15 @@ def on_all_ranks(comm, fn: Callable[[], object]):
         result = fn()
     except Exception as exc:  # noqa: BLE001 - the peers must hear of any failure
         error = exc
-    outcomes = comm.allgather(None if error is None else f"{type(error).__name__}: {error}")
-    failed = [(r, text) for r, text in enumerate(outcomes) if text is not None]
+    # each rank's message as its parts (``LockstepError.naming``), so the agreed error names the same settings
+    outcomes = comm.allgather(None if error is None else
+                              (f"{type(error).__name__}: ", *(getattr(error, "parts", ()) or (str(error),))))
+    failed = [(r, parts) for r, parts in enumerate(outcomes) if parts is not None]
     if failed:
-        rank, text = failed[0]
+        rank, parts = failed[0]
         if len(outcomes) > 1 and len(failed) < len(outcomes):
-            text += f" (on rank {', '.join(str(r) for r, _ in failed)} of {len(outcomes)})"
-        raise AgreedError(text, rank) from error
+            parts = (*parts, f" (on rank {', '.join(str(r) for r, _ in failed)} of {len(outcomes)})")
+        raise AgreedError.naming(*parts, rank=rank) from error
     return result
 
 

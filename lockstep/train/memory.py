@@ -1,6 +1,6 @@
 """How much memory one step of a recipe needs, the plan that fits a budget, and the refusal before anything is allocated.
 
-``step_memory(cfg, tcfg, execution, kind)`` is a model of the peak resident memory of
+``step_memory(cfg, tcfg, execution, memory)`` is a model of the peak resident memory of
 one training (or replayed) step, in bytes, term by term (``Breakdown``): the weights,
 the AdamW moments, the tree's gradient sums, one micro-batch's activations, the
 attention buffers, the int8 weight forms and the process's own baseline. The step has
@@ -33,30 +33,20 @@ import math
 import os
 from dataclasses import dataclass, replace
 
+from lockstep.errors import Setting
 from lockstep.formats.config import ConfigError, ModelConfig, TrainConfig
 from lockstep.formats.rundir import RunFileError
+
+from lockstep.backends import KERNELS_MEMORY, NUMBA_MEMORY, MemoryProfile
 
 from .execution import IN_MEMORY, Execution
 from .step import ADD_PIECE
 
 GiB = 2**30
 
-# Resident memory of a process that imported lockstep, NumPy and the backend, before any
-# model exists (measured: numba 0.2 GiB on x86-64 (200 MiB) with the kernels loaded from the cache).
-# The shared kernels keep their (B*H, T, T) score buffers while two fit this many bytes
-# (``backends.kernels.attention.AttentionOps.score_budget_bytes``) and use row kernels past it.
-SCORE_BUDGET = 64 * 2**20
-
-BASELINE = {"spec": 110 * 2**20, "numba": 200 * 2**20, "kernels": 300 * 2**20}
-
-KINDS = ("spec", "numba", "kernels")
-
-
-def backend_kind(name: str | None) -> str:
-    """``spec``, ``numba`` or ``kernels`` (the shared-kernel backends: opencl, cuda, metal) for a backend name."""
-    if name in ("spec", "numba"):
-        return name
-    return "numba" if name in (None, "auto") else "kernels"
+# What each backend holds is its own declaration (``Backend.memory``, a
+# ``backends.MemoryProfile``: its baseline, whether its step's state is device resident, its
+# attention's score budget); the model below asks that, never a backend's name.
 
 
 @dataclass(frozen=True)
@@ -93,8 +83,8 @@ def block_saved_floats(cfg: ModelConfig, tokens: int) -> int:
 
 
 def activation_bytes(cfg: ModelConfig, micro_batch: int, execution: Execution = IN_MEMORY,
-                     kind: str = "numba") -> dict:
-    """One micro-batch's activations at their peak, by term (bytes)."""
+                     memory: MemoryProfile = NUMBA_MEMORY) -> dict:
+    """One micro-batch's activations at their peak, by term (bytes), on a backend holding ``memory``."""
     n, t = micro_batch * cfg.seq_len, cfg.seq_len
     d, h, g, dh, v = cfg.d_model, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, cfg.vocab_size
     block = block_saved_floats(cfg, n)
@@ -109,9 +99,10 @@ def activation_bytes(cfg: ModelConfig, micro_batch: int, execution: Execution = 
         "backward transients": 4 * block // 2,           # a block's gradients in flight
     }
     scores = 4 * 2 * micro_batch * h * t * t
-    if kind == "kernels" and scores <= SCORE_BUDGET:  # two (B*H, T, T) score buffers, and a third in the backward
+    budget = memory.score_budget
+    if budget is not None and scores <= budget:  # two (B*H, T, T) score buffers, and a third in the backward
         out["attention"] = 4 * 3 * micro_batch * h * t * t
-    elif kind == "kernels":  # past the budget the row kernels hold no T x T buffer: outputs and row statistics
+    elif budget is not None:  # past the budget the row kernels hold no T x T buffer: outputs and row statistics
         out["attention"] = 4 * 3 * micro_batch * h * t * (dh + 2)
     else:  # numba works in query blocks: the padded keys and a few blocks' rows per thread
         out["attention"] = 4 * (micro_batch * g * dh * (t + 8) + 2 * 64 * 4 * (t + 64))
@@ -121,24 +112,26 @@ def activation_bytes(cfg: ModelConfig, micro_batch: int, execution: Execution = 
 
 
 def step_memory(cfg: ModelConfig, tcfg: TrainConfig, execution: Execution = IN_MEMORY,
-                kind: str = "numba") -> Breakdown:
-    """The modelled peak resident bytes of one step of this recipe, executed as ``execution`` on a backend of ``kind``.
+                memory: MemoryProfile = NUMBA_MEMORY) -> Breakdown:
+    """The modelled peak resident bytes of one step of this recipe, executed as ``execution`` on a backend
+    that holds ``memory`` (its ``Backend.memory``).
 
     The number of ranks plays no part (a rank's share is never larger than one process's).
     """
     from lockstep.spec.tree import depth
 
-    if kind not in KINDS:
-        raise ValueError(f"backend kind must be one of {', '.join(KINDS)}, got {kind!r}")
+    if not isinstance(memory, MemoryProfile):
+        raise TypeError(f"memory is a backend's MemoryProfile (Backend.memory), got {type(memory).__name__}")
     params, linear, largest = _counts(cfg)
     most = max(n for _, n in tcfg.batch_ramp)
     m = -(-most // tcfg.micro_batch)
     waiting = depth(m)
     scratch = execution.scratch is not None
     vec = 4 * (params + 1)
-    device = 4 * params if kind == "kernels" else 0  # the device copy of the weights (host memory on a CPU device)
+    resident = memory.device_resident
+    device = 4 * params if resident else 0  # the device copy of the weights (host memory on a CPU device)
     int8_weights = 2 * linear if cfg.quantize else 0  # the int8 forms, forward and transposed, kept for a step
-    base = {"baseline": BASELINE[kind], "weights": 4 * params + device}
+    base = {"baseline": memory.baseline, "weights": 4 * params + device}
 
     mb = dict(base)
     mb["moments"] = 0 if scratch else 8 * params
@@ -146,54 +139,55 @@ def step_memory(cfg: ModelConfig, tcfg: TrainConfig, execution: Execution = IN_M
     # the gradients go into the vector one by one as the backward finishes them (``GradLayout.writer``):
     # the vector and one gradient; a host scratch vector keeps only that gradient's slice in RAM
     mb["micro-batch vector and gradients"] = (2 * 4 * largest if scratch else vec + 4 * largest) + \
-        (4 * largest if kind == "kernels" else 0)  # the shared kernels: the gradient's device copy too
+        (4 * largest if resident else 0)  # a device-resident backend: the gradient's device copy too
     if scratch and waiting:  # the tree's adds run in pieces (``step.ADD_PIECE``) of both operands
         mb["tree add pieces"] = min(vec, 2 * 4 * ADD_PIECE)
     mb["int8 weights"] = int8_weights
-    mb.update(activation_bytes(cfg, min(tcfg.micro_batch, most), execution, kind))
+    mb.update(activation_bytes(cfg, min(tcfg.micro_batch, most), execution, memory))
 
     up = dict(base)
     up["new weights"] = 4 * params
-    # out of core on the host: read tensor by tensor, pages released (the shared kernels upload it whole)
+    # out of core on the host: read tensor by tensor, pages released (a device-resident backend uploads it whole)
     # in memory the pool's vectors (the sum and the depth(M) it was built with) stay allocated for the run
-    up["step sum and the pool's vectors"] = 4 * largest if scratch and kind != "kernels" else (waiting + 1) * vec
+    up["step sum and the pool's vectors"] = 4 * largest if scratch and not resident else (waiting + 1) * vec
     up["moments"] = 8 * largest * 2 if scratch else 16 * params
     up["clipped gradient"] = 4 * largest
-    if kind == "kernels":
+    if resident:
         up["device update"] = 4 * 5 * largest
 
     a, b = Breakdown(mb, "micro-batch"), Breakdown(up, "update")
     return a if a.total >= b.total else b
 
 
-def forward_memory(cfg: ModelConfig, batch: int, kind: str = "numba") -> int:
+def forward_memory(cfg: ModelConfig, batch: int, memory: MemoryProfile = NUMBA_MEMORY) -> int:
     """Modelled peak bytes of a forward without backward over ``batch`` windows (``lockstep eval``):
     the baseline, the weights (and their int8 forms), the forward's saved tensors and the logits."""
     params, linear, _ = _counts(cfg)
-    acts = activation_bytes(cfg, batch, IN_MEMORY, kind)
+    acts = activation_bytes(cfg, batch, IN_MEMORY, memory)
     acts.pop("backward transients")
     acts["logits"] //= 2  # no gradient
-    device = 4 * params if kind == "kernels" else 0
-    return BASELINE[kind] + 4 * params + device + (2 * linear if cfg.quantize else 0) + sum(acts.values())
+    device = 4 * params if memory.device_resident else 0
+    return memory.baseline + 4 * params + device + (2 * linear if cfg.quantize else 0) + sum(acts.values())
 
 
 def require_budget(need: int, what: str, cfg: ModelConfig, max_memory: float | None = None) -> None:
     """``RunFileError`` (one line) when ``need`` bytes are beyond ``max_memory`` GiB (default: this machine's memory)."""
     budget = memory_budget(max_memory)
     if budget is not None and need > budget:
-        raise RunFileError(f"the recipe's model ({cfg.name}: d_model {cfg.d_model}, {cfg.n_layers} layers, seq_len "
-                           f"{cfg.seq_len}, vocab {cfg.vocab_size}) needs about {need / GiB:,.1f} GiB to {what}; "
-                           f"{budget_words(budget, max_memory)}: use a machine with more memory")
+        raise RunFileError.naming(f"the recipe's model ({cfg.name}: d_model {cfg.d_model}, {cfg.n_layers} layers, "
+                                  f"seq_len {cfg.seq_len}, vocab {cfg.vocab_size}) needs about {need / GiB:,.1f} GiB "
+                                  f"to {what}; ", *budget_words(budget, max_memory), ": use a machine with more memory")
 
 
-def device_memory(cfg: ModelConfig, micro_batch: int, execution: Execution = IN_MEMORY, batch: int | None = None) -> int:
-    """Modelled bytes a GPU (a shared-kernel backend, whose step stays on the device: ``device_vectors``)
+def device_memory(cfg: ModelConfig, micro_batch: int, execution: Execution = IN_MEMORY, batch: int | None = None,
+                  memory: MemoryProfile = KERNELS_MEMORY) -> int:
+    """Modelled bytes a GPU (a device-resident backend, ``memory``: its step stays on the device)
     holds in one step of ``batch`` windows (default ``micro_batch``: one micro-batch) cut into micro-batches
     of ``micro_batch``; the larger of its two phases:
 
     * a micro-batch: the weights, their int8 forms, the AdamW moments, the tree's waiting sums
       (``depth(M)``), the micro-batch's vector and one gradient in flight, and its activations
-      (T x T attention scores within ``SCORE_BUDGET``, row kernels past it);
+      (T x T attention scores within its ``score_budget``, row kernels past it);
     * the update: the old and the new parameters and moments (the old state stays until the
       step's result replaces it), the step's sum and one clipped gradient.
     """
@@ -202,7 +196,7 @@ def device_memory(cfg: ModelConfig, micro_batch: int, execution: Execution = IN_
     params, linear, largest = _counts(cfg)
     vec = 4 * (params + 1)
     m = -(-(micro_batch if batch is None else batch) // micro_batch)
-    acts = activation_bytes(cfg, micro_batch, execution, "kernels")
+    acts = activation_bytes(cfg, micro_batch, execution, memory)
     mb = (4 * params + (2 * linear if cfg.quantize else 0) + 8 * params + depth(m) * vec + vec + 4 * largest
           + sum(acts.values()))
     up = 2 * 12 * params + vec + 4 * largest
@@ -233,7 +227,8 @@ class Plan:
 
 
 def choose_execution(cfg: ModelConfig, tcfg: TrainConfig, what: str, *, max_memory: float | None = None,
-                     kind: str = "numba", scratch: str | None = None, given: Execution | None = None) -> Plan:
+                     memory: MemoryProfile = NUMBA_MEMORY, scratch: str | None = None,
+                     given: Execution | None = None) -> Plan:
     """The cheapest plan whose modelled peak fits ``max_memory`` GiB (default: ``available_memory()``).
 
     ``given``: the caller fixed the execution; it is only checked. Raises ``RunFileError``
@@ -244,16 +239,16 @@ def choose_execution(cfg: ModelConfig, tcfg: TrainConfig, what: str, *, max_memo
     options = [("as given", given)] if given is not None else plans(scratch)
     best = None
     for label, ex in options:
-        need = step_memory(cfg, tcfg, ex, kind).total
+        need = step_memory(cfg, tcfg, ex, memory).total
         if budget is None or need <= budget:
             return Plan(ex, label, need, budget)
         best = need if best is None else min(best, need)
-    hint = "" if scratch is not None or given is not None else \
-        " (a scratch folder for the state, --scratch DIR, may bring it lower)"
-    raise RunFileError(f"the recipe's model ({cfg.name}: d_model {cfg.d_model}, {cfg.n_layers} layers, seq_len "
-                       f"{cfg.seq_len}, vocab {cfg.vocab_size}, micro-batch {tcfg.micro_batch}) needs about "
-                       f"{best / GiB:,.1f} GiB to {what} even in its smallest plan; {budget_words(budget, max_memory)}"
-                       f"{hint}: use a machine with more memory")
+    hint = () if scratch is not None or given is not None else \
+        (" (a scratch folder for the state, ", Setting("scratch"), " DIR, may bring it lower)")
+    raise RunFileError.naming(f"the recipe's model ({cfg.name}: d_model {cfg.d_model}, {cfg.n_layers} layers, seq_len "
+                              f"{cfg.seq_len}, vocab {cfg.vocab_size}, micro-batch {tcfg.micro_batch}) needs about "
+                              f"{best / GiB:,.1f} GiB to {what} even in its smallest plan; ",
+                              *budget_words(budget, max_memory), *hint, ": use a machine with more memory")
 
 
 def memory_estimate(cfg: ModelConfig, tcfg: TrainConfig) -> int:
@@ -278,11 +273,12 @@ def available_memory() -> int | None:
     return phys
 
 
-def budget_words(budget: int, max_memory: float | None) -> str:
-    """``this machine has X GiB`` or ``the budget (--max-memory) is X GiB``, for the one-line refusals."""
+def budget_words(budget: int, max_memory: float | None) -> tuple:
+    """``this machine has X GiB`` or ``the budget (max_memory) is X GiB``, for the one-line refusals: message
+    parts (``LockstepError.naming``), the budget named as the setting ``max_memory``."""
     if max_memory is None:
-        return f"this machine has {budget / GiB:,.1f} GiB"
-    return f"the budget (--max-memory) is {budget / GiB:,.1f} GiB"
+        return (f"this machine has {budget / GiB:,.1f} GiB",)
+    return ("the budget (", Setting("max_memory"), f") is {budget / GiB:,.1f} GiB")
 
 
 def memory_budget(max_memory: float | None) -> int | None:
@@ -290,11 +286,11 @@ def memory_budget(max_memory: float | None) -> int | None:
     if max_memory is None:
         return available_memory()
     if not float(max_memory) > 0:
-        raise ConfigError(f"--max-memory must be a positive number of GiB, got {max_memory!r}")
+        raise ConfigError.naming(Setting("max_memory"), f" must be a positive number of GiB, got {max_memory!r}")
     return int(float(max_memory) * GiB)
 
 
 def require_memory(cfg: ModelConfig, tcfg: TrainConfig, what: str, *, max_memory: float | None = None,
-                   kind: str = "numba", scratch: str | None = None) -> Plan:
+                   memory: MemoryProfile = NUMBA_MEMORY, scratch: str | None = None) -> Plan:
     """The plan ``choose_execution`` picks; ``RunFileError`` when none fits: refuse before allocating."""
-    return choose_execution(cfg, tcfg, what, max_memory=max_memory, kind=kind, scratch=scratch)
+    return choose_execution(cfg, tcfg, what, max_memory=max_memory, memory=memory, scratch=scratch)

@@ -29,6 +29,14 @@ scalars, the state root's inputs (leaf digests where the backend offers
 ``tensor_leaves``, else the state's bytes), the exchange's vectors when R > 1 and the
 checkpoint's tensors. ``transfer_phase`` names what each copy is for (the
 ``transfers`` capability counts them). The bits are the same either way.
+
+The step's vectors have one interface wherever they live (``take``, ``give``, ``park``,
+``release_part``, ``write``, ``piecewise``): ``VectorPool`` in host memory or, with a
+scratch folder, in memory-mapped files whose pages leave RAM once written or waiting;
+``DeviceVectorPool`` in device memory. ``vector_pool`` chooses one for a run; the tree,
+the gradient writer and the exchange only call the interface. The update's state lives
+in one of three regimes (``update_regime``: host memory, the moments' scratch files, the
+device), chosen once per update, so ``apply_update`` is one sequence of calls.
 """
 
 from __future__ import annotations
@@ -78,20 +86,22 @@ class GradLayout:
             at += n
         return out
 
-    def writer(self, out, backend, release=None):
+    def writer(self, out, backend, pool=None):
         """``(put(name, gradient), finish(loss))``: ``loss_and_grads``'s ``grad_sink`` that writes each
         gradient into its place in ``out`` as soon as the backward has finished it, so the micro-batch
         never holds its gradients and its vector at once (only copies: the bits are the backend's).
 
-        ``out`` is a host vector, or a device vector where the backend offers ``device_vectors``.
-        ``release(view)``, if given (a scratch vector's pages), is called on each host slice once
-        written. ``finish(loss)`` writes the loss and checks that every gradient came, once."""
+        ``pool`` is where ``out`` came from (``vector_pool``); it does each write (``write``: into host
+        memory, a scratch file's pages released once written, or device memory). None: ``out``'s own
+        kind (a host vector, or a device vector where the backend offers ``device_vectors``).
+        ``finish(loss)`` writes the loss and checks that every gradient came, once."""
         if tuple(out.shape) != (self.size,):
             raise ValueError(f"a step's gradient vector has {self.size} float32 elements, got shape {out.shape}")
         be, where = backend, self.offsets
-        vectors = None if isinstance(out, np.ndarray) else be.capabilities.device_vectors
         if isinstance(out, np.ndarray) and out.dtype != np.float32:
             raise ValueError(f"a step's gradient vector is float32, got {out.dtype}")
+        if pool is None:
+            pool = VectorPool(self.size) if isinstance(out, np.ndarray) else vector_pool(be, self.size)
         seen: set[str] = set()
 
         def put(name: str, g) -> None:
@@ -101,22 +111,13 @@ class GradLayout:
             if tuple(g.shape) != shape:
                 raise ValueError(f"gradient {name!r} has shape {tuple(g.shape)}, the model's parameter {shape}")
             seen.add(name)
-            if vectors is not None:
-                vectors.copy_into(out[at : at + n], g.reshape(-1))
-                return
-            part = out[at : at + n]
-            part[...] = np.asarray(be.to_numpy(g), dtype=np.float32).reshape(-1)
-            if release is not None:
-                release(part)
+            pool.write(out[at : at + n], g.reshape(-1), be)
 
         def finish(loss) -> None:
             missing = sorted(set(where) - seen)
             if missing:
                 raise ValueError(f"the backward gave no gradient for {', '.join(missing[:3])}")
-            if vectors is not None:
-                vectors.copy_into(out[0:1], loss.reshape(1))
-            else:
-                out[0] = np.asarray(be.to_numpy(loss), dtype=np.float32).reshape(-1)[0]
+            pool.write(out[0:1], loss.reshape(1), be)
 
         return put, finish
 
@@ -168,6 +169,17 @@ class VectorPool:
         if self.scratch is not None:
             self.scratch.release(view)
 
+    @property
+    def piecewise(self) -> bool:
+        """Whether the tree's adds on these vectors run in pieces (``in_place_add``): on scratch files."""
+        return self.scratch is not None
+
+    def write(self, part: np.ndarray, value, backend) -> None:
+        """``part[...] = value`` (a slice of one of these vectors; ``value`` a backend array, copied to the
+        host), then ``release_part(part)``: the bits copied, nothing computed."""
+        part[...] = np.asarray(backend.to_numpy(value), dtype=np.float32).reshape(part.shape)
+        self.release_part(part)
+
     def _ours(self, v) -> bool:
         if v.dtype != np.float32 or v.shape != (self.length,) or not v.flags.c_contiguous:
             return False
@@ -215,11 +227,19 @@ class DeviceVectorPool:
         """Nothing to do: device vectors are not paged out (``VectorPool.park`` releases scratch pages)."""
 
     release_part = park
+    piecewise = False
+
+    def write(self, part, value, backend) -> None:
+        """``part[...] = value`` for a slice of one of these vectors and a backend array (``copy_into``)."""
+        self._vectors.copy_into(part, value)
 
 
-def vector_pool(backend, length: int):
-    """The pool a run's step vectors come from: device memory where the backend offers
-    ``device_vectors``, else host memory (``VectorPool``)."""
+def vector_pool(backend, length: int, scratch=None):
+    """The pool a run's step vectors come from, chosen once for the run: files in ``scratch`` (a
+    ``scratch.ScratchSpace``: the plan put the state out of core), else device memory where the
+    backend offers ``device_vectors``, else host memory (``VectorPool``)."""
+    if scratch is not None:
+        return VectorPool(length, scratch=scratch)
     vectors = backend.capabilities.device_vectors
     return VectorPool(length) if vectors is None else DeviceVectorPool(length, vectors)
 
@@ -255,7 +275,7 @@ def in_place_add(backend, pool: VectorPool):
     the pieces give the same bits), so the two vectors are never in RAM at once."""
     be = backend
     add_into = be.capabilities.add_into
-    pieces = isinstance(pool, VectorPool) and pool.scratch is not None
+    pieces = pool.piecewise
 
     def add_part(left, right) -> None:
         if add_into is not None:
@@ -280,21 +300,22 @@ def in_place_add(backend, pool: VectorPool):
 
 def micro_batch_value(params: dict, windows: np.ndarray, cfg: ModelConfig, n_global: int, backend,
                       layout: GradLayout, where: str = "", out: np.ndarray | None = None, *,
-                      execution: Execution = IN_MEMORY, release=None) -> np.ndarray:
+                      execution: Execution = IN_MEMORY, pool=None) -> np.ndarray:
     """One micro-batch's loss and gradients (contributions to the mean over ``n_global`` tokens),
-    flattened (into ``out`` when given). ``execution``: how it holds memory (``train.execution``), never a bit.
+    flattened (into ``out`` when given, a vector from ``pool``; else a new one from ``pool``, or from
+    ``vector_pool``). ``execution``: how it holds memory (``train.execution``), never a bit.
 
     Each gradient is copied into its place in the vector as soon as the backward has
-    finished it (``GradLayout.writer``), so the micro-batch's gradients and its vector are
-    never all alive at once; ``release(view)`` (a scratch pool's ``release_part``) hands each
-    written slice's pages back."""
+    finished it (``GradLayout.writer``, through the pool: a scratch vector's written slices
+    leave RAM), so the micro-batch's gradients and its vector are never all alive at once."""
     be = backend
-    vectors = be.capabilities.device_vectors
+    if pool is None:  # the vector's own kind: a host vector given, else where the backend keeps them
+        pool = VectorPool(layout.size) if isinstance(out, np.ndarray) else vector_pool(be, layout.size)
     if out is None:
-        out = vectors.empty(layout.size) if vectors is not None else np.empty(layout.size, dtype=np.float32)
-    elif vectors is None and not isinstance(out, np.ndarray):
-        raise TypeError(f"a host backend writes gradients into a NumPy vector, got {type(out).__name__}")
-    put, finish = layout.writer(out, be, release=release)
+        out = pool.take()
+    elif isinstance(pool, VectorPool) and not isinstance(out, np.ndarray):
+        raise TypeError(f"a host pool's vector is a NumPy vector, got {type(out).__name__}")
+    put, finish = layout.writer(out, be, pool)
     with transfer_phase(be, "data"):  # what the forward and backward upload: token ids, their tables, rope, 1/n
         loss_d, _ = loss_and_grads(params, windows, cfg, be, n_global=n_global, execution=execution, grad_sink=put)
     loss = np.asarray(be.to_numpy(loss_d), dtype=np.float32).reshape(-1)[0]
@@ -304,9 +325,28 @@ def micro_batch_value(params: dict, windows: np.ndarray, cfg: ModelConfig, n_glo
     return out
 
 
+class StepWatch:
+    """What observes a step's phases (the audit's op trace, ``audit.trace``): each method is called as
+    its phase begins and computes nothing, so a watched step is the same step, with the same bits.
+    This base observes nothing; a watcher overrides what it needs."""
+
+    def micro_batch(self, j: int) -> None:
+        """Micro-batch ``j``'s forward and backward begin (``micro_batch_value``)."""
+
+    def tree(self) -> None:
+        """The tree's adds that micro-batch's value completes begin (``TreeFolder.push_leaf``)."""
+
+    def update(self, summed, opt: AdamWState) -> None:
+        """The update of the tree's sum ``summed`` and the moments ``opt`` begins (``apply_update``)."""
+
+
+_NO_WATCH = StepWatch()
+
+
 def subtree_sums(params: dict, windows: np.ndarray, plan: StepPlan, lo: int, hi: int, cfg: ModelConfig,
                  tcfg: TrainConfig, backend, pool: VectorPool | None = None,
-                 progress=None, *, execution: Execution = IN_MEMORY) -> list[tuple[int, int, np.ndarray]]:
+                 progress=None, *, execution: Execution = IN_MEMORY,
+                 watch: StepWatch | None = None) -> list[tuple[int, int, np.ndarray]]:
     """The maximal subtrees of micro-batches ``lo .. hi-1`` and their sums: ``[(lo, hi, vector), ...]``.
 
     ``windows`` is the step's whole batch (``plan.n_windows`` rows). Micro-batches are
@@ -314,9 +354,11 @@ def subtree_sums(params: dict, windows: np.ndarray, plan: StepPlan, lo: int, hi:
     (the right sum added into the left one's memory), so one micro-batch's activations
     and at most ``ceil(log2 M) + 1`` vectors are alive. The vectors come from ``pool``
     (a fresh one when none is given); the caller gives them back when done.
-    ``progress(done, total)``, if given, is called after each micro-batch (counts within the range).
+    ``progress(done, total)``, if given, is called after each micro-batch (counts within the range);
+    ``watch`` (a ``StepWatch``) is told where each micro-batch and each push into the tree begins.
     """
     be = backend
+    watch = watch if watch is not None else _NO_WATCH
     bounds = plan.micro_batches(tcfg.micro_batch)
     layout = GradLayout.of(cfg)
     pool = pool if pool is not None else vector_pool(be, layout.size)
@@ -327,8 +369,11 @@ def subtree_sums(params: dict, windows: np.ndarray, plan: StepPlan, lo: int, hi:
             start, stop = bounds[j]
             where = (f" at step {plan.step}, micro-batch {j} (windows {plan.first_window + start}.."
                      f"{plan.first_window + stop - 1})")
-            folder.push_leaf(micro_batch_value(params, windows[start:stop], cfg, plan.n_global, be, layout, where,
-                                               out=pool.take(), execution=execution, release=pool.release_part))
+            watch.micro_batch(j)
+            value = micro_batch_value(params, windows[start:stop], cfg, plan.n_global, be, layout, where,
+                                      out=pool.take(), execution=execution, pool=pool)
+            watch.tree()
+            folder.push_leaf(value)
             pool.park(*(v for _, _, v in folder.parts()))  # they wait for a sibling (or the caller)
             if progress is not None:
                 progress(j - lo + 1, hi - lo)
@@ -345,58 +390,106 @@ class StepResult:
     state_root: str
 
 
+class _HostUpdate:
+    """Where an update's results live, in host memory: the state as NumPy arrays, its root from their bytes.
+    (``update_regime`` picks this, ``_FileUpdate`` or ``_DeviceUpdate``, once per update.)"""
+
+    place = release = None  # optimizer_step's: new moments in fresh arrays, nothing released
+
+    def __init__(self, backend):
+        self.be = backend
+
+    def operand(self, summed):
+        """The tree's sum as the update reads it."""
+        return summed
+
+    def host_state(self, params: dict, opt: AdamWState) -> tuple[dict, AdamWState]:
+        to = self.be.to_numpy
+        return ({k: to(v) for k, v in params.items()},
+                AdamWState(opt.step, {k: to(v) for k, v in opt.m.items()}, {k: to(v) for k, v in opt.v.items()}))
+
+    def results(self, params: dict, opt: AdamWState) -> tuple[dict, AdamWState, str]:
+        """The new state where it stays between steps, and its state root."""
+        params, opt = self.host_state(params, opt)
+        return params, opt, hashing.state_root(state_tensors(params, opt))
+
+
+class _FileUpdate(_HostUpdate):
+    """An update whose moments are a scratch folder's files (``scratch.MomentFiles``): the new moments are
+    written to their files as they are made, a scratch step sum's pages released tensor by tensor as read,
+    and each moment's pages released once hashed (``state_root``'s bits), so neither is ever all in RAM."""
+
+    def __init__(self, backend, moments, step: int):
+        super().__init__(backend)
+        self.moments = moments
+        self.place = moments.place(step)
+        self.release = moments.space.release
+
+    def results(self, params: dict, opt: AdamWState) -> tuple[dict, AdamWState, str]:
+        params, opt = self.host_state(params, opt)
+        digests = {}
+        for name, x in state_tensors(params, opt).items():
+            digests[name] = hashing.tensor_digest(name, x)
+            if not name.startswith("param/"):
+                self.moments.space.release(x)
+        return params, opt, hashing.state_root_from_digests(digests)
+
+
+class _DeviceUpdate(_HostUpdate):
+    """An update on a backend that keeps the state on its device (``device_vectors``): a host sum (the
+    exchange's) is uploaded, the results stay there, and the state root comes from the device's leaf
+    digests (``tensor_leaves``), else from the state's bytes copied to the host (the "hashing" phase)."""
+
+    def __init__(self, backend, leaves: bool):
+        super().__init__(backend)
+        self.leaves = leaves
+
+    def operand(self, summed):
+        if isinstance(summed, np.ndarray):
+            with transfer_phase(self.be, "exchange"):
+                return self.be.asarray(summed)
+        return summed
+
+    def results(self, params: dict, opt: AdamWState) -> tuple[dict, AdamWState, str]:
+        with transfer_phase(self.be, "hashing"):
+            root = (device_state_root(self.be, state_tensors(params, opt, host=False)) if self.leaves
+                    else hashing.state_root(state_tensors(params, opt)))
+        return params, opt, root
+
+
+def update_regime(backend, moments, step: int):
+    """How an update to ``step`` holds its state: on the device where the backend keeps one there
+    (``device_vectors``), in ``moments``'s files (a ``scratch.MomentFiles``, host backends), else in host memory."""
+    if backend.capabilities.device_vectors is not None:
+        return _DeviceUpdate(backend, backend.capabilities.tensor_leaves is not None)
+    return _HostUpdate(backend) if moments is None else _FileUpdate(backend, moments, step)
+
+
 def apply_update(params: dict, opt: AdamWState, summed: np.ndarray, plan: StepPlan, cfg: ModelConfig,
                  tcfg: TrainConfig, backend, *, moments=None) -> StepResult:
     """Clip, AdamW, and the state root of the new state; ``summed`` is the tree's sum ``S[0, M)``.
 
-    On a backend with ``device_vectors`` the update runs on the device and its results stay
-    there (a host ``summed``, the exchange's, is uploaded first); the state root comes from the
-    device's leaf digests where the backend offers ``tensor_leaves``, else from the state's
-    bytes copied to the host (the "hashing" transfer phase).
-
-    ``moments`` (a ``scratch.MomentFiles``, host backends): the new moments are written to its
-    files as they are made, and their pages released again once hashed (the same bits, the
-    same root); a ``summed`` of the same scratch space has each gradient's pages released once
-    read, so neither the moments nor the step's sum are ever all in RAM.
+    Where the state lives is ``update_regime``'s (chosen once): on a backend with
+    ``device_vectors`` the update runs on the device and its results stay there; with
+    ``moments`` (a ``scratch.MomentFiles``, host backends) the moments are files; else host
+    memory. Every regime gives the same bits and the same root.
     """
     be = backend
-    on_device = be.capabilities.device_vectors is not None
-    if on_device and isinstance(summed, np.ndarray):
-        with transfer_phase(be, "exchange"):
-            summed = be.asarray(summed)
-    loss, grads = GradLayout.of(cfg).unflatten(summed)
+    regime = update_regime(be, moments, opt.step + 1)
+    loss, grads = GradLayout.of(cfg).unflatten(regime.operand(summed))
     if not np.isfinite(loss):
         raise NonFiniteError(f"non-finite loss at step {plan.step}: {loss}")
     lr = learning_rate(tcfg, plan.tokens_after)  # tokens consumed once this step is done
-    on_host_files = moments is not None and not on_device
-    place = moments.place(opt.step + 1) if on_host_files else None
-    release = moments.space.release if on_host_files else None  # a scratch step sum, tensor by tensor
-    new_params, new_opt, norm = optimizer_step(params, grads, opt, cfg, tcfg, lr, be, place=place, release=release)
-    if on_device:
-        with transfer_phase(be, "hashing"):
-            root = (hashing.state_root(state_tensors(new_params, new_opt)) if be.capabilities.tensor_leaves is None
-                    else device_state_root(be, state_tensors(new_params, new_opt, host=False)))
-        return StepResult(new_params, new_opt, loss, np.float32(np.asarray(be.to_numpy(norm)).reshape(-1)[0]), lr,
-                          root)
-    new_params = {k: be.to_numpy(v) for k, v in new_params.items()}
-    new_opt = AdamWState(new_opt.step, {k: be.to_numpy(v) for k, v in new_opt.m.items()},
-                         {k: be.to_numpy(v) for k, v in new_opt.v.items()})
-    if not on_host_files:
-        root = hashing.state_root(state_tensors(new_params, new_opt))
-    else:  # tensor by tensor, each moment's pages released once hashed: state_root's bits
-        digests = {}
-        for name, x in state_tensors(new_params, new_opt).items():
-            digests[name] = hashing.tensor_digest(name, x)
-            if not name.startswith("param/"):
-                moments.space.release(x)
-        root = hashing.state_root_from_digests(digests)
+    new_params, new_opt, norm = optimizer_step(params, grads, opt, cfg, tcfg, lr, be, place=regime.place,
+                                               release=regime.release)
+    new_params, new_opt, root = regime.results(new_params, new_opt)
     return StepResult(new_params, new_opt, loss, np.float32(np.asarray(be.to_numpy(norm)).reshape(-1)[0]), lr, root)
 
 
 def step_over_ranks(params: dict, opt: AdamWState, windows: np.ndarray, plan: StepPlan, cfg: ModelConfig,
                     tcfg: TrainConfig, backend, comm=None, *, pool: VectorPool | None = None,
                     host_pool: VectorPool | None = None, moments=None, progress=None,
-                    execution: Execution = IN_MEMORY) -> StepResult:
+                    execution: Execution = IN_MEMORY, watch: StepWatch | None = None) -> StepResult:
     """Step ``plan.step`` with its micro-batches split over the ranks of ``comm`` (None: this process alone).
 
     The one step algorithm, which training and replay both run: this rank's maximal
@@ -404,8 +497,9 @@ def step_over_ranks(params: dict, opt: AdamWState, windows: np.ndarray, plan: St
     exchange that makes the tree's sum ``S[0, M)`` on every rank (``tree_allreduce``, on the
     host), then the update (``apply_update``). The bits do not depend on the number of
     ranks. ``pool``: the step's vectors (a fresh pool when None); ``host_pool``: the
-    exchange's host vectors (``pool`` when it is a host pool); ``moments``, ``progress`` and
-    ``execution`` as in ``subtree_sums`` and ``apply_update``.
+    exchange's host vectors (``pool`` when it is a host pool); ``moments``, ``progress``,
+    ``execution`` and ``watch`` (a ``StepWatch``: the audit's trace) as in ``subtree_sums`` and
+    ``apply_update``.
     """
     from .collectives import rank_micro_batches, tree_allreduce
 
@@ -415,7 +509,8 @@ def step_over_ranks(params: dict, opt: AdamWState, windows: np.ndarray, plan: St
     pool = pool if pool is not None else vector_pool(be, layout.size)
     m = len(plan.micro_batches(tcfg.micro_batch))
     lo, hi = rank_micro_batches(m, world, rank)
-    parts = subtree_sums(params, windows, plan, lo, hi, cfg, tcfg, be, pool, progress=progress, execution=execution)
+    parts = subtree_sums(params, windows, plan, lo, hi, cfg, tcfg, be, pool, progress=progress, execution=execution,
+                         watch=watch)
     if world > 1:
         if host_pool is None:
             host_pool = pool if isinstance(pool, VectorPool) else VectorPool(layout.size)
@@ -426,6 +521,8 @@ def step_over_ranks(params: dict, opt: AdamWState, windows: np.ndarray, plan: St
         pool.give(*(v for _, _, v in parts))
     else:
         [(_, _, summed)] = parts
+    if watch is not None:
+        watch.update(summed, opt)
     res = apply_update(params, opt, summed, plan, cfg, tcfg, be, moments=moments)
     (host_pool if world > 1 else pool).give(summed)  # dead: the update's results are new arrays
     return res

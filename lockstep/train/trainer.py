@@ -31,7 +31,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from lockstep.errors import LockstepError
+from lockstep.backends import MemoryProfile
+from lockstep.errors import LockstepError, Setting
 from lockstep.fsio import check_regular_or_absent, printable
 from lockstep.launch import mpi_world
 from lockstep.fsio.progress import PhaseProgress
@@ -49,7 +50,7 @@ from lockstep.formats.trajectory import Strictness, read_trajectory, step_record
 from lockstep.formats.trajectory import append_record
 from .malloc import keep_freed_memory
 from .execution import Execution
-from .memory import Plan, backend_kind, choose_execution
+from .memory import Plan, choose_execution
 from lockstep.formats.schedule import plan_step
 from .scratch import MomentFiles, ScratchSpace
 from .step import GradLayout, VectorPool, step_over_ranks, to_device, transfer_phase, vector_pool
@@ -59,6 +60,10 @@ from .stop import StopRequest
 
 class RecipeMismatch(LockstepError, RuntimeError):
     """A resume was asked with settings that differ from the run's recipe."""
+
+
+class RunExists(LockstepError, FileExistsError):
+    """A new run was asked in a directory that already holds one."""
 
 
 class RunWriteError(LockstepError, RuntimeError):
@@ -153,12 +158,19 @@ class RunHooks:
       after the checkpoint of an evaluation step, on rank 0 (metrics.jsonl);
     * ``eval_interval(eval_every, cfg) -> int``: the interval in steps (0: never),
       ``eval_every`` None meaning the preset's default;
-    * ``plot(run_dir, trajectory) -> Path | None``: when the run reaches its target.
+    * ``plot(run_dir, trajectory) -> Path | None``: when the run reaches its target;
+    * ``setting(name) -> str``: how the run's lines name a setting (``steps``, ``micro_batch``):
+      the front end's word for it (the CLI's flag); None: the keyword itself.
     """
 
     validate: Callable[..., object] | None = None
     eval_interval: Callable[[int | None, ModelConfig], int] | None = None
     plot: Callable[[Path, list[dict]], Path | None] | None = None
+    setting: Callable[[str], str] | None = None
+
+    def word(self, name: str) -> str:
+        """How the run's lines name the setting ``name`` (``setting``, else the keyword)."""
+        return name if self.setting is None else self.setting(name)
 
     def interval(self, eval_every: int | None, cfg: ModelConfig) -> int:
         if self.eval_interval is not None:
@@ -184,18 +196,40 @@ class _Start:
     plan: Plan | None = None            # how the steps hold memory (memory.choose_execution)
 
 
-def train(run_dir: str | Path, *, cfg: ModelConfig | None = None, tcfg: TrainConfig | None = None,
-          data: str | Path | None = None, seed: int = 42, steps: int | None = None, tokens: int | None = None,
-          backend_name: str = "spec", checkpoint_every: int | None = None, resume: bool = False,
-          progress: bool = True, log=print, check_recipe=None, handle_signals: bool = True,
-          eval_every: int | None = 0, hooks: RunHooks | None = None, max_memory: float | None = None,
-          scratch: str | Path | None = None, execution: Execution | None = None) -> RunSummary:
-    """Train (or resume) the run in ``run_dir``; see the module docstring.
+@dataclass(frozen=True)
+class RunSettings:
+    """What a run is asked to be (``train``'s settings; see ``train`` for each).
+
+    A new run: ``cfg``, ``tcfg``, ``data``, ``seed`` and a target (``steps`` or ``tokens``);
+    a resume (``resume=True``) takes the recipe's, ``data`` and the target optional. How it
+    runs: ``backend_name``, ``checkpoint_every``, ``eval_every``, and its memory plan
+    (``max_memory``, ``scratch``, ``execution``), none of which changes a bit.
+    """
+
+    cfg: ModelConfig | None = None
+    tcfg: TrainConfig | None = None
+    data: str | Path | None = None
+    seed: int = 42
+    steps: int | None = None
+    tokens: int | None = None
+    backend_name: str = "spec"
+    checkpoint_every: int | None = None
+    resume: bool = False
+    eval_every: int | None = 0
+    max_memory: float | None = None
+    scratch: str | Path | None = None
+    execution: Execution | None = None
+
+
+def train(run_dir: str | Path, settings: RunSettings | None = None, *, progress: bool = True, log=print,
+          check_recipe=None, handle_signals: bool = True, hooks: RunHooks | None = None, **asked) -> RunSummary:
+    """Train (or resume) the run in ``run_dir`` as ``settings`` say (a ``RunSettings``, or its fields
+    given as keywords: ``train(out, cfg=..., tcfg=..., steps=4)``); see the module docstring.
 
     A new run needs ``cfg``, ``tcfg``, ``seed``, ``steps`` or ``tokens``, and ``data``
     (None or ``"default"``: the embedded corpus, built inside the run; else a data
     folder). A resume (``resume=True``) takes all of that from the run; ``data`` is
-    then the user's ``--data DIR`` (default: the recipe's folder, which must be inside
+    then the data folder the user gives (default: the recipe's folder, which must be inside
     the run), ``steps``/``tokens`` move the target (default: the recorded one), and
     ``check_recipe(recipe)`` may refuse settings the run cannot honour.
 
@@ -223,6 +257,11 @@ def train(run_dir: str | Path, *, cfg: ModelConfig | None = None, tcfg: TrainCon
     """
     from .collectives import abort_on_exception, on_all_ranks
 
+    if settings is None:
+        settings = RunSettings(**asked)
+    elif asked:
+        raise TypeError(f"train takes its settings as a RunSettings or as keywords, not both ({', '.join(asked)})")
+    s = settings
     comm, rank, world = mpi_world()
     keep_freed_memory()  # the steps reuse their memory instead of faulting in fresh pages (malloc module)
     run_dir = Path(run_dir)
@@ -231,23 +270,24 @@ def train(run_dir: str | Path, *, cfg: ModelConfig | None = None, tcfg: TrainCon
 
     ctx = abort_on_exception(comm) if comm is not None else _null_ctx()
     with ctx:
-        be = on_all_ranks(comm, lambda: _checked_backend(backend_name, checkpoint_every))
-        memory = _MemoryAsk(max_memory, None if scratch is None else str(scratch), execution,
-                            backend_kind(backend_name), str(run_dir))
-        if resume:
-            st = on_all_ranks(comm, lambda: _resume_start(run_dir, data, steps, tokens, is_root, check_recipe,
-                                                          cfg, tcfg, memory, be, progress))
+        be = on_all_ranks(comm, lambda: _checked_backend(s.backend_name, s.checkpoint_every))
+        memory = _MemoryAsk(s.max_memory, None if s.scratch is None else str(s.scratch), s.execution, be.memory,
+                            str(run_dir))
+        if s.resume:
+            st = on_all_ranks(comm, lambda: _resume_start(run_dir, s, is_root, check_recipe, memory, be, progress))
         else:
-            st = _new_run_start(comm, run_dir, cfg, tcfg, data, seed, steps, tokens, is_root, say, memory, be, progress)
+            st = _new_run_start(comm, run_dir, s, is_root, say, memory, be, progress)
         # every argument is checked: now write (rank 0), and make sure it worked everywhere
-        on_all_ranks(comm, lambda: _write_start(run_dir, st, resume) if is_root else None)
-        if resume:
+        on_all_ranks(comm, lambda: _write_start(run_dir, st, s.resume) if is_root else None)
+        if s.resume:
             say(f"resuming {run_dir} from " + (f"step {st.start_step}" if st.start_step else
                                                 "its initial state (no checkpoint yet)"))
         with StopRequest(install=handle_signals, announce=is_root) as stop:
-            every = default_checkpoint_every(st.cfg.name) if checkpoint_every is None else checkpoint_every
-            return _run_loop(comm, rank, world, run_dir, st, be, every, progress, say, stop, eval_every,
-                             hooks or RunHooks())
+            every = default_checkpoint_every(st.cfg.name) if s.checkpoint_every is None else s.checkpoint_every
+            hooks = hooks or RunHooks()
+            loop = _Loop(comm, rank, world, run_dir, be, every, progress, say, stop,
+                         hooks.interval(s.eval_every, st.cfg), hooks)
+            return _run_loop(loop, st)
 
 
 def _checked_backend(backend_name: str, checkpoint_every: int | None):
@@ -270,22 +310,24 @@ class _MemoryAsk:
     max_memory: float | None
     scratch: str | None      # the folder the user named, or None: the run directory
     given: Execution | None
-    kind: str
+    memory: MemoryProfile    # what the backend declares it holds (``Backend.memory``)
     run_dir: str
 
     def plan(self, cfg: ModelConfig, tcfg: TrainConfig, what: str) -> Plan:
         """The plan (``memory.choose_execution``); a named scratch folder is checked now, before anything is written."""
         if self.scratch is not None:
             if os.path.islink(self.scratch) or not os.path.isdir(self.scratch):
-                raise ConfigError(f"--scratch {self.scratch}: not an existing folder (a symbolic link is refused)")
-        return choose_execution(cfg, tcfg, what, max_memory=self.max_memory, kind=self.kind,
+                raise ConfigError.naming(Setting("scratch"),
+                                         f" {self.scratch}: not an existing folder (a symbolic link is refused)")
+        return choose_execution(cfg, tcfg, what, max_memory=self.max_memory, memory=self.memory,
                                 scratch=self.scratch or self.run_dir, given=self.given)
 
 
-def _new_run_start(comm, run_dir: Path, cfg, tcfg, data, seed, steps, tokens, is_root, say,
-                   memory: _MemoryAsk, be, progress: bool) -> _Start:
+def _new_run_start(comm, run_dir: Path, s: RunSettings, is_root: bool, say, memory: _MemoryAsk, be,
+                   progress: bool) -> _Start:
     from .collectives import on_all_ranks
 
+    cfg, tcfg, data, seed, steps, tokens = s.cfg, s.tcfg, s.data, s.seed, s.steps, s.tokens
     if cfg is None or tcfg is None:
         raise ConfigError("train needs a model and a train config for a new run")
     default_data = data in (None, "default")
@@ -294,7 +336,8 @@ def _new_run_start(comm, run_dir: Path, cfg, tcfg, data, seed, steps, tokens, is
         if type(seed) is not int or not 0 <= seed < 2**64:
             raise ConfigError(f"seed must be an integer in [0, 2**64), got {seed!r}")
         if is_root and (run_dir / RECIPE_FILE).exists():
-            raise FileExistsError(f"{run_dir} already holds a run; use --resume to continue it or pick another --out")
+            raise RunExists.naming(f"{run_dir} already holds a run; use ", Setting("resume"),
+                                   " to continue it or pick another ", Setting("run_dir"))
         last = _last_step(tcfg, cfg.seq_len, 0, steps, tokens, None)
         manifest = None if default_data else Manifest.load(data)
         if manifest is not None:
@@ -335,10 +378,11 @@ def _check_vocab(manifest: Manifest, cfg: ModelConfig) -> None:
                          f"{cfg.vocab_size}; raise vocab_size")
 
 
-def _resume_start(run_dir: Path, data, steps, tokens, is_root, check_recipe, given_cfg, given_tcfg,
-                  memory: _MemoryAsk, be, progress: bool) -> _Start:
+def _resume_start(run_dir: Path, s: RunSettings, is_root: bool, check_recipe, memory: _MemoryAsk, be,
+                  progress: bool) -> _Start:
     """The state a resume continues from: the run's newest checkpoint, which must obey the run's checkpoint
     rule (``Run.checkpoint_problems``) with the published chain holding up to it, or the initial state."""
+    data, steps, tokens, given_cfg, given_tcfg = s.data, s.steps, s.tokens, s.cfg, s.tcfg
     run = Run.open(run_dir, Strictness.LIVE).require("recipe")
     recipe = run.recipe
     check_regular_or_absent(run_dir, METRICS_FILE, "metrics log")  # appended to: refuse a link now
@@ -392,19 +436,37 @@ def _write_start(run_dir: Path, st: _Start, resume: bool) -> None:
         write_trajectory(run_dir, [])
 
 
-def _run_loop(comm, rank, world, run_dir: Path, st: _Start, be, checkpoint_every: int, progress: bool, say,
-              stop, eval_every: int | None, hooks: RunHooks) -> RunSummary:
+@dataclass(frozen=True)
+class _Loop:
+    """How the loop runs, fixed before its first step: the ranks, the run, the backend, the
+    checkpoint and validation intervals (``eval_every`` in steps, 0: never), the progress lines,
+    the stop request and the hooks."""
+
+    comm: object
+    rank: int
+    world: int
+    run_dir: Path
+    be: object
+    checkpoint_every: int
+    progress: bool
+    say: Callable[..., object]
+    stop: StopRequest
+    eval_every: int
+    hooks: RunHooks
+
+
+def _run_loop(loop: _Loop, st: _Start) -> RunSummary:
     """Steps ``start_step + 1 .. last_step``; stops early, with a checkpoint, when a signal came.
 
     With a scratch folder in the plan, the moments and the tree's sums live in a private
     folder there for the loop (``scratch``), removed when it ends.
     """
+    run_dir, be, world, say, hooks = loop.run_dir, loop.be, loop.world, loop.say, loop.hooks
     cfg, tcfg, last_step = st.cfg, st.tcfg, st.last_step
-    eval_every = hooks.interval(eval_every, cfg)
     say(f"run {run_dir}: preset {printable(cfg.name)}, backend {be.name}, {world} rank(s), steps {st.start_step + 1}..{last_step}"
         if last_step > st.start_step else f"run {run_dir} is already at its target step {last_step}; "
-                                          "give --steps N (or --tokens) to extend it")
-    _say_idle_ranks(tcfg, cfg.seq_len, st.start_step + 1, last_step, world, say)
+                                          f"give {hooks.word('steps')} N (or {hooks.word('tokens')}) to extend it")
+    _say_idle_ranks(tcfg, cfg.seq_len, st.start_step + 1, last_step, world, say, hooks.word)
     if st.plan is not None and last_step > st.start_step:
         say(st.plan.line("train"))
     execution = st.plan.execution if st.plan is not None else Execution()
@@ -413,15 +475,17 @@ def _run_loop(comm, rank, world, run_dir: Path, st: _Start, be, checkpoint_every
         moments = MomentFiles(space) if space is not None else None
         if moments is not None:
             st.opt = moments.adopt(st.opt)
-        return _steps(comm, rank, world, run_dir, st, be, checkpoint_every, say, stop, eval_every, hooks,
-                      vector_pool(be, GradLayout.of(cfg).size) if space is None
-                      else VectorPool(GradLayout.of(cfg).size, scratch=space), moments, progress)
+        return _steps(loop, st, vector_pool(be, GradLayout.of(cfg).size, space), moments)
 
 
-def _steps(comm, rank, world, run_dir, st, be, checkpoint_every, say, stop, eval_every, hooks, pool, moments,
-           progress) -> RunSummary:
+def _steps(loop: _Loop, st: _Start, pool, moments) -> RunSummary:
+    """The loop's steps, their records and checkpoints; ``pool`` gives the steps' vectors, ``moments``
+    (a ``scratch.MomentFiles``, or None) holds the moments in files."""
     from .collectives import check_state_agreement, max_over_ranks, rank_micro_batches
 
+    comm, rank, world, run_dir, be = loop.comm, loop.rank, loop.world, loop.run_dir, loop.be
+    checkpoint_every, eval_every, hooks = loop.checkpoint_every, loop.eval_every, loop.hooks
+    say, stop, progress = loop.say, loop.stop, loop.progress
     is_root = rank == 0
     recipe, cfg, tcfg, params, opt, stream = st.recipe, st.cfg, st.tcfg, st.params, st.opt, st.stream
     prev_chain, last_step = st.prev_chain, st.last_step
@@ -503,14 +567,15 @@ def _steps(comm, rank, world, run_dir, st, be, checkpoint_every, say, stop, eval
     return summary
 
 
-def _say_idle_ranks(tcfg: TrainConfig, seq_len: int, first: int, last: int, world: int, say) -> None:
+def _say_idle_ranks(tcfg: TrainConfig, seq_len: int, first: int, last: int, world: int, say,
+                    word: Callable[[str], str] = str) -> None:
     """Ranks beyond a step's micro-batch count wait (the tree, not the world size, decides the work): say so."""
     if last < first:
         return
     m = len(plan_step(tcfg, seq_len, first).micro_batches(tcfg.micro_batch))
     if m < world:
         say(f"note: step {first} has {m} micro-batch(es) of {tcfg.micro_batch} sequences for {world} ranks, so "
-            f"{world - m} rank(s) wait; a run with a smaller --micro-batch (a new recipe) keeps them busy")
+            f"{world - m} rank(s) wait; a run with a smaller {word('micro_batch')} (a new recipe) keeps them busy")
 
 
 @contextlib.contextmanager
@@ -536,22 +601,24 @@ def _last_step(tcfg: TrainConfig, seq_len: int, start_step: int, steps: int | No
                recorded: int | None) -> int:
     """The run's target step: ``steps``, or the step that reaches ``tokens``, or the recorded target."""
     if steps is not None and tokens is not None:
-        raise ConfigError("give --steps or --tokens, not both")
+        raise ConfigError.naming("give ", Setting("steps"), " or ", Setting("tokens"), ", not both")
     if steps is not None:
         if type(steps) is not int or steps < 1:
-            raise ConfigError(f"--steps must be a positive integer, got {steps!r}")
+            raise ConfigError.naming(Setting("steps"), f" must be a positive integer, got {steps!r}")
         last = steps
     elif tokens is not None:
         if type(tokens) is not int or tokens < 1:
-            raise ConfigError(f"--tokens must be a positive integer, got {tokens!r}")
+            raise ConfigError.naming(Setting("tokens"), f" must be a positive integer, got {tokens!r}")
         last = _step_reaching(tcfg, seq_len, tokens)
     elif recorded is not None:
         return max(recorded, start_step)
     else:
-        raise ConfigError(f"this run has no recorded target ({TARGET_FILE}); give --steps N or --tokens T")
+        raise ConfigError.naming(f"this run has no recorded target ({TARGET_FILE}); give ", Setting("steps"), " N or ",
+                                 Setting("tokens"), " T")
     if last < start_step:
-        raise ConfigError(f"the run already has a checkpoint at step {start_step}, beyond the target "
-                         f"{'--steps' if steps is not None else '--tokens'} gives (step {last}); give a larger one")
+        raise ConfigError.naming(f"the run already has a checkpoint at step {start_step}, beyond the target ",
+                                 Setting("steps" if steps is not None else "tokens"),
+                                 f" gives (step {last}); give a larger one")
     return last
 
 

@@ -182,9 +182,9 @@ def require_sample_memory(cfg: ModelConfig, prompt_tokens: int, max_new_tokens: 
 
     need, have = sample_memory_estimate(cfg, prompt_tokens, max_new_tokens), memory_budget(max_memory)
     if have is not None and need > have:
-        raise SamplingError(f"the recipe's model ({cfg.n_layers} layers, d_model {cfg.d_model}, seq_len {cfg.seq_len}, "
-                            f"vocab {cfg.vocab_size}) needs about {need / 2**30:,.1f} GiB to sample from; "
-                            f"{budget_words(have, max_memory)}: use a machine with more memory")
+        raise SamplingError.naming(f"the recipe's model ({cfg.n_layers} layers, d_model {cfg.d_model}, seq_len "
+                                   f"{cfg.seq_len}, vocab {cfg.vocab_size}) needs about {need / 2**30:,.1f} GiB to "
+                                   "sample from; ", *budget_words(have, max_memory), ": use a machine with more memory")
 
 
 # ---------------------------------------------------------------- sampling

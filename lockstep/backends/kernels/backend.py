@@ -16,7 +16,7 @@ from typing import Callable
 import numpy as np
 
 from lockstep import spec
-from lockstep.backends import Backend
+from lockstep.backends import KERNELS_MEMORY, Backend
 from lockstep.contract.capabilities import Capabilities
 from lockstep.contract import BackendUnavailable
 
@@ -161,4 +161,4 @@ def kernel_backend(runtime, name: str, info: dict | None = None, self_test: bool
                         transfers=getattr(runtime, "transfers", None), tensor_leaves=ops.tensor_leaves,
                         tensors_leaves=ops.tensors_leaves)
     return Backend(name=name, ops={op: getattr(ops, op) for op in spec.OPS}, asarray=ops.asarray, to_numpy=ops.to_numpy,
-                   description=runtime.description, info=info, capabilities=caps)
+                   description=runtime.description, info=info, capabilities=caps, memory=KERNELS_MEMORY)

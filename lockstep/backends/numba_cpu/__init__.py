@@ -55,7 +55,7 @@ from collections.abc import Callable, Iterator
 
 import numpy as np
 
-from lockstep.backends import Backend, BackendUnavailable
+from lockstep.backends import NUMBA_MEMORY, Backend, BackendUnavailable
 
 try:
     import numba  # noqa: F401
@@ -166,4 +166,5 @@ def make_backend() -> Backend:
         info={"threads": numba.config.NUMBA_NUM_THREADS},
         capabilities=Capabilities(add_into=fp.add_into, weights_unchanged=quant.weights_unchanged,
                                   watch_compilation=watch_compilation, truncated_normal=rng.truncated_normal),
+        memory=NUMBA_MEMORY,
     )

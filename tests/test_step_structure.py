@@ -1,0 +1,145 @@
+"""The step's structure: the memory model asks the backend, the step is observed (not rebuilt)
+through ``StepWatch``, the update's regime and the vectors' pool are chosen once, the trainer
+takes one ``RunSettings``, and the library names settings in its own terms."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+from lockstep.backends import (KERNELS_MEMORY, NUMBA_MEMORY, SPEC_MEMORY, Backend, declared_memory, get_backend)
+from lockstep.cli.common import flag_of, said
+from lockstep.errors import LockstepError, Setting
+from lockstep.formats.config import ConfigError, preset, train_preset
+from lockstep.formats.schedule import plan_step
+from lockstep.formats.state import AdamWState
+from lockstep.formats.stream import GlobalStream
+from lockstep.train import trainer
+from lockstep.train.memory import choose_execution, step_memory
+from lockstep.train.model import init_params
+from lockstep.train.step import (DeviceVectorPool, StepWatch, VectorPool, _DeviceUpdate, _FileUpdate, _HostUpdate,
+                                 step_over_ranks, update_regime, vector_pool)
+
+
+def test_each_backend_declares_its_memory_and_the_name_table_agrees():
+    assert get_backend("spec").memory is SPEC_MEMORY is declared_memory("spec")
+    assert declared_memory("numba") is NUMBA_MEMORY and declared_memory("auto") is NUMBA_MEMORY
+    for name in ("opencl", "cuda", "cupy", "metal"):
+        assert declared_memory(name) is KERNELS_MEMORY
+    with pytest.raises(ValueError, match="unknown backend 'nonesuch'"):
+        declared_memory("nonesuch")
+    from lockstep.backends.kernels.attention import AttentionOps
+
+    assert KERNELS_MEMORY.score_budget == AttentionOps.score_budget_bytes  # the kernels' own budget
+
+
+def test_the_memory_model_reads_the_profile_not_a_name():
+    cfg, tcfg = preset("tiny"), train_preset("tiny")
+    spec_like = Backend("renamed", get_backend("spec").ops)  # a name the old rule counted as "kernels"
+    assert step_memory(cfg, tcfg, memory=spec_like.memory).total == step_memory(cfg, tcfg, memory=SPEC_MEMORY).total
+    resident = dataclasses.replace(SPEC_MEMORY, device_resident=True)
+    host, dev = step_memory(cfg, tcfg, memory=SPEC_MEMORY), step_memory(cfg, tcfg, memory=resident)
+    assert dev.terms["weights"] == 2 * host.terms["weights"]  # the device copy of the weights
+    bigger = dataclasses.replace(SPEC_MEMORY, baseline=SPEC_MEMORY.baseline + 2**30)
+    assert step_memory(cfg, tcfg, memory=bigger).total > host.total
+    with pytest.raises(TypeError, match="MemoryProfile"):
+        step_memory(cfg, tcfg, memory="kernels")
+    plan = choose_execution(cfg, tcfg, "train it", memory=bigger, max_memory=1024)
+    assert plan.need == step_memory(cfg, tcfg, plan.execution, bigger).total
+
+
+class _Phases(StepWatch):
+    def __init__(self):
+        self.seen = []
+
+    def micro_batch(self, j):
+        self.seen.append(("mb", j))
+
+    def tree(self):
+        self.seen.append(("tree",))
+
+    def update(self, summed, opt):
+        self.seen.append(("update", summed.shape, opt.step))
+
+
+def test_a_watched_step_is_the_same_step_and_sees_every_phase_in_order(tmp_path):
+    be = get_backend("spec")
+    cfg = preset("tiny")
+    tcfg = train_preset("tiny", batch_ramp=((0, 6),), micro_batch=2)
+    from lockstep.formats.corpus import default_corpus
+
+    stream = GlobalStream(default_corpus(tmp_path / "data"), 7, cfg.seq_len)
+    plan = plan_step(tcfg, cfg.seq_len, 1)
+    windows = stream.windows(plan.first_window, plan.n_windows)
+    params = init_params(cfg, 7, be)
+    opt = AdamWState.zeros(params)
+    plain = step_over_ranks(params, opt, windows, plan, cfg, tcfg, be)
+    watch = _Phases()
+    watched = step_over_ranks(params, opt, windows, plan, cfg, tcfg, be, watch=watch)
+    assert watched.state_root == plain.state_root and watched.loss.tobytes() == plain.loss.tobytes()
+    m = len(plan.micro_batches(tcfg.micro_batch))
+    assert m == 3
+    want = [x for j in range(m) for x in (("mb", j), ("tree",))]
+    assert watch.seen[:-1] == want and watch.seen[-1][0] == "update" and watch.seen[-1][2] == 0
+
+
+def test_the_pool_and_the_update_regime_are_chosen_once_from_the_backend_and_the_plan(tmp_path):
+    from lockstep.train.scratch import MomentFiles, ScratchSpace
+
+    spec = get_backend("spec")
+    assert type(vector_pool(spec, 8)) is VectorPool and not vector_pool(spec, 8).piecewise
+    assert type(update_regime(spec, None, 1)) is _HostUpdate
+
+    class _Vectors:
+        def empty(self, n):
+            return np.empty(n, np.float32)
+
+        def copy_into(self, dst, src):
+            dst[...] = src
+
+    from lockstep.contract.capabilities import Capabilities
+
+    device = Backend("dev", spec.ops, capabilities=Capabilities(device_vectors=_Vectors()))
+    assert isinstance(vector_pool(device, 8), DeviceVectorPool)
+    assert type(update_regime(device, None, 1)) is _DeviceUpdate
+    with ScratchSpace(tmp_path) as space:
+        pool = vector_pool(device, 8, space)  # the plan's scratch folder wins: host files
+        assert type(pool) is VectorPool and pool.piecewise and space.owns(pool.take())
+        assert type(update_regime(spec, MomentFiles(space), 1)) is _FileUpdate
+
+
+def test_train_takes_one_settings_object_or_its_fields_not_both(tmp_path):
+    cfg, tcfg = preset("tiny"), train_preset("tiny")
+    with pytest.raises(TypeError, match="not both"):
+        trainer.train(tmp_path / "r", trainer.RunSettings(cfg=cfg, tcfg=tcfg), steps=1, progress=False)
+    with pytest.raises(TypeError):
+        trainer.train(tmp_path / "r", stpes=1, progress=False)  # a misspelt setting is refused
+    with pytest.raises(ConfigError) as caught:
+        trainer.train(tmp_path / "r", trainer.RunSettings(cfg=cfg, tcfg=tcfg, steps=0), progress=False,
+                      log=lambda *a: None)
+    assert str(caught.value) == "steps must be a positive integer, got 0"  # the library's own terms
+    assert caught.value.settings == ("steps",) and said(caught.value) == "--steps must be a positive integer, got 0"
+    assert not (tmp_path / "r").exists()
+
+
+def test_an_error_names_settings_by_keyword_and_a_front_end_words_them():
+    err = ConfigError.naming("give ", Setting("max_memory"), " or ", Setting("run_dir"))
+    assert str(err) == "give max_memory or run_dir" and err.settings == ("max_memory", "run_dir")
+    assert err.worded(flag_of) == "give --max-memory or --out"
+    plain = LockstepError("nothing named")
+    assert plain.settings == () and said(plain) == "nothing named"
+    wrapped = LockstepError.like(err)
+    assert wrapped.parts == err.parts and said(wrapped) == "give --max-memory or --out"
+    assert said(ValueError("x")) == "x"
+
+
+def test_a_new_run_over_an_old_one_names_the_settings_and_the_cli_its_flags(tmp_path):
+    (tmp_path / "recipe.json").write_text("{}")
+    with pytest.raises(FileExistsError) as caught:
+        trainer.train(tmp_path, cfg=preset("tiny"), tcfg=train_preset("tiny"), steps=1, progress=False,
+                      log=lambda *a: None)
+    assert isinstance(caught.value, trainer.RunExists) and caught.value.settings == ("resume", "run_dir")
+    assert str(caught.value).endswith("use resume to continue it or pick another run_dir")
+    assert said(caught.value).endswith("use --resume to continue it or pick another --out")

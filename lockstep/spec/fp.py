@@ -152,48 +152,36 @@ def _f32_operands(*xs):
     return [_read_operand(x) for x in xs]
 
 
-def add(a, b) -> np.ndarray:
-    """``a + b``, one rounding, then flush and canonical NaN.
+def _rounded(op, a, b) -> np.ndarray:
+    """``op(a, b)`` of two float32 operands, one IEEE rounding, then flush and canonical NaN.
 
-    Subnormal inputs: read as zeros of their sign before the operation (DAZ;
-    a backend applies this once, in ``asarray``); a NaN operand gives the canonical NaN.
+    What every binary op below shares: subnormal inputs are read as zeros of their sign
+    before the operation (DAZ; a backend applies this once, in ``asarray``), and a NaN
+    operand gives the canonical NaN.
     """
     a, b = _f32_operands(a, b)
     with np.errstate(all="ignore"):
-        return canon(np.add(a, b, dtype=F32))
+        return canon(op(a, b, dtype=F32))
+
+
+def add(a, b) -> np.ndarray:
+    """``a + b``, one rounding, then flush and canonical NaN. Subnormal inputs: as ``_rounded`` says."""
+    return _rounded(np.add, a, b)
 
 
 def sub(a, b) -> np.ndarray:
-    """``a - b``, one rounding, then flush and canonical NaN.
-
-    Subnormal inputs: read as zeros of their sign before the operation (DAZ;
-    a backend applies this once, in ``asarray``); a NaN operand gives the canonical NaN.
-    """
-    a, b = _f32_operands(a, b)
-    with np.errstate(all="ignore"):
-        return canon(np.subtract(a, b, dtype=F32))
+    """``a - b``, one rounding, then flush and canonical NaN. Subnormal inputs: as ``_rounded`` says."""
+    return _rounded(np.subtract, a, b)
 
 
 def mul(a, b) -> np.ndarray:
-    """``a * b``, one rounding, then flush and canonical NaN.
-
-    Subnormal inputs: read as zeros of their sign before the operation (DAZ;
-    a backend applies this once, in ``asarray``); a NaN operand gives the canonical NaN.
-    """
-    a, b = _f32_operands(a, b)
-    with np.errstate(all="ignore"):
-        return canon(np.multiply(a, b, dtype=F32))
+    """``a * b``, one rounding, then flush and canonical NaN. Subnormal inputs: as ``_rounded`` says."""
+    return _rounded(np.multiply, a, b)
 
 
 def div(a, b) -> np.ndarray:
-    """``a / b``, one rounding (IEEE division), then flush and canonical NaN.
-
-    Subnormal inputs: read as zeros of their sign before the operation (DAZ;
-    a backend applies this once, in ``asarray``); a NaN operand gives the canonical NaN.
-    """
-    a, b = _f32_operands(a, b)
-    with np.errstate(all="ignore"):
-        return canon(np.divide(a, b, dtype=F32))
+    """``a / b``, one rounding, then flush and canonical NaN. Subnormal inputs: as ``_rounded`` says."""
+    return _rounded(np.divide, a, b)
 
 
 def sqrt(a) -> np.ndarray:

@@ -52,7 +52,7 @@ from pathlib import Path
 
 import numpy as np
 
-from lockstep.fsio import FileFormatError, UnsafePath, iter_lines, open_regular, parse_json, printable, read_json_regular, safe_join
+from lockstep.fsio import FileFormatError, UnsafePath, json_lines, printable, read_json_regular, safe_join
 from lockstep.fsio.safetensors import read_safetensors
 from lockstep.fsio import file_kind as fsio_kind
 from lockstep.spec import hashing
@@ -345,24 +345,19 @@ def _check_metrics(run_dir: Path, traj: list[dict], rep: Report) -> None:
     path = run_dir / METRICS_FILE
     differ: list[int] = []
     try:
-        with open_regular(run_dir, METRICS_FILE, "metrics log", MAX_TRAJECTORY_BYTES) as f:
-            for lineno, line, _ in iter_lines(f, str(path), MAX_RECORD_BYTES):
-                try:
-                    m = parse_json(line, "metrics record", f"{path}:{lineno}")
-                except FileFormatError:
-                    m = None
-                step = m.get("step") if isinstance(m, dict) else None
-                loss = m.get("loss") if isinstance(m, dict) else None
-                if isinstance(m, dict) and isinstance(m.get("validation"), dict) and type(step) is int \
-                        and 0 <= step <= len(traj):
-                    continue  # a validation loss (``--eval-every``, ``lockstep eval``): checked by re-running eval
-                if type(step) is not int or not 1 <= step <= len(traj) or isinstance(loss, bool) \
-                        or not isinstance(loss, (int, float)):
-                    rep.add("metrics", path, f"line {lineno} is not a metrics record of a published step",
-                            severity="warning")
-                    continue
-                if not _rounds_to(loss, traj[step - 1]["loss_bits"]):
-                    differ.append(step)
+        for lineno, m, _ in json_lines(run_dir, METRICS_FILE, "metrics log", MAX_TRAJECTORY_BYTES, MAX_RECORD_BYTES):
+            step = m.get("step") if isinstance(m, dict) else None
+            loss = m.get("loss") if isinstance(m, dict) else None
+            if isinstance(m, dict) and isinstance(m.get("validation"), dict) and type(step) is int \
+                    and 0 <= step <= len(traj):
+                continue  # a validation loss (``--eval-every``, ``lockstep eval``): checked by re-running eval
+            if type(step) is not int or not 1 <= step <= len(traj) or isinstance(loss, bool) \
+                    or not isinstance(loss, (int, float)):
+                rep.add("metrics", path, f"line {lineno} is not a metrics record of a published step",
+                        severity="warning")
+                continue
+            if not _rounds_to(loss, traj[step - 1]["loss_bits"]):
+                differ.append(step)
     except FileNotFoundError:
         return
     except (UnsafePath, FileFormatError, OSError) as exc:

@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from lockstep.fsio import (FileFormatError, UnsafePath, append_line, atomic_write_bytes, atomic_write_json,
-                           iter_lines, open_regular, parse_json)
+                           json_lines)
 from lockstep.spec import SPEC_VERSION, hashing
 
 from .checkpoint import MAX_STEP
@@ -152,22 +152,20 @@ def read_trajectory(run_dir: str | os.PathLike, strictness: Strictness) -> list[
     live = strictness is Strictness.LIVE
     records: list[dict] = []
     try:
-        with open_regular(run_dir, TRAJECTORY_FILE, "trajectory", MAX_TRAJECTORY_BYTES) as f:
-            for lineno, line, ended in iter_lines(f, str(path), MAX_RECORD_BYTES):
-                try:
-                    rec = parse_json(line, "trajectory record", f"{path}:{lineno}")
-                except FileFormatError as exc:
-                    if not ended and live:
-                        break
-                    hint = (" (a torn last line: the run crashed mid-append; `lockstep train --resume` repairs it)"
-                            if not ended else "")
-                    raise RunFileError(f"{exc}{hint}") from None
-                _check_record(rec, lineno, path)
-                want = len(records) + 1
-                if rec["step"] != want:
-                    raise RunFileError(f"{path}:{lineno}: step {rec['step']} where step {want} was expected "
-                                       "(records must run 1, 2, 3 ... with no gap or repeat)")
-                records.append(rec)
+        for lineno, rec, ended in json_lines(run_dir, TRAJECTORY_FILE, "trajectory", MAX_TRAJECTORY_BYTES,
+                                             MAX_RECORD_BYTES):
+            if isinstance(rec, FileFormatError):
+                if not ended and live:
+                    break
+                hint = (" (a torn last line: the run crashed mid-append; `lockstep train --resume` repairs it)"
+                        if not ended else "")
+                raise RunFileError(f"{rec}{hint}") from None
+            _check_record(rec, lineno, path)
+            want = len(records) + 1
+            if rec["step"] != want:
+                raise RunFileError(f"{path}:{lineno}: step {rec['step']} where step {want} was expected "
+                                   "(records must run 1, 2, 3 ... with no gap or repeat)")
+            records.append(rec)
     except FileNotFoundError:
         if live:
             return []

@@ -324,6 +324,25 @@ def iter_lines(f: IO[bytes], where: str, max_line: int) -> Iterator[tuple[int, b
         yield n, body, ended
 
 
+def json_lines(root: str | os.PathLike, relpath: str | os.PathLike, what: str, max_bytes: int,
+               max_line: int) -> Iterator[tuple[int, Any, bool]]:
+    """``(line number, parsed record, whether a newline ended it)`` for each line of the JSON-lines file
+    ``root/relpath`` (read through ``open_regular`` and ``iter_lines``, so bounded in size and per line).
+
+    A line that is not strict JSON (``parse_json``) comes as its ``FileFormatError`` in place of the
+    record, so the caller decides whether it ends the read (a trajectory) or is passed over (a log);
+    a missing, unsafe, oversized or unreadable file raises as ``open_regular`` does.
+    """
+    where = str(Path(root) / relpath)
+    with open_regular(root, relpath, what, max_bytes) as f:
+        for lineno, line, ended in iter_lines(f, where, max_line):
+            try:
+                rec = parse_json(line, f"{what} record", f"{where}:{lineno}")
+            except FileFormatError as exc:
+                rec = exc
+            yield lineno, rec, ended
+
+
 def open_named_file(path: str | os.PathLike, what: str = "file", max_bytes: int = MAX_JSON_BYTES) -> IO[bytes]:
     """A file the user named (a certificate, a plan, a key, a trace), open for reading: symlinks the user
     gave are followed, but it must be a regular file (never a FIFO or a device: opened without

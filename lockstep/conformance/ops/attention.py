@@ -18,7 +18,7 @@ from lockstep import spec
 
 from .. import inputs as gen
 from ..draws import Viewed, canonical_host, composite, f32_array, mismatched, rarely, sometimes, st
-from ..registry import Case, OpRecord, register
+from ..record import Case, OpRecord
 
 
 def _attn_inputs(seed, dims, tag):
@@ -151,11 +151,6 @@ def _backward_refusals():
                                        gen.f32_zeros(1, 1, 1), gen.f32_zeros(1, 1, 1), None))]
 
 
-register(OpRecord("attention_forward", _attn_fwd_cases, draw=_draw_forward, search_cost=4, refusals=_forward_refusals))
-register(OpRecord("attention_backward", _attn_bwd_cases, draw=_draw_backward, search_cost=8,
-                  refusals=_backward_refusals))
-
-
 # ---------------------------------------------------------------- decode_attention
 
 def _decode_cache(seed, h, g, cap, dh, n):
@@ -217,9 +212,6 @@ def _decode_refusals():
             Case("q-4d", (gen.f32_zeros(1, 1, 1, 1), cache, cache, 1, None))]
 
 
-register(OpRecord("decode_attention", _decode_cases, draw=_draw_decode, search_cost=2, refusals=_decode_refusals))
-
-
 # ---------------------------------------------------------------- the int8 recipe (SPEC_VERSION 4)
 # attention_forward_int8 / attention_backward_int8: the float ops' cases, plus values whose channel
 # scale is 0 (-> 1) or inf/NaN, boundary values everywhere, and large keys and dO that put the
@@ -270,7 +262,13 @@ def _draw_backward_int8(draw, op):
     return (do, q, k, v, o, m, l, window), kw
 
 
-register(OpRecord("attention_forward_int8", _attn_fwd_int8_cases, draw=_draw_forward, search_cost=4,
-                  refusals=_forward_refusals))
-register(OpRecord("attention_backward_int8", _attn_bwd_int8_cases, draw=_draw_backward_int8, search_cost=8,
-                  refusals=_backward_refusals))
+RECORDS = (
+    OpRecord("attention_forward", _attn_fwd_cases, draw=_draw_forward, search_cost=4, refusals=_forward_refusals),
+    OpRecord("attention_backward", _attn_bwd_cases, draw=_draw_backward, search_cost=8,
+             refusals=_backward_refusals),
+    OpRecord("decode_attention", _decode_cases, draw=_draw_decode, search_cost=2, refusals=_decode_refusals),
+    OpRecord("attention_forward_int8", _attn_fwd_int8_cases, draw=_draw_forward, search_cost=4,
+             refusals=_forward_refusals),
+    OpRecord("attention_backward_int8", _attn_bwd_int8_cases, draw=_draw_backward_int8, search_cost=8,
+             refusals=_backward_refusals),
+)

@@ -227,13 +227,15 @@ class BackendOps(Protocol):
     def philox4x32(self, counter: UInt32, key: UInt32, rounds: HostInt = 10) -> UInt32:
         """Philox4x32-R: (..., 4), (..., 2) -> (..., 4)."""
 
-    # ---- model ops
+    # ---- spec.layout, and spec.reduce's column sum
     @shapes(S.concat_last)
     def concat_last(self, arrays: F32Sequence) -> F32:
         """Concatenate along the last axis (exact)."""
     @shapes(S.column_sum)
     def column_sum(self, x: F32) -> F32:
         """(..., D) -> (D,): ascending over the leading rows."""
+
+    # ---- the model's ops (embedding, norm, rope, attention, swiglu, quant, loss) and the optimizer (optim)
     @shapes(S.embedding_forward)
     def embedding_forward(self, table: F32, ids: Ids) -> F32:
         """(V, D), (B, T) -> (B, T, D)."""

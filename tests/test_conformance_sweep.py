@@ -111,12 +111,12 @@ def test_golden_file_parses_covers_its_ops_and_agrees_with_the_spec_on_a_block()
 
 
 @pytest.mark.parametrize("text, why", [
-    ("format 1\nspec_version 3\nblock_bits 24\nneg block 256 " + "0" * 64, "not in 0..255"),
-    ("format 1\nspec_version 3\nblock_bits 24\nneg block 0 xyz", "not a SHA-256"),
-    ("format 1\nspec_version 3\nblock_bits 24\nneg block 0 " + "0" * 64 + "\nneg block 0 " + "1" * 64, "twice"),
-    ("format 1\nspec_version 3\nblock_bits 24\nmatmul block 0 " + "0" * 64, "not a unary op"),
-    ("format 1\nspec_version 3\nblock_bits 24\nneg root " + "0" * 64, "0 blocks and a root"),
-    ("format 2\nspec_version 3\nblock_bits 24\n", "format"),
+    (f"format 1\nspec_version {spec.SPEC_VERSION}\nblock_bits 24\nneg block 256 " + "0" * 64, "not in 0..255"),
+    (f"format 1\nspec_version {spec.SPEC_VERSION}\nblock_bits 24\nneg block 0 xyz", "not a SHA-256"),
+    (f"format 1\nspec_version {spec.SPEC_VERSION}\nblock_bits 24\nneg block 0 " + "0" * 64 + "\nneg block 0 " + "1" * 64, "twice"),
+    (f"format 1\nspec_version {spec.SPEC_VERSION}\nblock_bits 24\nmatmul block 0 " + "0" * 64, "not a unary op"),
+    (f"format 1\nspec_version {spec.SPEC_VERSION}\nblock_bits 24\nneg root " + "0" * 64, "0 blocks and a root"),
+    (f"format 2\nspec_version {spec.SPEC_VERSION}\nblock_bits 24\n", "format"),
     ("neg block 0 " + "0" * 64, "before the header"),
 ])
 def test_malformed_golden_files_are_refused_in_one_line(text, why):

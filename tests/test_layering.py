@@ -151,11 +151,24 @@ def test_packages_within_a_layer_form_no_cycle():
 
 
 def test_modules_form_no_cycle():
+    """Package ``__init__`` files are modules like any other: an ``__init__`` that imports its submodules
+    is an edge, so a submodule that imports something that imports the package back is a cycle."""
     edges = {name: {t for t, _ in targets if t != name} for name, targets in graph().items()}
-    for name in list(edges):  # a package's __init__ importing its own submodules is how packages are made
-        edges[name] = {t for t in edges[name] if not (t.startswith(name + ".") and all_modules()[name].name == "__init__.py")}
     cycle = find_cycle(edges)
     assert cycle is None, "module cycle: " + " -> ".join(cycle)
+
+
+def _fake_tree(tmp_path, monkeypatch, planted: dict[str, str]) -> None:
+    """A copy of the package with ``planted`` files (path below ``lockstep/`` -> source) added; ROOT points at it."""
+    fake = tmp_path / "lockstep"
+    for p in ROOT.rglob("*.py"):
+        dst = fake / p.relative_to(ROOT)
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        dst.write_text(p.read_text(encoding="utf-8"), encoding="utf-8")
+    for rel, source in planted.items():
+        (fake / rel).parent.mkdir(parents=True, exist_ok=True)
+        (fake / rel).write_text(source, encoding="utf-8")
+    monkeypatch.setitem(globals(), "ROOT", fake)
 
 
 @pytest.mark.parametrize("source, expect", [
@@ -164,12 +177,18 @@ def test_modules_form_no_cycle():
 ])
 def test_the_check_sees_an_upward_import(tmp_path, monkeypatch, source, expect):
     """The test itself can fail: a planted upward import in the spec is reported."""
-    fake = tmp_path / "lockstep"
-    for p in ROOT.rglob("*.py"):
-        dst = fake / p.relative_to(ROOT)
-        dst.parent.mkdir(parents=True, exist_ok=True)
-        dst.write_text(p.read_text(encoding="utf-8"), encoding="utf-8")
-    (fake / "spec" / "planted.py").write_text(source, encoding="utf-8")
-    monkeypatch.setitem(globals(), "ROOT", fake)
+    _fake_tree(tmp_path, monkeypatch, {"spec/planted.py": source})
     with pytest.raises(AssertionError, match=expect):
         test_no_import_goes_up_a_layer()
+
+
+def test_the_check_sees_a_cycle_through_a_package_init(tmp_path, monkeypatch):
+    """Registration by import: a registry that imports a package (lazily) whose ``__init__`` imports
+    modules that import the registry. The cycle runs through the ``__init__``, and is reported."""
+    _fake_tree(tmp_path, monkeypatch, {
+        "conformance/planted_registry.py": "def load():\n    from . import planted_ops  # noqa: F401\n",
+        "conformance/planted_ops/__init__.py": "from . import one  # noqa: F401\n",
+        "conformance/planted_ops/one.py": "from ..planted_registry import load  # noqa: F401\n",
+    })
+    with pytest.raises(AssertionError, match="module cycle: .*planted_ops"):
+        test_modules_form_no_cycle()

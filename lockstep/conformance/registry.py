@@ -1,75 +1,64 @@
-"""One conformance record per op of the backend contract: its fixed cases, search strategy and regressions.
+"""Every op's conformance record, in the order of ``spec.OP_TABLE``: its fixed cases, search strategy and regressions.
 
-A record's ``cases(seed, level)`` returns named input tuples. Level 1 is boundary
-values plus a few thousand seeded random values and small shapes (seconds); level 2
-adds larger random sets and shapes (a minute or two on the spec). Level 3 is not made of
-records' cases: it sweeps every float32 pattern through the unary ops
-(``lockstep.conformance.sweep``). The conformance
-search's regressions of the op (calls on which a backend once disagreed, as
-Hypothesis shrank them) follow: ``regressions()``, calls the spec answers, are
-appended to the cases at every seed and level; ``refusals()``, calls the spec
-refuses, are run by the runner and ``tests/test_conformance_search.py``, which
-require every backend to raise the spec's exception type. ``draw`` is the op's
-search strategy (``lockstep.conformance.search``).
-
-The records live in ``lockstep/conformance/ops/``, one module per spec module, named
-like it (``ops/norm.py`` holds rmsnorm's, ``spec/norm.py`` defines it); each adds its
-records with ``register``. Every record names an op of the contract
-(``lockstep.contract``), and every case's arguments bind to that op's signature with
-values of the contract's kinds (``tests/test_contract.py``).
+The records are plain data (``record.OpRecord``, ``record.Case``) in ``lockstep/conformance/ops/``,
+one module per spec module and named like it (``ops/norm.py`` holds rmsnorm's, ``spec/norm.py``
+defines it), each module's ``RECORDS``. This module reads them: every op of the table has exactly
+one record, in the module named by its declaration, and no record names another op. A record's
+cases here include its search regressions (``regressions()``, appended at every seed and level).
+The order of the records is the order of the golden files' lines (``golden``, format 1).
+Every case's arguments bind to the op's contract signature with values of the contract's kinds
+(``tests/test_contract.py``).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
+from functools import lru_cache
 from typing import Any, Callable
 
 import numpy as np
 
-from lockstep.contract import CONTRACT
+from lockstep import spec
+
+from . import ops
+from .record import Case, OpRecord
+
+__all__ = ["Case", "OpRecord", "all_records", "get_record", "records_problems", "search_refusal_regressions",
+           "describe_inputs", "as_outputs"]
 
 
-@dataclass(frozen=True)
-class Case:
-    label: str
-    args: tuple
-    kwargs: dict = field(default_factory=dict)
+def records_problems(modules: dict[str, Any] | None = None) -> list[str]:
+    """Every way the records' modules differ from ``spec.OP_TABLE`` (an empty list when they agree):
+    an op without a record in its module, a record of another op or in another module, a record twice,
+    a tolerance other than 0."""
+    modules = ops.MODULES if modules is None else modules
+    problems = [f"conformance/ops/{m}.py: no such module" for m in spec.OP_MODULES if m not in modules]
+    seen: dict[str, str] = {}
+    for module, mod in modules.items():
+        for rec in getattr(mod, "RECORDS", ()):
+            where = f"conformance/ops/{module}.py"
+            if rec.name not in spec.OP_MODULE:
+                problems.append(f"{where}: record {rec.name!r} is not an op of spec.OP_TABLE")
+            elif spec.OP_MODULE[rec.name] != module:
+                problems.append(f"{where}: record {rec.name!r} belongs in conformance/ops/{spec.OP_MODULE[rec.name]}.py")
+            if rec.name in seen:
+                problems.append(f"{where}: record {rec.name!r} given twice")
+            seen[rec.name] = module
+            if rec.tolerance != 0:
+                problems.append(f"{where}: record {rec.name!r}: tolerance must be 0 (bit-exact)")
+    problems += [f"{op.name}: no conformance record in conformance/ops/{op.module}.py"
+                 for op in spec.OP_TABLE if op.name not in seen]
+    return problems
 
 
-@dataclass(frozen=True)
-class OpRecord:
-    name: str  # an op of the contract
-    cases: Callable[[int, int], list[Case]]
-    tolerance: int = 0  # ulps; always 0 in lockstep: bit-exactness is binary
-    doc: str = ""
-    # The search: ``draw(draw, op) -> (args, kwargs)`` draws one call (None: the search's fallback
-    # draws new values into the shapes of the first case); examples in the suite are divided by
-    # ``search_cost`` (the spec's relative time per example).
-    draw: Callable | None = None
-    search_cost: int = 1
-    # Regressions found by the search: calls the spec answers (appended to ``cases``) and calls it refuses.
-    regressions: Callable[[], list[Case]] = list
-    refusals: Callable[[], list[Case]] = list
-
-    @property
-    def arity(self) -> int:
-        """Parameters of the op (defaults included), from the contract."""
-        return len(CONTRACT[self.name].params)
-
-
-_REGISTRY: dict[str, OpRecord] = {}
-
-
-def register(record: OpRecord) -> OpRecord:
-    if record.name not in CONTRACT:
-        raise ValueError(f"conformance record {record.name!r} is not an op of the backend contract")
-    if record.tolerance != 0:
-        raise ValueError(f"conformance record {record.name!r}: tolerance must be 0 (bit-exact)")
-    if record.name in _REGISTRY:
-        raise ValueError(f"conformance record {record.name!r} registered twice")
-    record = replace(record, cases=_with_regressions(record.cases, record.regressions))
-    _REGISTRY[record.name] = record
-    return record
+@lru_cache(maxsize=None)
+def _records() -> dict[str, OpRecord]:
+    problems = records_problems()
+    if problems:
+        raise ValueError("the conformance records and spec.OP_TABLE disagree: " + "; ".join(problems))
+    by_name = {rec.name: rec for mod in ops.MODULES.values() for rec in mod.RECORDS}
+    return {op: replace(by_name[op], cases=_with_regressions(by_name[op].cases, by_name[op].regressions))
+            for op in spec.OPS}
 
 
 def _with_regressions(cases: Callable[[int, int], list[Case]],
@@ -80,42 +69,18 @@ def _with_regressions(cases: Callable[[int, int], list[Case]],
     return all_cases
 
 
-# The order of the records, and so of the golden files' lines (``golden``, format 1): the order
-# in which the suite first registered them. A new op's record follows these, in registration order.
-RECORD_ORDER = (
-    "add", "sub", "mul", "div", "maximum", "minimum", "sqrt", "neg", "abs", "exp", "log", "sigmoid", "silu",
-    "lane_tree_sum", "matmul", "int8_matmul", "max", "argmax", "philox4x32",
-    "concat_last", "column_sum", "embedding_forward", "embedding_backward", "rmsnorm_forward", "rmsnorm_backward",
-    "rope_forward", "rope_backward", "attention_forward", "attention_backward", "swiglu_forward", "swiglu_backward",
-    "int8_linear_forward", "int8_linear_backward", "cross_entropy_forward", "cross_entropy_backward",
-    "sum_of_squares", "global_norm", "clip_coefficient", "scale", "adamw_update",
-    # the golden file's lines follow this order, so an op appended here appends its lines
-    "decode_attention",
-    "matmul_accumulate", "cross_entropy_rows",
-)
-
-
 def all_records() -> list[OpRecord]:
-    """Every record, in ``RECORD_ORDER``."""
-    _load_records()
-    rank = {name: i for i, name in enumerate(RECORD_ORDER)}
-    return sorted(_REGISTRY.values(), key=lambda r: rank.get(r.name, len(rank)))
+    """Every record, in the order of ``spec.OP_TABLE``."""
+    return list(_records().values())
 
 
 def get_record(name: str) -> OpRecord:
-    _load_records()
-    return _REGISTRY[name]
+    return _records()[name]
 
 
 def search_refusal_regressions() -> list[tuple[str, str, tuple, dict]]:
     """``(op, label, args, kwargs)`` for every record's refusal cases, in record order."""
     return [(rec.name, c.label, c.args, c.kwargs) for rec in all_records() for c in rec.refusals()]
-
-
-def _load_records() -> None:
-    """Import ``lockstep.conformance.ops``, whose modules register the records (here, not at the
-    top: they import this module)."""
-    from . import ops  # noqa: F401
 
 
 def describe_inputs(args: tuple, index: tuple | int | None) -> str:

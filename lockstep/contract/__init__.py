@@ -1,14 +1,14 @@
 """The backend contract: the ops every lockstep backend implements, typed.
 
-A backend is a table of the spec's op names (``lockstep.spec.OPS``, which is
-``OP_NAMES`` below) plus two array movers, ``asarray`` and ``to_numpy``. The class
-``BackendOps`` is the contract, written once: every method is an op, its parameters
-carry the names, order and defaults every backend uses, and each annotation names
-an argument or return *kind* (``Kind``). ``CONTRACT`` is the same information as a
-table, derived from ``BackendOps``; the spec's op list, the Numba backend's table and
-the conformance registry are derived from it or checked against it
-(``tests/test_contract.py``, with ``inspect.signature``), and the conformance runner
-checks every backend's signatures and output kinds against it.
+A backend is a table of the spec's ops (``lockstep.spec.OP_TABLE``, the one declaration of
+every op; ``OP_NAMES`` below is its order) plus two array movers, ``asarray`` and
+``to_numpy``. The class ``BackendOps`` is the contract, written once: every method is an op,
+its parameters carry the names, order and defaults every backend uses, each annotation
+names an argument or return *kind* (``Kind``), and ``@shapes`` names the op's shape rule
+(``contract.shapes``). ``CONTRACT`` is the same information as a table, built from
+``BackendOps`` in the order of ``spec.OP_TABLE``; importing this module fails when the two
+name different ops. The conformance runner checks every backend's signatures and output
+kinds against it.
 
 Kinds of arguments (what an op may be given)
 --------------------------------------------
@@ -50,8 +50,7 @@ Kinds of results (what an op returns)
 What a backend may assume about its inputs (and what it must do)
 -----------------------------------------------------------------
 
-The spec reads every float32 *input* of every op under one rule (SPEC_VERSION 2,
-``spec.fp``): a subnormal input is a zero of its sign (DAZ, as Apple GPUs read
+The spec reads every float32 *input* of every op under one rule (``spec.fp``): a subnormal input is a zero of its sign (DAZ, as Apple GPUs read
 them) and every NaN input is the canonical NaN. Backends implement the rule once,
 in ``asarray``:
 
@@ -95,6 +94,7 @@ from typing import Annotated, Any, Protocol, Sequence, Union
 
 import numpy as np
 
+from lockstep import spec
 from lockstep.errors import LockstepError
 
 from . import shapes as S
@@ -155,7 +155,7 @@ UInt32 = Annotated[Any, Kind.UINT32]
 
 
 class BackendOps(Protocol):
-    """The ops of every backend, in the spec's order. Docstrings: the spec op's summary.
+    """The ops of every backend, in the order of ``spec.OP_TABLE``. Docstrings: the spec op's summary.
 
     Shapes use the spec's legends: B batch, T positions, D model width, H query
     heads, G KV heads, Dh head dim, F feed-forward width, V vocabulary, N rows,
@@ -175,6 +175,12 @@ class BackendOps(Protocol):
     @shapes(S.binary)
     def div(self, a: F32Operand, b: F32Operand) -> F32:
         """``a / b``."""
+    @shapes(S.binary)
+    def maximum(self, a: F32Operand, b: F32Operand) -> F32:
+        """Total-order max (-0.0 < +0.0)."""
+    @shapes(S.binary)
+    def minimum(self, a: F32Operand, b: F32Operand) -> F32:
+        """Total-order min."""
     @shapes(S.unary)
     def sqrt(self, a: F32Operand) -> F32:
         """IEEE square root."""
@@ -184,12 +190,6 @@ class BackendOps(Protocol):
     @shapes(S.unary)
     def abs(self, a: F32Operand) -> F32:
         """``|a|`` (exact)."""
-    @shapes(S.binary)
-    def maximum(self, a: F32Operand, b: F32Operand) -> F32:
-        """Total-order max (-0.0 < +0.0)."""
-    @shapes(S.binary)
-    def minimum(self, a: F32Operand, b: F32Operand) -> F32:
-        """Total-order min."""
 
     # ---- spec.transcendental
     @shapes(S.transcendental)
@@ -227,13 +227,15 @@ class BackendOps(Protocol):
     def philox4x32(self, counter: UInt32, key: UInt32, rounds: HostInt = 10) -> UInt32:
         """Philox4x32-R: (..., 4), (..., 2) -> (..., 4)."""
 
-    # ---- model ops
+    # ---- spec.layout, and spec.reduce's column sum
     @shapes(S.concat_last)
     def concat_last(self, arrays: F32Sequence) -> F32:
         """Concatenate along the last axis (exact)."""
     @shapes(S.column_sum)
     def column_sum(self, x: F32) -> F32:
         """(..., D) -> (D,): ascending over the leading rows."""
+
+    # ---- the model's ops (embedding, norm, rope, attention, swiglu, quant, loss) and the optimizer (optim)
     @shapes(S.embedding_forward)
     def embedding_forward(self, table: F32, ids: Ids) -> F32:
         """(V, D), (B, T) -> (B, T, D)."""
@@ -259,9 +261,6 @@ class BackendOps(Protocol):
     def attention_backward(self, do: F32, q: F32, k: F32, v: F32, o: F32, m: F32, l: F32,
                            window: Window = None) -> tuple[F32, F32, F32]:
         """``(dq, dk, dv)``."""
-    @shapes(S.decode_attention, S.decode_pairs)
-    def decode_attention(self, q: F32, k: F32, v: F32, n: HostInt, window: Window = None) -> F32:
-        """(H, Dh), (G, C, Dh), (G, C, Dh), n -> o (H, Dh): the last query over cache positions 0 .. n-1."""
     @shapes(S.swiglu_forward)
     def swiglu_forward(self, gu: F32) -> F32:
         """(..., 2F) -> (..., F)."""
@@ -298,8 +297,11 @@ class BackendOps(Protocol):
                      one_minus_beta1: F32Scalar, one_minus_beta2: F32Scalar, eps: F32Scalar,
                      weight_decay: F32Scalar, bc1: F32Scalar, bc2: F32Scalar) -> tuple[F32, F32, F32]:
         """One AdamW step: ``(p, m, v)``."""
+    @shapes(S.decode_attention, S.decode_pairs)
+    def decode_attention(self, q: F32, k: F32, v: F32, n: HostInt, window: Window = None) -> F32:
+        """(H, Dh), (G, C, Dh), (G, C, Dh), n -> o (H, Dh): the last query over cache positions 0 .. n-1."""
 
-    # ---- added after the first 42 (issue 26): a micro-batch's step in row chunks, the same bits
+    # ---- a micro-batch's step in row chunks: the same bits as matmul and cross_entropy_forward
     @shapes(S.matmul_accumulate)
     def matmul_accumulate(self, acc: F32, a: F32, b: F32) -> F32:
         """(M, N), (M, K), (K, N): ``matmul``'s ascending-k contraction continued from acc."""
@@ -307,7 +309,7 @@ class BackendOps(Protocol):
     def cross_entropy_rows(self, logits: F32, targets: Ids, z_loss: HostFloat) -> tuple[F32, F32]:
         """(N, V), (N,) -> ``(losses, lse)``: per-token losses; their lane tree is ``cross_entropy_forward``'s sum."""
 
-    # ---- added with SPEC_VERSION 4 (issue 36): attention in the int8 recipe
+    # ---- attention in the int8 recipe (``quantize``)
     @shapes(S.attention_forward, S.attention_pairs)
     def attention_forward_int8(self, q: F32, k: F32, v: F32, window: Window = None) -> tuple[F32, F32, F32]:
         """``attention_forward`` with P.V an int8 contraction: ``(o, m, l)``."""
@@ -353,23 +355,28 @@ def _kind_of(hint) -> Kind:
     raise TypeError(f"contract annotation {hint!r} carries no Kind")
 
 
+def _op_contract(name: str, fn) -> OpContract:
+    hints = typing.get_type_hints(fn, include_extras=True)
+    sig = inspect.signature(fn)
+    params = tuple(Param(p.name, _kind_of(hints[p.name]), p.default) for p in list(sig.parameters.values())[1:])
+    ret = hints["return"]
+    if typing.get_origin(ret) is tuple:
+        returns, is_tuple = tuple(_kind_of(h) for h in typing.get_args(ret)), True
+    else:
+        returns, is_tuple = (_kind_of(ret),), False
+    return OpContract(name, params, returns, is_tuple, (fn.__doc__ or "").strip(),
+                      getattr(fn, "__lockstep_shapes__", None), getattr(fn, "__lockstep_pairs__", None))
+
+
 def _build_contract() -> dict[str, OpContract]:
-    table = {}
-    for name, fn in vars(BackendOps).items():
-        if name.startswith("_") or not callable(fn):
-            continue
-        hints = typing.get_type_hints(fn, include_extras=True)
-        sig = inspect.signature(fn)
-        params = tuple(Param(p.name, _kind_of(hints[p.name]), p.default)
-                       for p in list(sig.parameters.values())[1:])
-        ret = hints["return"]
-        if typing.get_origin(ret) is tuple:
-            returns, is_tuple = tuple(_kind_of(h) for h in typing.get_args(ret)), True
-        else:
-            returns, is_tuple = (_kind_of(ret),), False
-        table[name] = OpContract(name, params, returns, is_tuple, (fn.__doc__ or "").strip(),
-                                 getattr(fn, "__lockstep_shapes__", None), getattr(fn, "__lockstep_pairs__", None))
-    return table
+    """``BackendOps``'s methods as ``OpContract``s, in the order of ``spec.OP_TABLE``."""
+    methods = {name: fn for name, fn in vars(BackendOps).items() if not name.startswith("_") and callable(fn)}
+    missing = [op for op in spec.OPS if op not in methods]
+    extra = [name for name in methods if name not in spec.OPS]
+    if missing or extra:
+        raise ImportError(f"lockstep.contract: BackendOps and spec.OP_TABLE disagree (no method for "
+                          f"{', '.join(missing) or 'none'}; not in the table: {', '.join(extra) or 'none'})")
+    return {op: _op_contract(op, methods[op]) for op in spec.OPS}
 
 
 CONTRACT: dict[str, OpContract] = _build_contract()

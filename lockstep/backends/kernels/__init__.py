@@ -7,7 +7,8 @@ Files here (read ``README.md`` for the conventions):
   lane-tree(32) fold; one Philox4x32 block; int8 helpers).
 * ``prelude_<dialect>.h``: what differs between dialects (types, qualifiers, ids, local memory,
   barriers, the five IEEE operations, FP_CONTRACT pragmas), one small header each.
-* ``<module>.kc``: the kernels, one file per module of ``lockstep.spec``.
+* ``<module>.kc``: the kernels, one file per module of ``lockstep.spec`` that defines ops
+  (``spec.OP_MODULES``), and ``hashing.kc`` (the Merkle leaves of device arrays).
 * ``<module>.py`` beside each ``<module>.kc``: the host side of that spec module's ops, written
   once against a ``Runtime`` (checks, allocation, launch geometry); ``layout.py`` also holds
   ``DeviceArray`` and the launch geometry every op uses.
@@ -30,14 +31,14 @@ import re
 from functools import lru_cache
 from pathlib import Path
 
+from lockstep.spec import OP_MODULES
+
 KERNEL_DIR = Path(__file__).resolve().parent
 DIALECTS = ("opencl", "cuda", "metal", "host")
 HEADER = "ls_fp.h"
-# In the order they are concatenated (a file may use what an earlier one defines).
-KERNEL_FILES = (
-    "layout.kc", "fp.kc", "transcendental.kc", "reduce.kc", "philox.kc", "embedding.kc", "norm.kc",
-    "rope.kc", "attention.kc", "swiglu.kc", "quant.kc", "loss.kc", "optim.kc", "hashing.kc",
-)
+# In the order they are concatenated (a file may use what an earlier one defines): one per spec module
+# that defines ops, in the order of ``spec.OP_MODULES``, then the device side of ``spec.hashing``.
+KERNEL_FILES = tuple(f"{module}.kc" for module in OP_MODULES) + ("hashing.kc",)
 _KERNEL_RE = re.compile(r"^LS_KERNEL\((\w+)\)", re.MULTILINE)
 
 

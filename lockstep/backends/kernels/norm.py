@@ -1,8 +1,8 @@
-"""Host side of ``norm.kc`` (``lockstep/spec/norm.py``): RMSNorm forward and backward, column sums.
+"""Host side of ``norm.kc`` (``lockstep/spec/norm.py``): RMSNorm forward and backward.
 
 Rows of width D are the last axis (a contiguous copy, as (rows, D)). ``rmsnorm_forward`` and the
 backward's dx: one work-group of 32 per row (the lane tree of the row's sums); the gain's
-gradient and ``column_sum``: one work-item per column, rows ascending.
+gradient: one work-item per column, rows ascending.
 """
 
 from __future__ import annotations
@@ -16,14 +16,6 @@ from .layout import F32, DeviceArray, LayoutOps
 
 class NormOps(LayoutOps):
     """The ops of ``spec.norm``."""
-
-    def column_sum(self, x):
-        """spec norm.column_sum: ``ls_column_sum_kernel``."""
-        x2 = self._rows2(self._f32(x))
-        rows, d = x2.shape
-        out = self.empty((d,), F32)
-        self._ew("ls_column_sum_kernel", d, out, x2, np.int32(rows), np.int32(d))
-        return out
 
     def _gain(self, gain, d: int, fallback: DeviceArray):
         if gain is None:

@@ -1,4 +1,4 @@
-"""Host side of ``reduce.kc`` (``lockstep/spec/reduce.py``): lane-tree sums, max/argmax, matmul, int8 matmul.
+"""Host side of ``reduce.kc`` (``lockstep/spec/reduce.py``): lane-tree sums, column sums, max/argmax, matmul, int8 matmul.
 
 * ``lane_tree_sum``, ``max``, ``argmax``: the reduced axis moved last (a contiguous copy), one
   work-group of 32 per row (work-item j is lane j of the lane tree; maxima are exact).
@@ -45,6 +45,14 @@ class ReduceOps(LayoutOps):
         out = self.empty(lead, F32)
         r, n = rows.shape
         self._rows("ls_lane_tree_rows_kernel", r, out, rows, np.int32(r), np.int32(n), np.int32(n), np.int32(1))
+        return out
+
+    def column_sum(self, x):
+        """spec reduce.column_sum: ``ls_column_sum_kernel``, one work-item per column, rows ascending."""
+        x2 = self._rows2(self._f32(x))
+        rows, d = x2.shape
+        out = self.empty((d,), F32)
+        self._ew("ls_column_sum_kernel", d, out, x2, np.int32(rows), np.int32(d))
         return out
 
     def _max_rows(self, x, axis):

@@ -1,4 +1,4 @@
-"""The Numba CPU backend: every op of the backend contract (``lockstep.spec.OPS``), bit for bit, compiled and parallel.
+"""The Numba CPU backend: every op of the backend contract (``lockstep.spec.OP_TABLE``), bit for bit, compiled and parallel.
 
 One module per spec module, with the same op names (``fp``, ``transcendental``,
 ``reduce``, ``philox``, ``embedding``, ``norm``, ``rope``, ``attention``, ``swiglu``,
@@ -69,7 +69,6 @@ from ._cache import use_source_keyed_cache  # noqa: E402 - must run before the k
 use_source_keyed_cache()
 
 from lockstep import spec
-from lockstep.contract import OP_NAMES
 from lockstep.contract.capabilities import Capabilities
 
 from . import attention, embedding, fp, layout, loss, norm, optim, philox, quant, reduce, rope, swiglu, transcendental
@@ -79,14 +78,9 @@ _MODULES = {m.__name__.rsplit(".", 1)[1]: m for m in (attention, embedding, fp, 
                                                       reduce, rope, swiglu, transcendental)}
 
 
-def _implementation(op: str):
-    """The op from the module named like the spec module that defines it (spec.norm.column_sum -> norm.column_sum)."""
-    spec_module = getattr(spec, op).__module__.rsplit(".", 1)[1]
-    return getattr(_MODULES[spec_module], op)
-
-
-# The op table, in the contract's order (``lockstep.contract``).
-OPS = {name: _implementation(name) for name in OP_NAMES}
+# The op table, in the order of ``spec.OP_TABLE``: each op from the module named like the spec module
+# that declares it (spec.reduce.column_sum -> numba_cpu.reduce.column_sum).
+OPS = {op.name: getattr(_MODULES[op.module], op.name) for op in spec.OP_TABLE}
 
 
 def asarray(x) -> np.ndarray:

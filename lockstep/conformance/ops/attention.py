@@ -1,5 +1,6 @@
 """Conformance of ``spec.attention``: attention_forward, attention_backward (GQA, causal or sliding window),
-decode_attention (one query over a KV cache).
+decode_attention (one query over a KV cache), and the int8 recipe's attention_forward_int8,
+attention_backward_int8.
 
 Causal and window-3 cases at the model shapes, plus two built to catch a kernel that
 computes masked pairs (they are absent, not zero-weighted): one whose sum flushes to
@@ -7,7 +8,9 @@ computes masked pairs (they are absent, not zero-weighted): one whose sum flushe
 multiple of G, Dh = 0, k and v of another T or head dim (refused), windows at every
 edge, and o, m, l that the forward did not make. decode_attention: n below, at and above
 multiples of 32 (the lane of key j0), windows that cut or not, H = G and H = 2G, boundary
-values in q, k and v, and positions past n holding values no sum may read (inf, NaN).
+values in q, k and v, and positions past n holding values no sum may read (inf, NaN). The int8
+ops: the float ops' cases and search, plus channels whose scale is 0 or flushes, boundary values,
+and keys and dO large enough to reach the top of the fixed-point dq's grid.
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ from lockstep import spec
 
 from .. import inputs as gen
 from ..draws import Viewed, canonical_host, composite, f32_array, mismatched, rarely, sometimes, st
-from ..registry import Case, OpRecord, register
+from ..record import Case, OpRecord
 
 
 def _attn_inputs(seed, dims, tag):
@@ -32,7 +35,7 @@ def _attn_inputs(seed, dims, tag):
 def _masked_negzero_inputs():
     """q = k = 0, so p splits evenly; query 1 sums 0.5*v0 + 0.5*v1 = -2**-148, which flushes to -0.0.
 
-    Masked pairs are absent (SPEC_VERSION 2), so it stays -0.0; a kernel that adds a masked
+    Masked pairs are absent from every sum, so it stays -0.0; a kernel that adds a masked
     +0 * v2 term makes it +0.0. Backward (window 2): key 0 gets 1*do0 + 0.5*do1 = -2**-148
     from its allowed queries 0 and 1 (query 2 is masked for it).
     """
@@ -142,18 +145,13 @@ def _one():
 
 def _forward_refusals():
     return [Case("search-k-head-dim", (_one(), gen.f32_zeros(1, 1, 1, 2), _one(), None)),
-            # opencl answered Dh = 0, which the spec now refuses (conformance_search --seed 21 --examples 300)
+            # opencl answered Dh = 0, which the spec refuses (conformance_search --seed 21 --examples 300)
             Case("search-head-dim-0", (gen.f32_zeros(1, 1, 1, 0),) * 3, {"window": None})]
 
 
 def _backward_refusals():
     return [Case("search-k-head-dim", (_one(), _one(), gen.f32_zeros(1, 1, 1, 2), _one(), _one(),
                                        gen.f32_zeros(1, 1, 1), gen.f32_zeros(1, 1, 1), None))]
-
-
-register(OpRecord("attention_forward", _attn_fwd_cases, draw=_draw_forward, search_cost=4, refusals=_forward_refusals))
-register(OpRecord("attention_backward", _attn_bwd_cases, draw=_draw_backward, search_cost=8,
-                  refusals=_backward_refusals))
 
 
 # ---------------------------------------------------------------- decode_attention
@@ -217,10 +215,7 @@ def _decode_refusals():
             Case("q-4d", (gen.f32_zeros(1, 1, 1, 1), cache, cache, 1, None))]
 
 
-register(OpRecord("decode_attention", _decode_cases, draw=_draw_decode, search_cost=2, refusals=_decode_refusals))
-
-
-# ---------------------------------------------------------------- the int8 recipe (SPEC_VERSION 4)
+# ---------------------------------------------------------------- the int8 recipe
 # attention_forward_int8 / attention_backward_int8: the float ops' cases, plus values whose channel
 # scale is 0 (-> 1) or inf/NaN, boundary values everywhere, and large keys and dO that put the
 # fixed-point dq's terms near the top of its grid.
@@ -270,7 +265,13 @@ def _draw_backward_int8(draw, op):
     return (do, q, k, v, o, m, l, window), kw
 
 
-register(OpRecord("attention_forward_int8", _attn_fwd_int8_cases, draw=_draw_forward, search_cost=4,
-                  refusals=_forward_refusals))
-register(OpRecord("attention_backward_int8", _attn_bwd_int8_cases, draw=_draw_backward_int8, search_cost=8,
-                  refusals=_backward_refusals))
+RECORDS = (
+    OpRecord("attention_forward", _attn_fwd_cases, draw=_draw_forward, search_cost=4, refusals=_forward_refusals),
+    OpRecord("attention_backward", _attn_bwd_cases, draw=_draw_backward, search_cost=8,
+             refusals=_backward_refusals),
+    OpRecord("decode_attention", _decode_cases, draw=_draw_decode, search_cost=2, refusals=_decode_refusals),
+    OpRecord("attention_forward_int8", _attn_fwd_int8_cases, draw=_draw_forward, search_cost=4,
+             refusals=_forward_refusals),
+    OpRecord("attention_backward_int8", _attn_bwd_int8_cases, draw=_draw_backward_int8, search_cost=8,
+             refusals=_backward_refusals),
+)

@@ -11,7 +11,7 @@ import numpy as np
 
 from .. import inputs as gen
 from ..draws import composite, dim, f32_array, mismatched, rarely, row_length, st, token_ids
-from ..registry import Case, OpRecord, register
+from ..record import Case, OpRecord
 
 
 def _forward_cases(seed, level):
@@ -62,6 +62,8 @@ def _backward_refusals():
     return [Case("search-more-ids-than-rows", (gen.f32_zeros(1, 1, 1), np.zeros((1, 2), np.int64), 1))]
 
 
-register(OpRecord("embedding_forward", _forward_cases, draw=_draw_forward))
-register(OpRecord("embedding_backward", _backward_cases, draw=_draw_backward, search_cost=2,
-                  regressions=_backward_regressions, refusals=_backward_refusals))
+RECORDS = (
+    OpRecord("embedding_forward", _forward_cases, draw=_draw_forward),
+    OpRecord("embedding_backward", _backward_cases, draw=_draw_backward, search_cost=2,
+             regressions=_backward_regressions, refusals=_backward_refusals),
+)

@@ -17,7 +17,7 @@ from lockstep.spec.philox import PhiloxStream
 from .. import inputs as gen
 from ..draws import (LAYOUTS, MANT_MASK, SIGN, STREAM, as_f32, f32_array_bits, operand, result_shape,
                      squeeze_for_broadcast, st, with_layout)
-from ..registry import Case, OpRecord, register
+from ..record import Case, OpRecord
 
 
 def random_count(level: int) -> int:
@@ -122,7 +122,9 @@ def _draw_binary(draw, op):
     return (with_layout(as_f32(a), layout), with_layout(as_f32(b), layout)), {}
 
 
-for _op in ("add", "sub", "mul", "div", "maximum", "minimum"):
-    register(OpRecord(_op, _binary_cases(_op), doc="elementwise, one rounding, round-then-flush", draw=_draw_binary))
-for _op in ("sqrt", "neg", "abs"):
-    register(OpRecord(_op, unary_cases(_op), doc="elementwise, one rounding, round-then-flush", draw=draw_unary))
+RECORDS = (
+    *(OpRecord(op, _binary_cases(op), doc="elementwise, one rounding, round-then-flush", draw=_draw_binary)
+      for op in ("add", "sub", "mul", "div", "maximum", "minimum")),
+    *(OpRecord(op, unary_cases(op), doc="elementwise, one rounding, round-then-flush", draw=draw_unary)
+      for op in ("sqrt", "neg", "abs")),
+)

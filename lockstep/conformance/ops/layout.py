@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from .. import inputs as gen
 from ..draws import dim, f32_array, mismatched, rarely, row_length, st
-from ..registry import Case, OpRecord, register
+from ..record import Case, OpRecord
 
 
 def _concat_cases(seed, level):
@@ -21,4 +21,6 @@ def _draw_concat(draw, op):
     return ((tuple if draw(st.booleans()) else list)(arrays),), {}
 
 
-register(OpRecord("concat_last", _concat_cases, draw=_draw_concat))
+RECORDS = (
+    OpRecord("concat_last", _concat_cases, draw=_draw_concat),
+)

@@ -13,7 +13,7 @@ from lockstep import spec
 
 from .. import inputs as gen
 from ..draws import canonical_host, dim, f32_array, f32_scalar, host_float, mismatched, row_length, st, token_ids
-from ..registry import Case, OpRecord, register
+from ..record import Case, OpRecord
 
 
 def _forward_cases(seed, level):
@@ -72,7 +72,9 @@ def _rows_cases(seed, level):
                                           Case("no-z-loss", (logits[:, :7].copy(), np.zeros(5, np.int64), 0.0))]
 
 
-register(OpRecord("cross_entropy_rows", _rows_cases, draw=_draw_forward, search_cost=2))
-register(OpRecord("cross_entropy_forward", _forward_cases, draw=_draw_forward, search_cost=2))
-register(OpRecord("cross_entropy_backward", _backward_cases, draw=_draw_backward, search_cost=2,
-                  refusals=_backward_refusals))
+RECORDS = (
+    OpRecord("cross_entropy_rows", _rows_cases, draw=_draw_forward, search_cost=2),
+    OpRecord("cross_entropy_forward", _forward_cases, draw=_draw_forward, search_cost=2),
+    OpRecord("cross_entropy_backward", _backward_cases, draw=_draw_backward, search_cost=2,
+             refusals=_backward_refusals),
+)

@@ -12,7 +12,7 @@ from lockstep import spec
 
 from .. import inputs as gen
 from ..draws import canonical_host, f32_array, host_float, mismatched, row_length, shape_with_last, st
-from ..registry import Case, OpRecord, register
+from ..record import Case, OpRecord
 
 EPS = 1e-6
 
@@ -75,5 +75,7 @@ def _backward_refusals():
     return [Case("search-gain-broadcast", (gen.f32_zeros(0), gen.f32_zeros(0), gen.f32_zeros(1), gen.f32_zeros()))]
 
 
-register(OpRecord("rmsnorm_forward", _forward_cases, draw=_draw_forward, refusals=_forward_refusals))
-register(OpRecord("rmsnorm_backward", _backward_cases, draw=_draw_backward, search_cost=2, refusals=_backward_refusals))
+RECORDS = (
+    OpRecord("rmsnorm_forward", _forward_cases, draw=_draw_forward, refusals=_forward_refusals),
+    OpRecord("rmsnorm_backward", _backward_cases, draw=_draw_backward, search_cost=2, refusals=_backward_refusals),
+)

@@ -15,7 +15,7 @@ from lockstep import spec
 from .. import inputs as gen
 from ..draws import (composite, f32_array, f32_scalar, host_float, mismatched, result_shape, row_length, shape_with_last,
                      sometimes, st)
-from ..registry import Case, OpRecord, register
+from ..record import Case, OpRecord
 
 
 def _sumsq_cases(seed, level):
@@ -120,9 +120,11 @@ def _adamw_refusals():
                                         *(np.float32(x) for x in (1e-3, 0.9, 0.95, 0.1, 0.05, 1e-8, 0.1, 0.1, 0.05))))]
 
 
-register(OpRecord("sum_of_squares", _sumsq_cases, draw=_draw_sum_of_squares))
-register(OpRecord("global_norm", _global_norm_cases, draw=_draw_global_norm))
-register(OpRecord("clip_coefficient", _clip_cases, draw=_draw_clip_coefficient))
-register(OpRecord("scale", _scale_cases, draw=_draw_scale))
-register(OpRecord("adamw_update", _adamw_cases, draw=_draw_adamw_update, search_cost=2, regressions=_adamw_regressions,
-                  refusals=_adamw_refusals))
+RECORDS = (
+    OpRecord("sum_of_squares", _sumsq_cases, draw=_draw_sum_of_squares),
+    OpRecord("global_norm", _global_norm_cases, draw=_draw_global_norm),
+    OpRecord("clip_coefficient", _clip_cases, draw=_draw_clip_coefficient),
+    OpRecord("scale", _scale_cases, draw=_draw_scale),
+    OpRecord("adamw_update", _adamw_cases, draw=_draw_adamw_update, search_cost=2, regressions=_adamw_regressions,
+             refusals=_adamw_refusals),
+)

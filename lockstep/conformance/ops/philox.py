@@ -10,7 +10,7 @@ import numpy as np
 
 from .. import inputs as gen
 from ..draws import dim, rarely, squeeze_for_broadcast, st, uint32_array
-from ..registry import Case, OpRecord, register
+from ..record import Case, OpRecord
 
 
 def _philox_cases(seed: int, level: int) -> list[Case]:
@@ -35,4 +35,6 @@ def _draw_philox(draw, op):
     return (ctr, key), ({} if rounds == 10 and draw(st.booleans()) else {"rounds": rounds})
 
 
-register(OpRecord("philox4x32", _philox_cases, doc="Philox4x32-R", draw=_draw_philox))
+RECORDS = (
+    OpRecord("philox4x32", _philox_cases, doc="Philox4x32-R", draw=_draw_philox),
+)

@@ -11,7 +11,7 @@ import numpy as np
 
 from .. import inputs as gen
 from ..draws import f32_array, mismatched, shape_with_last, st
-from ..registry import Case, OpRecord, register
+from ..record import Case, OpRecord
 
 
 def _forward_cases(seed, level):
@@ -67,6 +67,8 @@ def _backward_refusals():
     return [Case("search-dy-width", (gen.f32_zeros(1, 2), gen.f32_zeros(1, 1), gen.f32_zeros(1, 1), False))]
 
 
-register(OpRecord("int8_linear_forward", _forward_cases, draw=_draw_forward, search_cost=2))
-register(OpRecord("int8_linear_backward", _backward_cases, draw=_draw_backward, search_cost=4,
-                  refusals=_backward_refusals))
+RECORDS = (
+    OpRecord("int8_linear_forward", _forward_cases, draw=_draw_forward, search_cost=2),
+    OpRecord("int8_linear_backward", _backward_cases, draw=_draw_backward, search_cost=4,
+             refusals=_backward_refusals),
+)

@@ -14,7 +14,7 @@ import numpy as np
 
 from .. import inputs as gen
 from ..draws import dim, f32_array, int8_array, rarely, row_length, shape_with_last, squeeze_for_broadcast, st
-from ..registry import Case, OpRecord, register
+from ..record import Case, OpRecord
 
 
 def _row_lengths(level: int) -> list[int]:
@@ -191,14 +191,16 @@ def _axis_out_of_range():
     return [Case("search-axis-out-of-range", (gen.f32_zeros(0),), {"axis": 1})]
 
 
-register(OpRecord("lane_tree_sum", _lane_tree_cases, doc="lane-tree(32) row sum", draw=_draw_axis_reduction,
-                  refusals=_axis_out_of_range))
-register(OpRecord("matmul", _matmul_cases, doc="ascending-k float32 contraction", draw=_draw_matmul, search_cost=2))
-register(OpRecord("matmul_accumulate", _matmul_accumulate_cases, doc="matmul's contraction continued from acc",
-                  draw=_draw_matmul_accumulate, search_cost=2, refusals=_matmul_accumulate_refusals))
-register(OpRecord("int8_matmul", _int8_matmul_cases, doc="exact int8 GEMM in int32", draw=_draw_int8_matmul,
-                  regressions=_int8_matmul_regressions))
-register(OpRecord("max", _max_cases, doc="total-order max", draw=_draw_axis_reduction, refusals=_axis_out_of_range))
-register(OpRecord("argmax", _max_cases, doc="first index of the total-order max", draw=_draw_axis_reduction,
-                  refusals=_axis_out_of_range))
-register(OpRecord("column_sum", _column_sum_cases, draw=_draw_column_sum, regressions=_column_sum_regressions))
+RECORDS = (
+    OpRecord("lane_tree_sum", _lane_tree_cases, doc="lane-tree(32) row sum", draw=_draw_axis_reduction,
+             refusals=_axis_out_of_range),
+    OpRecord("matmul", _matmul_cases, doc="ascending-k float32 contraction", draw=_draw_matmul, search_cost=2),
+    OpRecord("matmul_accumulate", _matmul_accumulate_cases, doc="matmul's contraction continued from acc",
+             draw=_draw_matmul_accumulate, search_cost=2, refusals=_matmul_accumulate_refusals),
+    OpRecord("int8_matmul", _int8_matmul_cases, doc="exact int8 GEMM in int32", draw=_draw_int8_matmul,
+             regressions=_int8_matmul_regressions),
+    OpRecord("max", _max_cases, doc="total-order max", draw=_draw_axis_reduction, refusals=_axis_out_of_range),
+    OpRecord("argmax", _max_cases, doc="first index of the total-order max", draw=_draw_axis_reduction,
+             refusals=_axis_out_of_range),
+    OpRecord("column_sum", _column_sum_cases, draw=_draw_column_sum, regressions=_column_sum_regressions),
+)

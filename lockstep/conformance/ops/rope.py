@@ -13,7 +13,7 @@ from lockstep.spec.rope import rope_tables
 
 from .. import inputs as gen
 from ..draws import dim, f32_array, mismatched, rarely, st
-from ..registry import Case, OpRecord, register
+from ..record import Case, OpRecord
 
 
 def _rope_cases(seed, level):
@@ -67,6 +67,8 @@ def _forward_refusals():
     ]
 
 
-register(OpRecord("rope_forward", _rope_cases, draw=_draw_rope, regressions=_forward_regressions,
-                  refusals=_forward_refusals))
-register(OpRecord("rope_backward", _rope_cases, draw=_draw_rope, regressions=lambda: [_t0()]))
+RECORDS = (
+    OpRecord("rope_forward", _rope_cases, draw=_draw_rope, regressions=_forward_regressions,
+             refusals=_forward_refusals),
+    OpRecord("rope_backward", _rope_cases, draw=_draw_rope, regressions=lambda: [_t0()]),
+)

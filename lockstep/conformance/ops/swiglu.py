@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from .. import inputs as gen
 from ..draws import f32_array, mismatched, row_length, shape_with_last
-from ..registry import Case, OpRecord, register
+from ..record import Case, OpRecord
 
 
 def _forward_cases(seed, level):
@@ -59,7 +59,9 @@ def _backward_refusals():
     ]
 
 
-register(OpRecord("swiglu_forward", _forward_cases, draw=_draw_forward, regressions=_forward_regressions,
-                  refusals=_forward_refusals))
-register(OpRecord("swiglu_backward", _backward_cases, draw=_draw_backward, regressions=_backward_regressions,
-                  refusals=_backward_refusals))
+RECORDS = (
+    OpRecord("swiglu_forward", _forward_cases, draw=_draw_forward, regressions=_forward_regressions,
+             refusals=_forward_refusals),
+    OpRecord("swiglu_backward", _backward_cases, draw=_draw_backward, regressions=_backward_regressions,
+             refusals=_backward_refusals),
+)

@@ -6,10 +6,13 @@ useful range (exp and the sigmoids over/underflow beyond +-88).
 
 from __future__ import annotations
 
-from ..registry import OpRecord, register
+from ..record import OpRecord
 from .fp import draw_unary, unary_cases
 
-register(OpRecord("exp", unary_cases("exp", -8, 8), doc="spec exp from + - * / and bit manipulation", draw=draw_unary))
-register(OpRecord("log", unary_cases("log", -126, 127), doc="spec log from + - * / and bit manipulation", draw=draw_unary))
-register(OpRecord("sigmoid", unary_cases("sigmoid", -8, 8), doc="1 / (1 + exp(-x))", draw=draw_unary))
-register(OpRecord("silu", unary_cases("silu", -8, 8), doc="x * sigmoid(x)", draw=draw_unary))
+
+RECORDS = (
+    OpRecord("exp", unary_cases("exp", -8, 8), doc="spec exp from + - * / and bit manipulation", draw=draw_unary),
+    OpRecord("log", unary_cases("log", -126, 127), doc="spec log from + - * / and bit manipulation", draw=draw_unary),
+    OpRecord("sigmoid", unary_cases("sigmoid", -8, 8), doc="1 / (1 + exp(-x))", draw=draw_unary),
+    OpRecord("silu", unary_cases("silu", -8, 8), doc="x * sigmoid(x)", draw=draw_unary),
+)

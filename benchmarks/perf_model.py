@@ -13,7 +13,9 @@ for the H200 SXM, not measured (``device_check.sh`` measures and prints measured
 * float32 without tensor cores ~67 TFLOP/s (lockstep's float contractions are fixed-order FMA-free
   float32 kernels, so this is their ceiling);
 * dense bf16 tensor cores ~990 TFLOP/s (PyTorch's bf16 step; MFU is quoted against it);
-* dense int8 tensor cores ~1979 TOPS (lockstep's exact int8 GEMMs);
+* dense int8 tensor cores ~1979 TOPS (lockstep's exact int8 GEMMs and the int8 recipe's P.V);
+* int32 without tensor cores ~33.5 TOPS: half the float32 rate (64 INT32 lanes per SM beside 128
+  FP32 ones), the ceiling of the int8 recipe's 64-bit fixed-point dQ;
 * host link: PCIe Gen5 x16, ~64 GB/s each way (vendor figure; the transfers of a step).
 
 Assumptions, each a simplification: every elementwise kernel reads its operands and writes its
@@ -24,6 +26,15 @@ micro-batch of ``micro_batch`` sequences ``M`` times (M from the preset's first 
 ``M - 1`` adds, the optimizer once, and the state root once. The PyTorch bf16 baseline is the
 step's model FLOPs at the bf16 ceiling (its best case), so the predicted tax is an upper bound
 on what a well-tuned bf16 step would show against lockstep's predicted time.
+
+Attention: per allowed (query, key) pair and head, each contraction over the head dim is ``2 Dh``
+operations: the forward has two (``s = q k^T``, ``o = p v``), the backward five (``s`` again, ``dp``,
+``dq``, ``dk``, ``dv``). Float32 attention runs them all at the float32 ceiling. The int8 recipe
+(``quantize``, ``spec.attention.attention_forward_int8`` / ``attention_backward_int8``) runs
+``o = p v`` on int8 tensor cores, adds ``P_QUANT_OPS`` float32 operations per pair to quantize p
+(forward) and to rebuild the dequantized p (backward), and sums ``dq = ds k`` in 64-bit fixed
+point at ``FIXED_POINT_INT32_OPS`` int32 operations per term; the other four contractions stay
+float32. One attention kernel is fused, so its HBM bytes are counted once, on its float part.
 """
 
 from __future__ import annotations
@@ -47,8 +58,17 @@ HBM_BYTES_S = 4.8e12
 FP32_FLOP_S = 67e12
 BF16_FLOP_S = 990e12
 INT8_OP_S = 1979e12
+INT32_OP_S = FP32_FLOP_S / 2
 HOST_LINK_BYTES_S = 64e9
 SHA256_OPS_PER_BLOCK = 3500
+# int8 recipe attention, per pair: quantize p (multiply by 127, round, convert) in the forward;
+# quantize and dequantize it again (one more product) in the backward.
+P_QUANT_OPS = {"fwd": 3.0, "bwd": 4.0}
+# One fixed-point term of dq = ds k on 32-bit integer lanes: the 24 x 24-bit mantissa product
+# (a wide multiply, 2), the shift to the row's grid with round-half-even (a 64-bit funnel shift
+# and the round, 5), the sign (a conditional 64-bit negate, 2), the int64 add (add with carry, 2),
+# the shift count (1); the unpacking of ds and k is per row / per key, shared by the head dim.
+FIXED_POINT_INT32_OPS = 12.0
 
 MODELS = ("small", "medium", "open-1b")
 
@@ -66,14 +86,15 @@ class Kernel:
     name: str
     phase: str           # kernels, update, hashing, transfers
     bytes: float         # HBM bytes (host link bytes for phase "transfers")
-    flops: float         # float32 FLOPs, or int8 ops when ``int8``
+    flops: float         # float32 FLOPs, or int8 ops when ``int8``, or int32 ops when ``int32``
     int8: bool = False
     count: int = 1       # launches of this shape per step (bytes and flops are per launch)
+    int32: bool = False
 
     def seconds(self) -> float:
         if self.phase == "transfers":
             return self.count * self.bytes / HOST_LINK_BYTES_S
-        ceiling = INT8_OP_S if self.int8 else FP32_FLOP_S
+        ceiling = INT8_OP_S if self.int8 else INT32_OP_S if self.int32 else FP32_FLOP_S
         return self.count * max(self.bytes / HBM_BYTES_S, self.flops / ceiling)
 
 
@@ -112,10 +133,20 @@ def step_kernels(name: str) -> tuple[list[Kernel], dict]:
                          4.0 * mr * (k_in + n_out), count=3 * L * m))
     pairs = sum(min(i + 1, cfg.window(layer)) if cfg.window(layer) else i + 1
                 for layer in range(L) for i in range(t)) / L
-    att_flops = 2.0 * 2.0 * b * cfg.n_heads * pairs * cfg.head_dim
+    head_pairs = b * cfg.n_heads * pairs           # (sequence, head, query, allowed key) per layer
+    contraction = 2.0 * head_pairs * cfg.head_dim  # one contraction over the head dim of every pair
     att_bytes = f4 * b * t * (qkv + cfg.n_heads * cfg.head_dim)
-    ks.append(Kernel("attention fwd (fp32 contractions)", "kernels", att_bytes, att_flops, count=L * m))
-    ks.append(Kernel("attention bwd (fp32 contractions)", "kernels", 2 * att_bytes, 2.5 * att_flops, count=L * m))
+    if cfg.quantize:
+        ks.append(Kernel("attention fwd: q k^T, softmax, quantize p (fp32)", "kernels", att_bytes,
+                         contraction + P_QUANT_OPS["fwd"] * head_pairs, count=L * m))
+        ks.append(Kernel("attention fwd: p v (int8)", "kernels", 0.0, contraction, int8=True, count=L * m))
+        ks.append(Kernel("attention bwd: s, dp, dk, dv, dequantized p (fp32)", "kernels", 2 * att_bytes,
+                         4 * contraction + P_QUANT_OPS["bwd"] * head_pairs, count=L * m))
+        ks.append(Kernel("attention bwd: dq in 64-bit fixed point (int32 ops)", "kernels", 0.0,
+                         contraction / 2 * FIXED_POINT_INT32_OPS, int32=True, count=L * m))
+    else:
+        ks.append(Kernel("attention fwd (fp32 contractions)", "kernels", att_bytes, 2 * contraction, count=L * m))
+        ks.append(Kernel("attention bwd (fp32 contractions)", "kernels", 2 * att_bytes, 5 * contraction, count=L * m))
     ks.append(Kernel("lm_head fwd + 2 bwd (fp32 contraction)", "kernels",
                      f4 * (n_tok * d + d * v + n_tok * v), 2.0 * n_tok * d * v, count=3 * m))
     ks.append(Kernel("cross-entropy fwd + bwd", "kernels", 3 * f4 * n_tok * v, 12.0 * n_tok * v, count=m))
@@ -178,7 +209,7 @@ def main(argv=None) -> int:
             print(f"\n{p['model']}:")
             for k in p["kernels"]:
                 print(f"  {k['name']:<52} x{k['count']:<5} {k['bytes'] / 1e6:10.2f} MB {k['flops'] / 1e9:10.2f} G"
-                      f"{'op' if k['int8'] else 'FLOP'}  {k['seconds'] * 1e3:9.3f} ms")
+                      f"{'op' if k['int8'] or k['int32'] else 'FLOP'}  {k['seconds'] * 1e3:9.3f} ms")
     return 0
 
 

@@ -8,8 +8,8 @@ allowed keys of query i are ``A(i) = [max(0, i - W + 1), i]`` (``[0, i]`` withou
 window), and the queries that may attend key j are ``Q(j) = [j, min(T - 1, j + W - 1)]``.
 Both are never empty (j = i is always allowed).
 
-Masked terms are ABSENT (SPEC_VERSION 2). Every sum over keys or queries runs over
-the allowed ones only; a masked pair contributes nothing, not a zero:
+Masked terms are ABSENT. Every sum over keys or queries runs over the allowed ones
+only; a masked pair contributes nothing, not a zero:
 
 * a lane tree over keys (the softmax denominator ``l``): key j belongs to lane
   ``j mod 32`` (its absolute index, not its position in ``A(i)``); each lane adds its
@@ -20,9 +20,16 @@ the allowed ones only; a masked pair contributes nothing, not a zero:
   (head, query) pairs (``dk = ds^T q``, ``dv = p^T do``): the accumulator starts at
   +0.0 and adds the allowed terms only, in ascending order.
 
-(Under SPEC_VERSION 1 masked entries entered the sums as ``+0.0`` weights, so a
-partial sum that flushed to -0.0 became +0.0 when a masked term followed it, and
-``0 * inf`` made a masked infinite value NaN; every kernel had to replay them.)
+Absent, not ``+0.0`` weights: a ``+0.0`` term after a partial sum that flushed to
+-0.0 would make it +0.0, and ``0 * inf`` would make a masked infinite value NaN, so
+every kernel would have to visit the masked pairs to reproduce them.
+
+The int8 recipe (``attention_forward_int8``, ``attention_backward_int8``) keeps the
+scores, the mask and the softmax above and changes two sums, both exact in any
+order: ``o = p v`` is an int8 x int8 -> int32 contraction (p quantized with the fixed
+scale ``P_SCALE = 1/127``, v per (batch, KV head, channel)) with one rescale, and
+``dq = ds k`` is summed in 64-bit fixed point (``fixed_point_contract``: one grid per
+query row, int64 sums, one conversion back).
 """
 
 from __future__ import annotations
@@ -426,7 +433,7 @@ def decode_attention(q, k, v, n: int, window: int | None = None):
         o[:] = sum_{j0 <= j < n} p[j] * v[j, :] # ascending j from +0.0
 
     with ``scale = attention_scale(Dh)``: the last row of ``attention_forward`` over the
-    first n positions, with the keys before ``j0`` absent (SPEC_VERSION 2). Each step is an
+    first n positions, with the keys before ``j0`` absent. Each step is an
     op of the contract (``compose_decode_attention``).
     """
     return compose_decode_attention(_SPEC_OPS, fp.f32(q), fp.f32(k), fp.f32(v), n, window)

@@ -1,14 +1,19 @@
 """Causal grouped-query attention with an optional sliding window (``lockstep.spec.attention``).
 
-The spec (SPEC_VERSION 2) defines masked pairs as absent from every sum, so these
-kernels visit only the allowed keys ``j in [i - W + 1, i]`` of each query, and the
-allowed queries ``i in [j, j + W - 1]`` of each key, and nothing else:
+The spec defines masked pairs as absent from every sum, so these kernels visit only
+the allowed keys ``j in [i - W + 1, i]`` of each query, and the allowed queries
+``i in [j, j + W - 1]`` of each key, and nothing else:
 
 * ``m`` is the exact max over the allowed scores; ``l`` the lane tree over the
   allowed ``e`` with key j in lane ``j mod 32`` (``reduce.lane_tree`` from the first
   allowed key).
 * The contractions (``o = p v``, ``dq = ds k``, ``dk = ds^T q``, ``dv = p^T do``)
   add the allowed terms only, in ascending order from +0.0.
+* In the int8 recipe (``attention_forward_int8``, ``attention_backward_int8``; the
+  kernels take an ``int8`` switch), ``o = p v`` sums int8 codes in int32
+  (``_int8_pv_rows``) and ``dq = ds k`` sums fixed-point terms in int64
+  (``_fixed_point_rows``): both exact, so their order is free; the values are
+  quantized once per (batch, KV head) beforehand (``_value_quantize``).
 
 Queries go in blocks of ``QB`` = 8 rows. Where ``fp.safe_products`` proves that no
 flush can happen (and the operand that meets padding zeros is finite), a block's

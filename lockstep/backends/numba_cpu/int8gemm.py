@@ -47,7 +47,7 @@ from numba.extending import intrinsic
 
 from .fp import cn, fl
 from .irloop import accumulator_loop
-from .tasks import inlined, kernel, parallel_kernel, rows
+from .tasks import host_cpu_features, inlined, kernel, parallel_kernel, rows
 
 MR = 8  # rows of A per micro-kernel call: 8 x 2 accumulators = 16 of the 32 AVX-512 registers
 NR = 32  # columns of a B panel: two 16-lane int32 vectors
@@ -57,25 +57,8 @@ MR2 = 6  # rows of the AVX2 micro-kernel: 6 x 2 accumulators = 12 of the 16 AVX2
 NR2 = 16  # columns of an AVX2 B panel: two 8-lane int32 vectors
 
 
-def _host_features() -> dict:
-    """LLVM's feature flags of this host, or {} when Numba compiles for another target.
-
-    A target named by ``NUMBA_CPU_NAME``/``NUMBA_CPU_FEATURES`` (portable caches) may
-    lack what the host has; compiling ``vpdpbusd`` or ``vpmaddwd`` for such a target would
-    abort, so it gets BLAS.
-    """
-    if numba.config.CPU_NAME not in (None, "", "host") or numba.config.CPU_FEATURES not in (None, ""):
-        return {}
-    try:
-        import llvmlite.binding as llvm
-
-        return dict(llvm.get_host_cpu_features())
-    except Exception:  # noqa: BLE001 - a host llvmlite cannot describe gets the portable path
-        return {}
-
-
 _FORCED = os.environ.get("LOCKSTEP_INT8_GEMM", "").lower()
-_FEATURES = _host_features()
+_FEATURES = host_cpu_features()
 HAVE_AVX2 = _FORCED != "blas" and bool(_FEATURES.get("avx2", False))
 HAVE_VNNI = _FORCED not in ("blas", "avx2") and all(_FEATURES.get(f, False)
                                                      for f in ("avx512f", "avx512bw", "avx512vnni"))

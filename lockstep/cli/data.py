@@ -29,7 +29,7 @@ from lockstep.formats.ingest import DEFAULT_SHARD_TOKENS, ingest
 from lockstep.formats.manifest import SOURCE_NAME_RE, DataError, Manifest
 from lockstep.fsio import printable
 
-from .common import EXIT_ERROR, EXIT_OK, plain_help
+from .common import EXIT_ERROR, EXIT_OK, note, plain_help
 
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
@@ -93,21 +93,18 @@ def _summary(manifest_path: Path) -> str:
 
 def run_data(args) -> int:
     """Run ``lockstep data ...``; returns the exit status (1 on bad input)."""
-    def progress(msg: str) -> None:
-        print(msg, file=sys.stderr, flush=True)
-
     try:
         if args.data_command == "ingest":
             sources = _parse_sources(args.sources, args.weight)
             path = ingest(
                 args.out, sources, tokenizer_file=args.tokenizer, eod_token=args.eod_token,
-                text_field=args.text_field, shard_tokens=args.shard_tokens, progress=progress,
+                text_field=args.text_field, shard_tokens=args.shard_tokens, progress=note,
                 validation_documents=args.validation_documents,
             )
         elif args.data_command == "default":
             from lockstep.formats.corpus import build_default_corpus
 
-            path = build_default_corpus(args.out, progress=progress)
+            path = build_default_corpus(args.out, progress=note)
         elif args.data_command == "verify":
             path = args.path
         else:

@@ -65,6 +65,8 @@ FAMILIES = {
     "int8_linear_backward": "int8 linears: quantize, Hadamard, rescale",
     "attention_forward": "attention (forward + backward)",
     "attention_backward": "attention (forward + backward)",
+    "attention_forward_int8": "attention (forward + backward)",
+    "attention_backward_int8": "attention (forward + backward)",
     "matmul": "LM head (float32 contractions)",
     "rmsnorm_forward": "RMSNorm (forward + backward)",
     "rmsnorm_backward": "RMSNorm (forward + backward)",

@@ -175,15 +175,19 @@ def test_matmul_rows_with_and_without_the_flush_tests(be):
     assert_same(spec.matmul(a, b), be.matmul(a, b), "matmul inf")
 
 
+@pytest.mark.parametrize("ymm", [False, True], ids=["8x32", "4x16-ymm"])
 @pytest.mark.parametrize("batch,m,k,n", [((), 35, 2500, 70), ((2,), 16, 1025, 32), ((), 64, 1024, 33),
-                                         ((3,), 9, 7, 100)])
-def test_matmul_register_tiles_over_packed_panels_give_the_spec_bits(be, batch, m, k, n):
+                                         ((3,), 9, 7, 100), ((), 24, 1, 17)])
+def test_matmul_register_tiles_over_packed_panels_give_the_spec_bits(be, monkeypatch, ymm, batch, m, k, n):
     """The tiled path packs b in panels of ``K_PANEL`` k by 32 columns and continues each output's
-    sum from panel to panel: K past one panel (and one past it), N not a multiple of 32, partial
-    row blocks beside full ones, a batch, and the same for ``matmul_accumulate`` from a nonzero start."""
-    from lockstep.backends.numba_cpu.reduce import K_PANEL
+    sum from panel to panel: K past one panel (and one past it), K = 1, N not a multiple of 32, partial
+    row blocks beside full ones, a batch, and the same for ``matmul_accumulate`` from a nonzero start;
+    with each 8 x 32 block as one tile (AVX-512) and as four 4 x 16 tiles of 8-lane vectors (AVX2):
+    both are compiled on every CPU (LLVM splits wider vectors), so both are checked here."""
+    from lockstep.backends.numba_cpu import reduce as nr
 
-    assert k <= 3 * K_PANEL
+    monkeypatch.setattr(nr, "YMM_TILES", ymm)
+    assert k <= 3 * nr.K_PANEL
     a = _tiny_values(10 + m, batch + (m, k), -4, 2)
     b = _tiny_values(11 + n, batch + (k, n), -4, 2)
     assert_same(spec.matmul(a, b), be.matmul(a, b), f"matmul {batch} {m}x{k}x{n}")
@@ -239,9 +243,10 @@ from lockstep.conformance.runner import all_passed, run_conformance
 
 be = get_backend("numba")
 passed = all_passed(run_conformance(be, level=1, progress=False))
-int8gemm.HAVE_VNNI = False
-passed &= all_passed(run_conformance(be, level=1, progress=False, ops=["int8_matmul", "int8_linear_forward",
-                                                                       "int8_linear_backward"]))
+for path in int8gemm.available()[1:]:  # the slower int8 GEMMs this CPU has (the fastest ran above)
+    int8gemm.HAVE_VNNI, int8gemm.HAVE_AVX2 = False, path == "avx2"
+    passed &= all_passed(run_conformance(be, level=1, progress=False, ops=["int8_matmul", "int8_linear_forward",
+                                                                           "int8_linear_backward"]))
 transcendental.check_exp_fast(stride=1 << 20)
 import numpy as np
 a, b = np.arange(5000, dtype=np.float32), np.ones(5000, np.float32)
@@ -296,8 +301,9 @@ def test_no_fused_multiply_add_in_the_compiled_code(tmp_path):
     assert report["passed"], "the numba backend failed its conformance suite in the probe"
     from lockstep.backends.numba_cpu import int8gemm
 
-    # the VNNI GEMM's kernels run (and compile) only on a CPU with AVX-512 VNNI; elsewhere BLAS does that GEMM
+    # the VNNI (AVX2) GEMM's kernels run (and compile) only on a CPU with AVX-512 VNNI (AVX2)
     unused_here = set() if int8gemm.HAVE_VNNI else {f"int8gemm.{k}" for k in int8gemm.VNNI_ONLY_KERNELS}
+    unused_here |= set() if int8gemm.HAVE_AVX2 else {f"int8gemm.{k}" for k in int8gemm.AVX2_ONLY_KERNELS}
     assert [name for name, inline in report["not_compiled"] if inline != "always" and name not in unused_here] == []
     assert len(report["inspected"]) >= 100, report["inspected"]
 

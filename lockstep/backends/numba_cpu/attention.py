@@ -18,7 +18,8 @@ the allowed keys ``j in [i - W + 1, i]`` of each query, and the allowed queries
 Queries go in blocks of ``QB`` = 8 rows. Where ``fp.safe_products`` proves that no
 flush can happen (and the operand that meets padding zeros is finite), a block's
 contractions run as register tiles (``tiles``: scores and dp 8 queries x 32 keys over
-the head dim; o, dq, dk, dv 4 rows x 64 columns over keys or queries), with the
+the head dim; o, dq, dk, dv 4 rows x 64 columns over keys or queries; without AVX-512,
+4 x 16 tiles of 8-lane vectors throughout, ``reduce.YMM_TILES``), with the
 block's masked pairs as zeros, which ``tiles`` shows is the same as leaving them out.
 Otherwise the block goes row by row, vectorized across outputs with ascending order
 per output and every flush test. Tasks: (batch, head) in the forward; (batch, KV
@@ -44,9 +45,9 @@ from . import transcendental as _transcendental
 from .quant import abs_bits_entered, quantize1, scale_from_abs_max_bits
 
 from .fp import CANONICAL_NAN_BITS, EXPONENT_MASK, ONE, ZERO, bits, cn, entered, fl, from_bits, min_nonzero_abs, safe_products
-from .reduce import LANES, accumulate_rows, lane_tree, row_max_total
+from .reduce import LANES, YMM_TILES, accumulate_rows, lane_tree, row_max_total
 from .tasks import kernel, parallel_kernel
-from .tiles import tile_4x16, tile_4x64, tile_8x32
+from .tiles import tile_4x16, tile_4x16_ymm, tile_4x64, tile_8x32
 from .transcendental import exp_diff_row
 
 QB = 8  # queries per block (the rows of a score tile)
@@ -103,8 +104,9 @@ def _block_min(a, lo, hi):
 
 @kernel
 def _tiled_width(dh):
-    """Columns per 4-row tile over the head dim: 64 or 16 (0: the head dim does not tile)."""
-    if dh % 64 == 0:
+    """Columns per 4-row tile over the head dim: 64 or 16 (0: the head dim does not tile); 16 where the
+    CPU has 16 vector registers (``reduce.YMM_TILES``: a 4 x 64 tile's 32 accumulators would spill)."""
+    if dh % 64 == 0 and not YMM_TILES:
         return 64
     if dh % 16 == 0:
         return 16
@@ -114,11 +116,19 @@ def _tiled_width(dh):
 @kernel
 def _block_scores(qblk, ktp, klo, n, out):
     """``out[r, klo + c] = sum_d qblk[r, d] * ktp[d, klo + c]`` for r < QB and c < n rounded up to 32
-    (unscaled, no flush tests). qblk: QB contiguous rows; ktp: (Dh, T + KEY_PAD), zero past T."""
+    (unscaled, no flush tests). qblk: QB contiguous rows; ktp: (Dh, T + KEY_PAD), zero past T.
+    Each 8 x 32 block is one tile, or four 4 x 16 tiles of 8-lane vectors (``reduce.YMM_TILES``)."""
     dh = qblk.shape[1]
     for c0 in range(0, n, 32):
-        tile_8x32(out[0, klo + c0:].ctypes.data, out.shape[1], qblk.ctypes.data, dh, 1,
-                  ktp[0, klo + c0:].ctypes.data, ktp.shape[1], dh, False)
+        if YMM_TILES:
+            for r in range(0, QB, 4):
+                for c in range(0, 32, 16):
+                    tile_4x16_ymm(out[0, klo + c0 + c:].ctypes.data + 4 * r * out.shape[1], out.shape[1],
+                                  qblk.ctypes.data + 4 * r * dh, dh, 1,
+                                  ktp[0, klo + c0 + c:].ctypes.data, ktp.shape[1], dh, False)
+        else:
+            tile_8x32(out[0, klo + c0:].ctypes.data, out.shape[1], qblk.ctypes.data, dh, 1,
+                      ktp[0, klo + c0:].ctypes.data, ktp.shape[1], dh, False)
 
 
 @kernel

@@ -4,7 +4,7 @@ An integer sum is exact in any order, so this module may use any instructions an
 any blocking: nothing here can change a bit, as long as no int32 result overflows
 (the spec refuses a K that could, and ``int8_linear_*`` stay far below it).
 
-Two implementations, the same integers:
+Three implementations, the same integers (``implementation()`` names the one this CPU uses):
 
 * **VNNI** (x86 with AVX-512 VNNI: Intel Ice Lake and later, AMD Zen 4 and later):
   ``vpdpbusd`` multiplies 64 unsigned bytes by 64 signed bytes and adds each group
@@ -19,11 +19,20 @@ Two implementations, the same integers:
   ``MR x 32`` tile of C in 16 AVX-512 registers over the whole K, starting from the
   row's correction, and stores it in place (``vnni_tile_rescaled``: already rescaled
   to float32 as the int8 layers need).
+* **AVX2** (x86 with AVX2, without VNNI: most laptops, desktops and cloud instances):
+  ``vpmaddwd`` multiplies 16 int16 pairs and adds each pair into one of 8 int32 lanes,
+  exact for any int16 operands (a pair sum of int8 values is at most 2 x 128 x 128);
+  twice the multiply-adds of a float32 FMA per instruction. A is widened to int16 once
+  per call (K padded to even with zeros), B packed into int16 panels of 16 columns with
+  each pair of consecutive k adjacent; the micro-kernel (``avx2_tile``) keeps an
+  ``MR2 x 16`` tile of C in 12 of the 16 AVX2 registers over the whole K, broadcasting
+  one pair of A per row and step.
 * **BLAS** (everywhere else): float32 sgemm on int8-valued operands, K in chunks
   of 1024 (every partial sum an integer below 2**24, so exact in any order), the
   chunks summed in int32.
 
-``LOCKSTEP_INT8_GEMM=blas`` forces the second (tests compare the two).
+``LOCKSTEP_INT8_GEMM=blas`` forces the BLAS path, ``LOCKSTEP_INT8_GEMM=avx2`` the AVX2 path on a
+VNNI CPU; ``matmul(..., impl=...)`` picks one per call (tests compare them).
 """
 
 from __future__ import annotations
@@ -38,41 +47,35 @@ from numba.extending import intrinsic
 
 from .fp import cn, fl
 from .irloop import accumulator_loop
-from .tasks import inlined, kernel, parallel_kernel, rows
+from .tasks import host_cpu_features, inlined, kernel, parallel_kernel, rows
 
 MR = 8  # rows of A per micro-kernel call: 8 x 2 accumulators = 16 of the 32 AVX-512 registers
 NR = 32  # columns of a B panel: two 16-lane int32 vectors
 BLAS_CHUNK_K = 1024  # sgemm on int8 values is exact while K * 127 * 127 < 2**24 (K <= 1040)
 A_BLOCK_BYTES = 1 << 18  # rows of A per L2 block: the block is reused across all panels
+MR2 = 6  # rows of the AVX2 micro-kernel: 6 x 2 accumulators = 12 of the 16 AVX2 registers
+NR2 = 16  # columns of an AVX2 B panel: two 8-lane int32 vectors
 
 
-def _host_has_vnni() -> bool:
-    """True when Numba compiles for this host and the host has AVX-512 F, BW and VNNI.
-
-    A target named by ``NUMBA_CPU_NAME``/``NUMBA_CPU_FEATURES`` (portable caches) may
-    lack them; compiling ``vpdpbusd`` for such a target would abort, so it gets BLAS.
-    """
-    if os.environ.get("LOCKSTEP_INT8_GEMM", "").lower() == "blas":
-        return False
-    if numba.config.CPU_NAME not in (None, "", "host") or numba.config.CPU_FEATURES not in (None, ""):
-        return False
-    try:
-        import llvmlite.binding as llvm
-
-        feats = llvm.get_host_cpu_features()
-    except Exception:  # noqa: BLE001 - a host llvmlite cannot describe gets the portable path
-        return False
-    return all(feats.get(f, False) for f in ("avx512f", "avx512bw", "avx512vnni"))
-
-
-HAVE_VNNI = _host_has_vnni()
-# the kernels only the VNNI path calls: on a CPU without AVX-512 VNNI they are never compiled
+_FORCED = os.environ.get("LOCKSTEP_INT8_GEMM", "").lower()
+_FEATURES = host_cpu_features()
+HAVE_AVX2 = _FORCED != "blas" and bool(_FEATURES.get("avx2", False))
+HAVE_VNNI = _FORCED not in ("blas", "avx2") and all(_FEATURES.get(f, False)
+                                                     for f in ("avx512f", "avx512bw", "avx512vnni"))
+IMPLEMENTATIONS = ("vnni", "avx2", "blas")
+# the kernels only one path calls: on a CPU without its instructions they are never compiled
 VNNI_ONLY_KERNELS = ("_pack_b", "_row_corrections", "_vnni_gemm")
+AVX2_ONLY_KERNELS = ("_pack_b16", "_widen_a", "_avx2_gemm")
 
 
 def implementation() -> str:
-    """Which implementation ``matmul`` uses on this machine: ``"vnni"`` or ``"blas"``."""
-    return "vnni" if HAVE_VNNI else "blas"
+    """Which implementation ``matmul`` uses on this machine: ``"vnni"``, ``"avx2"`` or ``"blas"``."""
+    return "vnni" if HAVE_VNNI else "avx2" if HAVE_AVX2 else "blas"
+
+
+def available() -> tuple[str, ...]:
+    """The implementations this machine can run, fastest first (``"blas"`` always)."""
+    return tuple(i for i, ok in zip(IMPLEMENTATIONS, (HAVE_VNNI, HAVE_AVX2, True)) if ok)
 
 
 # ---------------------------------------------------------------- the VNNI micro-kernel
@@ -332,6 +335,151 @@ def _vnni_matmul(a: np.ndarray, b: np.ndarray, scales=None) -> np.ndarray:
     return out_f
 
 
+# ---------------------------------------------------------------- the AVX2 micro-kernel
+
+@intrinsic
+def avx2_tile(typingctx, out_addr, ldo, a_addr, lda, b_addr, k2):
+    """``out[r, c] = sum_g a[r, 2g] * panel[g, c, 0] + a[r, 2g + 1] * panel[g, c, 1]`` for r < MR2,
+    c < 16 (int32, every product and sum exact).
+
+    ``a_addr``: MR2 rows of int16, ``lda`` elements apart; ``b_addr``: a packed panel
+    (k2, 16 columns, 2 int16); ``out_addr``: int32 rows ``ldo`` elements apart. Each step
+    broadcasts one pair of a row (as one int32) and issues 2 x MR2 ``vpmaddwd`` + ``vpaddd``.
+    The caller guarantees ``k2 >= 1`` and AVX2.
+    """
+    sig = types.void(types.uintp, types.intp, types.uintp, types.intp, types.uintp, types.intp)
+
+    def codegen(context, builder, sig, args):
+        out_i, ldo_v, a_i, lda_v, b_i, k2_v = args
+        i16, i32, i64 = ir.IntType(16), ir.IntType(32), ir.IntType(64)
+        v8 = ir.VectorType(i32, 8)
+        v16s = ir.VectorType(i16, 16)
+        name = "llvm.x86.avx2.pmadd.wd"
+        pmaddwd = builder.module.globals.get(name) or ir.Function(builder.module, ir.FunctionType(v8, [v16s, v16s]),
+                                                                  name)
+        a_p = builder.inttoptr(a_i, i16.as_pointer())
+        b_p = builder.inttoptr(b_i, i16.as_pointer())
+        out_p = builder.inttoptr(out_i, i32.as_pointer())
+        zero_idx = ir.Constant(v8, None)
+        init = [ir.Constant(v8, None)] * (2 * MR2)
+
+        def step(g, acc):  # one pair of k
+            panel_off = builder.mul(g, ir.Constant(i64, 2 * NR2))
+            b_vecs = [builder.load(builder.bitcast(builder.gep(b_p, [builder.add(panel_off, ir.Constant(i64, 16 * h))]),
+                                                   v16s.as_pointer()), align=2) for h in range(2)]
+            a_off = builder.mul(g, ir.Constant(i64, 2))
+            new = []
+            for r in range(MR2):
+                a_ptr = builder.gep(a_p, [builder.add(a_off, builder.mul(lda_v, ir.Constant(i64, r)))])
+                pair = builder.load(builder.bitcast(a_ptr, i32.as_pointer()), align=2)  # a[r, 2g], a[r, 2g + 1]
+                v = builder.insert_element(ir.Constant(v8, ir.Undefined), pair, ir.Constant(i32, 0))
+                a_all = builder.bitcast(builder.shuffle_vector(v, ir.Constant(v8, ir.Undefined), zero_idx), v16s)
+                for h in range(2):
+                    new.append(builder.add(acc[2 * r + h], builder.call(pmaddwd, [a_all, b_vecs[h]])))
+            return new
+
+        new = accumulator_loop(builder, "avx2", k2_v, init, step)
+        for r in range(MR2):
+            for h in range(2):
+                ptr = builder.gep(out_p, [builder.add(builder.mul(ldo_v, ir.Constant(i64, r)), ir.Constant(i64, 8 * h))])
+                builder.store(new[2 * r + h], builder.bitcast(ptr, v8.as_pointer()), align=4)
+        return context.get_dummy_value()
+
+    return sig, codegen
+
+
+def _panels2(b, bp) -> int:
+    return bp.shape[0]
+
+
+@parallel_kernel(_panels2)
+def _pack_b16(t0, t1, b, bp):
+    """bp[p, g, jj, t] = int16(b[2g + t, 16p + jj]) (0 past the edges); tasks are panels. The K
+    padding meets A's zero padding; the N padding lands in columns that are never stored."""
+    k, n = b.shape
+    k2 = bp.shape[1]
+    for p in range(t0, t1):
+        j0 = p * NR2
+        jn = min(NR2, n - j0)
+        for g in range(k2):
+            dst = bp[p, g]
+            for t in range(2):
+                kk = 2 * g + t
+                if kk < k:
+                    src = b[kk, j0:j0 + jn]
+                    for jj in range(jn):
+                        dst[jj, t] = np.int16(src[jj])
+                    for jj in range(jn, NR2):
+                        dst[jj, t] = np.int16(0)
+                else:
+                    for jj in range(NR2):
+                        dst[jj, t] = np.int16(0)
+
+
+@parallel_kernel(rows)
+def _widen_a(t0, t1, a, a16):
+    """a16[i, :k] = int16(a[i]), a16[i, k:] = 0 (K padded to even); tasks are rows."""
+    k = a.shape[1]
+    for i in range(t0, t1):
+        src = a[i]
+        dst = a16[i]
+        for kk in range(k):
+            dst[kk] = np.int16(src[kk])
+        for kk in range(k, a16.shape[1]):
+            dst[kk] = np.int16(0)
+
+
+def _avx2_row_tiles(a, *args) -> int:
+    """Tasks of ``_avx2_gemm``: blocks of MR2 rows of A."""
+    return -(-a.shape[0] // MR2)
+
+
+@parallel_kernel(_avx2_row_tiles, weight=64)
+def _avx2_gemm(t0, t1, a, bp, n, rows_per_block, out):
+    """out (M, N) int32 = a (M, Kp) int16 @ B, B packed in bp (panels, Kp/2, 16, 2); tasks are
+    blocks of MR2 rows. Within this call's rows: blocks of ``rows_per_block`` rows of A (kept in
+    L2) meet every panel of B in turn. Full tiles are stored in place; edge tiles (last rows,
+    last columns) go through a zero-padded copy of A and a tile buffer."""
+    m, kp = a.shape
+    k2 = kp // 2
+    npanel = bp.shape[0]
+    tile = np.empty((MR2, NR2), dtype=np.int32)
+    spare = np.zeros((MR2, kp), dtype=np.int16)
+    per_block = max(1, rows_per_block // MR2)
+    for blk0 in range(t0, t1, per_block):
+        blk1 = min(t1, blk0 + per_block)
+        for p in range(npanel):
+            j0 = p * NR2
+            jn = min(NR2, n - j0)
+            panel = bp[p]
+            for rb in range(blk0, blk1):
+                i0 = rb * MR2
+                rows = min(MR2, m - i0)
+                a_addr = a[i0:].ctypes.data
+                if rows < MR2:
+                    spare[:rows] = a[i0:m]
+                    a_addr = spare.ctypes.data
+                if rows < MR2 or jn < NR2:
+                    avx2_tile(tile.ctypes.data, NR2, a_addr, kp, panel.ctypes.data, k2)
+                    out[i0:i0 + rows, j0:j0 + jn] = tile[:rows, :jn]
+                else:
+                    avx2_tile(out[i0, j0:].ctypes.data, n, a_addr, kp, panel.ctypes.data, k2)
+
+
+def _avx2_matmul(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    m, k = a.shape
+    n = b.shape[1]
+    kp = k + k % 2
+    npanel = -(-n // NR2)
+    a16 = np.empty((m, kp), dtype=np.int16)
+    _widen_a(a, a16)
+    bp = np.empty((npanel, kp // 2, NR2, 2), dtype=np.int16)
+    _pack_b16(b, bp)
+    out = np.empty((m, n), dtype=np.int32)
+    _avx2_gemm(a16, bp, n, max(MR2, A_BLOCK_BYTES // (2 * kp)), out)
+    return out
+
+
 def _blas_matmul(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     k = a.shape[1]
     acc = None
@@ -342,23 +490,33 @@ def _blas_matmul(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return acc
 
 
-def matmul(a: np.ndarray, b: np.ndarray, use_vnni: bool | None = None) -> np.ndarray:
+def _resolve(impl: str | None) -> str:
+    if impl is None:
+        return implementation()
+    if impl not in IMPLEMENTATIONS:
+        raise ValueError(f"int8 GEMM implementation must be one of {IMPLEMENTATIONS}, got {impl!r}")
+    if impl not in available():
+        raise RuntimeError(f"this CPU (or NUMBA_CPU_NAME target, or LOCKSTEP_INT8_GEMM) does not allow the {impl} "
+                           "int8 GEMM")
+    return impl
+
+
+def matmul(a: np.ndarray, b: np.ndarray, impl: str | None = None) -> np.ndarray:
     """Exact (M, K) int8 x (K, N) int8 -> (M, N) int32, any strides.
 
-    ``use_vnni``: None picks this machine's fastest (``implementation()``); False forces
-    BLAS; True requires VNNI (an error where the CPU lacks it).
+    ``impl``: None picks this machine's fastest (``implementation()``); ``"vnni"``, ``"avx2"`` or
+    ``"blas"`` force one (an error where the CPU lacks it).
     """
     if a.dtype != np.int8 or b.dtype != np.int8:
         raise TypeError(f"int8 GEMM needs int8 operands, got {a.dtype} and {b.dtype}")
     m, k = a.shape
     n = b.shape[1]
-    if use_vnni is None:
-        use_vnni = HAVE_VNNI
-    elif use_vnni and not HAVE_VNNI:
-        raise RuntimeError("this CPU (or NUMBA_CPU_NAME target) has no AVX-512 VNNI")
+    impl = _resolve(impl)
     if m == 0 or n == 0 or k == 0:
         return np.zeros((m, n), dtype=np.int32)
-    return _vnni_matmul(a, b) if use_vnni else _blas_matmul(a, b)
+    if impl == "vnni":
+        return _vnni_matmul(a, b)
+    return _avx2_matmul(a, b) if impl == "avx2" else _blas_matmul(a, b)
 
 
 @parallel_kernel(rows)
@@ -385,9 +543,10 @@ def matmul_rescaled(a: np.ndarray, b: np.ndarray, sa: np.ndarray, sb: np.ndarray
         raise TypeError(f"int8 GEMM needs int8 operands, got {a.dtype} and {b.dtype}")
     m, k = a.shape
     n = b.shape[1]
-    if HAVE_VNNI and m and n and k:
+    impl = implementation()
+    if impl == "vnni" and m and n and k:
         return _vnni_matmul(a, b, (sa, sb, np.float32(factor), bool(fast)))
-    acc = matmul(a, b, use_vnni=False)
+    acc = matmul(a, b, impl=impl)
     out = np.empty((m, n), dtype=np.float32)
     if out.size:
         _rescale_kernel(acc, sa, sb, np.float32(factor), bool(fast), out)

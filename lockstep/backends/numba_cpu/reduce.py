@@ -11,9 +11,10 @@
   which keeps every element's ascending order while SIMD runs across outputs.
   A block of rows whose products provably never flush (``fp.safe_products``) runs
   without the flush tests (same bits, faster), as register tiles of 8 rows x 32
-  columns (``tiles``) when the block is full.
+  columns (``tiles``; four of 4 x 16 where the CPU lacks AVX-512) when the block is full.
 * ``int8_matmul``: exact, so it may use any order: ``int8gemm.matmul`` (AVX-512
-  VNNI where the CPU has it, else float32 BLAS on int8 values in exact K chunks).
+  VNNI or AVX2 ``vpmaddwd`` where the CPU has it, else float32 BLAS on int8 values in
+  exact K chunks).
 * ``max``/``argmax``: exact in the total order; rows in parallel.
 * ``column_sum``: rows added in ascending order from +0.0, so threads split the
   columns instead, each visiting every row in order (``add_rows_into``: THE column
@@ -30,9 +31,14 @@ from lockstep.spec.reduce import LANES
 from . import int8gemm
 from .fp import (CANONICAL_NAN_BITS, ONE, SAFE_PRODUCT, ZERO, cn, contiguous_f32, entered, fl, from_bits, min_nonzero_abs,
                  safe_products, total_key)
-from .tasks import (block_bounds, column_block, column_blocks, column_bounds, element_blocks, inlined, kernel,
-                    parallel_kernel, rows)
-from .tiles import tile_8x32
+from .tasks import (block_bounds, column_block, column_blocks, column_bounds, element_blocks, host_cpu_features,
+                    inlined, kernel, parallel_kernel, rows)
+from .tiles import tile_4x16_ymm, tile_8x32
+
+# Without AVX-512 (16 vector registers of 8 lanes) an 8 x 32 tile's 32 accumulators would spill: each
+# 8 x 32 block then runs as four 4 x 16 tiles (``tiles.tile_4x16_ymm``), the same sums in the same order.
+# Read at each call and passed to the kernels, so both tilings are compiled and either can be tested.
+YMM_TILES = not host_cpu_features().get("avx512f", False)
 
 
 # ---------------------------------------------------------------- lane tree
@@ -204,10 +210,23 @@ def continue_rows(a_rows, b, acc_rows):
 K_PANEL = 1024  # k per packed panel of b: 1024 x 32 float32 (128 KiB) stays in L2 while a task's row blocks use it
 
 
+@inlined
+def _block_8x32(out_addr, ldo, a_addr, lda, pack_addr, kb, cont, ymm):
+    """One 8 x 32 block of accumulators over ``kb`` k of a packed panel (32 columns): one 8 x 32 tile,
+    or four 4 x 16 tiles when ``ymm`` (``YMM_TILES``: the CPU has 16 vector registers)."""
+    if ymm:
+        for r in range(0, ROW_BLOCK, 4):
+            for c in range(0, 32, 16):
+                tile_4x16_ymm(out_addr + 4 * (r * ldo + c), ldo, a_addr + 4 * r * lda, lda, 1, pack_addr + 4 * c, 32,
+                              kb, cont)
+    else:
+        tile_8x32(out_addr, ldo, a_addr, lda, 1, pack_addr, 32, kb, cont)
+
+
 @kernel
-def _tiled_blocks(a, b, out, starts, count, pack, tile, accumulate):
+def _tiled_blocks(a, b, out, starts, count, pack, tile, accumulate, ymm):
     """``contract_rows`` (fast path) for the row blocks ``starts[:count]`` (each ROW_BLOCK full rows)
-    of ``out = a @ b`` (a (M, K), b (K, N), out (M, N)), with register tiles (``tiles.tile_8x32``).
+    of ``out = a @ b`` (a (M, K), b (K, N), out (M, N)), with register tiles (``_block_8x32``).
 
     b is packed a panel at a time: K_PANEL rows of k by 32 columns, contiguous and zero-padded
     past the last column (``pack``), and every block of the task uses that panel before the
@@ -233,12 +252,12 @@ def _tiled_blocks(a, b, out, starts, count, pack, tile, accumulate):
             for i in range(count):
                 r0 = starts[i]
                 if w == 32:
-                    tile_8x32(out[r0, c0:].ctypes.data, n, a[r0, k0:].ctypes.data, kk, 1, pack.ctypes.data, 32, kb,
-                              cont)
+                    _block_8x32(out[r0, c0:].ctypes.data, n, a[r0, k0:].ctypes.data, kk, pack.ctypes.data, kb, cont,
+                                ymm)
                 else:  # the last columns: through a 32-wide tile
                     if cont:
                         tile[:, :w] = out[r0 : r0 + ROW_BLOCK, c0:]
-                    tile_8x32(tile.ctypes.data, 32, a[r0, k0:].ctypes.data, kk, 1, pack.ctypes.data, 32, kb, cont)
+                    _block_8x32(tile.ctypes.data, 32, a[r0, k0:].ctypes.data, kk, pack.ctypes.data, kb, cont, ymm)
                     out[r0 : r0 + ROW_BLOCK, c0:] = tile[:, :w]
     for i in range(count):
         for r in range(starts[i], starts[i] + ROW_BLOCK):
@@ -247,13 +266,13 @@ def _tiled_blocks(a, b, out, starts, count, pack, tile, accumulate):
                 acc[j] = cn(acc[j])
 
 
-def _row_blocks(a, b, out) -> int:
+def _row_blocks(a, b, out, ymm) -> int:
     """Tasks of ``_matmul_kernel``: blocks of ROW_BLOCK output rows of each batch element."""
     return a.shape[0] * -(-a.shape[1] // ROW_BLOCK)
 
 
 @parallel_kernel(_row_blocks, weight=16)
-def _matmul_kernel(t0, t1, a, b, out):
+def _matmul_kernel(t0, t1, a, b, out, ymm):
     """a (Bt, M, K), b (Bt, K, N), both canonical; out (Bt, M, N). Tasks: blocks of output rows.
 
     The full blocks of a batch element whose products provably never flush run together as
@@ -286,12 +305,12 @@ def _matmul_kernel(t0, t1, a, b, out):
                 for r in range(r0, r1):
                     contract_row(a[bi, r], b[bi], out[bi, r], safe_products(min_nonzero_abs(a[bi, r]), min_b))
         if count > 0:
-            _tiled_blocks(a[bi], b[bi], out[bi], starts, count, pack, tile, False)
+            _tiled_blocks(a[bi], b[bi], out[bi], starts, count, pack, tile, False, ymm)
         task = end
 
 
 @parallel_kernel(_row_blocks, weight=16)
-def _accumulate_kernel(t0, t1, a, b, out):
+def _accumulate_kernel(t0, t1, a, b, out, ymm):
     """``_matmul_kernel`` continued from out's contents: a (1, M, K), b (1, K, N) canonical; out
     (1, M, N) holding the canonical accumulators. A block runs without flush tests when its
     products provably never flush and its accumulators are multiples of 2**-126 (every nonzero
@@ -321,7 +340,7 @@ def _accumulate_kernel(t0, t1, a, b, out):
                 for j in range(acc.size):
                     acc[j] = cn(acc[j])
     if count > 0:
-        _tiled_blocks(a[0], b[0], out[0], starts, count, pack, tile, True)
+        _tiled_blocks(a[0], b[0], out[0], starts, count, pack, tile, True, ymm)
 
 
 def canonical_copy(x, shape=None) -> np.ndarray:
@@ -359,7 +378,7 @@ def matmul(a, b) -> np.ndarray:
         return out
     a3 = (entered(a)[0] if a.shape == batch + (m, k) else canonical_copy(a, batch + (m, k))).reshape(-1, m, k)
     b3 = (entered(b)[0] if b.shape == batch + (k, n) else canonical_copy(b, batch + (k, n))).reshape(-1, k, n)
-    _matmul_kernel(a3, b3, out.reshape(-1, m, n))
+    _matmul_kernel(a3, b3, out.reshape(-1, m, n), YMM_TILES)
     return out
 
 
@@ -373,7 +392,7 @@ def matmul_accumulate(acc, a, b) -> np.ndarray:
         return out
     a3 = entered(a)[0].reshape(1, *a.shape)
     b3 = entered(b)[0].reshape(1, *b.shape)
-    _accumulate_kernel(a3, b3, out.reshape(1, *out.shape))
+    _accumulate_kernel(a3, b3, out.reshape(1, *out.shape), YMM_TILES)
     return out
 
 

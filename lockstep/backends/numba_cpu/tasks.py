@@ -95,6 +95,23 @@ def parallel_kernel(tasks, *, weight: int = 1):
     return lambda fn: TaskKernel(fn, tasks, weight)
 
 
+def host_cpu_features() -> dict:
+    """LLVM's feature flags of this host, or {} when Numba compiles for another target.
+
+    A target named by ``NUMBA_CPU_NAME``/``NUMBA_CPU_FEATURES`` (portable caches) may
+    lack what the host has: an instruction compiled for it that it lacks would abort, so such
+    a target gets the portable paths (``int8gemm``'s BLAS).
+    """
+    if numba.config.CPU_NAME not in (None, "", "host") or numba.config.CPU_FEATURES not in (None, ""):
+        return {}
+    try:
+        import llvmlite.binding as llvm
+
+        return dict(llvm.get_host_cpu_features())
+    except Exception:  # noqa: BLE001 - a host llvmlite cannot describe gets the portable path
+        return {}
+
+
 # ---------------------------------------------------------------- task counts and their shares
 
 def rows(*args) -> int:

@@ -36,8 +36,9 @@ from .irloop import accumulator_loop
 LANES16 = 16  # float32 lanes of one AVX-512 register (LLVM splits it where the CPU is narrower)
 
 
-def _contract_tile(mr: int, nv: int):
-    """The intrinsic ``f(out_addr, ldo, a_addr, lda, a_inc, b_addr, ldb, k, accumulate)`` for one tile shape."""
+def _contract_tile(mr: int, nv: int, lanes: int = LANES16):
+    """The intrinsic ``f(out_addr, ldo, a_addr, lda, a_inc, b_addr, ldb, k, accumulate)`` for one tile shape:
+    ``mr`` rows x ``nv`` vectors of ``lanes`` float32."""
 
     @intrinsic
     def contract_tile(typingctx, out_addr, ldo, a_addr, lda, a_inc, b_addr, ldb, k, accumulate):
@@ -47,7 +48,7 @@ def _contract_tile(mr: int, nv: int):
         def codegen(context, builder, sig, args):
             out_i, ldo_v, a_i, lda_v, ainc_v, b_i, ldb_v, k_v, acc_flag = args
             f32, i64 = ir.FloatType(), ir.IntType(64)
-            vec = ir.VectorType(f32, LANES16)
+            vec = ir.VectorType(f32, lanes)
             f_p = f32.as_pointer()
             a_p = builder.inttoptr(a_i, f_p)
             b_p = builder.inttoptr(b_i, f_p)
@@ -57,7 +58,7 @@ def _contract_tile(mr: int, nv: int):
                 return ir.Constant(i64, x)
 
             def out_slot(r, h):
-                ptr = builder.gep(out_p, [builder.add(builder.mul(ldo_v, c64(r)), c64(LANES16 * h))])
+                ptr = builder.gep(out_p, [builder.add(builder.mul(ldo_v, c64(r)), c64(lanes * h))])
                 return builder.bitcast(ptr, vec.as_pointer())
 
             init = []
@@ -69,7 +70,7 @@ def _contract_tile(mr: int, nv: int):
                     init.append(builder.select(acc_bool, loaded, zero))
             def step(kk, accs):  # one k: every accumulator += a[r, k] * b[k, c]
                 b_row = builder.mul(kk, ldb_v)
-                b_vecs = [builder.load(builder.bitcast(builder.gep(b_p, [builder.add(b_row, c64(LANES16 * h))]),
+                b_vecs = [builder.load(builder.bitcast(builder.gep(b_p, [builder.add(b_row, c64(lanes * h))]),
                                                        vec.as_pointer()), align=4) for h in range(nv)]
                 a_col = builder.mul(kk, ainc_v)
                 new = []
@@ -79,7 +80,7 @@ def _contract_tile(mr: int, nv: int):
                     splat = builder.insert_element(ir.Constant(vec, ir.Undefined), a_val,
                                                    ir.Constant(ir.IntType(32), 0))
                     splat = builder.shuffle_vector(splat, ir.Constant(vec, ir.Undefined),
-                                                   ir.Constant(ir.VectorType(ir.IntType(32), LANES16), None))
+                                                   ir.Constant(ir.VectorType(ir.IntType(32), lanes), None))
                     for h in range(nv):
                         prod = builder.fmul(splat, b_vecs[h])  # rounded
                         new.append(builder.fadd(accs[r * nv + h], prod))  # rounded: two roundings, never an FMA
@@ -100,3 +101,6 @@ def _contract_tile(mr: int, nv: int):
 tile_8x32 = _contract_tile(8, 2)  # scores and dp: 8 queries x 32 keys, contracted over the head dim
 tile_4x64 = _contract_tile(4, 4)  # o, dq, dk, dv: 4 rows x 64 head-dim columns, contracted over keys/queries
 tile_4x16 = _contract_tile(4, 1)  # the same for a head dim that is a multiple of 16 but not of 64
+# AVX2 (16 registers of 8 lanes): 4 rows x 2 vectors = 8 accumulators, enough independent adds to keep
+# both adders busy; ``reduce``'s 8 x 32 blocks run as four of these where the CPU lacks AVX-512.
+tile_4x16_ymm = _contract_tile(4, 2, lanes=8)

@@ -87,6 +87,30 @@ def _probabilities(s, allowed, m, l):
     return fp.div(e, l[..., None])
 
 
+def _softmax(q, k, v, window):
+    """The forwards' shared start: the float32 operands, then ``p``, ``m``, ``l`` and the mask.
+
+    ``m`` is each row's max score, ``e = exp(s - m)`` at the allowed pairs (+0.0 elsewhere),
+    ``l`` its lane tree and ``p = e / l``.
+    """
+    check_attention_shapes(q, k, v)
+    q, k, v = fp.f32(q), fp.f32(k), fp.f32(v)
+    s, allowed = _scores(q, k, window)
+    m = row_max(s, axis=-1)
+    e = np.where(allowed, exp(fp.sub(s, m[..., None])), np.float32(0.0))
+    l = lane_tree_sum(e)
+    return q, k, v, fp.div(e, l[..., None]), m, l, allowed
+
+
+def _rebuilt_softmax(do, q, k, v, o, m, l, window):
+    """The backwards' shared start: the float32 operands and ``p`` rebuilt from the kept ``m`` and
+    ``l``, bit for bit the forward's, with the mask."""
+    check_attention_shapes(q, k, v, do, o, m, l)
+    do, q, k, v, o = (fp.f32(a) for a in (do, q, k, v, o))
+    s, allowed = _scores(q, k, window)
+    return do, q, k, v, o, _probabilities(s, allowed, fp.f32(m), fp.f32(l)), allowed
+
+
 def _allowed_contract(a, b, allowed):
     """``out[..., m, n] = sum over k with allowed[m, k] of a[..., m, k] * b[..., k, n]``.
 
@@ -119,13 +143,7 @@ def attention_forward(q, k, v, window: int | None = None):
     which never wins the max, and masked e to +0.0, which a lane of non-negative
     values adds as nothing: the same bits as skipping them.)
     """
-    check_attention_shapes(q, k, v)
-    q, k, v = fp.f32(q), fp.f32(k), fp.f32(v)
-    s, allowed = _scores(q, k, window)
-    m = row_max(s, axis=-1)
-    e = np.where(allowed, exp(fp.sub(s, m[..., None])), np.float32(0.0))
-    l = lane_tree_sum(e)
-    p = fp.div(e, l[..., None])
+    q, k, v, p, m, l, allowed = _softmax(q, k, v, window)
     o = _allowed_contract(p, _expand_kv(v, q.shape[1]), allowed)
     return o, m, l
 
@@ -159,12 +177,8 @@ def attention_backward(do, q, k, v, o, m, l, window: int | None = None):
 
     Masked pairs are absent from every sum (module docstring).
     """
-    check_attention_shapes(q, k, v, do, o, m, l)
-    do, q, k, v, o = (fp.f32(a) for a in (do, q, k, v, o))
-    h, dh = q.shape[1], q.shape[3]
-    g = k.shape[1]
-    s, allowed = _scores(q, k, window)
-    p = _probabilities(s, allowed, fp.f32(m), fp.f32(l))
+    do, q, k, v, o, p, allowed = _rebuilt_softmax(do, q, k, v, o, m, l, window)
+    h, dh, g = q.shape[1], q.shape[3], k.shape[1]
     vh = _expand_kv(v, h)
     dp = matmul(do, np.swapaxes(vh, -1, -2))
     drow = lane_tree_sum(fp.mul(do, o))
@@ -234,13 +248,7 @@ def attention_forward_int8(q, k, v, window: int | None = None):
     they lie in [0, 1], so a fixed 1/127 gives them all 127 steps. ``m`` and ``l`` are kept, as in
     the float forward, for ``attention_backward_int8``.
     """
-    check_attention_shapes(q, k, v)
-    q, k, v = fp.f32(q), fp.f32(k), fp.f32(v)
-    s, allowed = _scores(q, k, window)
-    m = row_max(s, axis=-1)
-    e = np.where(allowed, exp(fp.sub(s, m[..., None])), np.float32(0.0))
-    l = lane_tree_sum(e)
-    p = fp.div(e, l[..., None])
+    q, k, v, p, m, l, allowed = _softmax(q, k, v, window)
     pq, vq, sv = _quantized_pv(p, v)
     return _int8_pv(pq, vq, sv, q.shape[1]), m, l
 
@@ -361,12 +369,8 @@ def attention_backward_int8(do, q, k, v, o, m, l, window: int | None = None):
     row's largest |ds| over its allowed keys and ``b_max`` the largest |k| of KV head (b, g) over
     all T positions and channels, and K = T.
     """
-    check_attention_shapes(q, k, v, do, o, m, l)
-    do, q, k, v, o = (fp.f32(a) for a in (do, q, k, v, o))
-    h, dh = q.shape[1], q.shape[3]
-    g = k.shape[1]
-    s, allowed = _scores(q, k, window)
-    p = _probabilities(s, allowed, fp.f32(m), fp.f32(l))
+    do, q, k, v, o, p, allowed = _rebuilt_softmax(do, q, k, v, o, m, l, window)
+    h, dh, g = q.shape[1], q.shape[3], k.shape[1]
     pq, vq, sv = _quantized_pv(p, v)
     pdq = fp.mul(pq.astype(np.float32), P_SCALE)
     vdq = fp.mul(vq.astype(np.float32), sv[..., None, :])

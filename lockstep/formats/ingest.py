@@ -225,6 +225,7 @@ class DataWriter:
 STATE_NAME = "ingest-state.json"  # in the partial folder: the plan and the shards written so far
 STATE_FORMAT = "lockstep.ingest-state"
 STATE_VERSION = 1
+SHARD_KEYS = ("tokens_file", "tokens_sha256", "offsets_file", "offsets_sha256", "documents", "tokens")
 PROGRESS_EVERY_S = 2.0  # a progress line at most this often
 WINDOW_PER_WORKER = 2  # raw batches in flight per worker: memory is this many batches, plus one shard
 
@@ -334,12 +335,14 @@ def _load_state(partial: Path, plan: dict) -> tuple[list[int], list[dict]]:
     keep = {STATE_NAME}
     for i, s in enumerate(sources):
         shards = s.get("shards") if isinstance(s, dict) else None
-        if s.get("name") != names[i] or not isinstance(shards, list):
+        if (shards is None or s.get("name") != names[i] or not isinstance(shards, list)
+                or not all(type(s.get(k)) is int and s[k] >= 0 for k in ("documents", "tokens"))):
             raise DataError(f"{where}: a malformed ingest state; delete {partial} and ingest again")
         for k, sh in enumerate(shards):
             stem = f"{names[i]}/{k:05d}"
-            if not isinstance(sh, dict) or (sh.get("tokens_file"), sh.get("offsets_file")) != (
-                    f"{stem}.tokens.npy", f"{stem}.offsets.npy"):
+            if not isinstance(sh, dict) or sorted(sh) != sorted(SHARD_KEYS) or (
+                    sh["tokens_file"], sh["offsets_file"]) != (f"{stem}.tokens.npy", f"{stem}.offsets.npy") or not all(
+                    type(sh[k]) is int and sh[k] >= 0 for k in ("documents", "tokens")):
                 raise DataError(f"{where}: a malformed ingest state; delete {partial} and ingest again")
             for key in ("tokens", "offsets"):
                 try:
@@ -436,7 +439,8 @@ def ingest(
         writer = DataWriter(out_dir, tok, shard_tokens=shard_tokens, recipe=plan["recipe"], staging=partial)
         for (name, _, _), w, rec in zip(inputs, weights, done):
             sw = writer.add_source(name, w)
-            sw.documents, sw.tokens, sw.shards = rec["documents"], rec["tokens"], rec["shards"]
+            sw.documents, sw.tokens = rec["documents"], rec["tokens"]
+            sw.shards = [{k: sh[k] for k in SHARD_KEYS} for sh in rec["shards"]]  # the manifest's key order
         n_workers = default_workers() if workers is None else max(1, int(workers))
         pool = None
         if n_workers > 1:

@@ -229,8 +229,12 @@ def _recipe_copies(root: Path) -> list[tuple[str, Path, int]]:
     return inputs
 
 
-def test_the_open_1b_recipe_builds_and_is_recorded(tmp_path):
+def test_the_open_1b_recipe_builds_and_is_recorded(tmp_path, capsys):
     from lockstep.cli import main
+
+    assert main(["data", "recipe", "open-1b"]) == 0
+    shown = capsys.readouterr().out
+    assert all(f"{s.name}=" in shown for s in OPEN_1B.sources) and "60.0% of the tokens" in shown
 
     inputs = _recipe_copies(tmp_path / "copies")
     args = ["data", "ingest", "--out", str(tmp_path / "mix"), "--recipe", "open-1b", "--workers", "1"]

@@ -76,6 +76,7 @@ class _SourceWriter:
         self.shards: list[dict] = []
         self._docs: list[np.ndarray] = []
         self._buffered = 0
+        self._max = 0  # the largest id buffered
         self.documents = 0
         self.tokens = 0
         self.validation_documents = 0  # hold out the last this many documents (set before commit)
@@ -84,9 +85,12 @@ class _SourceWriter:
         ids = np.asarray(ids)
         if ids.ndim != 1:
             raise ValueError("a document is a 1-D array of token ids")
-        if ids.size and (int(ids.min()) < 0 or int(ids.max()) >= self.owner.vocab_size):
-            bad = int(ids.max()) if int(ids.max()) >= self.owner.vocab_size else int(ids.min())
-            raise DataError(f"source {self.name!r}: token id {bad} is outside the vocabulary ({self.owner.vocab_size})")
+        if ids.size:
+            top, low = int(ids.max()), (0 if ids.dtype.kind == "u" else int(ids.min()))
+            if low < 0 or top >= self.owner.vocab_size:
+                bad = top if top >= self.owner.vocab_size else low
+                raise DataError(f"source {self.name!r}: token id {bad} is outside the vocabulary ({self.owner.vocab_size})")
+            self._max = max(self._max, top)
         self._docs.append(ids)
         self._buffered += ids.size
         self.documents += 1
@@ -99,8 +103,8 @@ class _SourceWriter:
             return
         lengths = np.array([d.size for d in self._docs], dtype=np.int64)
         offsets = np.concatenate([[0], np.cumsum(lengths)]).astype("<i8")
-        flat = np.concatenate([d.astype(np.int64) for d in self._docs]) if offsets[-1] else np.zeros(0, np.int64)
-        flat = flat.astype(_smallest_uint(int(flat.max()) if flat.size else 0))
+        dt = _smallest_uint(self._max)  # the smallest unsigned type of the shard's largest id
+        flat = np.concatenate(self._docs, dtype=dt, casting="unsafe") if offsets[-1] else np.zeros(0, dt)
         k = len(self.shards)
         stem = f"{self.name}/{k:05d}"
         tb, ob = npy_bytes(flat), npy_bytes(offsets)
@@ -116,7 +120,7 @@ class _SourceWriter:
                 "tokens": int(offsets[-1]),
             }
         )
-        self._docs, self._buffered = [], 0
+        self._docs, self._buffered, self._max = [], 0, 0
 
 
 class DataWriter:
@@ -247,6 +251,9 @@ _WORKER: dict = {}
 
 
 def _worker_init(tok_data: bytes | None, eod_token: str | None, skip_empty: bool) -> None:
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle: it ends the pool
     os.environ["TOKENIZERS_PARALLELISM"] = "false"  # one thread per process: the processes are the cores
     _WORKER["tok"] = ByteTokenizer() if tok_data is None else HFTokenizer(HF_TOKENIZER_FILE, eod_token=eod_token,
                                                                            data=tok_data)
@@ -480,6 +487,7 @@ def _ingest_sources(writer, inputs, weights, plan, plan_files, fields, position,
         raw = (b for fi in range(start_file, len(files))
                for b in read_batches(files[fi], fi, fields[name], start_item if fi == start_file else 0))
         base = sum(f.size for files_ in plan_files[:si] for f in files_)
+        before_file = np.concatenate([[0], np.cumsum([f.size for f in files], dtype=np.int64)]).tolist()
         skipped = 0
         for tb in _token_batches(raw, tok, skip_empty, pool, window):
             skipped += tb.skipped
@@ -493,7 +501,7 @@ def _ingest_sources(writer, inputs, weights, plan, plan_files, fields, position,
                     atomic_write_bytes(writer.staging / STATE_NAME, _state_bytes(plan, after, writer), mode=FILE_MODE)
                     if on_shard is not None:
                         on_shard(name, len(sw.shards))
-            here = base + sum(f.size for f in files[:tb.file_index]) + tb.position
+            here = base + before_file[tb.file_index] + tb.position
             tick(name, f"{tb.file_index + 1}/{len(files)}", sw.documents, sw.tokens, here)
         sw.flush()
         if sw.documents == 0:
@@ -502,6 +510,6 @@ def _ingest_sources(writer, inputs, weights, plan, plan_files, fields, position,
         if on_shard is not None:
             on_shard(name, len(sw.shards))
         tick(name, f"{len(files)}/{len(files)}", sw.documents, sw.tokens,
-             base + sum(f.size for f in files), force=True)
+             base + before_file[-1], force=True)
         if skipped and progress is not None:
             progress(f"ingest: {name}: {skipped} empty documents skipped")

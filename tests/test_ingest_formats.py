@@ -234,7 +234,7 @@ def test_the_open_1b_recipe_builds_and_is_recorded(tmp_path, capsys):
 
     assert main(["data", "recipe", "open-1b"]) == 0
     shown = capsys.readouterr().out
-    assert all(f"{s.name}=" in shown for s in OPEN_1B.sources) and "60.0% of the tokens" in shown
+    assert all(f"\n  {s.name}=" in shown for s in OPEN_1B.sources) and "60.0% of the tokens" in shown
 
     inputs = _recipe_copies(tmp_path / "copies")
     args = ["data", "ingest", "--out", str(tmp_path / "mix"), "--recipe", "open-1b", "--workers", "1"]

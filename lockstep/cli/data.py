@@ -140,7 +140,7 @@ def run_data(args) -> int:
                       file=sys.stderr)
                 return EXIT_ERROR
         elif args.data_command == "recipe":
-            print(printable(data_recipe(args.name).describe()))
+            print("\n".join(printable(line) for line in data_recipe(args.name).describe().splitlines()))
             return EXIT_OK
         elif args.data_command == "default":
             from lockstep.formats.corpus import build_default_corpus

@@ -69,7 +69,7 @@ from lockstep.formats.config import ModelConfig, TrainConfig
 from lockstep.formats.schedule import plan_step
 from lockstep.train.malloc import keep_freed_memory
 from lockstep.train.model import init_params
-from lockstep.train.optim import AdamWState
+from lockstep.formats.state import AdamWState
 
 def resident_moments(params):  # zero moments written: resident, as a later step's are (np.zeros pages are not)
     return AdamWState(0, {k: np.full_like(p, 0.0) for k, p in params.items()},

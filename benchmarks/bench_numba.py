@@ -97,8 +97,9 @@ def step_worker(steps: int, quantize: bool, spec_step: bool) -> dict:
     from lockstep.spec.hashing import state_root
     from lockstep.formats.config import preset, train_preset
     from lockstep.train.model import init_params, loss_and_grads
-    from lockstep.train.optim import AdamWState, optimizer_step
-    from lockstep.train.step import state_tensors
+    from lockstep.train.optim import optimizer_step
+    from lockstep.formats.state import AdamWState
+    from lockstep.formats.state import state_tensors
 
     nb = get_backend("numba")
     sp = get_backend("spec")

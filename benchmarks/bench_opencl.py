@@ -57,8 +57,9 @@ def measure(repeats: int, steps: int) -> dict:
     from lockstep.spec.hashing import state_root
     from lockstep.formats.config import preset, train_preset
     from lockstep.train.model import init_params, loss_and_grads
-    from lockstep.train.optim import AdamWState, optimizer_step
-    from lockstep.train.step import state_tensors
+    from lockstep.train.optim import optimizer_step
+    from lockstep.formats.state import AdamWState
+    from lockstep.formats.state import state_tensors
 
     ocl, nb, sp = get_backend("opencl"), get_backend("numba"), get_backend("spec")
     rt = ocl.capabilities.kernel_runtime

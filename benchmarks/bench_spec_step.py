@@ -26,7 +26,8 @@ from lockstep.backends import get_backend
 from lockstep.formats.config import preset, train_preset
 from lockstep.formats.params import param_count
 from lockstep.train.model import init_params, loss_and_grads
-from lockstep.train.optim import AdamWState, optimizer_step
+from lockstep.train.optim import optimizer_step
+from lockstep.formats.state import AdamWState
 from lockstep.formats.schedule import learning_rate
 
 

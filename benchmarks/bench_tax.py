@@ -100,7 +100,7 @@ class LockstepSide:
         from lockstep.backends import get_backend
         from lockstep.formats.config import preset, train_preset
         from lockstep.train.model import init_params
-        from lockstep.train.optim import AdamWState
+        from lockstep.formats.state import AdamWState
 
         self.np = np
         self.be = get_backend("numba")

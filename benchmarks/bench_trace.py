@@ -30,7 +30,8 @@ from lockstep.formats.schedule import plan_step  # noqa: E402
 from lockstep.formats.stream import GlobalStream  # noqa: E402
 from lockstep.formats.rundir import open_run_data  # noqa: E402
 from lockstep.formats.recipe import load_recipe, recipe_configs  # noqa: E402
-from lockstep.train.step import split_state, tree_step  # noqa: E402
+from lockstep.train.step import tree_step
+from lockstep.formats.state import split_state  # noqa: E402
 from lockstep.train.trainer import train  # noqa: E402
 
 

@@ -44,9 +44,10 @@ from lockstep.formats.corpus import default_corpus
 from lockstep.formats.stream import GlobalStream, batch_digest
 from lockstep.train.model import init_params
 from lockstep.train.malloc import keep_freed_memory
-from lockstep.train.optim import AdamWState
+from lockstep.formats.state import AdamWState
 from lockstep.formats.schedule import plan_step
-from lockstep.train.step import GradLayout, VectorPool, apply_update, state_tensors, subtree_sums
+from lockstep.train.step import GradLayout, VectorPool, apply_update, subtree_sums
+from lockstep.formats.state import state_tensors
 
 
 def hash_share(preset_name: str, backend: str, steps: int, corpus: Path) -> dict:
@@ -162,7 +163,7 @@ try:  # since the data module's split (issue 13)
 except ImportError:  # a baseline tree from before it
     from lockstep.train.data import GlobalStream, Manifest
 from lockstep.train.model import init_params
-from lockstep.train.optim import AdamWState
+from lockstep.formats.state import AdamWState
 corpus, name, backend, steps = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
 cfg, tcfg, be = preset(name), train_preset(name), get_backend(backend)
 stream = GlobalStream(Manifest.load(corpus), 42, cfg.seq_len)

@@ -412,9 +412,10 @@ def _lockstep_step_time(model: str, batch: int, steps: int, quantize: bool) -> d
     from lockstep.backends import get_backend
     from lockstep.spec import hashing
     from lockstep.formats.config import train_preset
-    from lockstep.train.optim import AdamWState
+    from lockstep.formats.state import AdamWState
     from lockstep.formats.schedule import StepPlan
-    from lockstep.train.step import GradLayout, apply_update, state_tensors, subtree_sums, to_device, vector_pool
+    from lockstep.train.step import GradLayout, apply_update, subtree_sums, to_device, vector_pool
+    from lockstep.formats.state import state_tensors
 
     cfg = model_flops.model_config(model, quantize=quantize)
     tcfg = dataclasses.replace(train_preset("small"), micro_batch=8)
@@ -476,9 +477,9 @@ def _breakdown(model: str, steps: int) -> dict:
     from lockstep.backends import get_backend
     from lockstep.formats.schedule import StepPlan
     from lockstep.spec import hashing
-    from lockstep.train.optim import AdamWState
-    from lockstep.train.step import (GradLayout, apply_update, device_state_root, state_tensors, subtree_sums, to_device,
-                                     vector_pool)
+    from lockstep.formats.state import AdamWState
+    from lockstep.train.step import GradLayout, apply_update, device_state_root, subtree_sums, to_device, vector_pool
+    from lockstep.formats.state import state_tensors
 
     pred = perf_model.predict(model)
     cfg, tcfg = perf_model.model_config(model), perf_model.train_config(model)

@@ -23,12 +23,24 @@ from lockstep.conformance.runner import all_passed, print_table, run_conformance
 from lockstep.spec.hashing import state_root
 from lockstep.formats.config import preset, train_preset
 from lockstep.train.model import init_params, loss_and_grads
-from lockstep.train.optim import AdamWState, optimizer_step
+from lockstep.train.optim import optimizer_step
 from lockstep.formats.schedule import learning_rate
-from lockstep.train.step import state_tensors
+from lockstep.formats.state import AdamWState, state_tensors
 
 ROOT = Path(__file__).resolve().parents[1]
 REFERENCE = ROOT / "benchmarks" / "data" / "device_check_reference.json"
+
+
+def loaded_backend(name: str):
+    """``(backend, pytestmark)``: the backend ``name`` loaded once for a test module, or None and a mark that
+    skips the module with the reason it cannot run here."""
+    from lockstep.backends import BackendUnavailable
+
+    try:
+        be, why = get_backend(name), None
+    except BackendUnavailable as e:  # pragma: no cover - CI installs pyopencl[pocl]
+        be, why = None, str(e)
+    return be, pytest.mark.skipif(why is not None, reason=f"{name} backend unavailable: {why}")
 
 
 def same_bits(want, got) -> bool:

@@ -71,7 +71,8 @@ def train_on_other_windows(run: Path, at_step: int, window: int) -> int:
     from lockstep.formats.recipe import load_recipe, recipe_configs, recipe_digest
     from lockstep.formats.trajectory import step_record
     from lockstep.formats.schedule import plan_step
-    from lockstep.train.step import split_state, state_tensors, tree_step
+    from lockstep.train.step import tree_step
+    from lockstep.formats.state import split_state, state_tensors
     from lockstep.formats.stream import GlobalStream, batch_digest
 
     recipe = load_recipe(run)

@@ -1,7 +1,7 @@
 """Stop a `lockstep` child process at an observed event, never after a delay.
 
 ``launch`` runs ``python -c CHILD target when nth match fifo_dir lockstep-args...``: the
-child wraps one real function (``"os:replace"``, ``"lockstep.train.trainer:apply_update"``)
+child wraps one real function (``"os:replace"``, ``"lockstep.train.step:apply_update"``)
 and, at the Nth call whose first argument contains ``match``,
 
 * ``before`` / ``after``: SIGKILLs itself before or after the call;

@@ -67,3 +67,18 @@ def test_usage_error_is_one_line_and_exit_1(capsys):
     assert main(["train", "--steps", "0"]) == 1
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "--steps" in err and "positive integer" in err
+
+
+@pytest.mark.parametrize("command", ["replay", "check"])
+def test_audit_backend_help_names_every_backend_get_backend_knows(command):
+    """``audit replay/check --backend`` take any name ``get_backend`` knows (opencl included), and auto."""
+    from lockstep.backends import BACKEND_ALIASES, FASTEST_FIRST, KNOWN_BACKENDS
+
+    audit = next(a for a in build_parser()._actions if a.dest == "command").choices["audit"]
+    p = next(a for a in audit._actions if a.dest == "audit_command").choices[command]
+    (backend,) = [a for a in p._actions if "--backend" in a.option_strings]
+    assert backend.default == "auto" and backend.choices is None
+    words = backend.help.replace(",", " ").replace(";", " ").replace("(", " ").replace(")", " ").split()
+    for name in ("auto", *KNOWN_BACKENDS, *BACKEND_ALIASES, *FASTEST_FIRST):
+        assert name in words, name
+    assert "opencl" in KNOWN_BACKENDS

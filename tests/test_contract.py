@@ -21,7 +21,7 @@ from lockstep.conformance.registry import all_records
 
 def test_contract_is_the_protocol_and_every_op_has_kinds():
     assert OP_NAMES == tuple(n for n in vars(interface.BackendOps) if not n.startswith("_"))
-    assert len(OP_NAMES) == len(set(OP_NAMES)) == 43
+    assert len(OP_NAMES) == len(set(OP_NAMES)) == 45
     for name, c in CONTRACT.items():
         assert c.params, name
         assert all(isinstance(p.kind, Kind) for p in c.params), name
@@ -216,3 +216,110 @@ def test_capabilities_are_typed_and_info_is_only_facts():
     numba = pytest.importorskip("numba") and get_backend("numba")
     assert numba.capabilities.offered() == ["add_into", "weights_unchanged", "watch_compilation", "truncated_normal"]
     assert get_backend("spec").capabilities.offered() == []
+
+
+# ---------------------------------------------------------------- shape rules (``contract.shapes``, ``check_call``)
+
+def _result_shapes(result) -> tuple:
+    return tuple(None if r is None else tuple(np.shape(r)) for r in (result if isinstance(result, tuple) else (result,)))
+
+
+def test_every_op_declares_a_shape_rule_over_its_own_parameters():
+    for name, c in CONTRACT.items():
+        assert c.shapes is not None, f"{name}: no @shapes rule in BackendOps"
+        for fn in (c.shapes, c.pairs):
+            if fn is not None:
+                assert list(inspect.signature(fn).parameters) == [p.name for p in c.params], (name, fn.__name__)
+    assert {n for n, c in CONTRACT.items() if c.pairs} == {"attention_forward", "attention_backward", "decode_attention"}
+
+
+def test_check_call_gives_the_spec_result_shapes_of_every_conformance_case_and_refuses_its_refusals():
+    """The rule is the spec's: on every case the spec answers, the shapes of what it returns; on every
+    refusal case, the spec's exception type. The one kind of case beyond it: an elementwise golden case that
+    broadcasts (7, 1) against (1, 5), which the ops compute and no call of the contract makes."""
+    from lockstep.contract import check_call
+    from lockstep.contract.shapes import EnlargingBroadcast
+
+    beyond = []
+    for rec in all_records():
+        for case in rec.cases(0, 1) + rec.regressions():
+            want = _result_shapes(getattr(spec, rec.name)(*case.args, **case.kwargs))
+            try:
+                assert check_call(rec.name, case.args, case.kwargs) == want, (rec.name, case.label)
+            except EnlargingBroadcast:
+                beyond.append((rec.name, case.label))
+        for case in rec.refusals():
+            with pytest.raises((ValueError, TypeError)) as spec_error:
+                getattr(spec, rec.name)(*case.args, **case.kwargs)
+            with pytest.raises(type(spec_error.value)):
+                check_call(rec.name, case.args, case.kwargs)
+    assert beyond == [(op, "broadcast") for op in ("add", "sub", "mul", "div", "maximum", "minimum")]
+
+
+def test_check_call_refuses_broadcasts_that_enlarge_every_operand():
+    from lockstep.contract import call_size, check_call
+    from lockstep.contract.shapes import EnlargingBroadcast
+
+    col, row = np.ones((9, 1), np.float32), np.ones((1, 9), np.float32)
+    assert check_call("add", (np.ones((9, 9), np.float32), row)) == ((9, 9),)  # a row into a matrix: a call
+    assert check_call("mul", (col, np.float32(2))) == ((9, 1),) and check_call("mul", (col, 2.0)) == ((9, 1),)
+    with pytest.raises(EnlargingBroadcast, match=r"add: .*\(9, 1\), \(1, 9\) broadcast to \(9, 9\)"):
+        check_call("add", (col, row))
+    key = np.zeros((9, 1, 2), np.uint32)
+    assert check_call("philox4x32", (np.zeros((9, 4, 4), np.uint32), key)) == ((9, 4, 4),)  # keys into counters
+    with pytest.raises(EnlargingBroadcast, match="philox4x32"):
+        check_call("philox4x32", (np.zeros((1, 9, 4), np.uint32), key))
+    with pytest.raises(EnlargingBroadcast, match="matmul leading dims"):
+        check_call("matmul", (np.ones((3, 1, 2, 2), np.float32), np.ones((1, 3, 2, 2), np.float32)))
+    assert check_call("matmul", (col, row)) == ((9, 9),)  # an outer product is a contraction (K = 1) ...
+    assert call_size("matmul", (col, row)) == 81  # ... whose size the op file's reader bounds
+    q = np.ones((1, 2, 5, 4), np.float32)
+    assert call_size("attention_forward", (q, q, q)) == 40 + 10 + 10 + 2 * 5 * 5  # o, m, l and the scored pairs
+    with pytest.raises(TypeError, match="argument a: expected float32, got float64"):
+        check_call("add", (np.ones(3), np.ones(3, np.float32)))
+    with pytest.raises(ValueError, match="embedding_forward needs a table"):
+        check_call("embedding_forward", (np.ones((1,), np.float32), np.zeros((3, 0), np.int64)))
+
+
+@pytest.mark.parametrize("name", ["spec", "numba"])
+def test_an_embedding_table_that_is_not_2d_is_refused_by_the_spec_and_every_backend(name):
+    """Issue 34, item 4: the spec answered a table of shape (1,) (a 1-d array indexed by ids) where numba
+    read ``table.shape[1]`` and raised IndexError. Both now refuse it with ValueError (``spec.checks``)."""
+    try:
+        be = get_backend(name)
+    except BackendUnavailable as e:  # pragma: no cover - the test extra installs numba
+        pytest.skip(str(e))
+    for ids in (np.zeros((3, 0), np.int64), np.zeros((2,), np.int64)):
+        with pytest.raises(ValueError, match=r"embedding_forward needs a table \(V, D\)"):
+            be.ops["embedding_forward"](be.asarray(np.ones((1,), np.float32)), ids)
+
+
+def test_every_call_of_a_training_step_is_a_call_of_the_contract(honest_run):
+    """What the trainer does, the rules admit: every op call of a traced step (forward, backward, tree,
+    optimizer) passes ``check_call`` with the shapes the op then returns, and computes at most 64 times the
+    elements it is given (the bound ``--replay-op`` puts on op files: ``trace_diff.MAX_OP_AMPLIFICATION``)."""
+    from lockstep.audit.trace import trace_step
+    from lockstep.audit.trace_diff import MAX_OP_AMPLIFICATION
+    from lockstep.backends import Backend
+    from lockstep.contract import call_size, check_call
+
+    inner = get_backend("spec")
+    seen, worst = [], {}
+
+    def checked(op, fn):
+        def call(*args, **kwargs):
+            shapes = check_call(op, args, kwargs)
+            out = fn(*args, **kwargs)
+            assert _result_shapes(out) == shapes, op
+            held = sum(sum(np.size(x) for x in a) if isinstance(a, list) else np.size(a)
+                       for a in (*args, *kwargs.values()))
+            worst[op] = max(worst.get(op, 0), call_size(op, args, kwargs) / max(held, 1))
+            seen.append(op)
+            return out
+        return call
+
+    be = Backend("checked", {op: checked(op, fn) for op, fn in inner.ops.items()}, inner.asarray, inner.to_numpy,
+                 "the spec, every call checked", capabilities=inner.capabilities)
+    assert trace_step(honest_run, 3, be).header["matches_published_state_root"] is True
+    assert {"embedding_backward", "attention_forward", "adamw_update", "add", "global_norm"} <= set(seen)
+    assert max(worst.values()) < MAX_OP_AMPLIFICATION / 8, worst

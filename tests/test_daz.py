@@ -178,8 +178,9 @@ def test_a_checkpoint_with_subnormals_trains_like_its_canonical_copy(backend_nam
     from lockstep.spec.hashing import state_root
     from lockstep.formats.config import preset, train_preset
     from lockstep.train.model import init_params, loss_and_grads
-    from lockstep.train.optim import AdamWState, optimizer_step
-    from lockstep.train.step import state_tensors
+    from lockstep.train.optim import optimizer_step
+    from lockstep.formats.state import AdamWState
+    from lockstep.formats.state import state_tensors
 
     be = get_backend(backend_name)
     cfg, tcfg = preset("tiny"), train_preset("tiny")

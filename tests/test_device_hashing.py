@@ -14,17 +14,12 @@ import hashlib
 import numpy as np
 import pytest
 
-from lockstep.backends import BackendUnavailable, get_backend
+from backend_cases import loaded_backend
+from lockstep.backends import get_backend
 from lockstep.backends.state_hash import device_state_root, device_tensor_digests
 from lockstep.spec import hashing
 
-try:
-    _BE = get_backend("opencl")
-    _SKIP = None
-except BackendUnavailable as e:  # pragma: no cover - CI installs pyopencl[pocl]
-    _BE, _SKIP = None, str(e)
-
-pytestmark = pytest.mark.skipif(_SKIP is not None, reason=f"opencl backend unavailable: {_SKIP}")
+_BE, pytestmark = loaded_backend("opencl")
 
 CHUNK_F32 = hashing.CHUNK_BYTES // 4  # float32 elements in one chunk
 
@@ -178,8 +173,8 @@ def test_bad_arguments_fail_in_one_line(be, ops):
 def test_device_state_root_of_a_tiny_model_state_is_the_spec_root(be):
     from lockstep.formats.config import preset
     from lockstep.train.model import init_params
-    from lockstep.train.optim import AdamWState
-    from lockstep.train.step import state_tensors
+    from lockstep.formats.state import AdamWState
+    from lockstep.formats.state import state_tensors
 
     params = init_params(preset("tiny"), seed=5)
     rng = np.random.default_rng(6)

@@ -24,8 +24,10 @@ from lockstep.formats.schedule import StepPlan, learning_rate
 from lockstep.spec.hashing import state_root
 from lockstep.train.execution import IN_MEMORY, Execution
 from lockstep.train.model import init_params, loss_and_grads
-from lockstep.train.optim import AdamWState, optimizer_step
-from lockstep.train.step import state_tensors, tree_step
+from lockstep.train.optim import optimizer_step
+from lockstep.formats.state import AdamWState
+from lockstep.train.step import tree_step
+from lockstep.formats.state import state_tensors
 
 
 def _backend(name: str):

@@ -1,5 +1,5 @@
-"""Attack class: a collective audit plan the trainer steers, or planned steps one auditor delivers for another
-(issue 23, items 2, 3 and 18).
+"""Attack class: a collective audit plan the trainer or an auditor steers, or planned steps one auditor delivers
+for another (issue 23, items 2, 3 and 18; issue 34, item 1).
 
 * Grinding: the trainer controls the commitment H_N (re-linking a forged chain costs one
   SHA-256 a step), so a plan drawn from H_N alone could be redrawn until the forged step
@@ -9,6 +9,10 @@
   planned auditor's name; merge counted it as that auditor's delivery. Planned auditors
   are now their public keys.
 * ``audit replay --plan`` replayed a plan made for another run.
+* Key subsets: merge redrew a plan from *its own* keys, so a colluder who drew a plan over
+  himself alone (or with another redundancy, or over extra keys of his) got every step and
+  merge said COMPLETE AND CONSISTENT. A plan is now read with the auditors' whole key set
+  and redundancy, as the user names them, and refused for any other.
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ from lockstep.cli import main
 from lockstep.fsio import atomic_write_json
 
 BEACON = hashlib.sha256(b"the beacon round the auditors named, published after the commitment").hexdigest()
+K1 = ["--redundancy", "1"]  # the redundancy the auditors published with their keys
 
 
 def _hex(text: str) -> str:
@@ -35,12 +40,12 @@ def _hex(text: str) -> str:
 
 @pytest.fixture(scope="module")
 def auditors(tmp_path_factory):
-    """Two auditors, A and B, with Ed25519 key pairs: ``{name: (private PEM, public PEM)}``."""
+    """Three auditors, A, B and C, with Ed25519 key pairs: ``{name: (private PEM, public PEM)}``."""
     pytest.importorskip("cryptography")
     from lockstep.audit.certificate import generate_keypair
 
     folder = tmp_path_factory.mktemp("keys")
-    return {name: generate_keypair(folder / name) for name in "AB"}
+    return {name: generate_keypair(folder / name) for name in "ABC"}
 
 
 @pytest.fixture(scope="module")
@@ -101,15 +106,16 @@ def test_a_plan_drawn_with_another_beacon_is_refused_where_it_is_read(honest_run
     path, plan, results = planned
     certs = [_cert(tmp_path, results[n], n, auditors[n][0], f"{n}.json") for n in "AB"]
     pubs = [a for n in "AB" for a in ("--pub", str(auditors[n][1]))]
-    assert main(["audit", "merge", *certs, "--plan", str(path), "--beacon", BEACON, *pubs]) == 0
+    assert main(["audit", "merge", *certs, "--plan", str(path), "--beacon", BEACON, *pubs, *K1]) == 0
     assert "COMPLETE AND CONSISTENT" in capsys.readouterr().out
     trainers = plan_audit(honest_run, [a["public_key"] for a in plan["auditors"]], _hex("the trainer's pick"), 1)
     atomic_write_json(tmp_path / "chosen.json", trainers)
     assert check_plan(trainers) == []  # a well-formed plan, redrawable from its own beacon
-    assert main(["audit", "merge", *certs, "--plan", str(tmp_path / "chosen.json"), "--beacon", BEACON, *pubs]) == 2
+    assert main(["audit", "merge", *certs, "--plan", str(tmp_path / "chosen.json"), "--beacon", BEACON, *pubs,
+                 *K1]) == 2
     out = capsys.readouterr().out
     assert "not a valid plan" in out and "you named" in out and "COMPLETE" not in out
-    assert main(["audit", "merge", *certs, "--plan", str(path), *pubs]) == 1  # no beacon named: nothing to trust
+    assert main(["audit", "merge", *certs, "--plan", str(path), *pubs, *K1]) == 1  # no beacon named: nothing to trust
     assert "--beacon" in capsys.readouterr().err
 
 
@@ -124,7 +130,7 @@ def test_one_trusted_key_cannot_deliver_another_planned_auditors_steps(planned, 
     mine = _cert(tmp_path, results["A"], "A", auditors["A"][0], "A.json")
     # the attack: A signs, with A's own key, a certificate that calls itself B, for B's steps
     forged = _cert(tmp_path, results["B"], "B", auditors["A"][0], "A-as-B.json")
-    assert main(["audit", "merge", mine, forged, "--plan", str(path), "--beacon", BEACON, *pubs]) == 2
+    assert main(["audit", "merge", mine, forged, "--plan", str(path), "--beacon", BEACON, *pubs, *K1]) == 2
     out = capsys.readouterr().out
     assert out.splitlines()[-1] == "INCOMPLETE OR INCONSISTENT"
     assert "planned but not delivered: B (key" in out
@@ -132,7 +138,7 @@ def test_one_trusted_key_cannot_deliver_another_planned_auditors_steps(planned, 
     assert sorted(s for _, s in report.undelivered) == b_steps and report.authenticated and not report.ok
     # B's own certificate delivers B's steps, whatever name it gives itself: the key decides
     b_as_a = _cert(tmp_path, results["B"], "A", auditors["B"][0], "B-as-A.json")
-    assert main(["audit", "merge", mine, b_as_a, "--plan", str(path), "--beacon", BEACON, *pubs]) == 0
+    assert main(["audit", "merge", mine, b_as_a, "--plan", str(path), "--beacon", BEACON, *pubs, *K1]) == 0
     assert capsys.readouterr().out.splitlines()[-1] == "COMPLETE AND CONSISTENT"
     # and B's key signing A's steps leaves A's share undelivered
     swapped = _cert(tmp_path, results["A"], "A", auditors["B"][0], "B-does-A.json")
@@ -162,7 +168,8 @@ def test_replay_refuses_a_plan_for_another_run_or_beacon(honest_run, planned, au
     path, plan, _ = planned
     keys = [a["public_key"] for a in plan["auditors"]]
     key_a = str(auditors["A"][0])
-    base = ["audit", "replay", str(honest_run), "--backend", "spec", "--quiet", "--key", key_a]
+    pubs = [a for n in "AB" for a in ("--pub", str(auditors[n][1]))]
+    base = ["audit", "replay", str(honest_run), "--backend", "spec", "--quiet", "--key", key_a, *pubs, *K1]
 
     other = plan_audit({"chain_hash": _hex("another run"), "last_step": plan["last_step"]}, keys, BEACON, 1)
     atomic_write_json(tmp_path / "other.json", other)
@@ -193,3 +200,76 @@ def test_replay_refuses_a_plan_for_another_run_or_beacon(honest_run, planned, au
     assert cert["targets"] == next(a["steps"] for a in plan["auditors"] if a["name"] == "A")
     assert cert["signature"]["public_key"] == trusted_keys([str(auditors["A"][1])])[0]
     assert cert["auditor"] == "A"  # the plan's label, when no --auditor is given
+
+
+# ------------------------------------------------------------- issue 34 item 1: a plan over a subset of the trusted keys
+
+
+def _pubs(auditors, names: str) -> list[str]:
+    return [a for n in names for a in ("--pub", str(auditors[n][1]))]
+
+
+def test_a_colluder_cannot_draw_a_plan_over_himself_alone(honest_run, planned, auditors, tmp_path, capsys):
+    """The measured attack: with three trusted auditors, A draws a plan whose only auditor is A, replays every
+    step and signs it; merge with the three keys counted it as a complete audit."""
+    _, _, results = planned
+    keys = trusted_keys([str(auditors[n][1]) for n in "ABC"])
+    key_a = keys[0]
+    honest = plan_audit(honest_run, keys, BEACON, 1)
+    solo = plan_audit(honest_run, [key_a], BEACON, 1)
+    a_honest = next(a["steps"] for a in honest["auditors"] if a["public_key"] == key_a)
+    assert solo["auditors"][0]["steps"] == [1, 2, 3, 4] and len(a_honest) < 4  # what the attack gains
+    atomic_write_json(tmp_path / "solo.json", solo)
+    # A's certificates for every step (two replays, both signed by A's key)
+    certs = [_cert(tmp_path, results[n], "A", auditors["A"][0], f"A-{n}.json") for n in "AB"]
+    cmd = ["audit", "merge", *certs, "--plan", str(tmp_path / "solo.json"), "--beacon", BEACON, *K1]
+    assert main([*cmd, *_pubs(auditors, "ABC")]) == 2
+    out = capsys.readouterr().out
+    assert "COMPLETE" not in out and "not a valid plan" in out
+    assert "drawn over 1 auditor(s), not the 3 you named" in out and "leaves out 2 of the 3" in out
+    # the library refuses it as well, whoever calls it
+    with pytest.raises(PlanError, match="leaves out 2 of the 3"):
+        merge_certificates(certs, solo, keys)
+    # merge over the one key A's plan names is no audit by three: it is what the user must not be led to type,
+    # and it is refused unless the user names exactly that set
+    assert main([*cmd, *_pubs(auditors, "AB")]) == 2
+    assert "leaves out 1 of the 2" in capsys.readouterr().out
+
+
+def test_a_plan_with_another_redundancy_or_extra_keys_is_refused(honest_run, auditors, tmp_path, capsys):
+    """Grinding after the beacon: over redundancies, and over key sets with keys of the colluder's own."""
+    keys = trusted_keys([str(auditors[n][1]) for n in "ABC"])
+    extra = _hex("a key the colluder made after the beacon")
+    atomic_write_json(tmp_path / "k1.json", plan_audit(honest_run, keys, BEACON, 1))
+    atomic_write_json(tmp_path / "k2.json", plan_audit(honest_run, keys, BEACON, 2))
+    atomic_write_json(tmp_path / "more.json", plan_audit(honest_run, keys + [extra], BEACON, 2))
+    (tmp_path / "c.json").write_text("{}")
+    base = ["audit", "merge", str(tmp_path / "c.json"), "--beacon", BEACON, *_pubs(auditors, "ABC")]
+    assert main([*base, "--plan", str(tmp_path / "k1.json"), "--redundancy", "2"]) == 2
+    assert "drawn with redundancy 1, not the 2 you stated" in capsys.readouterr().out
+    assert main([*base, "--plan", str(tmp_path / "more.json"), "--redundancy", "2"]) == 2
+    out = capsys.readouterr().out
+    assert "drawn over 4 auditor(s), not the 3 you named" in out and "has 1 auditor key(s) you did not name" in out
+    assert extra[:16] in out
+    # the plan the auditors published for: accepted (the empty certificate is rejected, so not complete)
+    assert main([*base, "--plan", str(tmp_path / "k2.json"), "--redundancy", "2"]) == 2
+    out = capsys.readouterr().out
+    assert "not a valid plan" not in out and "rejected" in out
+    # a plan is never read without the key set and the redundancy
+    assert main([*base, "--plan", str(tmp_path / "k2.json")]) == 1
+    assert "--redundancy" in capsys.readouterr().err
+    no_pub = [a for a in base if a != "--pub" and not a.endswith(".pub")]
+    assert main([*no_pub, "--plan", str(tmp_path / "k2.json"), "--redundancy", "2"]) == 1
+    assert "--pub for every auditor" in capsys.readouterr().err
+
+
+def test_replay_refuses_a_plan_over_a_subset_of_the_keys(honest_run, auditors, tmp_path, capsys):
+    keys = trusted_keys([str(auditors[n][1]) for n in "ABC"])
+    atomic_write_json(tmp_path / "solo.json", plan_audit(honest_run, keys[:1], BEACON, 1))
+    base = ["audit", "replay", str(honest_run), "--backend", "spec", "--quiet", "--key", str(auditors["A"][0]),
+            "--beacon", BEACON, *K1]
+    assert main([*base, "--plan", str(tmp_path / "solo.json"), *_pubs(auditors, "ABC")]) == 1
+    err = capsys.readouterr().err
+    assert "not a valid plan" in err and "leaves out 2 of the 3" in err
+    assert main([*base, "--plan", str(tmp_path / "solo.json")]) == 1
+    assert "--pub for every auditor" in capsys.readouterr().err

@@ -127,3 +127,43 @@ def test_1e999_in_a_recipe_is_not_infinity(copy_run, capsys):
     assert any(f.check == "recipe" and "infinity" in f.message for f in rep.errors), rep.format()
     r = lockstep_limited("train", "--resume", run, "--steps", "5", "--backend", "spec", "--quiet")
     assert r.returncode == 1 and "infinity" in r.stderr and "Traceback" not in r.stderr
+
+
+def _commitment(run, drop: tuple = (), **values) -> dict:
+    path = run / "commitment.json"
+    c = json.loads(path.read_text())
+    c.update(values)
+    for key in drop:
+        del c[key]
+    path.write_text(json.dumps(c))
+    return c
+
+
+# (edit, words the refusal says): every one of these said VALID, exit 0, before commitment.json was read strictly
+COMMITMENT_EDITS = [
+    ({"spec_version": "../../../etc/passwd", "x\x1b[2J": 1}, "unknown key"),
+    ({"spec_version": "../../../etc/passwd"}, "spec_version"),
+    ({"spec_version": 3}, "spec_version"),
+    ({"spec_version": "2"}, "SPEC_VERSION '2'"),  # well formed, but not the recipe's
+    ({"version": "1"}, "version"),
+    ({"version": 2}, "version"),
+    ({"version": True}, "version"),
+    ({"last_step": True}, "last_step"),
+    ({"genesis": None}, "genesis"),
+    ({"recipe_sha256": "AB" * 32}, "recipe_sha256"),
+    ({"drop": ("genesis",)}, "genesis"),
+    ({"drop": ("version",)}, "version"),
+]
+
+
+@pytest.mark.parametrize("edit, says", COMMITMENT_EDITS)
+def test_a_commitment_with_unknown_keys_or_wrong_types_is_refused(copy_run, capsys, edit, says):
+    run = copy_run()
+    edit = dict(edit)
+    _commitment(run, edit.pop("drop", ()), **edit)
+    assert main(["audit", "verify", str(run), "--no-batches"]) == 2
+    out = capsys.readouterr().out
+    assert "commitment.json" in out and says in out and "\x1b" not in out, out
+    # replay counts a damaged commitment as an invalid run too (a missing one is only a run not finished)
+    assert main(["audit", "replay", str(run), "--step", "1", "--backend", "spec"]) == 2
+    assert says in capsys.readouterr().out

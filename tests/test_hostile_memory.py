@@ -67,7 +67,8 @@ def test_plan_with_a_huge_last_step_is_refused(tmp_path):
     (tmp_path / "plan.json").write_text(json.dumps(plan))
     assert len((tmp_path / "plan.json").read_bytes()) < 500
     (tmp_path / "c.json").write_text("{}")
-    r = lockstep_limited("audit", "merge", tmp_path / "c.json", "--plan", tmp_path / "plan.json", "--beacon", beacon)
+    r = lockstep_limited("audit", "merge", tmp_path / "c.json", "--plan", tmp_path / "plan.json", "--beacon", beacon,
+                         "--pub", key, "--redundancy", "1")
     assert r.returncode == 1 and "Traceback" not in r.stderr, r.stderr[-2000:]
     assert f"at most {plan_mod.MAX_PLAN_STEPS}" in r.stderr
 

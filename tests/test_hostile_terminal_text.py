@@ -9,8 +9,10 @@ or stderr, and the only verdict line is the real one.
 from __future__ import annotations
 
 import copy
+import hashlib
 import json
 import re
+from pathlib import Path
 
 import pytest
 
@@ -64,3 +66,103 @@ def test_printable_escapes_each_control(name):
     shown = printable(name)
     _clean(shown)
     assert "VALID" in shown or "DILAV" in shown
+
+
+# ---------------------------------------------------------------- train --resume (issue 34, item 5)
+
+SCREEN = "\x1b[2J\x1b[H\rresumed OK\x1b[8m\u202e"  # clears the screen, shows a fake verdict, hides the rest
+
+
+def _hostile_run(copy_run) -> Path:
+    """A run an auditor accepts (``audit verify``: VALID) whose folder name, model name and data folder name
+    clear the screen: the name and the data folder are outside H_0, and the sidecars and the commitment
+    name the edited recipe, as a publisher who wrote them would have made them."""
+    from forge import rewrite_sidecar
+    from lockstep.fsio import json_bytes
+
+    plain = copy_run()
+    run = plain.with_name("run" + SCREEN)
+    plain.rename(run)
+    folder = "data" + SCREEN
+    (run / "data").rename(run / folder)
+    recipe = json.loads((run / "recipe.json").read_text())
+    recipe["model"]["name"] = "tiny" + SCREEN
+    recipe["data"]["folder"] = folder
+    (run / "recipe.json").write_bytes(json_bytes(recipe))
+    digest = hashlib.sha256(json_bytes(recipe)).hexdigest()
+    for step in (2, 4):
+        rewrite_sidecar(run, step, recipe_sha256=digest)
+    commitment = json.loads((run / "commitment.json").read_text())
+    commitment["recipe_sha256"] = digest
+    (run / "commitment.json").write_bytes(json_bytes(commitment))
+    return run
+
+
+def _train_says(capfd, *argv, code: int) -> str:
+    """``lockstep train ARGV``'s exit status must be ``code``; returns everything it wrote, checked clean."""
+    assert main(["train", *map(str, argv)]) == code
+    captured = capfd.readouterr()  # the file descriptors: os.write(2, ...) of the stop notice included
+    _clean(captured.out)
+    _clean(captured.err)
+    assert "resumed OK" not in [line.strip() for line in (captured.out + captured.err).splitlines()]
+    return captured.out + captured.err
+
+
+def test_train_resume_escapes_every_line_it_prints_from_a_hostile_run(copy_run, capfd, monkeypatch):
+    run = _hostile_run(copy_run)
+    assert main(["audit", "verify", str(run), "--no-batches"]) == 0  # VALID: nothing tells the auditor
+    capfd.readouterr()
+    shown = "\\x1b[2J\\x1b[H"  # each path below must have printed the hostile text, escaped
+    # a step: "resuming", the run line, the plan line, the progress lines, "done", the summary (the
+    # validation hook says its lines through the same callback; here it is off: it costs half a minute)
+    said = _train_says(capfd, "--resume", run, "--steps", "5", "--backend", "spec", code=0)
+    assert said.count(shown) >= 4 and "preset tiny" + shown in said
+    # the library's errors: the memory model (it names the recipe's model), a flag against the recipe
+    assert shown in _train_says(capfd, "--resume", run, "--max-memory", "0.0001", "--backend", "spec", code=1)
+    assert shown in _train_says(capfd, "--resume", run, "--preset", "small", "--backend", "spec", code=1)
+    recipe = json.loads((run / "recipe.json").read_text())
+    recipe["spec_version"] = "3" + SCREEN  # bound by H_0, but a stranger's run may say anything
+    (run / "recipe.json").write_text(json.dumps(recipe))
+    assert shown in _train_says(capfd, "--resume", run, "--backend", "spec", code=1)
+
+    # the CLI's own lines around the library: a stop by a signal, a second Ctrl-C, a full disk
+    import signal
+
+    from lockstep.train import trainer
+
+    def stopped(run_dir, **kwargs):
+        return trainer.RunSummary(Path(run_dir), 5, "0" * 64, 1.0, target=6, stopped_by=signal.SIGTERM)
+
+    monkeypatch.setattr(trainer, "train", stopped)
+    assert shown in _train_says(capfd, "--resume", run, "--backend", "spec", code=128 + signal.SIGTERM)
+
+    def interrupted(run_dir, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(trainer, "train", interrupted)
+    assert shown in _train_says(capfd, "--resume", run, "--backend", "spec", "--data", run / recipe["data"]["folder"],
+                                code=130)
+
+    def disk_full(run_dir, **kwargs):
+        raise trainer.RunWriteError(Path(run_dir), "checkpoint 5", 5, 4, 1, OSError(28, "No space left on device"))
+
+    monkeypatch.setattr(trainer, "train", disk_full)
+    assert shown in _train_says(capfd, "--resume", run, "--backend", "spec", code=1)
+
+
+def test_python_warnings_print_escaped(monkeypatch, capfd):
+    """A library's warning may quote what it was given (matplotlib: a run name's glyph its font lacks):
+    every command prints warnings as it prints everything else, escaped."""
+    import warnings
+
+    from lockstep.cli import conformance
+
+    def warns(args) -> int:
+        warnings.warn("Glyph 27 (\x1b[2J) missing from font(s) DejaVu Sans.", UserWarning)
+        return 0
+
+    monkeypatch.setattr(conformance, "cmd_version", warns)
+    assert main(["version"]) == 0
+    err = capfd.readouterr().err
+    _clean(err)
+    assert "Glyph 27 (\\x1b[2J)" in err

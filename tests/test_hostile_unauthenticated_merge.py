@@ -58,9 +58,17 @@ def _plan(honest_run, tmp_path, pubs):
 def test_unsigned_self_named_certificates_are_not_a_complete_audit(honest_run, one_replay, tmp_path, capsys):
     paths, pubs = _three(one_replay, tmp_path)
     plan = _plan(honest_run, tmp_path, pubs)
-    assert main(["audit", "merge", *map(str, paths), "--plan", str(plan), "--beacon", BEACON]) == 2
+    assert main(["audit", "merge", *map(str, paths)]) == 2
     out = capsys.readouterr().out
     assert "COMPLETE AND CONSISTENT" not in out and "UNAUTHENTICATED" in out.splitlines()[-1]
+    # a plan is only read against the auditors' keys, so it cannot lend the self-named certificates weight
+    assert main(["audit", "merge", *map(str, paths), "--plan", str(plan), "--beacon", BEACON, "--redundancy", "3"]) == 1
+    assert "--pub for every auditor" in capsys.readouterr().err
+    args = [a for pub in pubs for a in ("--pub", pub)]
+    assert main(["audit", "merge", *map(str, paths), "--plan", str(plan), "--beacon", BEACON, "--redundancy", "3",
+                 *args]) == 2
+    out = capsys.readouterr().out
+    assert "COMPLETE AND CONSISTENT" not in out and "unsigned" in out
     report = merge_certificates(paths)
     assert not report.ok and not report.authenticated
     assert report.steps[1].count == 3  # coverage is still reported, as claimed
@@ -69,10 +77,11 @@ def test_unsigned_self_named_certificates_are_not_a_complete_audit(honest_run, o
 def test_signatures_by_keys_nobody_vouched_for_are_not_enough(honest_run, one_replay, tmp_path, capsys):
     paths, pubs = _three(one_replay, tmp_path, sign=True)
     plan = _plan(honest_run, tmp_path, pubs)
-    assert main(["audit", "merge", *map(str, paths), "--plan", str(plan), "--beacon", BEACON]) == 2
+    assert main(["audit", "merge", *map(str, paths)]) == 2
     assert "UNAUTHENTICATED" in capsys.readouterr().out
     # with the auditors' keys given, the same certificates are a complete audit by three auditors
     args = [a for pub in pubs for a in ("--pub", pub)]
-    assert main(["audit", "merge", *map(str, paths), "--plan", str(plan), "--beacon", BEACON, *args]) == 0
+    assert main(["audit", "merge", *map(str, paths), "--plan", str(plan), "--beacon", BEACON, "--redundancy", "3",
+                 *args]) == 0
     out = capsys.readouterr().out
     assert "COMPLETE AND CONSISTENT" in out and "UNAUTHENTICATED" not in out

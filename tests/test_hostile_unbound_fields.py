@@ -31,6 +31,7 @@ from lockstep.audit.verify import verify_run
 from lockstep.cli import main
 from lockstep.formats import checkpoint as ckpt
 from lockstep.formats.rundir import RunFileError
+from lockstep.formats.state import state_layout_problem
 from lockstep.formats.trajectory import Strictness, read_trajectory
 
 
@@ -280,10 +281,10 @@ def test_the_layout_check_names_a_missing_extra_or_retyped_tensor(honest_run):
 
     cfg = preset("tiny")
     tensors = dict(ckpt.load_checkpoint(honest_run, 2).tensors)
-    assert ckpt.state_layout_problem(tensors, cfg) is None
-    assert ckpt.state_layout_problem({k: v for k, v in tensors.items() if k != "adam_v/lm_head"}, cfg)[0] == \
+    assert state_layout_problem(tensors, cfg) is None
+    assert state_layout_problem({k: v for k, v in tensors.items() if k != "adam_v/lm_head"}, cfg)[0] == \
         "adam_v/lm_head"
-    assert ckpt.state_layout_problem({**tensors, "param/extra": tensors["step"]}, cfg)[0] == "param/extra"
+    assert state_layout_problem({**tensors, "param/extra": tensors["step"]}, cfg)[0] == "param/extra"
     retyped = {**tensors, "adam_m/embed": tensors["adam_m/embed"].astype(np.float64)}
-    assert ckpt.state_layout_problem(retyped, cfg)[0] == "adam_m/embed"
-    assert ckpt.state_layout_problem({**tensors, "step": np.array([2], dtype=np.int32)}, cfg)[0] == "step"
+    assert state_layout_problem(retyped, cfg)[0] == "adam_m/embed"
+    assert state_layout_problem({**tensors, "step": np.array([2], dtype=np.int32)}, cfg)[0] == "step"

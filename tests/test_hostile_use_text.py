@@ -58,9 +58,9 @@ def test_sample_refuses_a_recipe_too_large_for_this_machine(copy_run):
     maximum), a checkpoint of those parameters (and AdamW moments), under 8 MB. Its RoPE tables alone are 16 GiB."""
     from lockstep.formats import checkpoint as ckpt
     from lockstep.train.model import init_params
-    from lockstep.train.optim import AdamWState
+    from lockstep.formats.state import AdamWState
     from lockstep.formats.recipe import recipe_configs, recipe_digest
-    from lockstep.train.step import state_tensors
+    from lockstep.formats.state import state_tensors
 
     from lockstep.spec.hashing import state_root
 

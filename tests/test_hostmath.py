@@ -264,3 +264,96 @@ def test_source_uses_no_libm():
     assert not (np_attrs & banned), np_attrs & banned
     imported = {a.name for n in ast.walk(tree) if isinstance(n, (ast.Import, ast.ImportFrom)) for a in n.names}
     assert not ({"math", "cmath", "scipy", "mpmath"} & imported)
+
+
+# ---------------------------------------------------------------------------
+# The text: every constant's bit pattern, erf's term counts and its signed zero
+
+
+def _float_constants(mod):
+    return {n: v for n, v in vars(mod).items() if n.isupper() and isinstance(v, (float, tuple))}
+
+
+@pytest.mark.parametrize("modname", ["hostmath", "erf"])
+def test_every_float_constant_is_written_as_its_bit_pattern(modname):
+    """A float constant's definition line quotes its float64 bits; a tuple's comment lists each, in order;
+    a ``_from_bits`` line's decimal is the value's shortest repr."""
+    import importlib
+    import inspect
+    import re
+
+    mod = importlib.import_module(f"lockstep.spec.{modname}")
+    src = inspect.getsource(mod)
+    consts = _float_constants(mod)
+    assert len(consts) >= (20 if modname == "hostmath" else 5)
+    for name, v in consts.items():
+        (line,) = re.findall(rf"^{name} = .*$", src, re.M)
+        if isinstance(v, float):
+            bits = f"0x{int(np.float64(v).view(np.uint64)):016X}"
+            assert bits in line, (name, bits, line)
+            if "_from_bits(" in line:
+                assert re.findall(r"[-+0-9.e]+", line.split("#", 1)[1])[-1] == repr(v), line
+        else:
+            block = re.search(rf"^# {name} as float64 bit patterns, in order:\n((?:# .*\n)+)", src, re.M)
+            assert block, name
+            quoted = block.group(1).replace("#", " ").split()
+            assert quoted == [f"0x{int(np.float64(c).view(np.uint64)):016X}" for c in v], name
+
+
+def test_erf_docstring_gives_the_term_counts_the_code_uses():
+    import re
+
+    from lockstep.spec import erf as E
+
+    doc = E.erf.__doc__
+    assert int(re.search(r"ERF_SERIES_TERMS = (\d+)", doc).group(1)) == E.ERF_SERIES_TERMS
+    assert int(re.search(r"ERF_CF_TERMS = (\d+)", doc).group(1)) == E.ERF_CF_TERMS
+
+
+def test_erf_term_counts_truncation_errors_are_as_stated():
+    """At a = 1.5, where both converge slowest: the series' first omitted term < 2**-161 of the sum; the
+    continued fraction at ERF_CF_TERMS levels: erfc within 2**-55.8 relatively, erf within 2**-60.7."""
+    mp = pytest.importorskip("mpmath")
+    from lockstep.spec import erf as E
+
+    mp.mp.prec = 300
+    a = mp.mpf(1.5)
+    term, total = mp.mpf(1), mp.mpf(1)
+    for n in range(1, E.ERF_SERIES_TERMS):
+        term = term * 2 * a * a / (2 * n + 1)
+        total += term
+    assert term * 2 * a * a / (2 * E.ERF_SERIES_TERMS + 1) / total < mp.mpf(2) ** -161
+    K = a
+    for n in range(E.ERF_CF_TERMS, 0, -1):
+        K = a + mp.mpf(n) / 2 / K
+    err = abs(mp.exp(-a * a) / mp.sqrt(mp.pi) / K - mp.erfc(a))
+    assert err / mp.erfc(a) < mp.mpf(2) ** -55.8 and err < mp.mpf(2) ** -60.7
+
+
+def test_erf_term_counts_are_definitions(monkeypatch):
+    """Other counts that converge as well still move bits: the count must be the stated one."""
+    from lockstep.spec import erf as E
+
+    x = 1.5 + np.arange(20_000) * 2.0**-40
+    base = E.erf(x)
+    for levels in (114, 200):
+        monkeypatch.setattr(E, "ERF_CF_TERMS", levels)
+        moved = E.erf(x) != base
+        assert moved.any() and np.all(ulps_apart(E.erf(x)[moved], base[moved]) == 1), levels
+    monkeypatch.setattr(E, "ERF_CF_TERMS", 100)
+    r = np.random.default_rng(1).random(50_000) * 1.5
+    base = E.erf(r)
+    monkeypatch.setattr(E, "ERF_SERIES_TERMS", 28)  # the text: every count from 28 on gives 50's bits
+    assert np.array_equal(E.erf(r), base)
+    monkeypatch.setattr(E, "ERF_SERIES_TERMS", 24)  # and fewer do not
+    assert not np.array_equal(E.erf(r), base)
+
+
+def test_erf_of_negative_zero_is_positive_zero_as_the_text_says():
+    from lockstep.spec import erf as E
+
+    assert "``erf(-0.0)`` is ``+0.0``" in " ".join(E.erf.__doc__.split())
+    for z in (E.erf(-0.0), E.erf(np.array([-0.0]))[0]):
+        assert z == 0.0 and math.copysign(1.0, z) == 1.0
+    x = np.array([-1e-300, -0.5, -1.5, -3.0, -6.0, -math.inf])
+    assert np.array_equal(E.erf(x), -E.erf(-x))

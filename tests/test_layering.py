@@ -26,6 +26,8 @@ ROOT = Path(__file__).resolve().parents[1] / "lockstep"
 
 LAYERS: dict[str, int] = {
     "lockstep": 0,  # the package's own __init__ (its version): imports nothing
+    "lockstep.errors": 0,  # the root of the errors lockstep raises on purpose: imports nothing
+    "lockstep.launch": 0,  # the rank mpiexec gave this process, and the MPI world: imports nothing of lockstep
     "lockstep.fsio": 1,
     "lockstep.spec": 1,
     "lockstep.contract": 2,
@@ -51,25 +53,28 @@ def all_modules() -> dict[str, Path]:
     return {module_name(p): p for p in sorted(ROOT.rglob("*.py"))}
 
 
+def imported_by(name: str, path: Path, node: ast.AST, modules: dict[str, Path]) -> list[str]:
+    """The lockstep modules one ``import`` node of module ``name`` (file ``path``) imports ([] for any other node)."""
+    package = name if path.name == "__init__.py" else name.rsplit(".", 1)[0]
+    if isinstance(node, ast.Import):
+        return [a.name for a in node.names if a.name.split(".")[0] == "lockstep"]
+    if not isinstance(node, ast.ImportFrom):
+        return []
+    if node.level:
+        base = package.split(".")[: len(package.split(".")) - node.level + 1]
+        target = ".".join(base + ([node.module] if node.module else []))
+    else:
+        target = node.module or ""
+    if target.split(".")[0] != "lockstep":
+        return []
+    # `from lockstep import spec` imports the module lockstep.spec
+    return [f"{target}.{a.name}" if f"{target}.{a.name}" in modules else target for a in node.names]
+
+
 def imports_of(name: str, path: Path, modules: dict[str, Path]) -> list[tuple[str, int]]:
     """``(imported lockstep module, line)`` for every import in the file, at any depth."""
-    package = name if path.name == "__init__.py" else name.rsplit(".", 1)[0]
-    out = []
-    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
-        if isinstance(node, ast.Import):
-            out += [(a.name, node.lineno) for a in node.names if a.name.split(".")[0] == "lockstep"]
-        elif isinstance(node, ast.ImportFrom):
-            if node.level:
-                base = package.split(".")[: len(package.split(".")) - node.level + 1]
-                target = ".".join(base + ([node.module] if node.module else []))
-            else:
-                target = node.module or ""
-            if target.split(".")[0] != "lockstep":
-                continue
-            for a in node.names:  # `from lockstep import spec` imports the module lockstep.spec
-                sub = f"{target}.{a.name}"
-                out.append((sub if sub in modules else target, node.lineno))
-    return out
+    return [(target, node.lineno) for node in ast.walk(ast.parse(path.read_text(encoding="utf-8")))
+            for target in imported_by(name, path, node, modules)]
 
 
 def package_of(module: str) -> str:

@@ -31,7 +31,8 @@ import numpy as np
 from lockstep.backends import BackendUnavailable, get_backend
 from lockstep.formats.config import preset, train_preset
 from lockstep.train.model import init_params, loss_and_grads
-from lockstep.train.optim import AdamWState, optimizer_step
+from lockstep.train.optim import optimizer_step
+from lockstep.formats.state import AdamWState
 from lockstep.formats.schedule import learning_rate
 
 STEPS = 80

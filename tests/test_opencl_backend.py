@@ -13,20 +13,14 @@ import sys
 import numpy as np
 import pytest
 from backend_cases import (assert_same, check_conformance, check_implements_every_spec_op, check_int8_linear,
-                           check_train_and_replay, check_training_steps, random_values, same_bits)
+                           check_train_and_replay, check_training_steps, loaded_backend, random_values, same_bits)
 
 from lockstep import spec
 from lockstep.backends import BackendUnavailable, get_backend
 from lockstep.backends.kernels.backend import ops_for
 from lockstep.conformance import inputs as gen
 
-try:
-    _BE = get_backend("opencl")
-    _SKIP = None
-except BackendUnavailable as e:  # pragma: no cover - CI installs pyopencl[pocl]
-    _BE, _SKIP = None, str(e)
-
-pytestmark = pytest.mark.skipif(_SKIP is not None, reason=f"opencl backend unavailable: {_SKIP}")
+_BE, pytestmark = loaded_backend("opencl")
 
 
 @pytest.fixture(scope="module")

@@ -138,7 +138,7 @@ def test_a_scratch_pool_takes_back_its_own_vectors_only(tmp_path):
 
 
 def test_moment_files_keep_the_state_the_update_started_from(tmp_path):
-    from lockstep.train.optim import AdamWState
+    from lockstep.formats.state import AdamWState
 
     with ScratchSpace(tmp_path) as space:
         files = MomentFiles(space)

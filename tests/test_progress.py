@@ -12,8 +12,9 @@ from lockstep.formats.config import preset, train_preset
 from lockstep.formats.schedule import plan_step
 from lockstep.fsio.progress import PhaseProgress
 from lockstep.train.model import init_params
-from lockstep.train.optim import AdamWState
-from lockstep.train.step import state_tensors, tree_step
+from lockstep.formats.state import AdamWState
+from lockstep.train.step import tree_step
+from lockstep.formats.state import state_tensors
 
 
 class FakeClock:

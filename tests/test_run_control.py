@@ -27,7 +27,7 @@ from lockstep.train.trainer import train
 
 LOCKSTEP = [sys.executable, "-m", "lockstep.cli"]
 TINY = ["--preset", "tiny", "--backend", "spec", "--batch", "6", "--micro-batch", "2", "--quiet"]
-APPLY_UPDATE = "lockstep.train.trainer:apply_update"  # called once per step, after the gradients are summed
+APPLY_UPDATE = "lockstep.train.step:apply_update"  # called once per step, after the gradients are summed
 MPI_ENV = dict(os.environ, MPIR_CVAR_ENABLE_HEAVY_YIELD="1")
 
 

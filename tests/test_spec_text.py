@@ -6,8 +6,10 @@ docstrings, the vectors file and the code agree."""
 from __future__ import annotations
 
 import hashlib
+import math
 import re
 import struct
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -248,3 +250,189 @@ def test_the_stream_docstring_writes_out_the_domain_and_the_encoding():
     assert f"the {len(philox.STREAM_DOMAIN)} bytes" in doc
     example = re.search(r"``STREAM_DOMAIN \|\| ([0-9a-f |]+)``", doc).group(1)
     assert bytes.fromhex(example.replace("|", "")) == vectors.stream_message(7, "init", 2)[len(philox.STREAM_DOMAIN):]
+
+
+# ---------------------------------------------------------------- the parameter table: docstring, docs, code
+
+def _table_rows(text: str) -> list[list[str]]:
+    """The rows of the parameter table that follows the ``name  shape  init  std  decay`` heading."""
+    lines = text.splitlines()
+    start = next(i for i, ln in enumerate(lines) if ln.split()[:5] == ["name", "shape", "init", "std", "decay"])
+    rows = []
+    for ln in lines[start + 1:]:
+        if not ln.strip():
+            break
+        m = re.fullmatch(r"\s*(\S+)\s+(\(.*?\))\s+(\S+)\s+(\S+)\s+(\S+)\s*", ln)
+        assert m, ln
+        rows.append(list(m.groups()))
+    return rows
+
+
+def _expand(rows, cfg, shape_of):
+    """The table's rows for ``cfg``: ``layers.NN.`` rows once per layer, in the table's order."""
+    layer_rows = [r for r in rows if r[0].startswith("layers.NN.")]
+    head = [r for r in rows[: rows.index(layer_rows[0])]]
+    tail = [r for r in rows[rows.index(layer_rows[-1]) + 1:]]
+    assert rows == head + layer_rows + tail  # the layer rows are contiguous
+    out = []
+    for name, shape, init, std, decay in head + [
+            [r[0].replace("NN", f"{i:02d}"), *r[1:]] for i in range(cfg.n_layers) for r in layer_rows] + tail:
+        std_value = {"-": 0.0, "init_std": cfg.init_std,
+                     "init_std/sqrt(2*L)": cfg.init_std / math.sqrt(2 * cfg.n_layers)}[std]
+        out.append((name, shape_of(shape), init, std_value, {"yes": True, "no": False}[decay]))
+    return out
+
+
+def _spec_rows(cfg):
+    from lockstep.formats.params import param_specs
+
+    return [(s.name, tuple(s.shape), s.init, s.std, s.decay) for s in param_specs(cfg)]
+
+
+@pytest.mark.parametrize("name,overrides", [("tiny", {}), ("small", {}), ("open-1b", {}),
+                                            ("tiny", {"n_layers": 101, "init_std": 0.05})])
+def test_the_params_docstring_table_is_param_specs(name, overrides):
+    from lockstep.formats import params
+    from lockstep.formats.config import preset
+
+    cfg = preset(name, **overrides)
+    sym = {"V": cfg.vocab_size, "D": cfg.d_model, "L": cfg.n_layers, "H": cfg.n_heads, "G": cfg.n_kv_heads,
+           "Dh": cfg.head_dim, "F": cfg.ffn_dim}
+
+    def shape_of(text):
+        return tuple(eval(text, {"__builtins__": {}}, sym))  # "(D, 2*F)", "(D,)": tuples of the symbols
+
+    assert _expand(_table_rows(params.__doc__), cfg, shape_of) == _spec_rows(cfg)
+
+
+def test_the_docs_parameter_table_is_open_1bs_param_specs():
+    from lockstep.formats.config import preset
+    from lockstep.formats.params import param_count
+
+    cfg = preset("open-1b")
+    doc = (Path(hashing.__file__).parents[2] / "docs" / "formats.md").read_text(encoding="utf-8")
+    section = doc[doc.index("## Parameters"):doc.index("## Data folder")]
+    rows = _expand(_table_rows(section), cfg, lambda t: tuple(int(v) for v in t.strip("(),").split(",") if v.strip()))
+    assert rows == _spec_rows(cfg)
+    assert f"{param_count(cfg):,} parameters" in section
+
+
+def test_the_quoted_init_stds_are_the_float32_of_param_specs():
+    from lockstep.formats import params
+    from lockstep.formats.config import preset
+
+    stds = sorted({s.std for s in params.param_specs(preset("open-1b")) if s.init == "normal"}, reverse=True)
+    assert stds == [0.02, 0.02 / math.sqrt(48)]
+    bits = [f"0x{int(np.float32(s).view(np.uint32)):08X}" for s in stds]
+    doc = (Path(hashing.__file__).parents[2] / "docs" / "formats.md").read_text(encoding="utf-8")
+    for text in (params.__doc__, doc):
+        for b in bits:
+            assert b in text
+    assert f"float32({stds[1]!r}) = {bits[1]}" in params.__doc__
+
+
+# ---------------------------------------------------------------- fsio.json_bytes does what its docstring says
+
+def test_json_bytes_layout_escapes_and_numbers_are_as_documented():
+    from lockstep.fsio import json_bytes
+
+    obj = {"z": [1, 2.0, 0.1, 1e-8, 1e16, -0.0, True, None, {}, [], (3,)], "é": "é€\u2028\"\\\n\x01\x7f",
+           "a": {"k": 1}, "7": "int key"}
+    want = ('{\n'
+            '  "7": "int key",\n'
+            '  "a": {\n'
+            '    "k": 1\n'
+            '  },\n'
+            '  "z": [\n'
+            '    1,\n    2.0,\n    0.1,\n    1e-08,\n    1e+16,\n    -0.0,\n    true,\n    null,\n    {},\n    [],\n'
+            '    [\n      3\n    ]\n'
+            '  ],\n'
+            '  "é": "é€\u2028\\"\\\\\\n\\u0001\x7f"\n'
+            '}\n').encode("utf-8")
+    assert json_bytes(obj) == want
+    assert json_bytes({7: "int key"}) == b'{\n  "7": "int key"\n}\n'  # an int key is written as a string
+    assert all(not line.endswith(b" ") for line in want.split(b"\n"))
+    for bad, err in ((float("nan"), ValueError), (float("inf"), ValueError), (np.float32(1), TypeError),
+                     (np.int64(1), TypeError), (np.bool_(True), TypeError), ("\udc80", UnicodeEncodeError),
+                     ({1: 0, "a": 0}, TypeError)):
+        with pytest.raises(err):
+            json_bytes(bad)
+    assert json_bytes(np.float64(1.5)) == b"1.5\n"
+
+
+def test_json_bytes_docstring_spells_float32_settings_as_genesis_writes_them():
+    from lockstep.formats.config import ModelConfig, TrainConfig
+    from lockstep.formats.recipe import _settings
+    from lockstep.fsio import json_bytes
+
+    doc = " ".join(json_bytes.__doc__.split())
+    model = _settings(ModelConfig(norm_eps=1e-6).to_dict(), ModelConfig, "model")
+    train = _settings(TrainConfig(eps=1e-8).to_dict(), TrainConfig, "train")
+    for key, given, value in (("norm_eps", "1e-6", model["norm_eps"]), ("eps", "1e-8", train["eps"])):
+        assert f"``{key}`` {given} is ``{value!r}``" in doc
+        assert f'"{key}": {value!r}'.encode() in json_bytes({key: value})
+
+
+# ---------------------------------------------------------------- the recipe's settings table: docstring, docs, code
+
+def _settings_rows() -> list[list[str]]:
+    """Every ModelConfig/TrainConfig field: name, type, default as recipe.json spells it, and as H_0 binds it."""
+    import dataclasses
+    import json
+
+    from lockstep.formats.config import ModelConfig, TrainConfig
+    from lockstep.formats.recipe import FLOAT32_SETTINGS, NON_BIT_FIELDS, _settings, genesis_recipe
+    from lockstep.spec import SPEC_VERSION
+
+    recipe = {"format": "lockstep.recipe", "model": {}, "train": {}, "data": {"manifest_sha256": "0" * 64},
+              "seed": 0, "micro_batch": 8, "spec_version": SPEC_VERSION}
+    bound = genesis_recipe(recipe)
+    rows = []
+    for section, cls in (("model", ModelConfig), ("train", TrainConfig)):
+        written = cls().to_dict()
+        assert _settings({}, cls, section).keys() == written.keys()  # every field written out
+        for f in dataclasses.fields(cls):
+            kind = {"int": "int", "float": "float", "bool": "bool", "str": "str",
+                    "tuple[tuple[int, int], ...]": "[[int, int], ...]"}[f.type]
+            if f.name in FLOAT32_SETTINGS[section]:
+                assert kind == "float"
+                kind = "float32"
+            name = f"{section}.{f.name}"
+            in_h0 = "left out" if name in NON_BIT_FIELDS else json.dumps(bound[section][f.name])
+            assert (name in NON_BIT_FIELDS) == (f.name not in bound[section])
+            rows.append([name, kind, json.dumps(written[f.name]), in_h0])
+    return rows
+
+
+def _settings_table(text: str) -> list[list[str]]:
+    lines = text.splitlines()
+    start = next(i for i, ln in enumerate(lines) if ln.split()[:2] == ["field", "type"])
+    rows = []
+    for ln in lines[start + 1:]:
+        if not ln.strip():
+            break
+        rows.append(re.split(r"\s{2,}", ln.strip()))
+    return rows
+
+
+def test_the_genesis_recipe_settings_tables_are_the_dataclasses():
+    from lockstep.formats import recipe
+
+    doc = (Path(hashing.__file__).parents[2] / "docs" / "formats.md").read_text(encoding="utf-8")
+    want = _settings_rows()
+    assert _settings_table(recipe.genesis_recipe.__doc__) == want
+    assert _settings_table(doc[doc.index("**Genesis fields.**"):]) == want
+
+
+def test_the_readmes_open_1b_checkpoint_size_is_three_float32_copies():
+    from lockstep.formats.checkpoint import MAX_HEADER_BYTES, state_bytes_bound
+    from lockstep.formats.config import preset
+    from lockstep.formats.params import param_count
+
+    readme = " ".join((Path(hashing.__file__).parents[2] / "README.md").read_text(encoding="utf-8").split())
+    cfg = preset("open-1b")
+    n = param_count(cfg)
+    state = 3 * 4 * n
+    assert state_bytes_bound(cfg) == 8 + MAX_HEADER_BYTES + state + 8  # the state is those three copies and the step
+    assert (f"an Open-1B checkpoint is about {state / 1e9:.1f} GB: the parameters and both AdamW moments, three "
+            f"float32 copies of {n:,} values, {state:,} bytes") in readme

@@ -112,18 +112,20 @@ def test_diff_names_exactly_the_flipped_call_and_the_referee_sides_with_the_clea
     text = capsys.readouterr().out
     assert "the spec agrees with A (spec)" in text
     assert "1 elements differ from the spec's; first at flat index 17" in text
-    assert read_op_file(op_file)["verdict"] == "A"
+    assert read_op_file(op_file).verdict == "A"
     # the same verdict in a fresh process; numba computes the spec's bits for the call
     res = subprocess.run([sys.executable, "-m", "lockstep.cli", "conformance", "--replay-op", str(op_file)],
                          capture_output=True, text=True, cwd=ROOT, timeout=600)
     assert res.returncode == 0, res.stdout + res.stderr
-    assert "the spec agrees with A (spec); the file's verdict (A) is reproduced" in res.stdout
-    assert "output 0 of B: 1 elements differ from the spec's; first at flat index 17" in res.stdout
+    assert "the spec's outputs have the digests the file claims for A (spec)" in res.stdout
+    assert "the file's verdict (A) agrees with the spec recomputed here" in res.stdout
+    assert "output 0 as the file stores it for B (flipped): 1 elements differ from the spec's; first at flat index 17" \
+        in res.stdout
     from lockstep.audit.trace_diff import replay_op_file
 
     text, ok = replay_op_file(op_file, "numba")
-    assert ok and "backend numba: the spec's bits" in text
-    # the file's own claim is checked: a verdict edited to B is not reproduced
+    assert ok and "backend numba, recomputed here: the spec's bits" in text
+    # the file's own claim is checked: a verdict edited to B disagrees with the spec
     from lockstep.fsio.safetensors import read_safetensors, write_safetensors
 
     tensors, meta = read_safetensors(op_file)
@@ -142,7 +144,7 @@ def test_an_optimizer_call_with_scalar_inputs_is_refereed_and_replayed(clean, ho
     v = referee(a, b, d, honest_run, fast(), op_file=tmp_path / "adamw.safetensors")
     assert v.agrees_with == "A"
     text, ok = replay_op_file(v.op_file)
-    assert ok and "the file's verdict (A) is reproduced" in text
+    assert ok and "the file's verdict (A) agrees with the spec recomputed here" in text
 
 
 def test_different_data_for_one_micro_batch_is_named_at_its_first_call(clean, honest_run, tmp_path, monkeypatch, capsys):
@@ -362,7 +364,7 @@ def test_a_device_report_holds_the_dispute_of_a_step_that_differs(clean, honest_
     assert d["diff_exit"] == 2
     assert "micro-batch 0, layer 1, module ffn_norm: rmsnorm_backward (backward, call 0;" in text
     assert "the spec agrees with A (" in text and "first at flat index 5" in text
-    assert read_op_file(d["op_file"])["verdict"] == "A"
+    assert read_op_file(d["op_file"]).verdict == "A"
     report = {"backend": "flipped", "verdict": "DIFFERS", "created": "-", "self_test": {"status": "passed"},
               "environment": {"lockstep": "-", "SPEC_VERSION": "-", "platform": "-", "machine": "-", "python": "-",
                               "numpy": "-"},
@@ -390,3 +392,57 @@ def test_capabilities_that_compute_are_traced_or_dropped():
     [r] = tracer.records
     assert r["op"] == "add" and [e["name"] for e in r["inputs"]] == ["a", "b"]
     assert r["inputs"][0]["sha256"] != r["outputs"][0]["sha256"]  # a hashed before add_into wrote into it
+
+
+def _records_of(path: Path) -> tuple[dict, list[dict]]:
+    lines = path.read_text().splitlines()
+    return json.loads(lines[0]), [json.loads(x) for x in lines[1:-1]]
+
+
+def test_a_shape_whose_element_count_overflows_int64_is_refused(clean_mb2, tmp_path, capsys):
+    """Issue 34, item 3: [2**32, 2**32] passed the schema (each dim below 2**40); its element count wrapped to
+    0 in int64, the empty values matched it, and ``audit diff`` ended in reshape's ValueError traceback.
+    Sizes are Python integers now, and no traced array has more than ``MAX_ELEMENTS``."""
+    header, records = _records_of(clean_mb2)
+    out = next(o for o in records[0]["outputs"] if "values" in o)
+    out["shape"], out["values"] = [2**32, 2**32], ""
+    p = tmp_path / "overflow.jsonl"
+    write_trace(p, header, records)  # a root that fits: only the schema can refuse it
+    with pytest.raises(TraceError, match=r"shape \[4294967296, 4294967296\] has 18446744073709551616 elements"):
+        read_trace(p)
+    capsys.readouterr()
+    assert _cli("audit", "diff", clean_mb2, p) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "overflow.jsonl:2" in err, err
+
+
+def test_a_diff_streams_its_traces_in_memory_bounded_by_records_not_bytes(clean_mb2, tmp_path):
+    """Issue 34, item 3: a trace was held whole as Python objects, 5-6 times its size. ``diff_files`` reads
+    both traces record by record: what it keeps is 32 bytes per record of each (the root's leaves) and 24
+    per output of A before the first difference (``_Outputs``), plus one line of each in flight; here the
+    traces hold 40 copies of micro-batch 2's records (every output's values kept), and the diff's peak
+    allocation (tracemalloc) stays within that bound and below a tenth of one trace's size."""
+    import tracemalloc
+
+    header, records = _records_of(clean_mb2)
+    many = [dict(r, seq=i * len(records) + r["seq"]) for i in range(40) for r in records]
+    a, b = tmp_path / "a.jsonl", tmp_path / "b.jsonl"
+    write_trace(a, header, many)
+    many[-1] = copy.deepcopy(many[-1])
+    many[-1]["outputs"][0]["sha256"] = "0" * 64  # the last record differs: every record before it is compared
+    many[-1]["outputs"][0].pop("values", None)
+    write_trace(b, header, many)
+    size = a.stat().st_size
+    longest = max(len(x) for x in a.read_bytes().split(b"\n"))
+    outputs = sum(len(r["outputs"]) for r in many)
+    del many, records
+    tracemalloc.start()
+    try:
+        _, _, d = diff_files(a, b)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert d.kind == "outputs" and d.seq == 40 * (len(_records_of(clean_mb2)[1])) - 1
+    # one line of each in flight, parsed: its text, its decoded values (3/4 of the text) and the JSON objects
+    bound = 2 * 32 * d.seq + 24 * outputs + 2 * 4 * longest + (1 << 20)
+    assert peak <= bound and peak < size // 10, (peak, bound, size)

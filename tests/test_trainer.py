@@ -22,7 +22,8 @@ from lockstep.formats.config import preset, train_preset
 from lockstep.formats.manifest import Manifest
 from lockstep.formats.stream import GlobalStream
 from lockstep.train.model import init_params
-from lockstep.train.optim import AdamWState, NonFiniteError
+from lockstep.train.optim import NonFiniteError
+from lockstep.formats.state import AdamWState
 from lockstep.formats.recipe import genesis, load_recipe, make_recipe, recipe_configs
 from lockstep.formats.trajectory import Strictness, read_trajectory
 from lockstep.formats.schedule import plan_step
@@ -117,7 +118,7 @@ def test_small_on_any_number_of_ranks_gives_the_same_trajectory(tmp_path, corpus
 def _launch_killed(argv: list[str], world: int, nth_update: int) -> None:
     """``lockstep argv`` on ``world`` ranks; rank 0 SIGKILLs itself before its ``nth_update``-th update
     (``step.apply_update``), and hydra then ends the other ranks."""
-    proc = killpoint.launch("lockstep.train.trainer:apply_update", "before", nth_update, "", argv,
+    proc = killpoint.launch("lockstep.train.step:apply_update", "before", nth_update, "", argv,
                             launcher=_mpiexec(world), env=MPI_ENV, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     _, err = proc.communicate(timeout=killpoint.HANG_GUARD_S)
     assert proc.returncode != 0, f"not killed:\n{err.decode()[-3000:]}"
@@ -166,13 +167,13 @@ def _train_cmd(out, corpus, steps):
 KILLS = [
     ("os:replace", "before", 1, "recipe.json", "start-up: recipe.json not yet in place"),
     ("os:replace", "after", 1, "recipe.json", "start-up: recipe.json written, no step yet"),
-    ("lockstep.train.trainer:apply_update", "before", 2, "", "mid-step 2: gradients summed, no update"),
+    ("lockstep.train.step:apply_update", "before", 2, "", "mid-step 2: gradients summed, no update"),
     ("os:replace", "before", 1, "sidecar.json", "mid-checkpoint-write: state file written, no sidecar"),
     ("os:rename", "before", 1, "step-00000004", "mid-checkpoint-write: checkpoint 4 complete, not renamed"),
     ("os:rename", "after", 1, "step-00000004", "checkpoint 4 renamed, its folder not yet fsynced"),
     # from outside: the child pauses as step 5 begins; once the trajectory holds step 4 (the
     # observed event) the test sends SIGKILL, which lands while step 5 is under way
-    ("lockstep.train.trainer:apply_update", "pause", 1, "", "mid-step 5, killed from outside"),
+    ("lockstep.train.step:apply_update", "pause", 1, "", "mid-step 5, killed from outside"),
     ("os:replace", "before", 1, "commitment.json", "all steps done, commitment.json not written"),
 ]
 

@@ -7,9 +7,10 @@ reads, and ``Strictness.LIVE``, as ``train --resume`` reads), the commitment, th
 (``audit.certificate``), audit plans (``audit.plan``), safetensors headers and offsets
 (``fsio.parse_safetensors`` / ``read_safetensors``), checkpoint sidecars and state
 (``checkpoint.load_checkpoint``), export bundles (``use.export_verify.verify_export``), the
-tokenizer read from the manifest (``use.run.open_tokenizer``) and validation lines of
-metrics.jsonl (``use.evaluate.recorded_validations``); and ``audit verify`` over the whole
-damaged run.
+tokenizer read from the manifest (``use.run.open_tokenizer``), validation lines of
+metrics.jsonl (``use.evaluate.recorded_validations``), op traces (``audit.trace_diff.diff_files``,
+``read_trace``) and op files (``audit.trace_diff.replay_op_file``, ``conformance --replay-op``);
+and ``audit verify`` over the whole damaged run.
 
 Inputs are genuine files of a real honest run (``honest_run``), mutated: truncated,
 bytes flipped or inserted, JSON values replaced by hostile ones (huge and negative
@@ -54,7 +55,7 @@ from lockstep.formats import checkpoint as ckpt
 from lockstep.formats.manifest import DataError, Manifest
 from lockstep.formats.rundir import DataLocationError, RunFileError, open_run_data, read_target
 from lockstep.formats.recipe import load_recipe
-from lockstep.formats.trajectory import Strictness, read_commitment, read_trajectory
+from lockstep.formats.trajectory import COMMITMENT_KEYS, Strictness, read_commitment, read_trajectory
 from lockstep.use.run import UseError
 
 # the deep profile (10,000 examples) multiplies every budget here by 25; the suite's gives 1
@@ -498,8 +499,12 @@ def test_trajectory_readers_refuse_damaged_lines(ws, data):
 def test_commitment_reader_refuses_a_damaged_commitment(ws, data):
     path = ws.run / "commitment.json"
     with damaged(ws, data, path):
-        refused_cleanly(lambda: read_commitment(ws.run), RunFileError, str(path))
+        got = refused_cleanly(lambda: read_commitment(ws.run), RunFileError, str(path))
         refused_cleanly(lambda: plan_mod._commitment_of(path), plan_mod.PlanError, str(path))
+    if got is not None:  # accepted: exactly the keys the trainer writes, each of its type (issue 34, item 8)
+        assert set(got) == COMMITMENT_KEYS, got
+        assert type(got["version"]) is int and type(got["last_step"]) is int, got
+        assert all(type(got[k]) is str for k in COMMITMENT_KEYS - {"version", "last_step"}), got
 
 
 @budget(20)
@@ -579,7 +584,7 @@ def _load_and_check_stream(folder: Path):
     c = ckpt.load_checkpoint(folder)
     recipe = load_recipe(folder.parents[1])
     from lockstep.formats.stream import GlobalStream
-    from lockstep.train.trainer import recipe_configs
+    from lockstep.formats.recipe import recipe_configs
 
     cfg, tcfg = recipe_configs(recipe)
     stream = GlobalStream(Manifest.load(folder.parents[1] / "data"), recipe["seed"], cfg.seq_len)
@@ -689,6 +694,151 @@ def test_export_reader_refuses_a_damaged_export(ws, data):
         rep = refused_cleanly(lambda: verify_export(ws.export, against), UseError, str(ws.export))
         if rep is not None:
             assert isinstance(rep.format(), str)
+
+
+# ---------------------------------------------------------------------------
+# Op traces and op files (``audit diff``, ``conformance --replay-op``)
+# ---------------------------------------------------------------------------
+
+
+@dataclass
+class Dispute:
+    trace: Path     # 12 records of step 3's micro-batch 2, some with kept values
+    other: Path     # the same records: the trace a damaged one is diffed against
+    op_file: Path   # a disputed rmsnorm_backward call, written by the referee
+
+
+@pytest.fixture(scope="module")
+def dispute(ws) -> Dispute:
+    """A genuine trace and op file under the workspace (nothing under it may change while they are read)."""
+    import numpy as np
+
+    from lockstep.audit.trace import trace_step, write_trace
+    from lockstep.audit.trace_diff import diff_files, referee
+    from lockstep.backends import Backend, get_backend
+
+    spec = get_backend("spec")
+
+    def flipped(*args, **kwargs):
+        dx, dgain = spec.ops["rmsnorm_backward"](*args, **kwargs)
+        dx = np.array(dx, dtype=np.float32)
+        dx.reshape(-1).view(np.uint32)[3] ^= 1
+        return dx, dgain
+
+    flip = Backend("flipped", {**spec.ops, "rmsnorm_backward": flipped}, spec.asarray, spec.to_numpy,
+                   "the spec with one bit flipped", capabilities=spec.capabilities)
+    folder = ws.root / "dispute"
+    folder.mkdir()
+    clean = trace_step(ws.run, 3, "spec", micro_batch=2)
+    write_trace(folder / "trace.jsonl", clean.header, clean.records[:12])
+    write_trace(folder / "other.jsonl", clean.header, clean.records[:12])
+    write_trace(folder / "clean.jsonl", clean.header, clean.records)
+    bad = trace_step(ws.run, 3, flip, micro_batch=2)
+    write_trace(folder / "bad.jsonl", bad.header, bad.records)
+    a, b, d = diff_files(folder / "clean.jsonl", folder / "bad.jsonl")
+    referee(a, b, d, ws.run, "spec", op_file=folder / "op.safetensors")
+    for name in ("clean.jsonl", "bad.jsonl"):
+        (folder / name).unlink()
+    return Dispute(folder / "trace.jsonl", folder / "other.jsonl", folder / "op.safetensors")
+
+
+@st.composite
+def damaged_trace(draw, raw: bytes) -> bytes:
+    """A genuine trace with one line mutated as JSON (a record, the header or the root line), or as bytes."""
+    lines = raw.split(b"\n")
+    if draw(st.booleans()):
+        return draw(mutations(raw))
+    i = draw(st.integers(0, len(lines) - 2))
+    lines[i] = draw(mutated_json(json.loads(lines[i])))
+    return b"\n".join(lines)
+
+
+@budget(60)
+@given(data=st.data())
+def test_trace_readers_refuse_a_damaged_trace(ws, dispute, data):
+    """``audit diff`` on a damaged trace: a difference or one line naming the file, within 16 times the
+    file's size plus 4 MiB of allocation (the diff holds a record of each trace, never the traces)."""
+    from lockstep.audit.trace import TraceError
+    from lockstep.audit.trace_diff import Difference, diff_files
+
+    path = dispute.trace
+    raw = path.read_bytes()
+    with ws.plant(path, data.draw(st.one_of(damaged_trace(raw), damaged_trace(raw), mutations(raw)))):
+        limit = 16 * path.stat().st_size + (4 << 20)
+        for a, b in ((path, dispute.other), (dispute.other, path)):
+            got = refused_cleanly(lambda: within_memory(lambda: diff_files(a, b), limit), TraceError, str(path))
+            if got is not None:
+                assert isinstance(got[2], Difference) and isinstance(got[2].text, str)
+
+
+@st.composite
+def reshaped_op_file(draw, raw: bytes) -> bytes:
+    """The genuine op file with one input replaced by an array of another shape or dtype, its digest
+    recomputed: only the contract's shape rules can refuse it."""
+    import numpy as np
+
+    from lockstep.audit.trace import value_digest
+
+    import io
+
+    from lockstep.fsio.safetensors import write_safetensors_to
+
+    tensors, meta = parse_safetensors(raw, "op.safetensors")
+    tensors, meta = {k: np.array(v) for k, v in tensors.items()}, dict(meta)
+    args = json.loads(meta["args"])
+    names = [x["name"] for x in args]
+    pick = draw(st.sampled_from([x for x in args if "tensor" in x["value"]]))
+    dims = draw(st.one_of(st.lists(st.integers(0, 6), max_size=4),
+                          st.sampled_from([[4096, 1], [1, 4096], [1 << 20], [2, 1, 32], [1, 2, 2, 1]])))
+    dtype = draw(st.sampled_from([np.float32, np.float32, np.float64, np.int64, np.uint32, np.int8]))
+    tensors[pick["value"]["tensor"]] = np.ones(dims, dtype=dtype)
+    flat = [tensors[x["value"]["tensor"]] if "tensor" in x["value"] else None for x in args]
+    meta["inputs_sha256"] = json.dumps([value_digest(v)[0] for v in flat])
+    assert names
+    out = io.BytesIO()
+    write_safetensors_to(out, tensors, meta)
+    return out.getvalue()
+
+
+@st.composite
+def hostile_op_meta(draw, raw: bytes) -> bytes:
+    """The genuine op file with one metadata string mutated (as JSON where it is JSON), deleted or added."""
+    n, header = _header_doc(raw)
+    meta = header["__metadata__"]
+    key = draw(st.sampled_from(sorted(meta) + ["extra"]))
+    edit = draw(st.sampled_from(["json", "json", "value", "delete"]))
+    if edit == "delete":
+        meta.pop(key, None)
+    elif edit == "json" and key in meta and meta[key][:1] in ("[", "{"):
+        meta[key] = draw(mutated_json(json.loads(meta[key]))).decode("utf-8", "surrogatepass")
+    else:
+        v = draw(hostile_values)
+        meta[key] = v if isinstance(v, str) else dumps(v)
+    text = json.dumps(header).encode("utf-8", "surrogatepass")
+    text += b" " * (-(8 + len(text)) % 8)
+    return struct.pack("<Q", len(text)) + text + raw[8 + n:]
+
+
+@budget(80)
+@given(data=st.data())
+def test_op_file_reader_refuses_a_damaged_op_file(ws, dispute, data):
+    """``conformance --replay-op`` on a damaged op file: a re-check's text or one line naming the file, within
+    64 MiB plus 64 times the file's size of allocation (a call computes at most 64 times the elements the
+    file holds, plus 2**20)."""
+    from lockstep.audit.trace import TraceError
+    from lockstep.audit.trace_diff import replay_op_file
+
+    path = dispute.op_file
+    raw = path.read_bytes()
+    blob = data.draw(st.one_of(reshaped_op_file(raw), reshaped_op_file(raw), hostile_op_meta(raw),
+                               hostile_op_meta(raw), hostile_safetensors(raw), mutated_bytes(raw)))
+    with ws.plant(path, blob):
+        got = refused_cleanly(lambda: within_memory(lambda: replay_op_file(path), (64 << 20) + 64 * len(blob)),
+                              (TraceError, SafetensorsError), str(path))
+        if got is not None:
+            text, ok = got
+            assert isinstance(text, str) and isinstance(ok, bool)
+            assert "recomputed here" in text and "only the file's claims" in text
 
 
 # ---------------------------------------------------------------------------

@@ -49,6 +49,7 @@ from pathlib import Path
 import numpy as np
 
 import lockstep
+from lockstep.errors import LockstepError
 from lockstep.fsio import FileFormatError, atomic_write_bytes, json_bytes, read_json, read_named_file
 from lockstep.spec import SPEC_VERSION
 
@@ -62,7 +63,7 @@ MAX_STEP_NUMBER = 2**53
 _HEX64 = re.compile(r"[0-9a-f]{64}")
 
 
-class CertificateError(ValueError):
+class CertificateError(LockstepError, ValueError):
     """A certificate or key is malformed, or signing/checking cannot be done."""
 
 

@@ -29,8 +29,8 @@ Then, per step of the run:
   that no certificate of that auditor delivered. A planned auditor is its public key:
   only a certificate signed by that key (and, with ``--pub``, trusted) delivers its
   steps, whatever name a certificate gives itself. ``audit merge --plan`` also takes
-  the beacon value from its user and refuses a plan drawn with another
-  (``plan.check_plan``).
+  beacon value, the auditors' whole key set and the redundancy from its user and
+  refuses a plan drawn with any other (``plan.accept_plan``).
 
 ``merge_certificates`` returns a ``MergeReport``; ``format`` prints the table and
 ``plot_coverage`` writes a PNG (matplotlib) of coverage over the steps.
@@ -47,6 +47,7 @@ from lockstep.fsio import atomic_write_bytes, printable
 
 from .certificate import (CertificateError, auditor_id, consistency_problems, load_certificate,
                           signature_problem)
+from .plan import InvalidPlan, key_set_problems
 
 
 @dataclass
@@ -198,7 +199,16 @@ def _ranges(steps: list[int]) -> str:
 
 def merge_certificates(paths: list[str | os.PathLike], plan: dict | None = None,
                        trusted_keys: list[str] | None = None) -> MergeReport:
-    """Merge certificate files (module docstring); ``plan`` from ``plan.load_plan``; ``trusted_keys`` hex."""
+    """Merge certificate files (module docstring); ``plan`` from ``plan.accept_plan``; ``trusted_keys`` hex.
+
+    With both a plan and trusted keys, the plan must be drawn over exactly those keys
+    (``InvalidPlan`` otherwise): a plan over a subset would let its maker deliver more
+    than his share.
+    """
+    if plan is not None and trusted_keys is not None:
+        problems = key_set_problems(plan, trusted_keys)
+        if problems:
+            raise InvalidPlan("the plan is not valid for the keys you trust: " + problems[0])
     certs: list[tuple[str, dict]] = []
     rejected: list[tuple[str, str]] = []
     for p in paths:

@@ -25,12 +25,21 @@ positions 0 .. N*k - 1 spread evenly: every auditor gets ``floor(N*k/A)`` or
 ``ceil(N*k/A)`` steps. Anyone can redraw the plan from the commitment, the beacon and
 the keys (``check_plan`` does), so a plan file cannot be edited either.
 
+A plan is also only as good as the key set and redundancy it was drawn for: a
+colluder who draws a plan over a subset of the auditors (himself alone) gets every
+step, and after the beacon is public he can grind over subsets and redundancies until
+a forged step lands on him. So whoever *reads* a plan names the auditors' key set and
+the redundancy again, as the auditors published them before the beacon round, and
+``accept_plan`` refuses a plan drawn for any other set or redundancy. The same holds
+for the beacon value: ``audit merge --plan`` and ``audit replay --plan`` take the
+beacon, the keys and the redundancy from their user (``--beacon``, ``--pub``,
+``--redundancy``), never from the plan file.
+
 What this cannot check: that the beacon value is the named round's (compare it with
 the beacon's own publication), that the round was named before its value was
-published, and that the auditors' keys were fixed before it. Whoever can still
-choose any of the three after the beacon is known can grind the plan again. That is
-why ``audit merge --plan`` and ``audit replay --plan`` take the beacon value from
-their user (``--beacon``), never from the plan file.
+published, and that the key set and redundancy the user names are the ones the
+auditors fixed before it. Whoever can still choose any of them after the beacon is
+known can grind the plan again.
 """
 
 from __future__ import annotations
@@ -40,6 +49,7 @@ import os
 import re
 from pathlib import Path
 
+from lockstep.errors import LockstepError
 from lockstep.fsio import FileFormatError, printable, read_json
 from lockstep.spec.philox import PhiloxStream, keyed_permutation
 
@@ -59,8 +69,13 @@ MAX_AUDITORS = 100_000
 MAX_PLAN_BYTES = 256 << 20
 
 
-class PlanError(ValueError):
+class PlanError(LockstepError, ValueError):
     """A plan cannot be made or read; the message says why and what to do."""
+
+
+class InvalidPlan(PlanError):
+    """A readable plan that is not the one its reader names: edited, or drawn with another beacon, key set or
+    redundancy. Using it would let its maker choose who checks which step."""
 
 
 def _commitment_of(source, where: str | None = None) -> tuple[str, int]:
@@ -90,24 +105,22 @@ def _commitment_of(source, where: str | None = None) -> tuple[str, int]:
 
 def _intact_commitment(run_dir: Path) -> dict:
     """A run's commitment, checked here (not left to a separate ``audit verify``): it must be ``H_N`` of
-    the published chain, recomputed from ``H_0`` link by link, so no plan is drawn for a broken chain."""
-    from lockstep.spec import hashing
+    the published chain, recomputed from ``H_0`` link by link (``Run.chain_breaks``), so no plan is drawn
+    for a broken chain."""
+    from lockstep.formats.run import Run
     from lockstep.formats.rundir import RunFileError
-    from lockstep.formats.recipe import genesis, load_recipe
-    from lockstep.formats.trajectory import Strictness, read_commitment, read_trajectory
+    from lockstep.formats.trajectory import Strictness
 
     try:
-        c = read_commitment(run_dir)
-        traj = read_trajectory(run_dir, Strictness.AUDIT)
-        h = genesis(load_recipe(run_dir))
+        run = Run.open(run_dir, Strictness.AUDIT).require("recipe", "trajectory")
+        c = run.commitment
     except RunFileError as exc:
         raise PlanError(str(exc)) from None
-    for rec in traj:
-        if hashing.record_chain_hash(h, rec) != rec["chain_hash"]:
-            raise PlanError(f"{run_dir}: the published chain is broken at step {rec['step']}; the run is invalid, "
-                            "so no audit plan is drawn for it (`lockstep audit verify` lists why)")
-        h = rec["chain_hash"]
-    if not traj or h != c["chain_hash"] or len(traj) != c["last_step"]:
+    if run.chain_breaks:
+        raise PlanError(f"{run_dir}: the published chain is broken at step {run.chain_breaks[0]}; the run is "
+                        "invalid, so no audit plan is drawn for it (`lockstep audit verify` lists why)")
+    traj = run.trajectory
+    if not traj or traj[-1]["chain_hash"] != c["chain_hash"] or len(traj) != c["last_step"]:
         raise PlanError(f"{run_dir}: commitment.json is not H_{len(traj)} of the trajectory; the run is invalid, "
                         "so no audit plan is drawn for it")
     return c
@@ -237,14 +250,21 @@ def load_plan(path: str | os.PathLike) -> dict:
     return plan
 
 
-def check_plan(plan: dict, beacon: str | None = None) -> list[str]:
+def check_plan(plan: dict, beacon: str | None = None, keys: list[str] | None = None,
+               redundancy: int | None = None) -> list[str]:
     """Problems of a plan: a step covered other than k times, by repeated auditors, auditors out of key
-    order, not the plan redrawn from its commitment, beacon and keys, or (with ``beacon``, the value the
-    user names) drawn with another beacon."""
+    order, not the plan redrawn from its commitment, beacon and keys; and, for what the user names,
+    drawn with another ``beacon``, over another set of auditor ``keys`` (hex) or with another
+    ``redundancy``."""
     problems = []
     if beacon is not None and beacon_hex(beacon) != plan["beacon"]:
         problems.append(f"drawn with beacon {plan['beacon'][:16]}..., not the {beacon_hex(beacon)[:16]}... you named "
                         "(a plan maker who chose the beacon could have ground the plan)")
+    if keys is not None:
+        problems += key_set_problems(plan, keys)
+    if redundancy is not None and redundancy != plan["redundancy"]:
+        problems.append(f"drawn with redundancy {plan['redundancy']}, not the {redundancy} you stated (a plan maker "
+                        "who chose the redundancy could have ground the plan)")
     k = plan["redundancy"]
     for s, who in coverage(plan).items():
         if not 1 <= s <= plan["last_step"]:
@@ -267,6 +287,49 @@ def check_plan(plan: dict, beacon: str | None = None) -> list[str]:
         problems.append("the assignment is not the one drawn from the commitment and the beacon (the plan was "
                         "edited)")
     return problems
+
+
+def key_set_problems(plan: dict, keys: list[str]) -> list[str]:
+    """How the plan's auditors differ from the key set the user names (hex public keys)."""
+    named = {k.lower() for k in keys}
+    planned = {a["public_key"] for a in plan["auditors"]}
+    if named == planned:
+        return []
+    left_out, extra = sorted(named - planned), sorted(planned - named)
+
+    def keys_of(ks: list[str]) -> str:
+        return ", ".join(f"{k[:16]}..." for k in ks[:3]) + (f" and {len(ks) - 3} more" if len(ks) > 3 else "")
+
+    parts = []
+    if left_out:
+        parts.append(f"leaves out {len(left_out)} of the {len(named)} auditor key(s) you named ({keys_of(left_out)})")
+    if extra:
+        parts.append(f"has {len(extra)} auditor key(s) you did not name ({keys_of(extra)})")
+    return [f"drawn over {len(planned)} auditor(s), not the {len(named)} you named: it " + " and ".join(parts)
+            + " (a plan over another key set gives its maker another share of the steps)"]
+
+
+def accept_plan(path: str | os.PathLike, beacon: str | None, keys: list[str] | None, redundancy: int | None) -> dict:
+    """The plan at ``path``, read and checked against what its reader names: the beacon value, the auditors'
+    whole key set (hex public keys) and the redundancy, as the auditors published them before the beacon
+    round. ``InvalidPlan`` (one line, naming the first differences) if the plan differs from them,
+    ``PlanError`` if something is missing or the file is not a plan."""
+    if not beacon:
+        raise PlanError("a plan is read with the beacon value the auditors named (the plan's own copy is not "
+                        "evidence)")
+    if not keys:
+        raise PlanError("a plan is read with the auditors' whole key set, as they published it before the beacon "
+                        "round (a plan over a subset of the keys gives its maker more steps)")
+    if redundancy is None:
+        raise PlanError("a plan is read with the redundancy the auditors published with their key set (a plan "
+                        "drawn with another redundancy gives its maker another share of the steps)")
+    if len({k.lower() for k in keys}) != len(keys):
+        raise PlanError("the same public key is named twice: one auditor cannot hold two places in a plan")
+    plan = load_plan(path)
+    problems = check_plan(plan, beacon, keys, redundancy)
+    if problems:
+        raise InvalidPlan(f"{path}: not a valid plan: " + "; ".join(problems[:5]))
+    return plan
 
 
 def planned_auditor(plan: dict, public_key: str | None = None, name: str | None = None) -> dict:

@@ -3,19 +3,22 @@
 For a target step t:
 
 1. **Start.** The newest checkpoint before t that verifies (``checkpoint.load_checkpoint``:
-   marker, file digest, every tensor digest, the state root) *and* agrees with the
-   trajectory (its state root and chain hash are the published ones at its step, its
-   recipe digest is the recipe's, its tensors are the recipe's state by name, shape
-   and dtype: ``checkpoint.state_layout_problem``). A checkpoint that fails is skipped,
-   and said; with none left the replay starts from step 0, ``init_params(cfg, seed)``
+   marker, file digest, every tensor digest, the state root) *and* obeys the run's
+   checkpoint rule (``formats.run.Run.checkpoint_problems``: its state root, chain hash
+   and tokens are the published ones at its step, its recipe digest is the recipe's,
+   its tensors are the recipe's state by name, shape and dtype, its data position is
+   the schedule's). A checkpoint that fails is said; with ``--from-earlier`` it is passed
+   over, and with none left the replay starts from step 0, ``init_params(cfg, seed)``
    and ``H_0``. A checkpoint folder beyond the trajectory's last step makes the run
-   invalid (``rundir.checkpoints_beyond``): no chain link covers it.
+   invalid (``Run.beyond``): no chain link covers it.
 2. **Data.** The run's data folder (or ``--data DIR``), every shard verified by
    ``Manifest.load``. The stream is built from its start and each step's windows
    come from the step plan (the recipe's batch schedule), never from a record a
    checkpoint carries: a checkpoint's ``stream_state`` is only compared with the
-   derived position, and a difference makes the run invalid (``problems``).
-3. **Each step s = start+1 .. t** (``step.tree_step``): the global batch of step s,
+   derived position, and a difference makes the run invalid (``problems``). So does a
+   published ``commitment.json`` that is refused (``trajectory.read_commitment``) or is not
+   the run's (``trajectory.commitment_problems``); a missing one is only a run not finished.
+3. **Each step s = start+1 .. t** (``step.step_over_ranks``, the trainer's step): the global batch of step s,
    its micro-batches one after another (one micro-batch's activations alive at a
    time), added as the spec's tree says (``spec.tree.TreeFolder``: at most
    ceil(log2 M) + 1 gradient sums alive), clipping, AdamW, the state root; then
@@ -36,19 +39,19 @@ state when no newer checkpoint lies between them.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
-
-from lockstep.fsio import UnsafePath
-from lockstep.spec import SPEC_VERSION, hashing
+from lockstep.spec import hashing
 from lockstep.formats import checkpoint as ckpt
 from lockstep.train.malloc import keep_freed_memory
-from lockstep.formats.rundir import RunFileError, checkpoints_beyond, open_run_data, recorded_world_sizes
-from lockstep.formats.recipe import genesis, load_recipe, recipe_configs, recipe_digest
-from lockstep.formats.trajectory import Strictness, read_commitment, read_trajectory
+from lockstep.formats.run import Run
+from lockstep.formats.rundir import COMMITMENT_FILE, RunFileError, recorded_world_sizes
+from lockstep.formats.state import AdamWState, state_tensors
+from lockstep.formats.trajectory import Strictness
 from lockstep.formats.stream import GlobalStream, batch_digest
 
 from lockstep.train.memory import backend_kind, choose_execution
@@ -73,9 +76,12 @@ class _State:
 
 class _Replayer:
     def __init__(self, run_dir: Path, backend_name: str, data, log, from_earlier: bool = False,
-                 max_memory: float | None = None, scratch=None):
+                 max_memory: float | None = None, scratch=None, comm=None):
         self.run_dir = run_dir
-        self.log = log or (lambda msg: None)
+        # under mpiexec every rank replays its share of each step's micro-batches; rank 0 speaks
+        self.comm = comm if comm is not None and comm.Get_size() > 1 else None
+        self.rank, self.world = (self.comm.Get_rank(), self.comm.Get_size()) if self.comm is not None else (0, 1)
+        self.log = (log if self.rank == 0 else None) or (lambda msg: None)
         self.from_earlier = from_earlier
         self.notes: list[str] = []
         self.damaged: list[str] = []
@@ -85,15 +91,11 @@ class _Replayer:
         self.last_state: _State | None = None
         keep_freed_memory()  # the steps reuse their memory (lockstep.train.malloc)
         try:
-            self.recipe = load_recipe(run_dir)
-            self.traj = read_trajectory(run_dir, Strictness.AUDIT)
+            self.run = Run.open(run_dir, Strictness.AUDIT).require("recipe", "trajectory").require_spec_version()
         except RunFileError as exc:
             raise ReplayError(str(exc)) from None
-        if self.recipe["spec_version"] != SPEC_VERSION:
-            raise ReplayError(f"{run_dir / 'recipe.json'}: the run was made with SPEC_VERSION "
-                              f"{self.recipe['spec_version']!r}, this lockstep implements {SPEC_VERSION!r}; "
-                              "install the lockstep release of that SPEC_VERSION to replay it")
-        self.cfg, self.tcfg = recipe_configs(self.recipe)
+        run = self.run
+        self.recipe, self.traj, self.cfg, self.tcfg = run.recipe, run.trajectory, run.cfg, run.tcfg
         try:
             # before anything is allocated: the cheapest plan within the budget, or a one-line refusal
             self.plan = choose_execution(self.cfg, self.tcfg, "replay a step", max_memory=max_memory,
@@ -101,75 +103,55 @@ class _Replayer:
         except RunFileError as exc:
             raise ReplayError(str(exc)) from None
         self.space = self.pool = self.moments = None  # made by open_scratch when the plan has a scratch folder
-        self.state_bound = ckpt.state_bytes_bound(self.cfg)  # a larger state file is refused unread
-        self.h0 = genesis(self.recipe)
-        self.digest = recipe_digest(self.recipe)
+        self.state_bound = run.state_bound  # a larger state file is refused unread
+        self.h0, self.digest = run.genesis, run.recipe_sha256
         try:
-            self.manifest = open_run_data(run_dir, self.recipe, data)
+            self.manifest = run.open_data(data)
         except RunFileError as exc:
             raise ReplayError(str(exc)) from None
         self.backend_name = backend_name  # loaded by load_backend, once the steps asked for are known to exist
 
         # The data a step sees is a pure function of the recipe, the manifest and the step: the stream
         # is built from its start and positioned by the step plan; a checkpoint's stream_state is only
-        # compared with it (``checkpoint.stream_state_problem``).
+        # compared with it (the run's checkpoint rule, ``Run.checkpoint_problems``).
         self.stream = GlobalStream(self.manifest, self.recipe["seed"], self.cfg.seq_len)
         self.problems: list[str] = []  # what makes the run invalid, whatever the replayed steps give
-        try:
-            self.complete = dict(ckpt.list_checkpoints(run_dir))
-            self.incomplete = {ckpt.step_of_dirname(p.name): why for p, why in ckpt.incomplete_checkpoints(run_dir)
-                               if ckpt.step_of_dirname(p.name) is not None}
-            beyond = checkpoints_beyond(run_dir, len(self.traj))
-        except UnsafePath as exc:
-            self.problems.append(f"checkpoints/ cannot be used: {exc}")
-            self.complete, self.incomplete, beyond = {}, {}, []
-        for s in beyond:
+        if "checkpoints" in run.errors:
+            self.problems.append(str(run.errors["checkpoints"]))
+        for s in run.beyond:
             self.problems.append(f"checkpoint {ckpt.step_dirname(s)} is beyond the trajectory's last step "
                                  f"{len(self.traj)}: no chain link covers what it holds (a trainer saves a step "
                                  "after its record), so the run is invalid: treat it as forged")
-        try:
-            self.commitment = read_commitment(run_dir)["chain_hash"]
-            if self.traj and self.commitment != self.traj[-1]["chain_hash"]:
-                self.problems.append(f"commitment.json ({self.commitment}) is not the trajectory's last chain hash "
-                                     f"({self.traj[-1]['chain_hash']})")
-        except RunFileError as exc:
-            self.commitment = self.traj[-1]["chain_hash"] if self.traj else self.h0
-            self.notes.append(f"{exc}; the trajectory's last chain hash stands in for the commitment")
-        self._check_published_chain()
+        self.commitment = self.traj[-1]["chain_hash"] if self.traj else self.h0
+        if not (run_dir / COMMITMENT_FILE).exists() and not (run_dir / COMMITMENT_FILE).is_symlink():
+            self.notes.append(f"{run_dir / COMMITMENT_FILE}: missing (the run did not finish, or its commitment "
+                              "was not published); the trajectory's last chain hash stands in for it")
+        else:  # published: it must be the one the trainer wrote for this run, or the run is invalid
+            try:
+                for problem in run.commitment_problems():
+                    self.problems.append(f"{run_dir / COMMITMENT_FILE}: {problem}")
+                self.commitment = run.commitment["chain_hash"]
+            except RunFileError as exc:
+                self.problems.append(str(exc))
+        if run.chain_breaks:
+            # a replay starts from a checkpoint whose chain hash is the published H_c; that is only evidence
+            # when the links before it hold, so a broken link anywhere makes the run invalid
+            t = run.chain_breaks[0]
+            self.problems.append(f"the published chain is broken at step {t}: its chain_hash is not H_{t} "
+                                 f"recomputed from the record and H_{t - 1} (`lockstep audit verify` lists every "
+                                 "broken link)")
 
-    # -- the starting state -------------------------------------------------------------
+    def processes_line(self, step: int) -> str:
+        """How the micro-batches of ``step`` are split over the processes (``collectives.rank_micro_batches``)."""
+        if self.world == 1:
+            return "one process"
+        from lockstep.formats.schedule import plan_step
+        from lockstep.train.collectives import rank_micro_batches
 
-    def _checkpoint_problem(self, step: int, c: ckpt.Checkpoint) -> str | None:
-        if step > len(self.traj):
-            return f"it is beyond the trajectory's last step {len(self.traj)}"
-        rec = self.traj[step - 1]
-        if c.sidecar["state_root"] != rec["state_root"]:
-            return f"its state root {c.sidecar['state_root']} is not the trajectory's {rec['state_root']}"
-        if c.sidecar.get("chain_hash") != rec["chain_hash"]:
-            return f"its chain hash {c.sidecar.get('chain_hash')} is not the trajectory's {rec['chain_hash']}"
-        if c.sidecar.get("recipe_sha256") != self.digest:
-            return f"its recipe digest {c.sidecar.get('recipe_sha256')} is not recipe.json's {self.digest}"
-        bad = ckpt.state_layout_problem(c.tensors, self.cfg)
-        if bad is not None:
-            return f"tensor {bad[0]!r}: {bad[1]}"
-        return ckpt.stream_state_problem(c.sidecar, self.stream, self.tcfg, step)
-
-    def _check_published_chain(self) -> None:
-        """Every published link ``H_t`` recomputed from ``H_0`` (cheap: one SHA-256 per step).
-
-        A replay starts from a checkpoint whose chain hash is the published ``H_c``; that
-        is only evidence when the links before it hold, so a broken link anywhere makes
-        the run invalid (never a note under a MATCH).
-        """
-        h = self.h0
-        for rec in self.traj:
-            want = hashing.record_chain_hash(h, rec)
-            if want != rec["chain_hash"]:
-                self.problems.append(f"the published chain is broken at step {rec['step']}: its chain_hash is not "
-                                     f"H_{rec['step']} recomputed from the record and H_{rec['step'] - 1} "
-                                     "(`lockstep audit verify` lists every broken link)")
-                return
-            h = rec["chain_hash"]
+        m = len(plan_step(self.tcfg, self.cfg.seq_len, step).micro_batches(self.tcfg.micro_batch))
+        spans = [rank_micro_batches(m, self.world, r) for r in range(self.world)]
+        split = ", ".join(f"rank {r}: {lo}..{hi - 1}" if hi > lo else f"rank {r}: none" for r, (lo, hi) in enumerate(spans))
+        return f"{self.world} processes (its {m} micro-batches split {split})"
 
     def open_scratch(self) -> None:
         """The plan's scratch folder: the moments and the tree's sums in files there (``train.scratch``)."""
@@ -209,17 +191,11 @@ class _Replayer:
 
     # -- checkpoints -----------------------------------------------------------------
 
-    def checkpoint_steps(self) -> list[int]:
-        """Every step with a checkpoint folder, complete or not (an incomplete one is damaged)."""
-        return sorted(set(self.complete) | set(self.incomplete))
-
     def _load(self, step: int) -> tuple[ckpt.Checkpoint | None, str | None]:
         """``(checkpoint, None)`` when the folder of ``step`` verifies, else ``(None, what is damaged)``."""
-        if step in self.incomplete:
-            return None, self.incomplete[step]
         try:
-            return ckpt.load_checkpoint(self.complete[step], max_bytes=self.state_bound), None
-        except (ckpt.CheckpointError, ValueError, OSError) as exc:
+            return self.run.load_checkpoint(step), None
+        except ckpt.CheckpointError as exc:
             return None, str(exc)
 
     @staticmethod
@@ -227,43 +203,20 @@ class _Replayer:
         if msg not in kind:
             kind.append(msg)
 
-    def _start_candidate(self, step: int):
-        """``((params, opt, checkpoint), None)`` if checkpoint ``step`` is a sound start, else ``(None, (kind, why))``."""
-        from lockstep.train.step import split_state
-
-        c, damage = self._load(step)
-        if damage is not None:
-            return None, ("damaged", damage)
-        why = self._checkpoint_problem(step, c)
-        if why is None:
-            try:
-                params, opt = split_state(c.tensors)
-                if opt.step != step:
-                    why = f"its 'step' tensor holds {opt.step}"
-            except ValueError as exc:
-                why = str(exc)
-        if why is not None:
-            return None, ("contradicts", why)
-        return (params, opt, c), None
-
     def start_state(self, target: int) -> _State | None:
         """The newest sound checkpoint before ``target`` (or step 0); None when the replay must not go on.
 
-        A damaged checkpoint (or one that contradicts the run) at the natural start is
-        reported at the top of the result. Without ``from_earlier`` the target is not
-        replayed from an older state (that can be many more steps, and the user should
-        know first); with it the next older checkpoint is tried.
+        ``Run.sound_start`` applies the run's checkpoint rule. A damaged checkpoint (or
+        one that contradicts the run) at the natural start is reported at the top of the
+        result. Without ``from_earlier`` the target is not replayed from an older state
+        (that can be many more steps, and the user should know first); with it the next
+        older checkpoint is tried.
         """
         from lockstep.fsio.progress import PhaseProgress
         from lockstep.train.model import init_params
-        from lockstep.train.optim import AdamWState
 
-        for step in reversed([s for s in self.checkpoint_steps() if s < target]):
-            found, bad = self._start_candidate(step)
-            if found is not None:
-                params, opt, c = found
-                return _State(step, params, opt, c.sidecar["chain_hash"], step)
-            kind, why = bad
+        start = self.run.sound_start(target, self.stream, skip_unsound=self.from_earlier)
+        for step, kind, why in start.unsound + ([start.stopped] if start.stopped else []):
             name = ckpt.step_dirname(step)
             if kind == "contradicts":
                 self._once(self.problems, f"checkpoint {name} contradicts the run: {why}")
@@ -272,13 +225,16 @@ class _Replayer:
                 self.passed_over.add(step)
             else:
                 self._once(self.damaged, f"checkpoint {name}: {why}")
-            if not self.from_earlier:
-                older = [s for s in self.checkpoint_steps() if s < step]
-                more = f"checkpoint {ckpt.step_dirname(older[-1])}" if older else "the initial state"
-                self.notes.append(f"step {target} was not replayed: its start, checkpoint {name}, "
-                                  f"{'is damaged' if kind == 'damaged' else 'contradicts the run'}; `--from-earlier` "
-                                  f"replays it from {more} ({target - (older[-1] if older else 0)} steps)")
-                return None
+        if start.stopped is not None:
+            step, kind, _ = start.stopped
+            older = [s for s in self.run.checkpoint_steps if s < step]
+            more = f"checkpoint {ckpt.step_dirname(older[-1])}" if older else "the initial state"
+            self.notes.append(f"step {target} was not replayed: its start, checkpoint {ckpt.step_dirname(step)}, "
+                              f"{'is damaged' if kind == 'damaged' else 'contradicts the run'}; `--from-earlier` "
+                              f"replays it from {more} ({target - (older[-1] if older else 0)} steps)")
+            return None
+        if start.step:
+            return _State(start.step, start.params, start.opt, start.chain, start.step)
         with PhaseProgress("initializing parameters", 1, "parameters", write=self.log) as bar:
             params = init_params(self.cfg, self.recipe["seed"], self.be, bar.update)
         return _State(0, params, AdamWState.zeros(params), self.h0, 0)
@@ -290,10 +246,9 @@ class _Replayer:
         always saves) is reported; a verified one must hold the replayed state root,
         chain hash, token count and the recipe's data position.
         """
-        from lockstep.train.step import state_tensors
 
         name = ckpt.step_dirname(s)
-        if s not in self.complete and s not in self.incomplete:
+        if s not in self.run.complete and s not in self.run.damaged_folders:
             if s == len(self.traj):
                 self._once(self.damaged, f"no checkpoint of the last step {s} ({name}): the run's final weights "
                                          "are not published (the trainer always saves the last step)")
@@ -304,12 +259,9 @@ class _Replayer:
         if damage is not None:
             self._once(self.damaged, f"checkpoint {name}, at replayed step {s}: {damage}")
             return
-        why = ckpt.stream_state_problem(c.sidecar, self.stream, self.tcfg, s)
-        if why is not None:
-            self._once(self.problems, f"checkpoint {name} contradicts the run: {why}")
-        if c.sidecar.get("recipe_sha256") != self.digest:
-            self._once(self.problems, f"checkpoint {name} was made with recipe {c.sidecar.get('recipe_sha256')}, "
-                                      f"not recipe.json's {self.digest}")
+        for problem in self.run.checkpoint_problems(c, self.stream):
+            if not problem.of_record:  # the record's values are compared with the replay's below
+                self._once(self.problems, f"checkpoint {name} contradicts the run: {problem}")
         for key, replayed, published in (("checkpoint_state_root", res.state_root, c.sidecar["state_root"]),
                                          ("checkpoint_chain_hash", chain, c.sidecar.get("chain_hash")),
                                          ("checkpoint_tokens", plan.tokens_after, c.sidecar.get("tokens"))):
@@ -327,7 +279,8 @@ class _Replayer:
         from lockstep.fsio.progress import PhaseProgress
         from lockstep.train.optim import NonFiniteError
         from lockstep.formats.schedule import plan_step
-        from lockstep.train.step import state_tensors, tree_step
+        from lockstep.train.collectives import abort_on_exception, check_state_agreement
+        from lockstep.train.step import step_over_ranks, to_device
 
         s = st.step + 1
         t0 = time.perf_counter()
@@ -339,8 +292,13 @@ class _Replayer:
         try:
             opt = self.moments.adopt(st.opt) if self.moments is not None else st.opt
             with PhaseProgress(f"  step {s}", 1, "micro-batches", write=self.log) as bar:
-                res = tree_step(st.params, opt, windows, plan, self.cfg, self.tcfg, self.be, pool=self.pool,
-                                moments=self.moments, progress=bar.update, execution=self.plan.execution)
+                params, opt = to_device(self.be, st.params, opt)
+                with abort_on_exception(self.comm) if self.comm is not None else contextlib.nullcontext():
+                    res = step_over_ranks(params, opt, windows, plan, self.cfg, self.tcfg, self.be, self.comm,
+                                          pool=self.pool, moments=self.moments, progress=bar.update,
+                                          execution=self.plan.execution)
+                    if self.comm is not None:
+                        check_state_agreement(self.comm, res.state_root, s)
         except NonFiniteError as exc:
             check = StepCheck(s, st.start, {"batch_digest": bd}, published, ["state_root", "chain_hash"],
                               note=f"the replay stopped: {exc} (the run published finite values)",
@@ -396,7 +354,10 @@ def replay_steps(run_dir: str | os.PathLike, steps, backend_name: str = "spec", 
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
         raise ReplayError(f"{run_dir}: not a directory; give the path of a run directory")
-    rp = _Replayer(run_dir, backend_name, data, log, from_earlier, max_memory, scratch)
+    from lockstep.launch import mpi_world
+
+    comm, _, _ = mpi_world()
+    rp = _Replayer(run_dir, backend_name, data, log, from_earlier, max_memory, scratch, comm)
     try:
         return _replay_targets(rp, steps, t0)
     finally:
@@ -434,6 +395,9 @@ def _replay_targets(rp: "_Replayer", steps, t0: float) -> ReplayResult:
             plan_said = True
         _replay_run_of_steps(rp, state, t, checks)
         state = rp.last_state
+    if rp.world > 1 and checks:
+        rp.notes.append(f"replayed on {rp.world} processes (mpiexec), every step's micro-batches split over them "
+                        "as training splits them; the bits do not depend on the number")
     trained_on = recorded_world_sizes(rp.run_dir, [c.step for c in checks])
     for c in checks:
         c.world_size = trained_on.get(c.step)
@@ -449,7 +413,7 @@ def _replay_run_of_steps(rp: _Replayer, state: _State, target: int, checks: list
     first, count = state.step + 1, target - state.step
     origin = (f"checkpoint {ckpt.step_dirname(state.start)}" if state.start and state.step == state.start else
               "the initial state" if state.step == 0 else f"the state replayed to step {state.step}")
-    rp.log(f"replaying {count} step(s), {first}..{target}, from {origin} on one process (the spec's micro-batch "
+    rp.log(f"replaying {count} step(s), {first}..{target}, from {origin} on {rp.processes_line(first)} (the spec's micro-batch "
            f"tree needs no world size), backend {rp.be.name}")
     t0 = time.perf_counter()
     done = 0
@@ -466,7 +430,7 @@ def _replay_run_of_steps(rp: _Replayer, state: _State, target: int, checks: list
 
 def _newer_checkpoint(rp: _Replayer, have: int, target: int) -> bool:
     """True when a complete checkpoint lies strictly between the replayed state and the target."""
-    return any(have < s < target for s in rp.complete)
+    return any(have < s < target for s in rp.run.complete)
 
 
 def _duration(seconds: float) -> str:

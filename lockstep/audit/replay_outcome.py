@@ -13,6 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
+from lockstep.errors import LockstepError
 from lockstep.fsio import UnsafePath, printable, read_json_regular
 from lockstep.formats import checkpoint as ckpt
 from lockstep.spec import hashing
@@ -20,7 +21,7 @@ from lockstep.spec import hashing
 COMPARED = ("state_root", "chain_hash", "batch_digest", "tokens", "loss_bits", "grad_norm_bits", "lr_bits")
 
 
-class ReplayError(RuntimeError):
+class ReplayError(LockstepError, RuntimeError):
     """The replay cannot run (unreadable recipe, missing data, wrong SPEC_VERSION, bad step ...)."""
 
 

@@ -39,6 +39,7 @@ from typing import Any
 
 import numpy as np
 
+from lockstep.errors import LockstepError
 from lockstep.contract import CONTRACT, Kind
 from lockstep.spec import SPEC_VERSION
 from lockstep.spec.hashing import array_digest
@@ -56,7 +57,7 @@ _PASS_THROUGH = ("weights_unchanged", "watch_compilation", "kernel_runtime")
 _TRACED_AS = {"add_into": "add"}
 
 
-class TraceError(ValueError):
+class TraceError(LockstepError, ValueError):
     """A trace cannot be made or read; the message is one line."""
 
 
@@ -324,12 +325,21 @@ def record_bytes(record: dict) -> bytes:
     return json.dumps(bare, sort_keys=True, separators=(",", ":"), ensure_ascii=True).encode("ascii")
 
 
+def record_digest(record: dict) -> bytes:
+    """``SHA-256(record_bytes(record))``, a record's leaf of the root."""
+    return hashlib.sha256(record_bytes(record)).digest()
+
+
+def root_of_digests(digests: bytes) -> str:
+    """The root of the records whose ``record_digest`` values, in order, are ``digests`` (32 bytes each)."""
+    h = hashlib.sha256(TRACE_DOMAIN + struct.pack("<Q", len(digests) // 32))
+    h.update(digests)
+    return h.hexdigest()
+
+
 def trace_root(records: list[dict]) -> str:
     """``SHA-256(TRACE_DOMAIN || u64 n || SHA-256(record_bytes(r)) for each record in order)``."""
-    h = hashlib.sha256(TRACE_DOMAIN + struct.pack("<Q", len(records)))
-    for r in records:
-        h.update(hashlib.sha256(record_bytes(r)).digest())
-    return h.hexdigest()
+    return root_of_digests(b"".join(record_digest(r) for r in records))
 
 
 def write_trace(path, header: dict, records: list[dict]) -> str:
@@ -370,7 +380,7 @@ def traced_tree_step(params, opt, windows, plan, cfg, tcfg, be, tracer: Tracer):
     from lockstep.spec import tree
     from lockstep.train.step import GradLayout, VectorPool, apply_update, in_place_add, subtree_sums
 
-    from lockstep.train.optim import AdamWState
+    from lockstep.formats.state import AdamWState
 
     def host(v):  # a state a device-resident step left on the device is traced from host copies (same bits)
         return v if isinstance(v, np.ndarray) else np.asarray(be.to_numpy(v))

@@ -23,22 +23,24 @@ The checks, in order (each failure is one ``Finding``; all are collected):
 5. **Batches** (optional, on by default): every ``batch_digest`` is rebuilt from the
    data stream, so a trajectory cannot name a batch the data does not produce.
 6. **Checkpoints.** Each is loaded by ``checkpoint.load_checkpoint`` (marker, file
-   digest, every tensor's digest, the state root recomputed from the tensors); its
-   tensors must be the recipe's training state, name, shape and dtype
-   (``checkpoint.state_layout_problem``), it must not lie beyond the trajectory's last
-   step, its state root must be the trajectory's at that step and its sidecar's chain hash,
-   recipe digest, token count and data-stream record must be the run's. On a
-   failure the tensors whose digests differ from the sidecar are named.
-7. **Commitment.** ``commitment.json`` holds the last chain hash (recomputed), the
-   last step, ``H_0`` and the recipe digest.
+   digest, every tensor's digest, the state root recomputed from the tensors) and held
+   to the run's checkpoint rule (``formats.run.Run.checkpoint_problems``, the one
+   ``train --resume``, ``replay`` and ``lockstep sample|eval|export`` apply): not beyond
+   the trajectory's last step, its state root, chain hash and token count the
+   trajectory's at that step, the recipe's digest, the recipe's training state (name,
+   shape, dtype), its data-stream record the schedule's. On a failure to load, the
+   tensors whose digests differ from the sidecar are named.
+7. **Commitment.** ``commitment.json`` (read as strictly as the recipe: its keys only, each
+   of its type) holds the last chain hash (recomputed), the last step, ``H_0``, the recipe
+   digest and the recipe's SPEC_VERSION.
 8. **Derived files.** ``metrics.jsonl`` and ``loss.png`` are not evidence (the chain
    does not cover them): the metrics' losses are compared with the trajectory's and
    a difference is a warning; ``lockstep audit verify RUN --plot PNG`` redraws the
    loss curve from the verified trajectory.
 
-Every file is read through the run directory's one reader of it (``lockstep.formats.rundir``:
-``load_recipe``, ``read_trajectory`` with ``Strictness.AUDIT``, ``read_commitment``,
-``open_run_data``), the ones ``train --resume`` and ``replay`` use.
+The run is opened once (``formats.run.Run.open`` with ``Strictness.AUDIT``), as
+``train --resume`` and ``replay`` open it: one reader of each file, one chain
+recomputation, one checkpoint rule.
 """
 
 from __future__ import annotations
@@ -53,14 +55,14 @@ import numpy as np
 from lockstep.fsio import FileFormatError, UnsafePath, iter_lines, open_regular, parse_json, printable, read_json_regular, safe_join
 from lockstep.fsio.safetensors import read_safetensors
 from lockstep.fsio import file_kind as fsio_kind
-from lockstep.spec import SPEC_VERSION, hashing
+from lockstep.spec import hashing
 from lockstep.formats import checkpoint as ckpt
 from lockstep.formats.config import ModelConfig, TrainConfig
 from lockstep.formats.manifest import Manifest
 from lockstep.formats.stream import GlobalStream, batch_digest
 from lockstep.formats.rundir import (COMMITMENT_FILE, KNOWN_DIRS, KNOWN_FILES, MAX_RECORD_BYTES, MAX_TRAJECTORY_BYTES, METRICS_FILE, RECIPE_FILE, TRAJECTORY_FILE, RunFileError, open_run_data, run_data_folder)
-from lockstep.formats.recipe import genesis, load_recipe, recipe_configs, recipe_digest
-from lockstep.formats.trajectory import Strictness, read_commitment, read_trajectory
+from lockstep.formats.run import Run
+from lockstep.formats.trajectory import Strictness
 
 KNOWN_TOP_LEVEL = KNOWN_FILES | KNOWN_DIRS
 
@@ -258,23 +260,22 @@ def _check_data(run_dir: Path, recipe: dict, data, rep: Report, cfg: ModelConfig
     return manifest
 
 
-def _check_chain(run_dir: Path, recipe: dict, traj: list[dict], rep: Report, tcfg: TrainConfig,
-                 cfg: ModelConfig) -> None:
+def _check_chain(run: Run, rep: Report) -> None:
+    """The published chain recomputed from ``H_0`` (``Run.chain_breaks``: each broken link once), and each
+    record's tokens and learning rate recomputed from the schedule."""
     from lockstep.formats.schedule import learning_rate
 
-    path = run_dir / TRAJECTORY_FILE
-    h = rep.genesis
-    intact = True
-    for rec, plan in zip(traj, step_plans(tcfg, cfg.seq_len, len(traj))):
+    path, traj, tcfg = run.path / TRAJECTORY_FILE, run.trajectory, run.tcfg
+    breaks = set(run.chain_breaks)
+    for rec, plan in zip(traj, step_plans(tcfg, run.cfg.seq_len, len(traj))):
         t = rec["step"]
-        want = hashing.record_chain_hash(h, rec)
-        if want != rec["chain_hash"]:
-            intact = False
+        if t in breaks:
+            before = run.record(t - 1)["chain_hash"] if t > 1 else run.genesis
+            want = hashing.record_chain_hash(before, rec)
             rep.add("chain", path, f"chain_hash {rec['chain_hash']} is not H_{t} = chain_hash({t}, H_{t - 1}, "
                                    f"state_root, batch_digest, tokens, loss_bits, grad_norm_bits, lr_bits) = {want}; "
                                    "this record (its loss, gradient norm, learning rate, tokens or hashes) or an "
                                    "earlier one was edited", step=t)
-        h = rec["chain_hash"]
         if rec["tokens"] != plan.tokens_after:
             rep.add("trajectory", path, f"tokens {rec['tokens']} but the recipe's batch schedule gives "
                                         f"{plan.tokens_after} after step {t}", step=t)
@@ -282,8 +283,9 @@ def _check_chain(run_dir: Path, recipe: dict, traj: list[dict], rep: Report, tcf
         if rec["lr_bits"] != lr_bits:  # (read_trajectory: every decimal is exactly its bits' value)
             rep.add("trajectory", path, f"learning rate {rec['lr']!r} ({rec['lr_bits']}) is not the "
                                         f"schedule's {lr_bits} at {plan.tokens_after} tokens", step=t)
-    rep.chain_hash = h if intact else None
-    if intact and traj:
+    h = traj[-1]["chain_hash"] if traj else run.genesis
+    rep.chain_hash = None if breaks else h
+    if not breaks and traj:
         rep.passed.append(f"chain       recomputed from H_0 {rep.genesis[:16]}... to H_{len(traj)} {h[:16]}...")
 
 
@@ -303,22 +305,16 @@ def _check_batches(manifest: Manifest, recipe: dict, traj: list[dict], rep: Repo
         rep.passed.append(f"batches     {len(traj)} batch digest(s) rebuilt from the data stream")
 
 
-def _check_checkpoints(run_dir: Path, recipe: dict, traj: list[dict], rep: Report, tcfg: TrainConfig,
-                       cfg: ModelConfig, stream: GlobalStream | None) -> None:
-    from lockstep.train.step import split_state
-
-    try:
-        found = ckpt.list_checkpoints(run_dir)
-    except UnsafePath:
+def _check_checkpoints(run: Run, rep: Report, stream: GlobalStream | None) -> None:
+    """Every complete checkpoint loaded and held to the run's checkpoint rule (``Run.checkpoint_problems``)."""
+    if "checkpoints" in run.errors:
         return  # reported by the layout check
-    digest = rep.recipe_sha256
-    bound = ckpt.state_bytes_bound(cfg) if cfg is not None else ckpt.DEFAULT_MAX_STATE_BYTES
-    for step, folder in found:
-        n_before = len(rep.errors)
+    files = {"state": ckpt.STATE_FILE, "sidecar": ckpt.SIDECAR_FILE}
+    for step, folder in sorted(run.complete.items()):
         try:
-            c = ckpt.load_checkpoint(folder, max_bytes=bound)
-        except (ckpt.CheckpointError, UnsafePath, OSError) as exc:
-            names = checkpoint_tensor_diffs(folder, bound)
+            c = run.load_checkpoint(step)
+        except ckpt.CheckpointError as exc:
+            names = checkpoint_tensor_diffs(folder, run.state_bound)
             tensor = names[0] if names else None
             more = f" (tensors whose digests differ from the sidecar: {names[:10]})" if len(names) > 1 else ""
             rep.add("checkpoint", folder / ckpt.STATE_FILE,
@@ -326,53 +322,17 @@ def _check_checkpoints(run_dir: Path, recipe: dict, traj: list[dict], rep: Repor
                     "edited after it was saved; get an intact copy from the run's publisher (a replay skips it and "
                     "starts from an earlier checkpoint)", step=step, tensor=tensor)
             continue
-        side = folder / ckpt.SIDECAR_FILE
-        if cfg is not None:
-            bad = ckpt.state_layout_problem(c.tensors, cfg)
-            if bad is not None:
-                rep.add("checkpoint", folder / ckpt.STATE_FILE, f"{bad[1]}; no replay can start from it",
-                        step=step, tensor=bad[0])
-                continue
-        if traj is None:
-            if len(rep.errors) == n_before:
-                rep.checkpoints_verified.append(step)
-            continue
-        if step > len(traj):
-            rep.add("checkpoint", folder, f"checkpoint of step {step} but the trajectory ends at step {len(traj)}: "
-                                          "no chain link covers it (a trainer saves a step after its record): "
-                                          "treat it as forged", step=step)
-            continue
-        rec = traj[step - 1]
-        if c.sidecar["state_root"] != rec["state_root"]:
-            rep.add("checkpoint", side, f"state root recomputed from the tensors is {c.sidecar['state_root']} but "
-                                        f"the trajectory publishes {rec['state_root']}; the trajectory or the "
-                                        "checkpoint was altered (replay this step to tell which)", step=step)
-        if c.sidecar.get("chain_hash") != rec["chain_hash"]:
-            rep.add("checkpoint", side, f"chain_hash {c.sidecar.get('chain_hash')} is not the trajectory's "
-                                        f"{rec['chain_hash']}", step=step)
-        if digest is not None and c.sidecar.get("recipe_sha256") != digest:
-            rep.add("checkpoint", side, f"recipe_sha256 {c.sidecar.get('recipe_sha256')} is not the recipe's "
-                                        f"{digest}; recipe.json was changed after the checkpoint", step=step)
-        if c.sidecar.get("tokens") != rec["tokens"]:
-            rep.add("checkpoint", side, f"tokens {c.sidecar.get('tokens')} is not the trajectory's {rec['tokens']}",
-                    step=step)
-        try:
-            params, opt = split_state(c.tensors)
-        except ValueError as exc:
-            rep.add("checkpoint", folder / ckpt.STATE_FILE, str(exc), step=step)
-            continue
-        if opt.step != step:
-            rep.add("checkpoint", folder / ckpt.STATE_FILE, f"the 'step' tensor holds {opt.step}", step=step,
-                    tensor="step")
-        if stream is not None and cfg is not None:
-            why = ckpt.stream_state_problem(c.sidecar, stream, tcfg, step)
-            if why is not None:
-                rep.add("checkpoint", side, why, step=step)
-        if len(rep.errors) == n_before:
+        problems = run.checkpoint_problems(c, stream)
+        for p in problems:
+            where = folder / files[p.file] if p.file in files else folder
+            rep.add("checkpoint", where, p.message + ("; no replay can start from it" if p.file == "state" else ""),
+                    step=step, tensor=p.tensor)
+        if not problems:
             rep.checkpoints_verified.append(step)
-    if found and len(rep.checkpoints_verified) == len(found):
-        rep.passed.append(f"checkpoints {len(found)} verified (steps {', '.join(map(str, rep.checkpoints_verified))})"
-                          ": tensors, state roots" + (", chain hashes against the trajectory" if traj else ""))
+    if run.complete and len(rep.checkpoints_verified) == len(run.complete):
+        rep.passed.append(f"checkpoints {len(run.complete)} verified (steps "
+                          f"{', '.join(map(str, rep.checkpoints_verified))}): tensors, state roots"
+                          + (", chain hashes against the trajectory" if run.trajectory is not None else ""))
 
 
 def _check_metrics(run_dir: Path, traj: list[dict], rep: Report) -> None:
@@ -419,29 +379,23 @@ def _check_metrics(run_dir: Path, traj: list[dict], rep: Report) -> None:
                           "evidence: `--plot PNG` redraws the curve from the verified trajectory)")
 
 
-def _check_commitment(run_dir: Path, recipe: dict, traj: list[dict], rep: Report) -> None:
-    path = run_dir / COMMITMENT_FILE
+def _check_commitment(run: Run, rep: Report) -> None:
+    path = run.path / COMMITMENT_FILE
     if not path.exists() and not path.is_symlink():
         return  # reported by the layout check
     try:
-        c = read_commitment(run_dir)
+        problems = run.commitment_problems()
     except RunFileError as exc:
         rep.add("commitment", path, str(exc))
         return
-    n_before = len(rep.errors)
-    last = traj[-1]["chain_hash"] if traj else None
-    if c["chain_hash"] != last:
-        rep.add("commitment", path, f"chain_hash {c['chain_hash']} is not the trajectory's last chain hash {last}")
-    elif rep.chain_hash is not None and c["chain_hash"] != rep.chain_hash:
-        rep.add("commitment", path, f"chain_hash {c['chain_hash']} is not the recomputed H_N {rep.chain_hash}")
-    if c["last_step"] != len(traj):
-        rep.add("commitment", path, f"last_step {c['last_step']} but the trajectory has {len(traj)} steps")
-    if rep.genesis is not None and c.get("genesis") not in (None, rep.genesis):
-        rep.add("commitment", path, f"genesis {c.get('genesis')} is not H_0 of the recipe {rep.genesis}")
-    if rep.recipe_sha256 is not None and c.get("recipe_sha256") not in (None, rep.recipe_sha256):
-        rep.add("commitment", path, f"recipe_sha256 {c.get('recipe_sha256')} is not the recipe's {rep.recipe_sha256}")
-    if len(rep.errors) == n_before:
-        rep.passed.append(f"commitment  {c['chain_hash'][:16]}... = H_{len(traj)}")
+    for problem in problems:
+        rep.add("commitment", path, problem)
+    c = run.commitment
+    if not problems and rep.chain_hash is not None and c["chain_hash"] != rep.chain_hash:
+        problems.append(f"chain_hash {c['chain_hash']} is not the recomputed H_N {rep.chain_hash}")
+        rep.add("commitment", path, problems[-1])
+    if not problems:
+        rep.passed.append(f"commitment  {c['chain_hash'][:16]}... = H_{run.last_step}")
 
 
 def verify_run(run_dir: str | os.PathLike, data: str | os.PathLike | None = None, batches: bool = True) -> Report:
@@ -457,30 +411,19 @@ def verify_run(run_dir: str | os.PathLike, data: str | os.PathLike | None = None
     rep = Report(run_dir)
     _check_layout(run_dir, rep)
 
-    try:
-        recipe = load_recipe(run_dir)
-    except RunFileError as exc:
-        rep.add("recipe", run_dir / RECIPE_FILE, str(exc))
-        recipe = None
-    cfg = tcfg = None
-    if recipe is not None:
-        cfg, tcfg = recipe_configs(recipe)
-        rep.preset = cfg.name
-        rep.recipe_sha256 = recipe_digest(recipe)
-        rep.genesis = genesis(recipe)
+    run = Run.open(run_dir, Strictness.AUDIT)
+    recipe, traj, cfg, tcfg = run.recipe, run.trajectory, run.cfg, run.tcfg
+    if "recipe" in run.errors:
+        rep.add("recipe", run_dir / RECIPE_FILE, str(run.errors["recipe"]))
+    else:
+        rep.preset, rep.recipe_sha256, rep.genesis = cfg.name, run.recipe_sha256, run.genesis
         rep.passed.append(f"recipe      sha256 {rep.recipe_sha256[:16]}..., H_0 {rep.genesis[:16]}...")
-        if recipe["spec_version"] != SPEC_VERSION:
-            rep.add("recipe", run_dir / RECIPE_FILE, f"made with SPEC_VERSION {recipe['spec_version']!r}, this "
-                                                     f"lockstep has {SPEC_VERSION!r}: verify is unaffected, but a "
-                                                     "replay needs a lockstep with the run's SPEC_VERSION",
-                    severity="warning")
-
-    try:
-        traj = read_trajectory(run_dir, Strictness.AUDIT)
-    except RunFileError as exc:
-        rep.add("trajectory", run_dir / TRAJECTORY_FILE, str(exc))
-        traj = None
-    if traj is not None:
+        if run.spec_version_problem() is not None:
+            rep.add("recipe", run_dir / RECIPE_FILE, f"{run.spec_version_problem()} (verify is unaffected: it "
+                                                     "recomputes no step)", severity="warning")
+    if "trajectory" in run.errors:
+        rep.add("trajectory", run_dir / TRAJECTORY_FILE, str(run.errors["trajectory"]))
+    elif traj is not None:
         rep.steps = len(traj)
         if not traj:
             rep.add("trajectory", run_dir / TRAJECTORY_FILE, "no records: the run published no step")
@@ -488,11 +431,11 @@ def verify_run(run_dir: str | os.PathLike, data: str | os.PathLike | None = None
     manifest = _check_data(run_dir, recipe, data, rep, cfg) if recipe is not None else None
     stream = GlobalStream(manifest, recipe["seed"], cfg.seq_len) if manifest is not None else None
     if recipe is not None and traj is not None:
-        _check_chain(run_dir, recipe, traj, rep, tcfg, cfg)
+        _check_chain(run, rep)
         if stream is not None and batches:
             _check_batches(manifest, recipe, traj, rep, tcfg, cfg, stream)
-    _check_checkpoints(run_dir, recipe, traj, rep, tcfg, cfg, stream)
+    _check_checkpoints(run, rep, stream)
     if traj is not None:
-        _check_commitment(run_dir, recipe, traj, rep)
+        _check_commitment(run, rep)
         _check_metrics(run_dir, traj, rep)
     return rep

@@ -3,11 +3,12 @@
     lockstep audit verify RUN [--data DIR] [--no-batches] [--plot PNG]
     lockstep audit replay RUN --step t[,t2,a-b] [--backend B] [--from-earlier] [--out CERT] [--key PEM]
                           [--auditor NAME] [--data DIR]
-    lockstep audit replay RUN --plan PLAN --beacon HEX --key PEM   (replay the steps the plan gives your key)
+    lockstep audit replay RUN --plan PLAN --beacon HEX --pub PEM ... --redundancy k --key PEM
+                          (replay the steps the plan gives your key)
     lockstep audit check CERT... [--pub PEM] [--run RUN [--recompute] [--backend B] [--from-earlier] [--data DIR]]
     lockstep audit plan RUN --beacon HEX --pub PEM --pub PEM ... [--redundancy k] [--names a,b,...]
                         [--beacon-source TEXT] [--out PLAN]
-    lockstep audit merge CERT... [--plan PLAN --beacon HEX] [--pub PEM ...] [--png OUT]
+    lockstep audit merge CERT... [--plan PLAN --beacon HEX --redundancy k] [--pub PEM ...] [--png OUT]
     lockstep audit keygen --out PREFIX                      (PREFIX.key and PREFIX.pub, Ed25519)
     lockstep audit verify-export DIR [RUN]                  (an export's weights against its proof and run)
     lockstep audit trace RUN --step t [--micro-batch j] --backend B --out TRACE.jsonl
@@ -20,8 +21,10 @@ spec and writes it to a safetensors file ``lockstep conformance --replay-op`` re
 
 A plan is drawn from the run's commitment and a public beacon value (a drand or NIST
 round) that the auditors name after the commitment is published; its auditors are
-their public keys. Whoever reads a plan (replay, merge) names the beacon value again
-with --beacon: the plan's own copy is not evidence.
+their public keys. Whoever reads a plan (replay, merge) names the beacon value, the
+auditors' whole key set and the redundancy again (--beacon, --pub for every auditor,
+--redundancy), as the auditors published them before the beacon round: the plan's own
+copy is not evidence, and a plan drawn over any other key set or redundancy is refused.
 
 Every string that comes from a file (names, messages quoting them) is printed through
 ``fsio.printable``: control characters are escaped, so nothing a file says can add a
@@ -41,7 +44,10 @@ from pathlib import Path
 
 from lockstep.fsio import printable
 
+from lockstep.backends import BACKEND_ALIASES, FASTEST_FIRST, KNOWN_BACKENDS
+
 from .common import EXIT_BAD, EXIT_OK, MAX_MEMORY_HELP, fail, gib, plain_help
+
 MAX_REPLAY_STEPS = 10_000_000  # the steps one --step list may name (a run has at most a few million)
 
 
@@ -65,6 +71,17 @@ def _steps_arg(text: str) -> list[int]:
     return out
 
 
+def _or_list(names) -> str:
+    names = list(names)
+    return ", ".join(names[:-1]) + " or " + names[-1] if len(names) > 1 else "".join(names)
+
+
+# every name get_backend knows (lockstep.backends), and what auto tries (FASTEST_FIRST, then the spec)
+REPLAY_BACKEND_HELP = (f"{_or_list(['auto', *KNOWN_BACKENDS])} (aliases: "
+                       f"{', '.join(f'{a} = {b}' for a, b in sorted(BACKEND_ALIASES.items()))}); default auto: the "
+                       f"first of {', '.join(FASTEST_FIRST)} that is installed and passes conformance here, else spec")
+
+
 def add_parser(subparsers) -> argparse.ArgumentParser:
     """Add ``audit`` and its sub-commands to the ``lockstep`` parser."""
     p = subparsers.add_parser("audit", help="verify a run, replay steps, plan and merge a collective audit",
@@ -85,11 +102,16 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     r = sub.add_parser("replay", help="replay steps on this machine and compare with the published hashes")
     r.add_argument("run", type=Path, help="the run directory")
     r.add_argument("--step", type=_steps_arg, help="the step(s): 3, 3,7 or 2-5")
-    r.add_argument("--plan", type=Path, help="replay the steps a plan gives the public key of --key (needs --beacon)")
+    r.add_argument("--plan", type=Path, help="replay the steps a plan gives the public key of --key (needs "
+                                             "--beacon, --pub for every auditor and --redundancy)")
     r.add_argument("--beacon", help="with --plan: the beacon value (hex) the auditors named; the plan must be "
                                     "drawn with it")
-    r.add_argument("--backend", default="auto", help="auto, spec, numba, cuda or metal (default auto: the fastest "
-                                                     "installed backend that passes conformance here)")
+    r.add_argument("--pub", action="append", default=None, help="with --plan: an auditor's public key (PEM or hex), "
+                                                                "one per auditor of the published key set; the "
+                                                                "plan must be drawn over exactly these keys")
+    r.add_argument("--redundancy", type=int, help="with --plan: the redundancy the auditors published; the plan "
+                                                  "must be drawn with it")
+    r.add_argument("--backend", default="auto", help=REPLAY_BACKEND_HELP)
     r.add_argument("--from-earlier", action="store_true",
                    help="when a checkpoint a replay starts from is damaged, replay from an earlier one (or the "
                         "initial state) instead of stopping; the damage is still reported")
@@ -109,8 +131,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                                                               "repeatable; then unsigned certificates fail")
     c.add_argument("--run", type=Path, help="the run directory: check the quoted published hashes")
     c.add_argument("--recompute", action="store_true", help="with --run: replay the targets and compare")
-    c.add_argument("--backend", default="auto", help="backend for --recompute (default auto: the fastest installed "
-                                                     "backend that passes conformance here)")
+    c.add_argument("--backend", default="auto", help="backend for --recompute: " + REPLAY_BACKEND_HELP)
     c.add_argument("--from-earlier", action="store_true", help="with --recompute: as audit replay --from-earlier")
     c.add_argument("--data", type=Path, help="data folder for --recompute")
 
@@ -130,10 +151,15 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
 
     m = sub.add_parser("merge", help="coverage, disagreements and missing steps of a set of certificates")
     m.add_argument("certs", nargs="+", type=Path, help="certificate files")
-    m.add_argument("--plan", type=Path, help="the audit plan: checks redundancy and delivery (needs --beacon)")
+    m.add_argument("--plan", type=Path, help="the audit plan: checks redundancy and delivery (needs --beacon, "
+                                             "--pub for every auditor and --redundancy)")
     m.add_argument("--beacon", help="with --plan: the beacon value (hex) the auditors named; the plan must be "
                                     "drawn with it")
-    m.add_argument("--pub", action="append", default=None, help="trusted public key (PEM or hex); repeatable")
+    m.add_argument("--redundancy", type=int, help="with --plan: the redundancy the auditors published; the plan "
+                                                  "must be drawn with it")
+    m.add_argument("--pub", action="append", default=None, help="trusted public key (PEM or hex); repeatable; "
+                                                                "with --plan, the auditors' whole key set: the "
+                                                                "plan must be drawn over exactly these keys")
     m.add_argument("--png", type=Path, help="write a PNG of coverage over the steps")
 
     k = sub.add_parser("keygen", help="make an Ed25519 key pair for signing certificates")
@@ -219,6 +245,7 @@ def _verify(args) -> int:
 def _replay(args) -> int:
     from lockstep.audit.certificate import make_certificate, sign_certificate, write_certificate
     from lockstep.audit.replay import replay_steps
+    from lockstep.launch import launcher_rank
 
     if args.plan is not None:
         steps = _planned_steps(args)
@@ -238,6 +265,8 @@ def _replay(args) -> int:
     log = None if args.quiet else (lambda msg: print(printable(msg), file=sys.stderr, flush=True))
     result = replay_steps(args.run, steps, args.backend, data=args.data, log=log, from_earlier=args.from_earlier,
                           max_memory=args.max_memory, scratch=args.scratch)
+    if launcher_rank() != 0:  # under mpiexec: rank 0 prints the one verdict and writes the certificate
+        return EXIT_OK if result.ok else EXIT_BAD
     print(result.format())
     if args.out is not None or args.key is not None:
         cert = make_certificate(result, auditor=args.auditor)
@@ -250,24 +279,23 @@ def _replay(args) -> int:
 
 
 def _planned_steps(args) -> list[int] | int:
-    """The steps the plan gives the key of ``--key``, after checking the plan against the beacon the user
-    names and the run's commitment; an exit code when it cannot be used."""
+    """The steps the plan gives the key of ``--key``, after checking the plan against the beacon, the
+    auditors' key set and the redundancy the user names, and the run's commitment; an exit code when it
+    cannot be used."""
+    from lockstep.audit.accept import trusted_keys
     from lockstep.audit.certificate import public_key_hex
-    from lockstep.audit.plan import PlanError, check_plan, load_plan, planned_auditor
+    from lockstep.audit.plan import InvalidPlan, PlanError, accept_plan, planned_auditor
     from lockstep.formats.rundir import RunFileError
     from lockstep.formats.trajectory import read_commitment
 
-    if not args.beacon:
-        return _err("--plan needs --beacon HEX: the beacon value the auditors named (the plan's own copy is not "
-                    "evidence)")
+    missing = _plan_arguments_missing(args)
+    if missing:
+        return _err(missing)
     if args.key is None:
         return _err("--plan needs --key PEM: a plan names its auditors by public key, and only a certificate "
                     "signed by your key delivers your steps")
     try:
-        plan = load_plan(args.plan)
-        problems = check_plan(plan, args.beacon)
-        if problems:
-            return _err(f"{args.plan}: not a valid plan: " + "; ".join(problems[:5]))
+        plan = accept_plan(args.plan, args.beacon, trusted_keys(args.pub), args.redundancy)
         try:
             run = read_commitment(args.run)
         except RunFileError as exc:
@@ -279,8 +307,24 @@ def _planned_steps(args) -> list[int] | int:
         if not args.auditor and mine.get("name"):
             args.auditor = mine["name"]  # the certificate carries the plan's label (merge goes by the key)
         return list(mine["steps"])
+    except InvalidPlan as exc:
+        return _err(str(exc))
     except PlanError as exc:
         return _err(f"{args.plan}: {exc}")
+
+
+def _plan_arguments_missing(args) -> str | None:
+    """What ``--plan`` needs beside it and was not given (merge and replay read a plan alike)."""
+    if not args.beacon:
+        return ("--plan needs --beacon HEX: the beacon value the auditors named (the plan's own copy is not "
+                "evidence)")
+    if not args.pub:
+        return ("--plan needs --pub for every auditor of the key set the auditors published before the beacon "
+                "round: a plan drawn over a subset of the keys gives its maker more steps")
+    if args.redundancy is None:
+        return ("--plan needs --redundancy k, the redundancy the auditors published with their keys: a plan drawn "
+                "with another one gives its maker another share of the steps")
+    return None
 
 
 def _check(args) -> int:
@@ -332,17 +376,17 @@ def _plan(args) -> int:
 def _merge(args) -> int:
     from lockstep.audit.accept import trusted_keys
     from lockstep.audit.merge import merge_certificates, plot_coverage
-    from lockstep.audit.plan import check_plan, load_plan
+    from lockstep.audit.plan import InvalidPlan, accept_plan
 
     plan = None
     if args.plan is not None:
-        if not args.beacon:
-            return _err("--plan needs --beacon HEX: the beacon value the auditors named (the plan's own copy is not "
-                        "evidence)")
-        plan = load_plan(args.plan)
-        problems = check_plan(plan, args.beacon)
-        if problems:
-            print(printable(f"{args.plan}: not a valid plan: " + "; ".join(problems[:5])))
+        missing = _plan_arguments_missing(args)
+        if missing:
+            return _err(missing)
+        try:
+            plan = accept_plan(args.plan, args.beacon, trusted_keys(args.pub), args.redundancy)
+        except InvalidPlan as exc:  # a plan, but not the one you named: the audit it describes fails
+            print(printable(str(exc)))
             return EXIT_BAD
     report = merge_certificates(args.certs, plan, trusted_keys(args.pub))
     print(report.format())

@@ -1,14 +1,21 @@
-"""What every ``lockstep`` command shares: exit codes, the one-line usage error, argument types,
-the default backend, and the message for an optional package that is not installed."""
+"""What every ``lockstep`` command shares: exit codes, the one place that prints (``say``, ``note``,
+``fail``: every line escaped), the one-line usage error, argument types, the default backend, and the
+message for an optional package that is not installed."""
 
 from __future__ import annotations
 
 import argparse
+import contextvars
+import os
 import sys
+import traceback
 
 from lockstep.fsio import printable
 
 EXIT_OK, EXIT_ERROR, EXIT_BAD = 0, 1, 2  # done / valid; could not run; invalid / mismatch
+# stdout's or stderr's reader went away (``| head``): 128 + SIGPIPE, what a shell reports for a Unix tool
+# that SIGPIPE ended (a constant: Windows has no SIGPIPE)
+EXIT_PIPE_CLOSED = 141
 
 # optional packages some commands import on use, and the extra of pyproject.toml that brings each
 OPTIONAL_PACKAGES = {
@@ -26,16 +33,46 @@ class OneLineErrorParser(argparse.ArgumentParser):
     """A usage error is one line (``lockstep train: error: ...``), printed by rank 0 only under mpiexec."""
 
     def error(self, message: str):
-        from lockstep.train.trainer import launcher_rank
+        from lockstep.launch import launcher_rank
 
         if launcher_rank() == 0:
-            print(f"{self.prog}: error: {message} (see {self.prog} --help)", file=sys.stderr)
+            note(f"{self.prog}: error: {message} (see {self.prog} --help)")
         self.exit(2)
 
 
+def say(message: str) -> None:
+    """One line on stdout: a result, or a line the library reports through its ``log``/``say`` callback.
+
+    Escaped (``fsio.printable``): the library's lines quote what a run's publisher chose (a model
+    name, a data folder, a path), and a control character must not reach the terminal.
+    """
+    print(printable(message), flush=True)
+
+
+def note(message: str) -> None:
+    """One line on stderr (a progress line, a warning, an error), escaped as ``say`` escapes."""
+    print(printable(message), file=sys.stderr, flush=True)
+
+
+# ``lockstep --debug`` (or LOCKSTEP_DEBUG=1): the command being run prints the traceback of the error it
+# reports. Set by ``lockstep.cli.main`` for the length of one command; nothing else sets it.
+DEBUG: contextvars.ContextVar[bool] = contextvars.ContextVar("lockstep_debug", default=False)
+
+
+def debug_requested(flag: bool) -> bool:
+    """``--debug`` given, or ``LOCKSTEP_DEBUG`` set to anything but empty or 0."""
+    return flag or os.environ.get("LOCKSTEP_DEBUG", "") not in ("", "0")
+
+
 def fail(command: str, message: str) -> int:
-    """``lockstep COMMAND: MESSAGE`` on stderr (escaped: messages quote files), and ``EXIT_ERROR``."""
-    print(f"lockstep {command}: {printable(message)}", file=sys.stderr)
+    """``lockstep COMMAND: MESSAGE`` on stderr (escaped: messages quote files), and ``EXIT_ERROR``.
+
+    Called while an exception is handled, with ``--debug``, its traceback is printed first (escaped).
+    """
+    if DEBUG.get() and sys.exc_info()[0] is not None:
+        for line in traceback.format_exc().splitlines():  # escaped too: the messages quote files
+            note(line)
+    note(f"lockstep {command}: {message}")
     return EXIT_ERROR
 
 

@@ -40,7 +40,7 @@ from lockstep.formats.ingest import DEFAULT_SHARD_TOKENS, ingest
 from lockstep.formats.manifest import SOURCE_NAME_RE, DataError, Manifest
 from lockstep.fsio import printable
 
-from .common import EXIT_ERROR, EXIT_OK, plain_help
+from .common import EXIT_ERROR, EXIT_OK, note, plain_help
 
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
@@ -116,9 +116,6 @@ def _summary(manifest_path: Path) -> str:
 
 def run_data(args) -> int:
     """Run ``lockstep data ...``; returns the exit status (1 on bad input)."""
-    def progress(msg: str) -> None:
-        print(msg, file=sys.stderr, flush=True)
-
     try:
         if args.data_command == "ingest":
             sources = _parse_sources(args.sources, args.weight)
@@ -131,13 +128,12 @@ def run_data(args) -> int:
             try:
                 path = ingest(
                     args.out, sources, tokenizer_file=args.tokenizer, eod_token=args.eod_token,
-                    text_field=args.text_field or "text", shard_tokens=args.shard_tokens, progress=progress,
+                    text_field=args.text_field or "text", shard_tokens=args.shard_tokens, progress=note,
                     validation_documents=args.validation_documents, recipe=recipe, workers=args.workers,
                     resume=args.resume, skip_empty=args.skip_empty,
                 )
             except KeyboardInterrupt:
-                print("interrupted: run the same command with --resume to continue from the last shard",
-                      file=sys.stderr)
+                note("interrupted: run the same command with --resume to continue from the last shard")
                 return EXIT_ERROR
         elif args.data_command == "recipe":
             print("\n".join(printable(line) for line in data_recipe(args.name).describe().splitlines()))
@@ -145,7 +141,7 @@ def run_data(args) -> int:
         elif args.data_command == "default":
             from lockstep.formats.corpus import build_default_corpus
 
-            path = build_default_corpus(args.out, progress=progress)
+            path = build_default_corpus(args.out, progress=note)
         elif args.data_command == "verify":
             path = args.path
         else:

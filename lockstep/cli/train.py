@@ -3,7 +3,9 @@
 Every flag is checked before anything is written; a bad one is one line on stderr
 (printed once, by rank 0, under ``mpiexec``) and exit status 1. A run stopped by
 SIGINT/SIGTERM writes a checkpoint at its last step and exits 130/143 with the
-command that resumes it.
+command that resumes it; one whose files could not be written (a full disk) says
+which, the checkpoint it resumes from and the command, and exits 1. Every line goes
+through ``common.say``/``note``/``fail`` (escaped: they quote the run's files).
 """
 
 from __future__ import annotations
@@ -16,8 +18,8 @@ from pathlib import Path
 
 from lockstep.backends import BACKEND_ALIASES, KNOWN_BACKENDS
 
-from .common import (EXIT_ERROR, EXIT_OK, MAX_MEMORY_HELP, default_backend, gib, integer_arg, non_negative_int,
-                     positive_int)
+from .common import (EXIT_ERROR, EXIT_OK, MAX_MEMORY_HELP, default_backend, fail, gib, integer_arg,
+                     non_negative_int, note, positive_int, say)
 
 DEFAULT_STEPS = {"tiny": 100, "small": 100, "medium": 10, "open-1b": 10}
 DEFAULT_PRESET = "small"
@@ -92,8 +94,9 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     batch.add_argument("--batch-ramp", type=batch_ramp, metavar="TOKENS:SEQS,...",
                        help="global batch that grows with the tokens consumed, e.g. 0:16,1048576:32 "
                             "(default: the preset's ramp)")
-    p.add_argument("--checkpoint-every", type=positive_int, default=50,
-                   help="checkpoint every K steps, at the end and when stopped (default: 50)")
+    p.add_argument("--checkpoint-every", type=positive_int,
+                   help="checkpoint every K steps, at the end and when stopped (default: the preset's, 100 for "
+                        "open-1b as in the paper, 50 for the others)")
     p.add_argument("--resume", metavar="RUN", help="continue RUN from its last complete checkpoint (or its "
                                                    "initial state), to its recorded target unless --steps/--tokens")
     p.add_argument("--no-quantize", action="store_true", help="float32 linears instead of int8 W8A8")
@@ -132,62 +135,63 @@ def recipe_checker(args):
 
 
 def run_train(args) -> int:
-    from lockstep.backends import BackendUnavailable
-
-    from lockstep.formats.checkpoint import CheckpointError
+    from lockstep.errors import LockstepError
+    from lockstep.formats.config import ConfigError
     from lockstep.train.collectives import AgreedError
-    from lockstep.formats.manifest import DataError
-    from lockstep.train.optim import NonFiniteError
-    from lockstep.train.trainer import RecipeMismatch, launcher_rank, train
+    from lockstep.train import trainer
+    from lockstep.launch import launcher_rank
+    from lockstep.train.trainer import RunWriteError
     from lockstep.use.hooks import run_hooks
 
     is_root = launcher_rank() == 0
     run_dir = args.resume or args.out
     try:
         if args.resume and args.out is not None:
-            raise ValueError(f"--out names a new run; --resume {args.resume} continues that run in place")
+            raise ConfigError(f"--out names a new run; --resume {args.resume} continues that run in place")
         backend = args.backend or default_backend()
         if args.resume and (args.config or args.sets):
-            raise ValueError("--config and --set make a new run; a resume continues the run as its recipe.json "
+            raise ConfigError("--config and --set make a new run; a resume continues the run as its recipe.json "
                              "says: drop them, or start a new run with --out")
         if args.resume:
-            summary = train(args.resume, resume=True, data=args.data, steps=args.steps, tokens=args.tokens,
-                            backend_name=backend, checkpoint_every=args.checkpoint_every, progress=not args.quiet,
-                            check_recipe=recipe_checker(args), eval_every=args.eval_every,
-                            hooks=run_hooks(), max_memory=args.max_memory, scratch=args.scratch)
+            summary = trainer.train(args.resume, resume=True, data=args.data, steps=args.steps, tokens=args.tokens,
+                                    backend_name=backend, checkpoint_every=args.checkpoint_every,
+                                    progress=not args.quiet, log=say, check_recipe=recipe_checker(args),
+                                    eval_every=args.eval_every, hooks=run_hooks(), max_memory=args.max_memory,
+                                    scratch=args.scratch)
         else:
             name = args.preset or DEFAULT_PRESET
             cfg, tcfg = new_run_settings(args, name)
             steps = args.steps if args.steps is not None or args.tokens is not None else DEFAULT_STEPS[name]
             label = cfg.name if cfg.name != name and _plain_label(cfg.name) else name
             run_dir = args.out or str(Path("runs") / f"{label}-{time.strftime('%Y%m%d-%H%M%S')}")
-            summary = train(run_dir, cfg=cfg, tcfg=tcfg, data=args.data, steps=steps, tokens=args.tokens,
-                            seed=DEFAULT_SEED if args.seed is None else args.seed, backend_name=backend,
-                            checkpoint_every=args.checkpoint_every, progress=not args.quiet,
-                            eval_every=args.eval_every, hooks=run_hooks(), max_memory=args.max_memory,
-                            scratch=args.scratch)
-    except (BackendUnavailable, RecipeMismatch, CheckpointError, DataError, NonFiniteError, AgreedError,
-            OSError, ValueError) as e:
-        if is_root:
-            what = "" if isinstance(e, AgreedError) else f"{type(e).__name__}: "
-            print(f"lockstep train: {what}{e}", file=sys.stderr)
-        return EXIT_ERROR
+            summary = trainer.train(run_dir, cfg=cfg, tcfg=tcfg, data=args.data, steps=steps, tokens=args.tokens,
+                                    seed=DEFAULT_SEED if args.seed is None else args.seed, backend_name=backend,
+                                    checkpoint_every=args.checkpoint_every, progress=not args.quiet, log=say,
+                                    eval_every=args.eval_every, hooks=run_hooks(), max_memory=args.max_memory,
+                                    scratch=args.scratch)
+    except RunWriteError as e:  # a full disk: what was not written, where the run resumes, and how
+        return fail("train", f"{e}; {_resume_hint(e.run_dir, e.world_size, args.data)}") if is_root else EXIT_ERROR
+    except (LockstepError, OSError) as e:  # a ValueError from deep in the step is a bug: its traceback shows
+        if isinstance(e, BrokenPipeError):
+            raise  # stdout's reader went away: lockstep.cli.main ends every command the same way
+        what = "" if isinstance(e, AgreedError) else f"{type(e).__name__}: "
+        return fail("train", f"{what}{e}") if is_root else EXIT_ERROR
     except KeyboardInterrupt:
         if is_root:
-            print(f"\nlockstep train: stopped at once; {_resume_hint(run_dir, 1, args.data)}", file=sys.stderr)
+            print(file=sys.stderr)  # ends the progress bar's line
+            note(f"lockstep train: stopped at once; {_resume_hint(run_dir, 1, args.data)}")
         return 130
     if summary.stopped_by:
         if summary.rank == 0:
             name = signal.Signals(summary.stopped_by).name
-            print(f"lockstep train: stopped by {name} after step {summary.last_step} of {summary.target}; "
-                  f"checkpoint {summary.last_step} written; "
-                  f"{_resume_hint(summary.run_dir, summary.world_size, args.data)}",
-                  file=sys.stderr)
+            note(f"lockstep train: stopped by {name} after step {summary.last_step} of {summary.target}; "
+                 f"checkpoint {summary.last_step} written; "
+                 f"{_resume_hint(summary.run_dir, summary.world_size, args.data)}")
         return 128 + summary.stopped_by
     if summary.rank != 0:
         return EXIT_OK
-    print(f"run directory: {summary.run_dir}")
-    print(f"last step {summary.last_step}, chain hash {summary.chain_hash}")
+    say(f"run directory: {summary.run_dir}")
+    say(f"last step {summary.last_step}, chain hash {summary.chain_hash}")
     return EXIT_OK
 
 

@@ -20,7 +20,15 @@ from pathlib import Path
 
 from lockstep.fsio import printable
 
-from .common import EXIT_BAD, EXIT_OK, MAX_MEMORY_HELP, default_backend, fail, gib, positive_int
+from .common import EXIT_BAD, EXIT_OK, MAX_MEMORY_HELP, default_backend, fail, gib, note, positive_int, say
+
+
+def _checkpoint_arguments(p: argparse.ArgumentParser, data_help: str) -> None:
+    """RUN, ``--step``, ``--backend`` and ``--data``: the checkpoint a command computes with, and where."""
+    p.add_argument("run", type=Path, help="the run directory")
+    p.add_argument("--step", type=positive_int, help="the checkpoint's step (default: the latest the chain covers)")
+    p.add_argument("--backend", default=None, help="spec, numba or another installed backend (default: numba)")
+    p.add_argument("--data", type=Path, help=data_help)
 
 
 # ---------------------------------------------------------------- eval
@@ -32,10 +40,7 @@ def add_eval_parser(subparsers) -> argparse.ArgumentParser:
                     "data, in nats per token and bits per byte. The same bits on every backend: if the run "
                     "recorded a value for that step (train --eval-every), it is compared bit for bit "
                     "(exit 2 if it differs).")
-    p.add_argument("run", type=Path, help="the run directory")
-    p.add_argument("--step", type=positive_int, help="the checkpoint's step (default: the latest the chain covers)")
-    p.add_argument("--backend", default=None, help="spec, numba or another installed backend (default: numba)")
-    p.add_argument("--data", type=Path, help="the run's data folder, when it is not inside the run")
+    _checkpoint_arguments(p, "the run's data folder, when it is not inside the run")
     p.add_argument("--record", action="store_true",
                    help="append the result to the run's metrics.jsonl and redraw loss.png")
     p.add_argument("--json", action="store_true", help="print the result as JSON")
@@ -99,7 +104,7 @@ def run_eval(args) -> int:
             png = plot_run(args.run)
         except (OSError, ValueError) as exc:
             return fail("eval", f"could not record the result in {args.run}: {exc}")
-        print(f"recorded in {args.run / 'metrics.jsonl'}" + (f", {png}" if png else ""), file=sys.stderr)
+        note(f"recorded in {args.run / 'metrics.jsonl'}" + (f", {png}" if png else ""))
     return code
 
 
@@ -131,18 +136,15 @@ def add_sample_parser(subparsers) -> argparse.ArgumentParser:
                     "end of the document or after --max-new-tokens. Sampling draws from Philox keyed by --seed, "
                     "so the same command prints the same text on every backend. The prompt and the text go to "
                     "stdout; progress and a summary to stderr.")
-    p.add_argument("run", type=Path, help="the run directory")
+    _checkpoint_arguments(p, "the run's data folder (for its tokenizer), when it is not inside the run")
     src = p.add_mutually_exclusive_group()
     src.add_argument("--prompt", default="", help="the start of the text (default: empty: a new document)")
     src.add_argument("--prompt-file", type=Path, help="read the prompt from this file (bytes as they are)")
-    p.add_argument("--step", type=positive_int, help="the checkpoint's step (default: the latest the chain covers)")
     p.add_argument("--max-new-tokens", type=positive_int, default=200, help="at most this many tokens (default 200)")
     p.add_argument("--temperature", type=float, default=0.8, help="0: greedy (argmax); default 0.8")
     p.add_argument("--top-k", type=int, default=0, help="sample only from the k most likely tokens (0: all; default 0)")
     p.add_argument("--seed", type=int, default=0, help="the sampling seed (default 0)")
     p.add_argument("--no-stop", action="store_true", help="go on past the end of the document (into the next)")
-    p.add_argument("--backend", default=None, help="spec, numba or another installed backend (default: numba)")
-    p.add_argument("--data", type=Path, help="the run's data folder (for its tokenizer), when it is not inside the run")
     p.add_argument("--json", action="store_true", help="print one JSON record (ids and text) instead of streaming")
     p.add_argument("--quiet", action="store_true", help="no progress or summary on stderr")
     p.add_argument("--max-memory", type=gib, metavar="GIB", help=MAX_MEMORY_HELP)
@@ -239,7 +241,7 @@ def run_sample(args) -> int:
                               max_memory=args.max_memory)
     except (UseError, SamplingError, BackendUnavailable, ValueError) as exc:
         return fail("sample", str(exc))
-    say = (lambda msg: print(msg, file=sys.stderr, flush=True)) if not args.quiet else (lambda msg: None)
+    say = note if not args.quiet else (lambda msg: None)
     if len(prompt) > limit:
         say(f"note: the prompt is {len(prompt)} tokens; the model reads at most {model.cfg.seq_len}, "
             f"so it sees the last {limit} after the end-of-document token")
@@ -249,11 +251,6 @@ def run_sample(args) -> int:
     except UseError as exc:  # the tokenizer failed on the generated ids
         sys.stdout.write("\n")
         return fail("sample", str(exc))
-    except BrokenPipeError:  # the reader went away (| head): stop quietly, as other Unix tools do
-        import os
-
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        return EXIT_OK
 
 
 def _generate_into(args, be, model, tokenizer, prompt: list[int], sampling, say) -> int:
@@ -261,9 +258,9 @@ def _generate_into(args, be, model, tokenizer, prompt: list[int], sampling, say)
 
     from lockstep.use.generate import CachedModel, SamplingError, generate
 
-    note = model.spec_note()
-    if note:
-        say(printable(note))  # the recipe's SPEC_VERSION is the run's text
+    spec_note = model.spec_note()
+    if spec_note:
+        say(spec_note)  # the recipe's SPEC_VERSION is the run's text: say escapes it
     context = [tokenizer.eod_id] + prompt
     stream = None if args.json else _TextStream(tokenizer, sys.stdout)
     if stream is not None:
@@ -363,7 +360,8 @@ def run_export(args) -> int:
     if not rep.ok:  # never expected: the export was just made from a verified checkpoint
         print(rep.format())
         return fail("export", f"{out} does not verify against {args.run}; do not publish it")
-    print(f"exported step {model.step} of {args.run} to {out}{' for transformers' if args.format == 'hf' else ''} (state root {model.sidecar['state_root'][:16]}..., "
+    form = " for transformers" if args.format == "hf" else ""
+    say(f"exported step {model.step} of {args.run} to {out}{form} (state root {model.sidecar['state_root'][:16]}..., "
           f"chain hash {model.sidecar['chain_hash'][:16]}...); verified against the run")
     return EXIT_OK
 

@@ -89,8 +89,9 @@ RECORD_ORDER = (
     "rope_forward", "rope_backward", "attention_forward", "attention_backward", "swiglu_forward", "swiglu_backward",
     "int8_linear_forward", "int8_linear_backward", "cross_entropy_forward", "cross_entropy_backward",
     "sum_of_squares", "global_norm", "clip_coefficient", "scale", "adamw_update",
-    "decode_attention",  # added after the first 40: its lines follow theirs
-    "matmul_accumulate", "cross_entropy_rows",  # added after decode_attention (issue 26)
+    # the golden file's lines follow this order, so an op appended here appends its lines
+    "decode_attention",
+    "matmul_accumulate", "cross_entropy_rows",
 )
 
 

@@ -26,6 +26,7 @@ from lockstep.contract import move_arguments, result_problem, signature_problem
 
 from . import golden
 from .registry import Case, OpRecord, all_records, as_outputs, describe_inputs
+from .table import print_results
 
 
 @dataclass
@@ -202,17 +203,11 @@ def run_conformance(backend: Backend, level: int = 1, seed: int = 0, max_errors:
 
 def print_table(results: list[OpResult], backend: Backend, level: int, seed: int, out=None) -> None:
     out = out or sys.stdout
-    print(f"lockstep conformance: backend={backend.name} level={level} seed={seed} SPEC_VERSION={spec.SPEC_VERSION}", file=out)
-    w = max([len(r.op) for r in results] + [2])
-    print(f"{'op':<{w}}  {'cases':>5}  {'refused':>7}  {'elements':>9}  {'golden':>7}  {'time':>7}  result", file=out)
-    for r in results:
-        print(f"{r.op:<{w}}  {r.cases:>5}  {r.refusals:>7}  {r.elements:>9}  {r.golden:>7}  {r.seconds:>6.2f}s  {r.status}", file=out)
-    for r in results:
-        if r.messages:
-            print(f"{r.op}:", file=out)
-            for m in r.messages:
-                print(m, file=out)
-    counts = {s: sum(r.status == s for r in results) for s in ("PASS", "FAIL", "MISSING", "ERROR")}
+    counts = print_results(
+        out, f"lockstep conformance: backend={backend.name} level={level} seed={seed} SPEC_VERSION={spec.SPEC_VERSION}",
+        results, [("cases", 5, lambda r: r.cases), ("refused", 7, lambda r: r.refusals),
+                  ("elements", 9, lambda r: r.elements), ("golden", 7, lambda r: r.golden),
+                  ("time", 7, lambda r: f"{r.seconds:.2f}s")], ("PASS", "FAIL", "MISSING", "ERROR"))
     print(f"{counts['PASS']} passed, {counts['FAIL']} failed, {counts['MISSING']} missing, {counts['ERROR']} errors", file=out)
 
 

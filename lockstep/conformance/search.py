@@ -46,6 +46,8 @@ except ImportError as e:  # pragma: no cover - hypothesis is in the test extra
 from lockstep import spec
 from lockstep.backends import KNOWN_BACKENDS, Backend, BackendUnavailable, get_backend
 from lockstep.contract import CONTRACT, OP_NAMES, Kind, move_arguments, result_problem
+from lockstep.contract import check_call as contract_shapes
+from lockstep.contract.shapes import EnlargingBroadcast
 from lockstep.spec import fp
 
 from .draws import (Viewed, describe_value, f32_array, f32_scalar, int8_array, sometimes, token_ids,
@@ -326,6 +328,7 @@ def check_call_counted(call: Call, backends: list[Backend]) -> tuple[list[str], 
     if _input_snapshot(s_args, s_kwargs, np.asarray) != before:
         problems.append("spec: changed one of its arguments")
     problems += _spec_problems(call.op, want)
+    problems += _contract_problems(call.op, s_args, s_kwargs, want)
     for backend in backends:
         problems += [f"{backend.name}: {p}" for p in _backend_problems(call, backend, want)]
     return problems, isinstance(want.error, SPEC_INPUT_ERRORS)
@@ -344,6 +347,26 @@ def _spec_problems(op: str, want: Outcome) -> list[str]:
         if r is not None and np.asarray(r).dtype == np.float32 and not fp.is_canonical(r):
             problems.append(f"spec: result {i} is not canonical (a subnormal or a NaN other than 0x7FC00000)")
     return problems
+
+
+def _contract_problems(op: str, args: tuple, kwargs: dict, want: Outcome) -> list[str]:
+    """Where the contract's shape rule (``lockstep.contract.check_call``) disagrees with what the spec did: it must
+    refuse what the spec refuses (with the spec's exception type) and give the shapes of what it answers;
+    it may refuse more only by its broadcast rule (``contract.shapes.EnlargingBroadcast``)."""
+    try:
+        shapes = contract_shapes(op, args, kwargs)
+    except EnlargingBroadcast:
+        return []
+    except (ValueError, TypeError) as e:
+        if want.error is None:
+            return [f"contract: refuses a call the spec answers: {type(e).__name__}: {e}"]
+        if type(e) is not type(want.error):
+            return [f"contract: raises {type(e).__name__} ({e}); the spec raises {type(want.error).__name__} ({want.error})"]
+        return []
+    if want.error is not None:
+        return [f"contract: accepts a call the spec refuses ({type(want.error).__name__}: {want.error})"]
+    got = tuple(None if r is None else tuple(np.shape(r)) for r in _items(want.result))
+    return [] if got == shapes else [f"contract: gives result shapes {shapes}; the spec's are {got}"]
 
 
 def _backend_problems(call: Call, backend: Backend, want: Outcome) -> list[str]:

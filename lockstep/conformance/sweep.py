@@ -52,6 +52,8 @@ import numpy as np
 from lockstep import spec
 from lockstep.contract import CONTRACT, Kind
 
+from .table import print_results
+
 FORMAT = 1
 BLOCK_BITS = 24
 BLOCKS = 1 << (32 - BLOCK_BITS)
@@ -319,16 +321,9 @@ def run_sweeps(backend, ops: list[str] | None = None, blocks: Iterable[int] | No
 def print_sweeps(results: list[SweepResult], backend, blocks: list[int], out=None) -> None:
     out = out or sys.stdout
     span = "all" if len(blocks) == BLOCKS else f"{len(blocks)} of {BLOCKS}"
-    print(f"lockstep conformance: backend={backend.name} level=3 blocks={span} SPEC_VERSION={spec.SPEC_VERSION}", file=out)
-    w = max([len(r.op) for r in results] + [2])
-    print(f"{'op':<{w}}  {'blocks':>6}  {'elements':>10}  {'time':>8}  result", file=out)
-    for r in results:
-        print(f"{r.op:<{w}}  {r.blocks:>6}  {r.elements:>10}  {r.seconds:>7.1f}s  {r.status}", file=out)
-    for r in results:
-        if r.messages:
-            print(f"{r.op}:", file=out)
-            for m in r.messages:
-                print(m, file=out)
-    counts = {s: sum(r.status == s for r in results) for s in ("PASS", "FAIL", "NO-GOLDEN", "MISSING", "ERROR")}
+    counts = print_results(
+        out, f"lockstep conformance: backend={backend.name} level=3 blocks={span} SPEC_VERSION={spec.SPEC_VERSION}",
+        results, [("blocks", 6, lambda r: r.blocks), ("elements", 10, lambda r: r.elements),
+                  ("time", 8, lambda r: f"{r.seconds:.1f}s")], ("PASS", "FAIL", "NO-GOLDEN", "MISSING", "ERROR"))
     print(f"{counts['PASS']} passed, {counts['FAIL']} failed, {counts['NO-GOLDEN']} without a golden digest, "
           f"{counts['MISSING']} missing, {counts['ERROR']} errors", file=out)

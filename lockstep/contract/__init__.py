@@ -95,8 +95,13 @@ from typing import Annotated, Any, Protocol, Sequence, Union
 
 import numpy as np
 
+from lockstep.errors import LockstepError
 
-class BackendUnavailable(RuntimeError):
+from . import shapes as S
+from .shapes import Shape, elements, shapes
+
+
+class BackendUnavailable(LockstepError, RuntimeError):
     """The backend cannot run here (its package, its compiler or its hardware is missing).
 
     The message is one line: what is missing, then what to do (see the module
@@ -158,106 +163,156 @@ class BackendOps(Protocol):
     """
 
     # ---- spec.fp: elementwise, one rounding, round-then-flush, canonical NaN
+    @shapes(S.binary)
     def add(self, a: F32Operand, b: F32Operand) -> F32:
         """``a + b``."""
+    @shapes(S.binary)
     def sub(self, a: F32Operand, b: F32Operand) -> F32:
         """``a - b``."""
+    @shapes(S.binary)
     def mul(self, a: F32Operand, b: F32Operand) -> F32:
         """``a * b``."""
+    @shapes(S.binary)
     def div(self, a: F32Operand, b: F32Operand) -> F32:
         """``a / b``."""
+    @shapes(S.unary)
     def sqrt(self, a: F32Operand) -> F32:
         """IEEE square root."""
+    @shapes(S.unary)
     def neg(self, a: F32Operand) -> F32:
         """``-a`` (exact)."""
+    @shapes(S.unary)
     def abs(self, a: F32Operand) -> F32:
         """``|a|`` (exact)."""
+    @shapes(S.binary)
     def maximum(self, a: F32Operand, b: F32Operand) -> F32:
         """Total-order max (-0.0 < +0.0)."""
+    @shapes(S.binary)
     def minimum(self, a: F32Operand, b: F32Operand) -> F32:
         """Total-order min."""
 
     # ---- spec.transcendental
+    @shapes(S.transcendental)
     def exp(self, x: F32Operand) -> F32:
         """The spec's exp."""
+    @shapes(S.transcendental)
     def log(self, x: F32Operand) -> F32:
         """The spec's log."""
+    @shapes(S.transcendental)
     def sigmoid(self, x: F32Operand) -> F32:
         """``1 / (1 + exp(-x))``."""
+    @shapes(S.transcendental)
     def silu(self, x: F32Operand) -> F32:
         """``x * sigmoid(x)``."""
 
     # ---- spec.reduce
+    @shapes(S.lane_tree_sum)
     def lane_tree_sum(self, x: F32, axis: HostInt = -1) -> F32:
         """Lane-tree(32) sum along ``axis``."""
+    @shapes(S.matmul)
     def matmul(self, a: F32, b: F32) -> F32:
         """(..., M, K) x (..., K, N): ascending-k float32 contraction."""
+    @shapes(S.int8_matmul)
     def int8_matmul(self, a: Int8, b: Int8) -> Int32:
         """(..., M, K) x (..., K, N) int8 -> int32, exact."""
+    @shapes(S.max_)
     def max(self, x: F32, axis: HostInt = -1) -> F32:
         """Total-order max along ``axis``."""
+    @shapes(S.argmax)
     def argmax(self, x: F32, axis: HostInt = -1) -> Int64:
         """First index of the total-order max along ``axis``."""
 
     # ---- spec.philox
+    @shapes(S.philox4x32)
     def philox4x32(self, counter: UInt32, key: UInt32, rounds: HostInt = 10) -> UInt32:
         """Philox4x32-R: (..., 4), (..., 2) -> (..., 4)."""
 
     # ---- model ops
+    @shapes(S.concat_last)
     def concat_last(self, arrays: F32Sequence) -> F32:
         """Concatenate along the last axis (exact)."""
+    @shapes(S.column_sum)
     def column_sum(self, x: F32) -> F32:
         """(..., D) -> (D,): ascending over the leading rows."""
+    @shapes(S.embedding_forward)
     def embedding_forward(self, table: F32, ids: Ids) -> F32:
         """(V, D), (B, T) -> (B, T, D)."""
+    @shapes(S.embedding_backward)
     def embedding_backward(self, dout: F32, ids: Ids, vocab_size: HostInt) -> F32:
         """(B, T, D), (B, T) -> (V, D)."""
+    @shapes(S.rmsnorm_forward)
     def rmsnorm_forward(self, x: F32, gain: F32OrNone, eps: HostFloat) -> tuple[F32, F32]:
         """``(y, rstd)``."""
+    @shapes(S.rmsnorm_backward)
     def rmsnorm_backward(self, dy: F32, x: F32, gain: F32OrNone, rstd: F32) -> tuple[F32, F32OrNone]:
         """``(dx, dgain)``; dgain is None without a gain."""
+    @shapes(S.rope_forward)
     def rope_forward(self, x: F32, cos: F32, sin: F32) -> F32:
         """(..., T, Dh) rotated by the (T, Dh/2) tables."""
+    @shapes(S.rope_backward)
     def rope_backward(self, dy: F32, cos: F32, sin: F32) -> F32:
         """The transpose rotation."""
+    @shapes(S.attention_forward, S.attention_pairs)
     def attention_forward(self, q: F32, k: F32, v: F32, window: Window = None) -> tuple[F32, F32, F32]:
         """(B, H, T, Dh), (B, G, T, Dh), (B, G, T, Dh) -> ``(o, m, l)``."""
+    @shapes(S.attention_backward, S.attention_backward_pairs)
     def attention_backward(self, do: F32, q: F32, k: F32, v: F32, o: F32, m: F32, l: F32,
                            window: Window = None) -> tuple[F32, F32, F32]:
         """``(dq, dk, dv)``."""
+    @shapes(S.decode_attention, S.decode_pairs)
     def decode_attention(self, q: F32, k: F32, v: F32, n: HostInt, window: Window = None) -> F32:
         """(H, Dh), (G, C, Dh), (G, C, Dh), n -> o (H, Dh): the last query over cache positions 0 .. n-1."""
+    @shapes(S.swiglu_forward)
     def swiglu_forward(self, gu: F32) -> F32:
         """(..., 2F) -> (..., F)."""
+    @shapes(S.swiglu_backward)
     def swiglu_backward(self, dh: F32, gu: F32) -> F32:
         """(..., F), (..., 2F) -> (..., 2F)."""
+    @shapes(S.int8_linear_forward)
     def int8_linear_forward(self, x: F32, w: F32) -> F32:
         """W8A8: (..., K), (K, N) -> (..., N)."""
+    @shapes(S.int8_linear_backward)
     def int8_linear_backward(self, dy: F32, x: F32, w: F32, hadamard: Flag = True) -> tuple[F32, F32]:
         """``(dx, dw)``."""
+    @shapes(S.cross_entropy_forward)
     def cross_entropy_forward(self, logits: F32, targets: Ids, z_loss: HostFloat) -> tuple[F32Scalar, F32]:
         """(N, V), (N,) -> ``(loss_sum, lse)``."""
+    @shapes(S.cross_entropy_backward)
     def cross_entropy_backward(self, logits: F32, targets: Ids, lse: F32, z_loss: HostFloat,
                                inv_n: F32Scalar) -> F32:
         """(N, V) gradient of ``inv_n * loss_sum``."""
+    @shapes(S.sum_of_squares)
     def sum_of_squares(self, g: F32) -> F32Scalar:
         """Blocked lane-tree sum of ``g * g`` over the flattened tensor."""
+    @shapes(S.global_norm)
     def global_norm(self, sums_of_squares: F32ScalarSequence) -> F32Scalar:
         """``sqrt`` of the ascending sum of the per-tensor sums."""
+    @shapes(S.clip_coefficient)
     def clip_coefficient(self, norm: F32Scalar, max_norm: HostFloat = 1.0) -> F32Scalar:
         """``min(1, max_norm / (norm + 1e-6))``."""
+    @shapes(S.scale)
     def scale(self, g: F32, coef: F32Scalar) -> F32:
         """``g * coef``."""
+    @shapes(S.adamw_update)
     def adamw_update(self, p: F32, g: F32, m: F32, v: F32, lr: F32Scalar, beta1: F32Scalar, beta2: F32Scalar,
                      one_minus_beta1: F32Scalar, one_minus_beta2: F32Scalar, eps: F32Scalar,
                      weight_decay: F32Scalar, bc1: F32Scalar, bc2: F32Scalar) -> tuple[F32, F32, F32]:
         """One AdamW step: ``(p, m, v)``."""
 
     # ---- added after the first 42 (issue 26): a micro-batch's step in row chunks, the same bits
+    @shapes(S.matmul_accumulate)
     def matmul_accumulate(self, acc: F32, a: F32, b: F32) -> F32:
         """(M, N), (M, K), (K, N): ``matmul``'s ascending-k contraction continued from acc."""
+    @shapes(S.cross_entropy_rows)
     def cross_entropy_rows(self, logits: F32, targets: Ids, z_loss: HostFloat) -> tuple[F32, F32]:
         """(N, V), (N,) -> ``(losses, lse)``: per-token losses; their lane tree is ``cross_entropy_forward``'s sum."""
+
+    # ---- added with SPEC_VERSION 4 (issue 36): attention in the int8 recipe
+    def attention_forward_int8(self, q: F32, k: F32, v: F32, window: Window = None) -> tuple[F32, F32, F32]:
+        """``attention_forward`` with P.V an int8 contraction: ``(o, m, l)``."""
+    def attention_backward_int8(self, do: F32, q: F32, k: F32, v: F32, o: F32, m: F32, l: F32,
+                                window: Window = None) -> tuple[F32, F32, F32]:
+        """``(dq, dk, dv)`` of ``attention_forward_int8``; dq in 64-bit fixed point."""
 
 
 @dataclass(frozen=True)
@@ -271,13 +326,16 @@ class Param:
 
 @dataclass(frozen=True)
 class OpContract:
-    """One op of the contract: parameters in order, and the kinds it returns."""
+    """One op of the contract: parameters in order, the kinds it returns, and its shape rule
+    (``contract.shapes``: the result shapes from the arguments; ``pairs``: attention's scored pairs)."""
 
     name: str
     params: tuple[Param, ...]
     returns: tuple[Kind, ...]  # one entry for a single result, several for a tuple
     returns_tuple: bool
     summary: str
+    shapes: Any = None
+    pairs: Any = None
 
     def signature(self) -> inspect.Signature:
         """The signature every implementation has (names, order, defaults; no ``self``)."""
@@ -307,7 +365,8 @@ def _build_contract() -> dict[str, OpContract]:
             returns, is_tuple = tuple(_kind_of(h) for h in typing.get_args(ret)), True
         else:
             returns, is_tuple = (_kind_of(ret),), False
-        table[name] = OpContract(name, params, returns, is_tuple, (fn.__doc__ or "").strip())
+        table[name] = OpContract(name, params, returns, is_tuple, (fn.__doc__ or "").strip(),
+                                 getattr(fn, "__lockstep_shapes__", None), getattr(fn, "__lockstep_pairs__", None))
     return table
 
 
@@ -370,7 +429,7 @@ def value_problem(kind: Kind, value: Any) -> str | None:
         return None if value is None or (isinstance(value, int) and not isinstance(value, bool)) else f"expected int or None, got {type(value).__name__}"
     if kind is Kind.FLAG:
         return None if isinstance(value, bool) else f"expected a bool, got {type(value).__name__}"
-    if kind is Kind.F32_SCALAR and isinstance(value, float):
+    if kind in (Kind.F32_SCALAR, Kind.F32_OPERAND) and isinstance(value, float):
         return None
     if not isinstance(value, (np.ndarray, np.generic)):
         return f"expected a NumPy array, got {type(value).__name__}"
@@ -405,6 +464,47 @@ def result_problem(op: str, result: Any) -> str | None:
         if problem:
             return f"{op}: result {i}: {problem}"
     return None
+
+
+def check_call(op: str, args: tuple = (), kwargs: dict | None = None) -> tuple[Shape | None, ...]:
+    """The shapes of ``op``'s results for these host arguments, or the spec's exception for a call the
+    contract refuses: ``TypeError`` for an argument of the wrong kind or dtype (``value_problem``) or
+    arguments that do not bind, ``ValueError`` for shapes and ranges (the op's rule,
+    ``contract.shapes``: the spec's own checks, and no broadcast that enlarges every operand).
+
+    Reads shapes, dtypes and integers only (token ids included), never runs the op: a caller with
+    arguments from outside (an op file) checks them here before any backend runs, so the spec and
+    every backend see only calls of the contract.
+    """
+    c = CONTRACT[op]
+    try:
+        bound = c.signature().bind(*args, **(kwargs or {}))
+    except TypeError as exc:
+        raise TypeError(f"{op}: {exc}") from None
+    bound.apply_defaults()
+    for p in c.params:
+        problem = value_problem(p.kind, bound.arguments[p.name])
+        if problem:
+            raise TypeError(f"{op}: argument {p.name}: {problem}")
+    try:
+        return tuple(c.shapes(**bound.arguments))
+    except (ValueError, TypeError) as exc:
+        msg = str(exc)
+        if not msg.startswith(op):
+            exc.args = (f"{op}: {msg}",)
+        raise
+
+
+def call_size(op: str, args: tuple = (), kwargs: dict | None = None) -> int:
+    """The elements a call computes: its results' (``check_call``), and for attention every
+    (query, key) pair it scores. A Python integer (it never wraps); raises as ``check_call`` does."""
+    out = sum(elements(s) for s in check_call(op, args, kwargs))
+    c = CONTRACT[op]
+    if c.pairs is not None:
+        bound = c.signature().bind(*args, **(kwargs or {}))
+        bound.apply_defaults()
+        out += c.pairs(**bound.arguments)
+    return out
 
 
 def move_arguments(op: str, args: tuple, kwargs: dict, asarray) -> tuple[tuple, dict]:

@@ -35,6 +35,7 @@ from typing import Any
 
 import numpy as np
 
+from lockstep.errors import LockstepError
 from lockstep.fsio import FileFormatError, UnsafePath, atomic_write_bytes, atomic_writer, fsync_dir, json_bytes, open_regular, parse_json, read_regular, safe_join
 from lockstep.fsio.safetensors import parse_safetensors, safetensors_header, write_safetensors_to
 from lockstep.spec.hashing import state_root_from_digests, tensor_digests
@@ -54,7 +55,7 @@ MAX_HEADER_BYTES = 1 << 20  # a checkpoint's safetensors header: about 110 bytes
 _HEX64 = re.compile(r"[0-9a-f]{64}")
 
 
-class CheckpointError(RuntimeError):
+class CheckpointError(LockstepError, RuntimeError):
     """A checkpoint is missing, incomplete, corrupt or inconsistent."""
 
 
@@ -204,35 +205,6 @@ def state_bytes_bound(cfg) -> int:
 
     params = sum(math.prod(s.shape) for s in param_specs(cfg))
     return 8 + MAX_HEADER_BYTES + 3 * 4 * params + 8
-
-
-def state_layout_problem(tensors: Mapping[str, np.ndarray], cfg) -> tuple[str, str] | None:
-    """``(tensor, why)`` for the first tensor of a checkpoint that is not the recipe's training state; else None.
-
-    The state of model ``cfg`` is exactly ``param/NAME``, ``adam_m/NAME`` and
-    ``adam_v/NAME`` for each parameter of ``model.param_specs(cfg)``, float32 of the
-    parameter's shape, and ``step``, one int64. Checked after the digests (which only
-    say the file is what its sidecar claims) and before any tensor is used, so a
-    re-forged checkpoint with consistent digests but another layout is refused by name.
-    """
-    from .params import param_specs
-
-    want = {"step": ((1,), np.dtype(np.int64))}
-    for spec in param_specs(cfg):
-        for prefix in ("param/", "adam_m/", "adam_v/"):
-            want[prefix + spec.name] = (tuple(spec.shape), np.dtype(np.float32))
-    missing = [n for n in want if n not in tensors]
-    if missing:
-        return missing[0], (f"missing ({len(missing)} tensor(s) of the recipe's model are not in the checkpoint)")
-    extra = sorted(n for n in tensors if n not in want)
-    if extra:
-        return extra[0], f"not a tensor of the recipe's model ({len(extra)} such)"
-    for name, (shape, dtype) in want.items():
-        t = tensors[name]
-        if tuple(t.shape) != shape or t.dtype != dtype:
-            return name, (f"{t.dtype}{list(t.shape)} where the recipe's model has {dtype}{list(shape)}; the checkpoint "
-                          "is not a state of this recipe (re-forged, or from another run)")
-    return None
 
 
 def stream_state_problem(sidecar: Mapping[str, Any], stream, tcfg, step: int) -> str | None:

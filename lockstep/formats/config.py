@@ -7,7 +7,20 @@ unknown keys, so a typo in a recipe is an error, not a silent default.
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+
+from lockstep.errors import LockstepError
+
+
+class ConfigError(LockstepError, ValueError):
+    """A model or train setting that lockstep cannot train with (an unknown key or preset, a value out of range)."""
+
+
+def _refuse_unknown_keys(cls, d: dict, what: str) -> None:
+    """``ValueError`` naming the keys of ``d`` that are not fields of the config dataclass ``cls``."""
+    unknown = sorted(set(d) - {f.name for f in dataclasses.fields(cls)})
+    if unknown:
+        raise ConfigError(f"unknown {what} config key(s): {', '.join(unknown)}")
 
 
 @dataclass(frozen=True)
@@ -32,12 +45,12 @@ class ModelConfig:
 
     def __post_init__(self):
         if self.n_heads % self.n_kv_heads:
-            raise ValueError(f"n_heads ({self.n_heads}) must be a multiple of n_kv_heads ({self.n_kv_heads})")
+            raise ConfigError(f"n_heads ({self.n_heads}) must be a multiple of n_kv_heads ({self.n_kv_heads})")
         if self.head_dim % 2:
-            raise ValueError(f"head_dim must be even for RoPE, got {self.head_dim}")
+            raise ConfigError(f"head_dim must be even for RoPE, got {self.head_dim}")
         for k in ("vocab_size", "d_model", "n_layers", "n_heads", "n_kv_heads", "head_dim", "ffn_dim", "seq_len"):
             if int(getattr(self, k)) <= 0:
-                raise ValueError(f"{k} must be positive, got {getattr(self, k)}")
+                raise ConfigError(f"{k} must be positive, got {getattr(self, k)}")
 
     def is_full_attention(self, layer: int) -> bool:
         """Layer ``layer`` (0-based) is fully causal if it is every 5th or the last."""
@@ -51,10 +64,7 @@ class ModelConfig:
 
     @classmethod
     def from_dict(cls, d: dict) -> "ModelConfig":
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(d) - known)
-        if unknown:
-            raise ValueError(f"unknown model config key(s): {', '.join(unknown)}")
+        _refuse_unknown_keys(cls, d, "model")
         return cls(**d)
 
 
@@ -82,10 +92,7 @@ class TrainConfig:
 
     @classmethod
     def from_dict(cls, d: dict) -> "TrainConfig":
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(d) - known)
-        if unknown:
-            raise ValueError(f"unknown train config key(s): {', '.join(unknown)}")
+        _refuse_unknown_keys(cls, d, "train")
         d = dict(d)
         if "batch_ramp" in d:
             d["batch_ramp"] = tuple(tuple(int(v) for v in x) for x in d["batch_ramp"])
@@ -109,7 +116,12 @@ PRESETS: dict[str, ModelConfig] = {
     # 2 sequences near 20 s on two cores; nearly all parameters are in the blocks, as at scale.
     "medium": ModelConfig(name="medium", vocab_size=264, d_model=1024, n_layers=9, n_heads=8, n_kv_heads=2,
                           head_dim=128, ffn_dim=2816, seq_len=1024, sliding_window=128),
-    # The paper: 24 layers, d_model 2048, 16 query heads over 4 KV heads of 128, FFN 5632.
+    # From the paper: 24 layers, d_model 2048, 16 query heads over 4 KV heads of 128, FFN 5632,
+    # sequences of 4,096 tokens, windows of 512 with every 5th and the last layer fully causal,
+    # RoPE theta 500,000, z-loss 1e-4 (the field defaults), int8 W8A8 with the Hadamard backward.
+    # lockstep's own: the vocabulary (128,256 ids, a BPE data folder of that size; with it the
+    # parameter count is the paper's 1,607,569,408), init_std 0.02 with the output projections at
+    # 0.02 / sqrt(48) (``params.param_specs``) and norm_eps 1e-6 (the field defaults).
     "open-1b": ModelConfig(name="open-1b", vocab_size=128_256, d_model=2048, n_layers=24, n_heads=16,
                            n_kv_heads=4, head_dim=128, ffn_dim=5632, seq_len=4096, sliding_window=512),
 }
@@ -125,21 +137,41 @@ TRAIN_PRESETS: dict[str, TrainConfig] = {
     # ranks have work); a learning rate between small's and Open-1B's; a cosine over 100M tokens.
     "medium": TrainConfig(peak_lr=1e-3, warmup_tokens=1_048_576, total_tokens=104_857_600,
                           batch_ramp=((0, 16),), micro_batch=2),
-    # Open-1B: 3.1M tokens per step (768 x 4096), 4.7M from 4B tokens, 9.4M from 360B.
-    "open-1b": TrainConfig(peak_lr=4e-4, warmup_tokens=2_000_000_000, total_tokens=4_000_000_000_000,
+    # Open-1B. From the paper: peak learning rate 4.5e-4; a linear warm-up over 667 steps of 768
+    # sequences of 4,096 tokens (3,145,728 tokens a step), i.e. warmup_tokens = 667 * 3,145,728 =
+    # 2,098,200,576 (the paper's "about 2.1B"): step t uses the learning rate at the tokens
+    # consumed once it is done (``schedule.learning_rate``), so step 1 trains at peak / 667 and
+    # step 667 at the peak; one cosine to 10% of the peak at its 400B-token budget (a 400B-token
+    # run, ``--tokens 400000000000``, is 80,957 steps on this ramp); AdamW (0.9, 0.95, 1e-8),
+    # weight decay 0.1 and clipping at 1.0 (the field defaults); micro-batches of 4 sequences;
+    # a checkpoint every 100 steps (``CHECKPOINT_EVERY``). lockstep's own: the batch ramp's later
+    # stages, 4.7M tokens a step (1,152 sequences) from 4B tokens and 9.4M (2,304) from 360B.
+    "open-1b": TrainConfig(peak_lr=4.5e-4, warmup_tokens=667 * 768 * 4096, total_tokens=400_000_000_000,
                            batch_ramp=((0, 768), (4_000_000_000, 1152), (360_000_000_000, 2304)),
                            micro_batch=4),
 }
+
+# Steps between checkpoints when none is given (``lockstep train --checkpoint-every``), by the
+# model's name (a preset's, in a run's recipe): the paper's 100 for open-1b, else 50. Checkpoints
+# change no published bit; they are where an audit can start a replay.
+DEFAULT_CHECKPOINT_EVERY = 50
+CHECKPOINT_EVERY: dict[str, int] = {"open-1b": 100}
 
 
 def preset(name: str, **overrides) -> ModelConfig:
     """The named model preset (tiny, small, medium, open-1b), with optional field overrides."""
     if name not in PRESETS:
-        raise ValueError(f"unknown preset {name!r}; choose one of {', '.join(PRESETS)}")
+        raise ConfigError(f"unknown preset {name!r}; choose one of {', '.join(PRESETS)}")
     return dataclasses.replace(PRESETS[name], **overrides) if overrides else PRESETS[name]
 
 
 def train_preset(name: str, **overrides) -> TrainConfig:
+    """The named train preset (tiny, small, medium, open-1b), with optional field overrides."""
     if name not in TRAIN_PRESETS:
-        raise ValueError(f"unknown preset {name!r}; choose one of {', '.join(TRAIN_PRESETS)}")
+        raise ConfigError(f"unknown preset {name!r}; choose one of {', '.join(TRAIN_PRESETS)}")
     return dataclasses.replace(TRAIN_PRESETS[name], **overrides) if overrides else TRAIN_PRESETS[name]
+
+
+def checkpoint_every(name: str) -> int:
+    """The default checkpoint interval in steps for a model named ``name`` (``CHECKPOINT_EVERY``)."""
+    return CHECKPOINT_EVERY.get(name, DEFAULT_CHECKPOINT_EVERY)

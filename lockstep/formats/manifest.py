@@ -67,6 +67,7 @@ from pathlib import Path, PurePosixPath
 
 import numpy as np
 
+from lockstep.errors import LockstepError
 from lockstep.fsio import FileFormatError, UnsafePath, open_regular, parse_json, read_regular, safe_join
 
 from .tokenizer import ByteTokenizer, HFTokenizer, tokenizer_from_identity
@@ -87,7 +88,7 @@ MIX_TOTAL_LIMIT = 2**32  # W < 2**32 keeps u * W inside 64-bit halves (see strea
 SOURCE_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")  # also a folder name
 
 
-class DataError(ValueError):
+class DataError(LockstepError, ValueError):
     """Bad data input; the message names the file and says what to do."""
 
 

@@ -97,7 +97,54 @@ def genesis_recipe(recipe: dict) -> dict:
     every model and train setting written out in full (defaults filled in, an integer given
     for a float setting as the float, a ``FLOAT32_SETTINGS`` value as its float32). Recipes
     that differ only in how they spell the same settings, or in fields that change no bit,
-    have the same genesis fields, so no such edit can give a run another ``H_0``."""
+    have the same genesis fields, so no such edit can give a run another ``H_0``.
+
+    The result is ``{"format": "lockstep.recipe", "version": 1, "model": {...}, "train":
+    {...}, "data": {"manifest_sha256": HEX}, "seed": S, "micro_batch": B, "spec_version":
+    V}`` (``micro_batch`` equals ``train.micro_batch``; ``load_recipe`` refuses a recipe
+    where they differ), hashed as ``fsio.json_bytes``. Every field of ``model``
+    (``ModelConfig``) and ``train`` (``TrainConfig``), its type, its default as
+    ``recipe.json`` spells it and that default as the genesis fields spell it::
+
+        field                       type               default    in the genesis fields
+        model.name                  str                "custom"   left out
+        model.vocab_size            int                264        264
+        model.d_model               int                256        256
+        model.n_layers              int                4          4
+        model.n_heads               int                4          4
+        model.n_kv_heads            int                2          2
+        model.head_dim              int                64         64
+        model.ffn_dim               int                688        688
+        model.seq_len               int                256        256
+        model.sliding_window        int                128        128
+        model.full_attention_every  int                5          5
+        model.rope_theta            float              500000.0   500000.0
+        model.norm_eps              float32            1e-06      9.999999974752427e-07
+        model.z_loss                float32            0.0001     9.999999747378752e-05
+        model.init_std              float              0.02       0.02
+        model.quantize              bool               true       true
+        model.hadamard              bool               true       true
+        train.peak_lr               float              0.003      0.003
+        train.min_lr_ratio          float              0.1        0.1
+        train.warmup_tokens         int                65536      65536
+        train.total_tokens          int                8388608    8388608
+        train.beta1                 float              0.9        0.9
+        train.beta2                 float              0.95       0.95
+        train.eps                   float32            1e-08      9.99999993922529e-09
+        train.weight_decay          float32            0.1        0.10000000149011612
+        train.grad_clip             float32            1.0        1.0
+        train.batch_ramp            [[int, int], ...]  [[0, 16]]  [[0, 16]]
+        train.micro_batch           int                8          8
+
+    Types (``recipe_value_problems`` checks them): ``int`` a JSON integer from 1 to its
+    ``RECIPE_INT_LIMITS`` entry (2**62 where it has none); ``float`` a finite JSON number
+    of magnitude at most ``MAX_FLOAT_MAGNITUDE``, written as the float64 it reads as
+    (``2`` becomes ``2.0``); ``float32`` the same, written as the
+    float64 of the float32 it rounds to (``fp.f32``: to nearest even, a subnormal to a
+    zero of its sign); ``bool`` ``true``/``false``; ``batch_ramp`` pairs ``[from_tokens,
+    sequences]``, the first from 0. docs/formats.md has the same table
+    (tests/test_spec_text.py checks both against the dataclasses).
+    """
     model = _settings(recipe["model"], ModelConfig, "model")
     del model["name"]
     return {

@@ -2,7 +2,9 @@
 
 This module holds the names, the errors and the data, target and metrics files; the
 recipe and ``H_0`` are ``lockstep.formats.recipe``, the trajectory, its chain and the
-commitment ``lockstep.formats.trajectory``.
+commitment ``lockstep.formats.trajectory``. A consumer does not combine them itself: it
+opens the run once with ``lockstep.formats.run.Run.open``, which reads each file through
+its one reader and holds the one checkpoint rule.
 
 Run directory::
 
@@ -62,6 +64,7 @@ import os
 import re
 from pathlib import Path
 
+from lockstep.errors import LockstepError
 from lockstep.fsio import (FileFormatError, UnsafePath, atomic_write_json, iter_lines, open_regular, read_json,
                            read_json_regular, safe_join)
 
@@ -96,7 +99,7 @@ RECORD_FLOAT_KEYS = ("lr", "loss", "grad_norm")
 MAX_TOKENS = 2**64 - 1  # the chain hashes a record's token count as 8 bytes
 
 
-class RunFileError(ValueError):
+class RunFileError(LockstepError, ValueError):
     """A file of the run cannot be used; the message names it and says what to do."""
 
 
@@ -126,25 +129,6 @@ def _read_run_json(run_dir: Path, name: str, what: str, max_bytes: int, missing:
         raise RunFileError(f"{run_dir / name}: {missing}") from None
     except (FileFormatError, UnsafePath, OSError) as exc:
         raise RunFileError(f"{exc}{damaged_hint}") from None
-
-def checkpoints_beyond(run_dir: str | os.PathLike, last_step: int) -> list[int]:
-    """Steps after ``last_step`` (the trajectory's last) with a ``step-NNNNNNNN`` folder, complete or not.
-
-    No chain link covers what such a checkpoint holds (the trainer appends a step's
-    record before it saves the step's checkpoint), so a run with one is invalid for
-    ``audit verify`` and ``audit replay`` (and so for the certificates merge counts),
-    and ``lockstep sample|eval|export`` never use one. Raises ``UnsafePath`` when
-    ``checkpoints/`` is a symlink.
-    """
-    from . import checkpoint as ckpt
-
-    steps = {s for s, _ in ckpt.list_checkpoints(run_dir)}
-    steps |= {ckpt.step_of_dirname(p.name) for p, _ in ckpt.incomplete_checkpoints(run_dir)} - {None}
-    return sorted(s for s in steps if s > last_step)
-
-
-# ---------------------------------------------------------------- data
-
 
 def run_data_folder(run_dir: str | os.PathLike, recipe: dict, override: str | os.PathLike | None = None) -> Path:
     """The data folder (or manifest file) to open: ``override`` (``--data DIR``), else the recipe's.

@@ -13,7 +13,7 @@ import numpy as np
 
 from lockstep.spec import hostmath, tree
 
-from .config import TrainConfig
+from .config import ConfigError, TrainConfig
 
 PI = 3.141592653589793  # float64 nearest to pi (0x400921FB54442D18)
 
@@ -49,7 +49,7 @@ def sequences_per_step(tcfg: TrainConfig, tokens: int) -> int:
         if tokens >= int(start):
             size = int(seqs)
     if size is None or size <= 0:
-        raise ValueError(f"batch ramp {tcfg.batch_ramp!r} gives no batch at {tokens} tokens (it must start at 0)")
+        raise ConfigError(f"batch ramp {tcfg.batch_ramp!r} gives no batch at {tokens} tokens (it must start at 0)")
     return size
 
 

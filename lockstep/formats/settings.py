@@ -21,6 +21,7 @@ import math
 import os
 from typing import Any, Iterable
 
+from lockstep.errors import LockstepError
 from lockstep.fsio import FileFormatError, read_json
 
 from .config import PRESETS, TRAIN_PRESETS, ModelConfig, TrainConfig
@@ -30,7 +31,7 @@ MAX_CONFIG_BYTES = 1 << 20
 SECTIONS = {"model": ModelConfig, "train": TrainConfig}
 
 
-class SettingsError(ValueError):
+class SettingsError(LockstepError, ValueError):
     """A config file or ``--set`` mistake (one line, naming the key)."""
 
 

@@ -34,8 +34,14 @@ Sources ``s = 0 .. S-1`` in manifest order, with reduced units ``w_s``, cumulati
 4. Documents are joined in stream order, each followed by the tokenizer's ``eod_id``,
    into one flat buffer ``B``. Window ``m`` is ``B[m*(L+1) : (m+1)*(L+1)]`` with
    ``L = seq_len``: consecutive, non-overlapping, cut from the front.
-5. Ranks. Rank ``r`` of ``R`` takes the windows ``m`` with ``m % R == r``; nothing in
-   steps 1-4 depends on ``R``.
+5. Steps and ranks. Training step ``t`` takes the consecutive windows
+   ``first_window .. first_window + n_windows - 1`` of ``schedule.plan_step(tcfg,
+   seq_len, t)`` (the batch ramp decides ``n_windows``), cut into micro-batches of
+   ``micro_batch`` windows in order (``spec.tree.micro_batch_bounds``; the last may be
+   shorter). Every rank reads all of the step's windows (the batch digest covers the
+   whole step) and computes the contiguous range of micro-batches that
+   ``train.collectives.rank_micro_batches`` gives it. Nothing in steps 1-4 depends on
+   ``R``.
 
 Resume record (``GlobalStream.state_at(m)``, plain JSON)::
 

@@ -28,6 +28,7 @@ from pathlib import Path
 
 import numpy as np
 
+from lockstep.errors import LockstepError
 from lockstep.fsio import read_named_file, read_regular
 
 BYTE_VOCAB = 256  # one id per byte value
@@ -38,7 +39,7 @@ HF_TOKENIZER_FILE = "tokenizer.json"  # the name the copy gets in a data folder
 MAX_TOKENIZER_BYTES = 256 << 20  # the largest published tokenizer.json files are tens of MB
 
 
-class TokenizerError(ValueError):
+class TokenizerError(LockstepError, ValueError):
     """A tokenizer that cannot be used; the message says which file and what to do."""
 
 

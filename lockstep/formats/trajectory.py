@@ -11,6 +11,7 @@ import enum
 import json
 import math
 import os
+import re
 import struct
 from pathlib import Path
 from typing import Any
@@ -21,10 +22,11 @@ from lockstep.fsio import (FileFormatError, UnsafePath, append_line, atomic_writ
                            iter_lines, open_regular, parse_json)
 from lockstep.spec import SPEC_VERSION, hashing
 
+from .checkpoint import MAX_STEP
 from .recipe import genesis, recipe_digest
 from .rundir import (BITS_RE, COMMITMENT_FILE, COMMITMENT_FORMAT, HEX64, MAX_COMMITMENT_BYTES, MAX_RECORD_BYTES,
                      MAX_TOKENS, MAX_TRAJECTORY_BYTES, RECORD_FLOAT_KEYS, RECORD_HEX_KEYS, TRAJECTORY_FILE, RunFileError,
-                     _read_run_json)
+                     _read_run_json, _shown)
 
 
 # ---------------------------------------------------------------- trajectory
@@ -116,7 +118,7 @@ def _check_record(rec: Any, lineno: int, path: Path) -> None:
         v = rec.get(key)
         if isinstance(v, bool) or not isinstance(v, (int, float)):
             raise RunFileError(f"{where} (step {step}): {key!r} must be a number")
-        bits = rec.get(f"{key}_bits")  # the chain binds these bits (SPEC_VERSION 2): required
+        bits = rec.get(f"{key}_bits")  # the chain binds these bits: required
         if not (isinstance(bits, str) and BITS_RE.fullmatch(bits)):
             raise RunFileError(f"{where} (step {step}): '{key}_bits' must look like 0x3F800000, got {bits!r}")
         value = bits_value(bits)
@@ -179,39 +181,81 @@ def read_trajectory(run_dir: str | os.PathLike, strictness: Strictness) -> list[
 
 
 
-def first_broken_link(recipe: dict, records: list[dict]) -> int | None:
-    """The first step whose ``chain_hash`` is not ``H_t`` recomputed from ``H_0`` and the records; None if none."""
-    h = genesis(recipe)
-    for rec in records:
-        if hashing.record_chain_hash(h, rec) != rec["chain_hash"]:
-            return rec["step"]
-        h = rec["chain_hash"]
-    return None
-
-
 # ---------------------------------------------------------------- commitment
+
+
+# The keys a commitment holds, every one always written; ``read_commitment`` refuses any other and any missing.
+COMMITMENT_KEYS = frozenset({"format", "version", "last_step", "chain_hash", "genesis", "recipe_sha256",
+                             "spec_version"})
+COMMITMENT_VERSION = 1
+SPEC_VERSION_RE = re.compile(r"[1-9][0-9]{0,8}")  # the form SPEC_VERSION takes: "1", "2", "3" ...
 
 
 def write_commitment(run_dir: str | os.PathLike, recipe: dict, last_step: int, chain_hash: str) -> None:
     """``commitment.json``: the run's last step and chain hash ``H_last``, its genesis and recipe digest (atomic)."""
     atomic_write_json(Path(run_dir) / COMMITMENT_FILE, {
-        "format": COMMITMENT_FORMAT, "version": 1, "last_step": int(last_step), "chain_hash": chain_hash,
-        "genesis": genesis(recipe), "recipe_sha256": recipe_digest(recipe), "spec_version": SPEC_VERSION,
+        "format": COMMITMENT_FORMAT, "version": COMMITMENT_VERSION, "last_step": int(last_step),
+        "chain_hash": chain_hash, "genesis": genesis(recipe), "recipe_sha256": recipe_digest(recipe),
+        "spec_version": SPEC_VERSION,
     })
 
 
+def _quoted(v: Any) -> str:
+    """A value from a file for a message: one short line (numbers shortened, strings escaped)."""
+    return _short_number(v) if type(v) in (int, float) else _shown(v)[:80]
+
+
 def read_commitment(run_dir: str | os.PathLike) -> dict:
-    """``commitment.json`` (strict JSON, checked shape); ``RunFileError`` otherwise."""
+    """``commitment.json``, as strictly as the recipe: strict JSON, exactly ``COMMITMENT_KEYS`` (no other,
+    none missing), ``version`` the integer ``COMMITMENT_VERSION``, ``last_step`` an integer from 1 to
+    2**63 - 1, ``chain_hash``, ``genesis`` and ``recipe_sha256`` 64 lowercase hex digits, ``spec_version``
+    a SPEC_VERSION's decimal string (whether it is the recipe's is ``audit verify``'s check, which has the
+    recipe); ``RunFileError`` naming the key otherwise."""
     run_dir = Path(run_dir)
     path = run_dir / COMMITMENT_FILE
     c = _read_run_json(run_dir, COMMITMENT_FILE, "commitment", MAX_COMMITMENT_BYTES,
                        "missing; the run did not finish, or its commitment was not published")
     if not isinstance(c, dict) or c.get("format") != COMMITMENT_FORMAT:
         raise RunFileError(f"{path}: not a lockstep commitment (format {COMMITMENT_FORMAT!r})")
-    if not (isinstance(c.get("chain_hash"), str) and HEX64.fullmatch(c["chain_hash"])):
-        raise RunFileError(f"{path}: 'chain_hash' must be 64 lowercase hex digits")
-    if type(c.get("last_step")) is not int:
-        raise RunFileError(f"{path}: 'last_step' must be an integer")
+    extra = sorted(set(c) - COMMITMENT_KEYS)
+    if extra:
+        raise RunFileError(f"{path}: unknown key(s) {', '.join(map(_shown, extra[:5]))}; a commitment holds only "
+                           f"{', '.join(sorted(COMMITMENT_KEYS))}")
+    missing = sorted(COMMITMENT_KEYS - set(c))
+    if missing:
+        raise RunFileError(f"{path}: key(s) {', '.join(map(repr, missing))} missing; every lockstep commitment "
+                           "has them: the file was edited")
+    if type(c["version"]) is not int or c["version"] != COMMITMENT_VERSION:
+        raise RunFileError(f"{path}: version must be the integer {COMMITMENT_VERSION}, got {_quoted(c['version'])}")
+    if type(c["last_step"]) is not int or not 1 <= c["last_step"] <= MAX_STEP:
+        raise RunFileError(f"{path}: 'last_step' must be an integer from 1 to 2**63 - 1, got "
+                           f"{_quoted(c['last_step'])}")
+    for key in ("chain_hash", "genesis", "recipe_sha256"):
+        if not (isinstance(c[key], str) and HEX64.fullmatch(c[key])):
+            raise RunFileError(f"{path}: {key!r} must be 64 lowercase hex digits, got {_quoted(c[key])}")
+    if not (isinstance(c["spec_version"], str) and SPEC_VERSION_RE.fullmatch(c["spec_version"])):
+        raise RunFileError(f"{path}: 'spec_version' must be a SPEC_VERSION (a decimal number in a string, as "
+                           f"{SPEC_VERSION!r}), got {_quoted(c['spec_version'])}")
     return c
 
 
+def commitment_problems(c: dict, records: list[dict], recipe: dict | None) -> list[str]:
+    """What in the commitment ``c`` (as ``read_commitment`` returns it) is not the run's: its chain hash and
+    last step against the trajectory's last record, and (given the recipe) its genesis, recipe digest and
+    SPEC_VERSION against the recipe's. Empty for a commitment the trainer wrote for this run."""
+    problems = []
+    last = records[-1]["chain_hash"] if records else None
+    if c["chain_hash"] != last:
+        problems.append(f"chain_hash {c['chain_hash']} is not the trajectory's last chain hash {last}")
+    if c["last_step"] != len(records):
+        problems.append(f"last_step {c['last_step']} but the trajectory has {len(records)} steps")
+    if recipe is None:
+        return problems
+    if c["genesis"] != genesis(recipe):
+        problems.append(f"genesis {c['genesis']} is not H_0 of the recipe {genesis(recipe)}")
+    if c["recipe_sha256"] != recipe_digest(recipe):
+        problems.append(f"recipe_sha256 {c['recipe_sha256']} is not the recipe's {recipe_digest(recipe)}")
+    if c["spec_version"] != recipe["spec_version"]:
+        problems.append(f"made with SPEC_VERSION {c['spec_version']!r}, but the recipe says "
+                        f"{_shown(recipe['spec_version'])}; the trainer writes the recipe's: the file was edited")
+    return problems

@@ -37,9 +37,11 @@ from decimal import Decimal
 from pathlib import Path
 from typing import IO, Any
 
+from lockstep.errors import LockstepError
+
 
 MAX_JSON_BYTES = 64 << 20  # a run's JSON files are small; refuse to parse anything huge
-class UnsafePath(ValueError):
+class UnsafePath(LockstepError, ValueError):
     """A path from untrusted input would leave its root directory."""
 
 
@@ -47,7 +49,7 @@ class NotRegularFile(UnsafePath):
     """A path names a symlink, a FIFO, a device or a folder where a regular file must be."""
 
 
-class FileFormatError(ValueError):
+class FileFormatError(LockstepError, ValueError):
     """A file is malformed; the message names the file and the problem."""
 
 
@@ -131,7 +133,33 @@ def atomic_write_text(path: str | os.PathLike, text: str) -> None:
 
 
 def json_bytes(obj: Any) -> bytes:
-    """The canonical JSON of lockstep files: sorted keys, 2-space indent, no NaN, final newline."""
+    r"""The canonical JSON of lockstep files, as UTF-8 bytes (the bytes the digests hash).
+
+    Python's ``json.dumps(obj, indent=2, sort_keys=True, allow_nan=False,
+    ensure_ascii=False)`` plus ``"\n"``, encoded as UTF-8:
+
+    * layout: each element of a non-empty object or array on its own line, indented 2
+      spaces a level; separators ``","`` at the end of a line (no trailing space) and
+      ``": "`` between a key and its value; empty ``{}`` and ``[]`` on one line; one
+      final ``\n``.
+    * keys sorted by code point (Python's ``str`` order, the same as UTF-8 byte order);
+      int keys are written as strings, and mixing int and str keys is a TypeError.
+    * strings: non-ASCII characters are *not* escaped (written as UTF-8, U+2028 too);
+      ``"`` and ``\`` are escaped, and the control characters U+0000..U+001F as
+      ``\n \r \t \b \f`` or ``\u00XX`` (lowercase hex). A lone surrogate cannot be
+      encoded: UnicodeEncodeError.
+    * numbers: an ``int`` in decimal; a ``float`` as Python's ``repr`` (the shortest
+      decimal that reads back to the same float64: ``2.0``, ``0.1``, ``1e-08``,
+      ``1e+16``, ``-0.0``), so a float and an equal int differ (``2.0`` vs ``2``); NaN
+      and +-inf are refused (ValueError). NumPy integer, bool and float32 scalars are
+      refused (TypeError; a ``numpy.float64`` is a ``float`` and is written as one):
+      callers convert to ``int``/``float`` first.
+    * ``true``, ``false``, ``null``; a tuple is written as an array.
+
+    A float32 setting (``recipe.FLOAT32_SETTINGS``) is written by ``genesis_recipe`` as
+    the float64 of the float32 the ops read, so its ``repr``: ``norm_eps`` 1e-6 is
+    ``9.999999974752427e-07``, ``eps`` 1e-8 is ``9.99999993922529e-09``.
+    """
     return (json.dumps(obj, indent=2, sort_keys=True, allow_nan=False, ensure_ascii=False) + "\n").encode("utf-8")
 
 

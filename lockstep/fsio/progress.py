@@ -14,6 +14,8 @@ import sys
 import time
 from typing import Callable
 
+from lockstep.fsio import printable
+
 
 def duration(seconds: float) -> str:
     """``42s``, ``3m05s``, ``2h07m``."""
@@ -34,7 +36,8 @@ def amount(n: float) -> str:
 
 
 def to_stderr(line: str) -> None:
-    print(line, file=sys.stderr, flush=True)
+    """The default writer: the line on stderr, escaped (``fsio.printable``), as every lockstep line is."""
+    print(printable(line), file=sys.stderr, flush=True)
 
 
 class PhaseProgress:

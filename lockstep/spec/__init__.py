@@ -19,7 +19,8 @@ from .fp import abs, add, div, f32, maximum, minimum, mul, neg, sqrt, sub
 from .philox import PhiloxStream, philox4x32
 from .reduce import argmax, column_sum, int8_matmul, lane_tree_sum, matmul, matmul_accumulate, max
 from .transcendental import exp, log, sigmoid, silu
-from .attention import attention_backward, attention_forward, decode_attention
+from .attention import (attention_backward, attention_backward_int8, attention_forward, attention_forward_int8,
+                        decode_attention)
 from .embedding import embedding_backward, embedding_forward
 from .layout import concat_last
 from .loss import cross_entropy_backward, cross_entropy_forward, cross_entropy_rows
@@ -35,7 +36,9 @@ from .swiglu import swiglu_backward, swiglu_forward
 # 2: the chain link H_t binds the tokens and the bits of loss, grad norm and lr.
 # 3: a 0-d tensor hashes with ndim 0 (it hashed as shape (1,)); H_0 binds the recipe's
 #    genesis fields (no lockstep_version, model.name, data.folder; settings in full).
-SPEC_VERSION = "3"
+# 4: the int8 recipe (``quantize``) computes attention's P.V as an int8 contraction and its dQ
+#    in 64-bit fixed point (``attention_forward_int8``, ``attention_backward_int8``).
+SPEC_VERSION = "4"
 
 # The op table: every backend implements these names, in this order, with the signatures
 # that the backend contract (``lockstep.contract``, the layer above the spec) types;
@@ -54,8 +57,10 @@ OPS: tuple[str, ...] = (
     "cross_entropy_forward", "cross_entropy_backward",
     # the optimizer (optim)
     "sum_of_squares", "global_norm", "clip_coefficient", "scale", "adamw_update",
-    # added after the first 42 (issue 26): a step's memory in row chunks, the same bits
+    # a step's memory in row chunks (the same bits as the whole-tensor ops)
     "matmul_accumulate", "cross_entropy_rows",
+    # added with SPEC_VERSION 4 (issue 36): attention in the int8 recipe
+    "attention_forward_int8", "attention_backward_int8",
 )
 
 __all__ = ["SPEC_VERSION", "OPS", "PhiloxStream", "f32", *OPS]

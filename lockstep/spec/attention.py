@@ -35,7 +35,8 @@ from . import fp
 from .checks import check_attention_shapes  # noqa: F401 - re-exported: the shared input check
 from .checks import check_decode_attention
 from .layout import concat_last
-from .reduce import LANES, lane_tree_sum, matmul
+from .quant import QMAX, _nonzero_scale, quantize
+from .reduce import LANES, int8_matmul, lane_tree_sum, matmul
 from .reduce import max as row_max
 from .transcendental import exp
 
@@ -164,6 +165,210 @@ def attention_backward(do, q, k, v, o, m, l, window: int | None = None):
     dq = _allowed_contract(ds, _expand_kv(k, h), allowed)
     dk = _group_sum_contract(ds, q, g, allowed)
     dv = _group_sum_contract(p, do, g, allowed)
+    return dq, dk, dv
+
+
+# ---------------------------------------------------------------- the int8 recipe: int8 P.V, fixed-point dQ
+
+P_SCALE = fp.div(np.float32(1.0), QMAX)[()]  # probabilities lie in [0, 1]: 127 codes, q = rint(p / (1/127))
+DQ_BITS = 62  # every fixed-point sum of dq stays below 2**62 in magnitude (int64 holds 2**63 - 1)
+DQ_MIN_GRID = -252  # the finest grid used: 2**-252 is below the smallest product of two normal float32
+
+
+def value_scale(v) -> np.ndarray:
+    """Per (batch, KV head, channel): ``max_j |v[b, g, j, d]| / 127`` over all T positions (exact
+    max), then a scale that is 0 after the flush becomes 1 (``quant._nonzero_scale``). (B, G, T, Dh)
+    -> (B, G, Dh).
+
+    Why per channel of each head: the scale must be the same for every term of one output's sum,
+    so that the sum is one exact int32 contraction followed by one rescale; ``o[i, d]`` sums over
+    the keys j, so the scale may vary with (b, g, d) but not with j. Per channel is the finest such
+    granularity (a channel with small values keeps its resolution next to a large one); a scale
+    per key row or per block of keys would need a float sum of rescaled partial sums, in an order.
+    Like the per-tensor activation scale of ``quant.activation_scale``, it is taken over all T
+    positions of the sequence (so an inf or NaN value makes its channel's scale, and that
+    channel's output for every query, non-finite).
+    """
+    v = fp.f32(v)
+    return _nonzero_scale(fp.div(row_max(fp.abs(v), axis=-2), QMAX))
+
+
+def _quantized_pv(p, v):
+    """``(pq, vq, sv)``: ``pq = quantize(p, P_SCALE)`` (codes 0 .. 127; the masked +0.0 placeholders
+    give 0), ``sv = value_scale(v)`` (B, G, Dh) and ``vq = quantize(v, sv)`` (B, G, T, Dh)."""
+    sv = value_scale(v)
+    return quantize(p, P_SCALE), quantize(v, sv[..., None, :]), sv
+
+
+def _int8_pv(pq, vq, sv, n_heads):
+    """``o = float32(int8_matmul(pq, vq)) * (P_SCALE * sv[d])``: the exact int32 contraction over
+    the keys (a masked key's code is 0, so including it adds nothing: in integers absent and zero
+    are the same) and one rounded product per output."""
+    acc = int8_matmul(pq, _expand_kv(vq, n_heads))                       # (B, H, T, Dh) int32, exact
+    c = fp.mul(P_SCALE, _expand_kv(sv[..., None, :], n_heads))          # (B, H, 1, Dh)
+    return fp.mul(acc.astype(np.float32), c)
+
+
+def attention_forward_int8(q, k, v, window: int | None = None):
+    """Softmax attention with P.V as an int8 contraction (the int8 recipe): returns ``(o, m, l)``.
+
+    ``s``, ``m``, ``e``, ``l`` and ``p`` are ``attention_forward``'s, bit for bit. Then::
+
+        pq[i, j] = quantize(p[i, j], P_SCALE)          # P_SCALE = fp.div(1, 127): rint(p / P_SCALE),
+                                                       # ties to even, codes 0 .. 127
+        sv[d]    = value_scale(v)                      # per (b, g, d): max_j |v[j, d]| / 127, 0 -> 1
+        vq[j, d] = quantize(v[j, d], sv[d])            # -127 .. 127
+        acc[i, d] = sum_{j in A(i)} pq[i, j] * vq[j, d]    # int32, exact in any order
+        o[i, d]  = float32(acc[i, d]) * (P_SCALE * sv[d])  # int32 -> float32 to nearest even,
+                                                           # then one rounded product
+
+    ``float32(acc)`` is exact while ``|acc| <= 2**24`` (T <= 1040 allowed keys); an int32 cannot
+    overflow while T < 2**31 / 127**2 (133,143 keys). The probabilities need no computed scale:
+    they lie in [0, 1], so a fixed 1/127 gives them all 127 steps. ``m`` and ``l`` are kept, as in
+    the float forward, for ``attention_backward_int8``.
+    """
+    check_attention_shapes(q, k, v)
+    q, k, v = fp.f32(q), fp.f32(k), fp.f32(v)
+    s, allowed = _scores(q, k, window)
+    m = row_max(s, axis=-1)
+    e = np.where(allowed, exp(fp.sub(s, m[..., None])), np.float32(0.0))
+    l = lane_tree_sum(e)
+    p = fp.div(e, l[..., None])
+    pq, vq, sv = _quantized_pv(p, v)
+    return _int8_pv(pq, vq, sv, q.shape[1]), m, l
+
+
+def int64_to_float32(x) -> np.ndarray:
+    """int64 -> float32, rounded once to nearest (ties to even), by integer arithmetic (|x| < 2**63).
+
+    The magnitude keeps its top 24 significant bits; the bits shifted out decide the rounding
+    (more than half: up; exactly half: to the even one). The same as a correctly rounded hardware
+    conversion (``cvtsi2ss``, ``scvtf``, ``cvt.rn.f32.s64``), written out so nothing else decides.
+    """
+    x = np.asarray(x, dtype=np.int64)
+    a = np.abs(x).astype(np.uint64)
+    nbits = np.zeros(a.shape, dtype=np.int64)
+    for b in range(64):
+        nbits += (a >> np.uint64(b)) != 0
+    shift = np.maximum(nbits - 24, 0).astype(np.uint64)
+    q = a >> shift
+    rem = a - (q << shift)
+    half = np.where(shift > 0, np.uint64(1) << np.maximum(shift, np.uint64(1)) - np.uint64(1), np.uint64(0))
+    up = (shift > 0) & ((rem > half) | ((rem == half) & ((q & np.uint64(1)) == 1)))
+    q = q + up.astype(np.uint64)                                  # at most 2**24: exact in float32
+    mag = np.ldexp(q.astype(np.float64), shift.astype(np.int64))  # exact: q * 2**shift, below 2**64
+    return np.where(x < 0, -mag, mag).astype(np.float32)
+
+
+def dq_grid_exponent(a_max, b_max, n_terms: int) -> np.ndarray:
+    """The grid of a fixed-point row: the exponent G of its unit ``2**G`` (int64 array).
+
+    ``a_max``, ``b_max``: float32 arrays (broadcasting) of the largest |a| of the row's terms and
+    the largest |b| they meet; with ``a_max = fa * 2**ea`` and ``b_max = fb * 2**eb`` (``frexp``:
+    fa, fb in [0.5, 1), exact), every term satisfies ``|a * b| < 2**(ea + eb)``. With
+    ``L = bit_length(n_terms)`` (``n_terms < 2**L``)::
+
+        G = max(ea + eb - (DQ_BITS - L), DQ_MIN_GRID)      # DQ_BITS = 62, DQ_MIN_GRID = -252
+
+    So each term in grid units is below ``2**(62 - L)`` and rounds to at most that, and any sum of
+    at most ``n_terms`` of them is at most ``n_terms * 2**(62 - L) < 2**62``: no int64 sum can
+    overflow, in any order. (A zero a_max or b_max makes every term 0; G is then irrelevant.)
+    G lies in [-252, 256 - 30] for finite float32 and n_terms < 2**32.
+    """
+    _, ea = np.frexp(np.asarray(a_max, dtype=np.float64))
+    _, eb = np.frexp(np.asarray(b_max, dtype=np.float64))
+    lbits = int(n_terms).bit_length()
+    return np.maximum(ea.astype(np.int64) + eb.astype(np.int64) - (DQ_BITS - lbits), DQ_MIN_GRID)
+
+
+def _pow2_f32(e) -> np.ndarray:
+    """``2**e`` as float32 for integer e in [-126, 127] (exact)."""
+    return np.ldexp(np.float32(1.0), np.asarray(e, dtype=np.int64)).astype(np.float32)
+
+
+def fixed_point_contract(a, b, allowed):
+    """``out[..., m, n] = sum over k with allowed[m, k] of a[..., m, k] * b[..., k, n]`` in 64-bit
+    fixed point: a (..., M, K), b (..., K, N), allowed (M, K) -> (..., M, N) float32.
+
+    Row m of each batch slice has its own grid ``2**G[..., m]`` with
+    ``G = dq_grid_exponent(max_{allowed k} |a[m, k]|, max_{k, n} |b[k, n]|, K)``. Then::
+
+        c[m, k, n] = round_half_even(a[m, k] * b[k, n] * 2**-G)   # the exact product (float64 holds
+                                                                   # it: 24 x 24 bits), scaled
+                                                                   # exactly, rounded once: int64
+        S[m, n]    = sum over allowed k of c[m, k, n]              # int64, exact in any order
+        r          = int64_to_float32(S)                           # one rounding, ties to even
+        out[m, n]  = (r * 2**G1) * 2**G2                           # G1 = clip(G, -126, 127),
+                                                                   # G2 = G - G1: spec products
+
+    The two products are exact except where the result leaves the normal range: r is an integer,
+    so ``r * 2**-126`` is 0 or normal, and ``r * 2**127`` overflows only where ``r * 2**G`` does;
+    the last product rounds then flushes (``fp.mul``). A row whose a (allowed) or b holds an inf
+    or NaN is the canonical NaN in every column.
+
+    Worst error against the exact sum (float64 is exact enough to check it): each term is off
+    by at most half a unit, ``2**(G - 1)``, so ``|S * 2**G - exact| <= n * 2**(G - 1)`` for n
+    allowed terms; ``2**G < 2**(ea + eb - 62) * 2K <= 8 K * a_max * b_max * 2**-62``; then one
+    rounding to float32 (half an ulp of the result) and the flush below 2**-126. For K = 4096 the
+    sum error is below ``2**-36 * a_max * b_max``, far below a float32 ascending sum's.
+    """
+    a, b = fp.f32(a), fp.f32(b)
+    kdim = a.shape[-1]
+    finite_a = np.where(allowed, np.isfinite(a), True).all(axis=-1)                 # (..., M)
+    finite_b = np.isfinite(b).all(axis=(-2, -1))                                    # (...)
+    a_abs = np.where(allowed & np.isfinite(a), np.abs(a), np.float32(0.0))
+    b_abs = np.where(np.isfinite(b), np.abs(b), np.float32(0.0))
+    a_max = a_abs.max(axis=-1) if kdim else np.zeros(a.shape[:-1], np.float32)     # exact
+    b_max = b_abs.reshape(b.shape[:-2] + (-1,)).max(axis=-1) if b.size else np.zeros(b.shape[:-2], np.float32)
+    grid = dq_grid_exponent(a_max, b_max[..., None], kdim)                          # (..., M)
+    inv = np.ldexp(1.0, -grid)[..., None]                                           # (..., M, 1) exact
+    batch = np.broadcast_shapes(a.shape[:-2], b.shape[:-2])
+    acc = np.zeros(batch + (a.shape[-2], b.shape[-1]), dtype=np.int64)
+    a64 = np.where(np.isfinite(a), a, np.float32(0.0)).astype(np.float64)
+    b64 = np.where(np.isfinite(b), b, np.float32(0.0)).astype(np.float64)
+    for k in range(kdim):
+        c = np.rint((a64[..., :, k : k + 1] * b64[..., k : k + 1, :]) * inv)       # exact, then one rounding
+        acc += np.where(allowed[:, k : k + 1], c, 0.0).astype(np.int64)
+    r = int64_to_float32(acc)
+    g1 = np.clip(grid, -126, 127)
+    out = fp.mul(fp.mul(r, _pow2_f32(g1)[..., None]), _pow2_f32(grid - g1)[..., None])
+    bad = ~(finite_a & finite_b[..., None])
+    return np.where(bad[..., None], fp.from_bits(fp.CANONICAL_NAN_BITS), out).astype(np.float32)
+
+
+def attention_backward_int8(do, q, k, v, o, m, l, window: int | None = None):
+    """Straight-through gradients of ``attention_forward_int8``: returns ``(dq, dk, dv)``.
+
+    The quantizers pass gradients through unchanged, with the dequantized operands the forward
+    used (``pdq = float32(pq) * P_SCALE``, ``vdq = float32(vq) * sv[d]``, one rounded product
+    each; pq, vq, sv as in the forward, from the rebuilt p and from v)::
+
+        dp[i, j]  = sum_d do[i, d] * vdq[j, d]        # ascending over d (j in A(i))
+        D[i]      = lane_tree_sum_d do[i, d] * o[i, d]
+        ds[i, j]  = (p[i, j] * (dp[i, j] - D[i])) * scale    # j in A(i): the float p, as the softmax
+        dq        = fixed_point_contract(ds, k, allowed)      # 64-bit fixed point, any order
+        dk[g, j]  = sum_{h, i in Q(j)} ds[h, i, j] * q[h, i]  # (h, i) ascending, h major
+        dv[g, j]  = sum_{h, i in Q(j)} pdq[h, i, j] * do[h, i]
+
+    ``dq`` of query row (b, h, i) uses the grid of ``fixed_point_contract`` with ``a_max`` the
+    row's largest |ds| over its allowed keys and ``b_max`` the largest |k| of KV head (b, g) over
+    all T positions and channels, and K = T.
+    """
+    check_attention_shapes(q, k, v, do, o, m, l)
+    do, q, k, v, o = (fp.f32(a) for a in (do, q, k, v, o))
+    h, dh = q.shape[1], q.shape[3]
+    g = k.shape[1]
+    s, allowed = _scores(q, k, window)
+    p = _probabilities(s, allowed, fp.f32(m), fp.f32(l))
+    pq, vq, sv = _quantized_pv(p, v)
+    pdq = fp.mul(pq.astype(np.float32), P_SCALE)
+    vdq = fp.mul(vq.astype(np.float32), sv[..., None, :])
+    dp = matmul(do, np.swapaxes(_expand_kv(vdq, h), -1, -2))
+    drow = lane_tree_sum(fp.mul(do, o))
+    ds = fp.mul(fp.mul(p, fp.sub(dp, drow[..., None])), attention_scale(dh))
+    dq = fixed_point_contract(ds, _expand_kv(k, h), allowed)
+    dk = _group_sum_contract(ds, q, g, allowed)
+    dv = _group_sum_contract(pdq, do, g, allowed)
     return dq, dk, dv
 
 

@@ -12,6 +12,8 @@ check can depend on how a backend rounds.
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 INT8_MATMUL_MAX_K = 2**31 // 2**14  # |a*b| <= 2**14 per int8 product: a longer K could overflow int32
@@ -28,8 +30,12 @@ def check_ids(ids, vocab_size: int) -> np.ndarray:
 
 
 def check_targets(targets, n: int, vocab: int) -> np.ndarray:
-    """Loss targets flattened to int64; ValueError unless there are n of them, each in [0, vocab)."""
-    t = np.asarray(targets).reshape(-1).astype(np.int64)
+    """Loss targets flattened to int64; TypeError unless integers (as ``check_ids``), ValueError unless
+    there are n of them, each in [0, vocab)."""
+    t = np.asarray(targets)
+    if not np.issubdtype(t.dtype, np.integer):
+        raise TypeError(f"loss targets must be integers, got {t.dtype}")
+    t = t.reshape(-1).astype(np.int64)
     if t.size != n:
         raise ValueError(f"{t.size} targets for {n} rows of logits")
     if t.size and (t.min() < 0 or t.max() >= vocab):
@@ -37,14 +43,41 @@ def check_targets(targets, n: int, vocab: int) -> np.ndarray:
     return t
 
 
-def gradient_rows(dout: np.ndarray, n_ids: int) -> np.ndarray:
-    """dout (..., D) as (positions, D); ValueError unless it has one row per id (D may be 0)."""
-    if dout.ndim < 1:
-        raise ValueError(f"embedding_backward: dout needs a last axis D, got shape {dout.shape}")
-    rows = int(np.prod(dout.shape[:-1], dtype=np.int64))
+def check_embedding_table(table) -> None:
+    """ValueError unless the table is (V, D): two axes, one row per id (nothing else is a table)."""
+    if len(np.shape(table)) != 2:
+        raise ValueError(f"embedding_forward needs a table (V, D), got shape {np.shape(table)}")
+
+
+def gradient_row_shape(shape: tuple[int, ...], n_ids: int) -> tuple[int, int]:
+    """``(positions, D)`` of a gradient dout of ``shape`` (..., D); ValueError unless it has a last
+    axis and one row per id (D may be 0). Sizes are Python integers (they never wrap)."""
+    if len(shape) < 1:
+        raise ValueError(f"embedding_backward: dout needs a last axis D, got shape {tuple(shape)}")
+    rows = math.prod(int(s) for s in shape[:-1])
     if rows != n_ids:
         raise ValueError(f"embedding_backward: {rows} gradient rows for {n_ids} ids")
-    return dout.reshape(rows, dout.shape[-1])
+    return rows, int(shape[-1])
+
+
+def gradient_rows(dout: np.ndarray, n_ids: int) -> np.ndarray:
+    """dout (..., D) as (positions, D); ValueError unless it has one row per id (``gradient_row_shape``)."""
+    return dout.reshape(gradient_row_shape(dout.shape, n_ids))
+
+
+MIN_ROUNDS, MAX_ROUNDS = 1, 16  # Philox4x32-R: Random123's range of round counts
+
+
+def check_philox(counter, key, rounds) -> tuple[int, ...]:
+    """The leading shape of ``philox4x32``'s result: ValueError unless counter is (..., 4), key is (..., 2)
+    with leading dims that broadcast against the counter's, and rounds is in 1..16. Reads shapes and
+    ``rounds`` only (host or device arrays)."""
+    cs, ks = tuple(np.shape(counter)), tuple(np.shape(key))
+    if cs[-1:] != (4,) or ks[-1:] != (2,):
+        raise ValueError(f"philox4x32 needs counter (..., 4) and key (..., 2) uint32, got {cs} and {ks}")
+    if not MIN_ROUNDS <= int(rounds) <= MAX_ROUNDS:
+        raise ValueError(f"philox4x32 rounds must be in {MIN_ROUNDS}..{MAX_ROUNDS}, got {rounds}")
+    return np.broadcast_shapes(cs[:-1], ks[:-1])
 
 
 def check_attention_shapes(q, k, v, do=None, o=None, m=None, l=None) -> None:

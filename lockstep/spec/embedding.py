@@ -8,11 +8,12 @@ from __future__ import annotations
 import numpy as np
 
 from . import fp
-from .checks import check_ids, gradient_rows  # noqa: F401 - re-exported: the shared input checks
+from .checks import check_embedding_table, check_ids, gradient_rows  # noqa: F401 - re-exported: the shared input checks
 
 
 def embedding_forward(table, ids) -> np.ndarray:
     """``out[b, t, :] = table[ids[b, t], :]``: (V, D), (B, T) -> (B, T, D). Exact (a copy)."""
+    check_embedding_table(table)
     table = fp.f32(table)
     ids = check_ids(ids, table.shape[0])
     return table[ids]

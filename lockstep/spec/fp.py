@@ -7,7 +7,7 @@ Contract (the four locks of ``docs/numerical-contract.md``):
   NumPy's float32 ufuncs on arrays round each element correctly whatever SIMD
   path they take, so they are safe building blocks for these five operations
   *and nothing else*.
-* Inputs are read canonically (SPEC_VERSION 2): every float32 operand of every op
+* Inputs are read canonically: every float32 operand of every op
   is read with a subnormal (``0 < |x| < 2**-126``, exponent field 0) as a zero of
   its sign ("denormals are zero", DAZ, as Apple GPUs read them), and any NaN as the
   canonical NaN ``0x7FC00000``. So ``add(2**-127, 2**-127)`` is ``+0.0`` and
@@ -155,7 +155,7 @@ def _f32_operands(*xs):
 def add(a, b) -> np.ndarray:
     """``a + b``, one rounding, then flush and canonical NaN.
 
-    Subnormal inputs: read as zeros of their sign before the operation (DAZ, SPEC_VERSION 2;
+    Subnormal inputs: read as zeros of their sign before the operation (DAZ;
     a backend applies this once, in ``asarray``); a NaN operand gives the canonical NaN.
     """
     a, b = _f32_operands(a, b)
@@ -166,7 +166,7 @@ def add(a, b) -> np.ndarray:
 def sub(a, b) -> np.ndarray:
     """``a - b``, one rounding, then flush and canonical NaN.
 
-    Subnormal inputs: read as zeros of their sign before the operation (DAZ, SPEC_VERSION 2;
+    Subnormal inputs: read as zeros of their sign before the operation (DAZ;
     a backend applies this once, in ``asarray``); a NaN operand gives the canonical NaN.
     """
     a, b = _f32_operands(a, b)
@@ -177,7 +177,7 @@ def sub(a, b) -> np.ndarray:
 def mul(a, b) -> np.ndarray:
     """``a * b``, one rounding, then flush and canonical NaN.
 
-    Subnormal inputs: read as zeros of their sign before the operation (DAZ, SPEC_VERSION 2;
+    Subnormal inputs: read as zeros of their sign before the operation (DAZ;
     a backend applies this once, in ``asarray``); a NaN operand gives the canonical NaN.
     """
     a, b = _f32_operands(a, b)
@@ -188,7 +188,7 @@ def mul(a, b) -> np.ndarray:
 def div(a, b) -> np.ndarray:
     """``a / b``, one rounding (IEEE division), then flush and canonical NaN.
 
-    Subnormal inputs: read as zeros of their sign before the operation (DAZ, SPEC_VERSION 2;
+    Subnormal inputs: read as zeros of their sign before the operation (DAZ;
     a backend applies this once, in ``asarray``); a NaN operand gives the canonical NaN.
     """
     a, b = _f32_operands(a, b)

@@ -11,9 +11,7 @@ language can recompute it. Multi-byte integers are little-endian.
 
   followed by the data: the C-order elements, little-endian. The shape is the
   array's own: a 0-d array (a NumPy scalar array) has ``ndim 0`` and no shape words,
-  so it never shares bytes with the shape-(1,) or (1, 1) array of the same element
-  (SPEC_VERSION 3; under 2, ``canonical_bytes``, ``tensor_digest``, ``state_root`` and
-  ``array_digest`` hashed a 0-d array as shape (1,)).
+  so it never shares bytes with the shape-(1,) or (1, 1) array of the same element.
 * Merkle digest of the data: split it into chunks of ``CHUNK_BYTES`` (1 MiB; the
   last may be shorter; an empty tensor has one empty chunk). Leaf i is
   ``SHA-256(0x00 || u64 i || chunk_i)``; a parent is ``SHA-256(0x01 || left || right)``;
@@ -55,7 +53,7 @@ import numpy as np
 CHUNK_BYTES = 1 << 20
 TENSOR_DOMAIN = b"lockstep.tensor.v1\x00"
 STATE_DOMAIN = b"lockstep.state.v1\x00"
-CHAIN_DOMAIN = b"lockstep.chain.v2\x00"  # v2 (SPEC_VERSION 2): binds tokens, loss, grad norm and lr
+CHAIN_DOMAIN = b"lockstep.chain.v2\x00"  # the link that binds tokens, loss, grad norm and lr
 GENESIS_DOMAIN = b"lockstep.genesis.v1\x00"
 LEAF_TAG = b"\x00"
 NODE_TAG = b"\x01"
@@ -74,7 +72,7 @@ def _le_contiguous(x: np.ndarray) -> np.ndarray:
     """The array as C-contiguous little-endian, its shape kept (a view when it already is).
 
     Not ``np.ascontiguousarray``: that returns a 0-d array as shape ``(1,)``, and the
-    header must say ``ndim 0`` (SPEC_VERSION 3; before, a 0-d tensor hashed as ``(1,)``).
+    header must say ``ndim 0``.
     """
     x = np.asarray(x)
     if x.dtype.byteorder == ">" or (x.dtype.byteorder == "=" and not np.little_endian):
@@ -224,7 +222,7 @@ def genesis_hash(recipe_digest: str | bytes, manifest_digest: str | bytes, spec_
       included, floats as floats, and the settings the ops read only as float32
       (``recipe.FLOAT32_SETTINGS``: ``norm_eps``, ``z_loss``, ``eps``, ``weight_decay``,
       ``grad_clip``) as that float32. So neither a cosmetic edit nor an equivalent spelling
-      of a setting gives a new H_0 (SPEC_VERSION 3; a trainer could otherwise re-link
+      of a setting gives a new H_0 (a trainer could otherwise re-link
       the chain under many H_0 to pick an audit plan). It is not the digest of the
       recipe file's bytes (that one, ``recipe.recipe_digest``, binds checkpoints to
       their run).

@@ -49,7 +49,9 @@ def _from_bits(pattern: int) -> float:
 
 
 # ---------------------------------------------------------------------------
-# Constants (float64 bit patterns; the comment says which real number).
+# Constants. Each float64 is given by its bit pattern beside it (in _from_bits, in
+# the comment, or, for a tuple, in the comment below it, in order) and by its
+# decimal or the real number it stands for (tests/test_hostmath.py checks the bits).
 
 # ln 2 split for Cody-Waite: LN2_HI = round(ln2 * 2**42) / 2**42 has 42
 # significant bits, so k * LN2_HI is exact for |k| < 2**11 (every exponent we
@@ -63,13 +65,17 @@ ROUND_MAGIC = _from_bits(0x4338000000000000)  # 6755399441055744.0
 
 # exp saturates outside [EXP_ARG_MIN, EXP_ARG_MAX]: exp(710) > 2**1024 overflows,
 # exp(-746) < 2**-1075 rounds to 0. The argument is clamped to them first.
-EXP_ARG_MAX = 710.0
-EXP_ARG_MIN = -746.0
+EXP_ARG_MAX = 710.0  # 0x4086300000000000
+EXP_ARG_MIN = -746.0  # 0xC087500000000000
 
 # 1/n! for the Taylor series of exp on |r| <= 0.3466 (terms after 1/14! are
 # below 2**-66 there). Each is 1.0 / float(n!) -- n! is exact in float64 for
 # n <= 22, so each is the float64 nearest 1/n!.
 EXP_INV_FACTORIALS = tuple(1.0 / float(_factorial(n)) for n in range(3, 15))  # 1/3! .. 1/14!
+# EXP_INV_FACTORIALS as float64 bit patterns, in order:
+# 0x3FC5555555555555 0x3FA5555555555555 0x3F81111111111111 0x3F56C16C16C16C17
+# 0x3F2A01A01A01A01A 0x3EFA01A01A01A01A 0x3EC71DE3A556C734 0x3E927E4FB7789F5C
+# 0x3E5AE64567F544E4 0x3E21EED8EFF8D898 0x3DE6124613A86D09 0x3DA93974A8C07C9D
 
 # log: a significand m >= 0x3FF6A09E667F3BCD (the first float64 above sqrt(2))
 # is halved, so m lies in [sqrt(2)/2, sqrt(2)).
@@ -77,9 +83,13 @@ LOG_SQRT2_MANTISSA = np.uint64(0x6A09E667F3BCD)
 # 2/(2n+1) for n = 2..13, the atanh series 2*atanh(s) = 2s + 2s**3/3 + 2s**5/5 + ...
 # beyond the 2/3 term; with s**2 <= 0.0295 the terms after 2/27 are below 2**-70.
 LOG_ATANH_COEFFS = tuple(2.0 / (2 * n + 1) for n in range(2, 14))  # 2/5 .. 2/27
-TWO_THIRDS_HI = 2.0 / 3.0  # 0x3FE5555555555555
+# LOG_ATANH_COEFFS as float64 bit patterns, in order:
+# 0x3FD999999999999A 0x3FD2492492492492 0x3FCC71C71C71C71C 0x3FC745D1745D1746
+# 0x3FC3B13B13B13B14 0x3FC1111111111111 0x3FBE1E1E1E1E1E1E 0x3FBAF286BCA1AF28
+# 0x3FB8618618618618 0x3FB642C8590B2164 0x3FB47AE147AE147B 0x3FB2F684BDA12F68
+TWO_THIRDS_HI = 2.0 / 3.0  # 0x3FE5555555555555 = 0.6666666666666666
 TWO_THIRDS_LO = _from_bits(0x3C85555555555555)  # 2/3 - TWO_THIRDS_HI = 3.700743415417188e-17
-TWO_POW_64 = 18446744073709551616.0  # scales subnormal log inputs into the normal range
+TWO_POW_64 = 18446744073709551616.0  # 2**64 = 0x43F0000000000000: scales subnormal log inputs up
 
 # pi/2 in four parts for Cody-Waite trig reduction. PIO2_1..PIO2_3 are pi/2 (then
 # the remainders) *truncated* to 31 significant bits, so k * PIO2_i is exact for
@@ -94,17 +104,25 @@ TWO_OVER_PI = _from_bits(0x3FE45F306DC9C883)  # 2/pi = 0.6366197723675814
 PIO2_HI = _from_bits(0x3FF921FB54442D18)  # 1.5707963267948966
 PIO2_LO = _from_bits(0x3C91A62633145C07)  # 6.123233995736766e-17
 # |x| beyond this would need |k| >= 2**22 and lose the exact products k * PIO2_i.
-TRIG_MAX_ABS = 4194304.0  # 2**22
+TRIG_MAX_ABS = 4194304.0  # 2**22 = 0x4150000000000000
 # sinpi/cospi: |x| up to 2**50 keeps 2x and round(2x) exact small integers.
-TRIGPI_MAX_ABS = 1125899906842624.0  # 2**50
+TRIGPI_MAX_ABS = 1125899906842624.0  # 2**50 = 0x4310000000000000
 
 # Taylor coefficients for the trig kernels on |r| <= pi/4 (+ a little):
 # sin r = r + r**3 * (-1/3! + z/5! - ... + z**8/19!),  z = r*r   (next term < 2**-70)
 # cos r = 1 - z/2 + z**2 * (1/4! - z/6! + ... + z**8/20!)         (next term < 2**-67)
 SIN_COEFFS = tuple((-1.0) ** n / float(_factorial(2 * n + 1)) for n in range(1, 10))  # -1/3! .. +1/19!
+# SIN_COEFFS as float64 bit patterns, in order:
+# 0xBFC5555555555555 0x3F81111111111111 0xBF2A01A01A01A01A 0x3EC71DE3A556C734
+# 0xBE5AE64567F544E4 0x3DE6124613A86D09 0xBD6AE7F3E733B81F 0x3CE952C77030AD4A
+# 0xBC62F49B46814157
 COS_COEFFS = tuple((-1.0) ** n / float(_factorial(2 * n)) for n in range(2, 11))  # 1/4! .. 1/20!
+# COS_COEFFS as float64 bit patterns, in order:
+# 0x3FA5555555555555 0xBF56C16C16C16C17 0x3EFA01A01A01A01A 0xBE927E4FB7789F5C
+# 0x3E21EED8EFF8D898 0xBDA93974A8C07C9D 0x3D2AE7F3E733B81F 0xBCA6827863B97D97
+# 0x3C1E542BA4020225
 
-SPLIT_FACTOR = 134217729.0  # 2**27 + 1 (Veltkamp)
+SPLIT_FACTOR = 134217729.0  # 2**27 + 1 (Veltkamp) = 0x41A0000002000000
 MANTISSA_MASK64 = np.uint64(0x000FFFFFFFFFFFFF)
 ONE_EXPONENT_FIELD64 = np.uint64(0x3FF0000000000000)  # bits of 1.0
 HALF_EXPONENT_FIELD64 = np.uint64(0x3FE0000000000000)  # bits of 0.5
@@ -186,7 +204,35 @@ def _pow2(k: np.ndarray) -> np.ndarray:
 
 
 def _exp_dd(x_hi: np.ndarray, x_lo: np.ndarray) -> np.ndarray:
-    """e**(x_hi + x_lo), |x_lo| <= ulp(x_hi); NaN x_hi gives NaN. See ``exp``."""
+    """float64 ``e**(x_hi + x_lo)`` of a double-double argument (``|x_lo| <= ulp(x_hi)``).
+
+    ``pow`` (the product ``y * log x`` as a double-double) and ``spec.erf`` (``-a*a`` as
+    the exact ``two_prod``) call it; ``exp(x)`` is ``_exp_dd(x, 0)``. Order of operations
+    (each line one rounded float64 op unless "exact"; the constants are this module's)::
+
+        nan = x_hi is NaN
+        xc = min(max(x_hi, EXP_ARG_MIN), EXP_ARG_MAX)   # -746, 710; 0 if nan
+        xl = 0 if (x_hi > EXP_ARG_MAX or x_hi < EXP_ARG_MIN or nan) else x_lo
+        kf = (xc * INV_LN2 + ROUND_MAGIC) - ROUND_MAGIC # nearest integer k, ties to even
+        hi = xc - kf * LN2_HI                           # exact
+        lo = kf * LN2_LO - xl                           # the low part enters here, once
+        r  = hi - lo;  r_err = (hi - r) - lo
+        p  = 1/14!;  p = 1/n! + r * p  for n = 13 down to 3    # EXP_INV_FACTORIALS
+        c3 = ((r * r) * r) * p
+        r_hi = r with its 27 low mantissa bits cleared;  r_lo = r - r_hi   # exact
+        h2_hi = 0.5 * (r_hi * r_hi)                     # exact
+        h2_lo = (r_hi * r_lo) + 0.5 * (r_lo * r_lo)
+        y1 = 1 + r;      e1 = (1 - y1) + r              # Fast2Sum, exact
+        y2 = y1 + h2_hi; e2 = (y1 - y2) + h2_hi         # Fast2Sum, exact
+        y  = y2 + ((e1 + e2) + ((h2_lo + c3) + r_err * y1))
+        k1 = k + 64 if k < -1000, k - 64 if k > 1000, else k
+        result = (y * 2**k1) * 2**(k - k1)              # 2**j from the exponent field, exact
+        result = NaN if nan
+
+    So ``+inf`` gives ``+inf`` and ``-inf`` gives ``+0`` (through the clamp), an argument
+    above about 709.78 overflows to ``+inf``, and one below about -745.13 underflows
+    through IEEE subnormals (not flushed) to 0.
+    """
     nan = np.isnan(x_hi)
     out_of_range = (x_hi > EXP_ARG_MAX) | (x_hi < EXP_ARG_MIN) | nan
     xh = np.where(nan, 0.0, np.minimum(np.maximum(x_hi, EXP_ARG_MIN), EXP_ARG_MAX))
@@ -245,7 +291,8 @@ def exp(x):
         result = (y * 2**k1) * 2**(k - k1)           # k1 = k+64 if k < -1000, k-64 if
                                                      # k > 1000, else k: exact while normal
 
-    This is the float32 spec's ``transcendental.exp`` in float64 with more terms.
+    This is the float32 spec's ``transcendental.exp`` in float64 with more terms;
+    it is ``_exp_dd(x, 0)`` (the same steps with a zero low part).
     """
     (x,), how = _args(x)
     with np.errstate(all="ignore"):
@@ -347,8 +394,8 @@ def pow(x, y):  # noqa: A001 - the op is called pow
         (L_hi, L_lo) = log(x) as a double-double     # see log / _log_dd
         (p_hi, p_err) = two_prod(y, L_hi)             # exact
         (p_hi, p_lo) = Fast2Sum(p_hi, p_err + y * L_lo)
-        result = exp(p_hi + p_lo)                      # exp with its argument's low part:
-                                                       # lo = kf * LN2_LO - p_lo, rest as exp
+        result = _exp_dd(p_hi, p_lo)                   # exp of the double-double (its own
+                                                       # docstring: lo = kf * LN2_LO - p_lo)
 
     Special cases, in this order of precedence: ``y == 0`` -> 1 (even for NaN x);
     ``x == 1`` -> 1 (even for NaN y); NaN x or y -> NaN; ``x < 0`` -> NaN (negative

@@ -23,7 +23,7 @@ SUM_OF_SQUARES_BLOCK = 4096
 def sum_of_squares(g) -> np.ndarray:
     """Sum of ``g * g`` over the flattened tensor (C order) in the blocked lane-tree order: () float32.
 
-    Order (SPEC_VERSION 2), with B = ``SUM_OF_SQUARES_BLOCK`` = 4096::
+    Order, with B = ``SUM_OF_SQUARES_BLOCK`` = 4096::
 
         x      = g flattened in C order, N elements; sq[i] = x[i] * x[i]    # rounded, flushed
         block k (k = 0 .. ceil(N / B) - 1) holds sq[k*B : min(N, (k+1)*B)]  # the last may be shorter
@@ -32,7 +32,7 @@ def sum_of_squares(g) -> np.ndarray:
 
     An empty tensor gives +0.0. A tensor of at most B elements is one block, and
     its result is that block's lane-tree sum (the second tree adds +0.0 lanes to a
-    non-negative value), the same bits as SPEC_VERSION 1's single lane tree.
+    non-negative value), the same bits as one lane tree over the whole tensor.
     """
     sq = fp.f32(g).reshape(-1)
     sq = fp.mul(sq, sq)

@@ -16,6 +16,8 @@ import hashlib
 
 import numpy as np
 
+from .checks import MAX_ROUNDS, MIN_ROUNDS, check_philox  # noqa: F401 - re-exported: the shared input checks
+
 # Multipliers chosen by the Philox authors for good avalanche (Random123 philox.h).
 PHILOX_M4x32_0 = np.uint64(0xD2511F53)
 PHILOX_M4x32_1 = np.uint64(0xCD9E8D57)
@@ -25,7 +27,6 @@ PHILOX_M4x32_1 = np.uint64(0xCD9E8D57)
 PHILOX_W32_0 = np.uint32(0x9E3779B9)  # golden ratio
 PHILOX_W32_1 = np.uint32(0xBB67AE85)  # sqrt(3) - 1
 DEFAULT_ROUNDS = 10
-MIN_ROUNDS, MAX_ROUNDS = 1, 16
 
 _MASK32 = np.uint64(0xFFFFFFFF)
 _SHIFT32 = np.uint64(32)
@@ -61,13 +62,7 @@ def philox4x32(counter, key, rounds: int = DEFAULT_ROUNDS) -> np.ndarray:
     """
     counter = np.asarray(counter, dtype=np.uint32)
     key = np.asarray(key, dtype=np.uint32)
-    if counter.shape[-1:] != (4,) or key.shape[-1:] != (2,):
-        raise ValueError(
-            f"philox4x32 needs counter (..., 4) and key (..., 2) uint32, got {counter.shape} and {key.shape}"
-        )
-    if not MIN_ROUNDS <= int(rounds) <= MAX_ROUNDS:
-        raise ValueError(f"philox4x32 rounds must be in {MIN_ROUNDS}..{MAX_ROUNDS}, got {rounds}")
-    shape = np.broadcast_shapes(counter.shape[:-1], key.shape[:-1])
+    shape = check_philox(counter, key, rounds)
     c0, c1, c2, c3 = (np.broadcast_to(counter[..., i], shape).copy() for i in range(4))
     k0, k1 = (np.broadcast_to(key[..., i], shape).copy() for i in range(2))
     with np.errstate(over="ignore"):

@@ -44,8 +44,7 @@ rules on top of the spec's tree and a conforming elementwise ``add``:
      rank: ``k_r * n * (R-1)/R`` floats sent in the reduce-scatter (``k_r`` its
      subtree count) plus ``n * (R-1)/R`` in the allgather; the butterfly's is the
      case ``k_r = 1``. Imbalance and traffic for small and large ``M``
-     (``exchange_cost``), and speed: ``benchmarks/RESULTS.md``, "Micro-batch tree
-     across ranks".
+     (``exchange_cost``).
 
    Large vectors go through in element ranges of ``chunk_bytes`` (32 MiB by default),
    each exchanged as above: chunking bounds temporaries and never changes a bit.
@@ -83,6 +82,7 @@ from collections.abc import Callable, Iterator, Sequence
 
 import numpy as np
 
+from lockstep.errors import LockstepError
 from lockstep.spec import tree
 
 DEFAULT_CHUNK_BYTES = 32 << 20  # 32 MiB element ranges: bounded temporaries and message sizes
@@ -309,7 +309,7 @@ def _exchange(comm, send: np.ndarray, dest: int, recv: np.ndarray, source: int, 
 # ---------------------------------------------------------------------------
 
 
-class RankDisagreement(RuntimeError):
+class RankDisagreement(LockstepError, RuntimeError):
     """Ranks hold different state roots after a step; raised on every rank alike."""
 
     def __init__(self, step: int, roots: list[str]):
@@ -346,7 +346,7 @@ def check_state_agreement(comm, state_root_hex: str, step: int) -> None:
         raise RankDisagreement(step, roots)
 
 
-class AgreedError(RuntimeError):
+class AgreedError(LockstepError, RuntimeError):
     """An error that every rank raises together (``on_all_ranks``): no rank is left waiting.
 
     ``rank`` is the lowest rank where it happened; the message is that rank's error.

@@ -4,10 +4,8 @@ A training step allocates and frees the same large NumPy arrays (activations,
 gradients: several MiB each) over and over. glibc's ``malloc`` returns the top of its
 heap to the system once more than ``M_TRIM_THRESHOLD`` bytes are free there, and maps
 arrays above ``M_MMAP_THRESHOLD`` with ``mmap`` and unmaps them on ``free``; either way
-the next micro-batch touches fresh pages and pays one page fault per 4 KiB. Measured on
-the ``small`` step (benchmarks/RESULTS.md, "The allocator"): about 18,000 faults
-(70 MiB) per micro-batch and 0.41-0.46 CPU s per micro-batch's forward and backward,
-against 0 faults and 0.37 s once freed memory is kept.
+the next micro-batch touches fresh pages and pays one page fault per 4 KiB, for every
+activation of every micro-batch; with freed memory kept, the same pages are reused.
 
 ``keep_freed_memory()`` sets ``M_MMAP_THRESHOLD`` to 32 MiB (glibc's largest dynamic
 value: arrays up to that size come from the heap and are reused) and

@@ -24,7 +24,7 @@ gradient for that many rows instead of ``N``. ``choose_execution`` goes through 
 plans cheapest first (in memory; recompute; recompute and head rows; and all of that
 with the state in a scratch folder) and returns the first that fits the budget, or refuses in one line.
 The constants were calibrated against measured peak RSS on numba (``tests/test_memory_model.py``
-checks the agreement within 25% on three small sizes; benchmarks/RESULTS.md, "Memory ladder").
+checks the agreement within 25% on three small sizes).
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ import math
 import os
 from dataclasses import dataclass, replace
 
-from lockstep.formats.config import ModelConfig, TrainConfig
+from lockstep.formats.config import ConfigError, ModelConfig, TrainConfig
 from lockstep.formats.rundir import RunFileError
 
 from .execution import IN_MEMORY, Execution
@@ -290,7 +290,7 @@ def memory_budget(max_memory: float | None) -> int | None:
     if max_memory is None:
         return available_memory()
     if not float(max_memory) > 0:
-        raise ValueError(f"--max-memory must be a positive number of GiB, got {max_memory!r}")
+        raise ConfigError(f"--max-memory must be a positive number of GiB, got {max_memory!r}")
     return int(float(max_memory) * GiB)
 
 

@@ -4,7 +4,9 @@ Decoder-only; no biases; untied embedding and LM head; RMSNorm on the embedding
 output; pre-norm RMSNorm blocks; GQA with QK-norm (no gain) and RoPE; SwiGLU with
 a fused gate/up GEMM; sliding-window attention except every 5th layer and the
 last; z-loss. Attention and feed-forward linears are int8 W8A8 when
-``cfg.quantize`` (the default), float32 contractions otherwise.
+``cfg.quantize`` (the default), float32 contractions otherwise; with ``cfg.quantize``
+attention's P.V is an int8 contraction and its dQ 64-bit fixed point too
+(``attention_forward_int8``, ``attention_backward_int8``), else the float ops.
 
 Legend: B sequences in the micro-batch, T positions, D d_model, H query heads,
 G KV heads, Dh head dim, F FFN width, V vocabulary, N = B*T tokens.
@@ -33,9 +35,13 @@ from .execution import IN_MEMORY, Execution
 def init_params(cfg: ModelConfig, seed: int, backend=None, progress=None) -> dict[str, np.ndarray]:
     """Parameters from Philox streams keyed by (seed, "init", parameter name) only.
 
-    A matrix is ``std * truncated_normal(bound=2)`` (one rounded product per
-    element, std rounded to float32); gains are ones. Adding a parameter never
-    changes another, since each has its own stream. Host (NumPy) arrays.
+    A matrix is ``fp.mul(truncated_normal(PhiloxStream(seed, "init", name), 0, n,
+    bound=2.0), float32(std))``: one rounded product per element, the float64 std
+    (``init_std``, or ``init_std / sqrt(2 * n_layers)`` for ``attn.wo`` and
+    ``ffn.w_down``) rounded to float32 once; gains are ones. Every name, shape, std
+    and the exact order of the std's float64 arithmetic: ``lockstep.formats.params``.
+    Adding a parameter never changes another, since each has its own stream. Host
+    (NumPy) arrays.
 
     The spec (``spec.rng.truncated_normal``, ``spec.fp.mul``) defines the values. A
     ``backend`` that offers the ``truncated_normal`` capability draws them itself
@@ -140,9 +146,21 @@ def embed_forward(be, cfg: ModelConfig, P: dict, inputs):
     return x0, x, r0
 
 
-def training_attention(be):
-    """The ``attend`` of ``block_forward`` in training: causal attention over the T positions given."""
-    return lambda layer, qr, kr, v, window: be.attention_forward(qr, kr, v, window)
+def _attention_forward(be, cfg):
+    """The attention op of the recipe: ``attention_forward_int8`` with ``cfg.quantize``, else ``attention_forward``."""
+    return be.attention_forward_int8 if cfg.quantize else be.attention_forward
+
+
+def _attention_backward(be, cfg):
+    """The backward of ``_attention_forward``'s op."""
+    return be.attention_backward_int8 if cfg.quantize else be.attention_backward
+
+
+def training_attention(be, cfg: ModelConfig):
+    """The ``attend`` of ``block_forward`` in training: causal attention over the T positions given
+    (int8 P.V with ``cfg.quantize``)."""
+    forward = _attention_forward(be, cfg)
+    return lambda layer, qr, kr, v, window: forward(qr, kr, v, window)
 
 
 def block_forward(be, cfg: ModelConfig, P: dict, layer: int, x, cos, sin, attend):
@@ -194,7 +212,7 @@ def forward(P: dict, inputs, cfg: ModelConfig, backend):
     cos, sin = _rope(t, cfg.head_dim, cfg.rope_theta)  # host tables: a device backend uploads them once
     x0, x, r0 = embed_forward(be, cfg, P, inputs)
     blocks = []
-    attend = training_attention(be)
+    attend = training_attention(be, cfg)
     for i in range(cfg.n_layers):
         x, saved = block_forward(be, cfg, P, i, x, cos, sin, attend)
         blocks.append(saved)
@@ -307,7 +325,7 @@ def loss_and_grads(params: dict, windows, cfg: ModelConfig, backend, n_global: i
     # ---- forward: every block's saved activations, or (recompute) only its input
     cos, sin = _rope(t, cfg.head_dim, cfg.rope_theta)  # host tables: a device backend uploads them once
     x0, x, r0 = embed_forward(be, cfg, P, inputs)
-    attend = training_attention(be)
+    attend = training_attention(be, cfg)
     kept = []                                   # BlockSaved per layer, or the block's input x
     for i in range(cfg.n_layers):
         x_in = x
@@ -334,7 +352,7 @@ def loss_and_grads(params: dict, windows, cfg: ModelConfig, backend, n_global: i
         dx = be.add(dx, dxm)                                                  # residual first, then branch
         do2, grads[p + "attn.wo"] = _linear_backward(be, cfg, dx, b.o2, P[p + "attn.wo"])
         do = _split_heads(do2, h, dh)
-        dqr, dkr, dv = be.attention_backward(do, b.qr, b.kr, b.v, b.o, b.m, b.l, window)
+        dqr, dkr, dv = _attention_backward(be, cfg)(do, b.qr, b.kr, b.v, b.o, b.m, b.l, window)
         dq, _ = be.rmsnorm_backward(be.rope_backward(dqr, cos, sin), b.q, None, b.rq)
         dk, _ = be.rmsnorm_backward(be.rope_backward(dkr, cos, sin), b.k, None, b.rk)
         dqkv = be.concat_last([_merge_heads(dq), _merge_heads(dk), _merge_heads(dv)])

@@ -6,29 +6,19 @@ Host scalars are computed in float64 and rounded once to float32:
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 
 import numpy as np
 
+from lockstep.errors import LockstepError
 from lockstep.spec import hostmath
 
 from lockstep.formats.config import ModelConfig, TrainConfig
 from lockstep.formats.params import param_specs
+from lockstep.formats.state import AdamWState
 
 
-class NonFiniteError(FloatingPointError):
+class NonFiniteError(LockstepError, FloatingPointError):
     """A loss or gradient was NaN or infinite: training stops before it enters the state."""
-
-
-@dataclass
-class AdamWState:
-    step: int = 0
-    m: dict = field(default_factory=dict)
-    v: dict = field(default_factory=dict)
-
-    @classmethod
-    def zeros(cls, params: dict) -> "AdamWState":
-        return cls(0, {k: np.zeros_like(p) for k, p in params.items()}, {k: np.zeros_like(p) for k, p in params.items()})
 
 
 def host_scalars(tcfg: TrainConfig, t: int) -> dict:

@@ -26,6 +26,7 @@ import tempfile
 
 import numpy as np
 
+from lockstep.formats.config import ConfigError
 from lockstep.fsio import create_exclusive_at
 
 PAGE = mmap.PAGESIZE
@@ -39,11 +40,11 @@ class ScratchSpace:
         try:
             st = os.lstat(root)
         except FileNotFoundError:
-            raise ValueError(f"scratch folder {root!r} does not exist; create it first") from None
+            raise ConfigError(f"scratch folder {root!r} does not exist; create it first") from None
         if stat.S_ISLNK(st.st_mode):
-            raise ValueError(f"scratch folder {root!r} is a symbolic link; name the real folder")
+            raise ConfigError(f"scratch folder {root!r} is a symbolic link; name the real folder")
         if not stat.S_ISDIR(st.st_mode):
-            raise ValueError(f"scratch folder {root!r} is not a directory")
+            raise ConfigError(f"scratch folder {root!r} is not a directory")
         self.dir = tempfile.mkdtemp(prefix="lockstep-scratch-", dir=root)  # 0700, ours alone
         self._dir_fd = os.open(self.dir, os.O_RDONLY | os.O_DIRECTORY | getattr(os, "O_NOFOLLOW", 0))
         self._count = 0
@@ -164,7 +165,7 @@ class MomentFiles:
 
     def adopt(self, opt):
         """``opt`` (an ``AdamWState``) with its moments copied into slot ``opt.step % 2``."""
-        from .optim import AdamWState
+        from lockstep.formats.state import AdamWState
 
         slot = opt.step % 2
         m = {k: self._put(slot, "m", k, v) for k, v in opt.m.items()}

@@ -47,7 +47,8 @@ from lockstep.spec import hashing, tree
 
 from .execution import IN_MEMORY, Execution
 from .model import loss_and_grads
-from .optim import AdamWState, NonFiniteError, optimizer_step
+from .optim import NonFiniteError, optimizer_step
+from lockstep.formats.state import AdamWState, state_tensors
 
 
 @dataclass(frozen=True)
@@ -133,9 +134,8 @@ class VectorPool:
     The trainer keeps one for a run, so micro-batch values, tree sums and the exchange's
     result reuse the same memory step after step (11.6 MiB vectors on ``small``): no
     allocation, and no fresh pages to fault in, wherever the allocator would hand them
-    back to the system. What removed the page faults measured on ``small`` is
-    ``malloc.keep_freed_memory`` (benchmarks/RESULTS.md, "After the fix"); the pool is
-    what still helps where that setting does nothing (no glibc). A vector given back
+    back to the system. Where glibc's malloc is used, ``malloc.keep_freed_memory`` keeps
+    freed memory for reuse too; the pool is what still helps where that setting does nothing (no glibc). A vector given back
     must be dead: nothing reads it again. Bits never depend on the pool (every element
     of a vector taken is written before it is read).
 
@@ -335,27 +335,6 @@ def subtree_sums(params: dict, windows: np.ndarray, plan: StepPlan, lo: int, hi:
     return folder.parts()
 
 
-def state_tensors(params: dict, opt: AdamWState, host: bool = True) -> dict[str, np.ndarray]:
-    """The published state: parameters, AdamW moments and the step counter (host arrays; with
-    ``host=False`` the arrays are left where they are, the step counter a host array)."""
-    put = np.asarray if host else (lambda v: v)
-    out = {f"param/{k}": put(v) for k, v in params.items()}
-    out.update({f"adam_m/{k}": put(v) for k, v in opt.m.items()})
-    out.update({f"adam_v/{k}": put(v) for k, v in opt.v.items()})
-    out["step"] = np.array([opt.step], dtype=np.int64)
-    return out
-
-
-def split_state(tensors: dict[str, np.ndarray]) -> tuple[dict, AdamWState]:
-    """Inverse of ``state_tensors`` (used when loading checkpoints)."""
-    params = {k[len("param/"):]: v for k, v in tensors.items() if k.startswith("param/")}
-    m = {k[len("adam_m/"):]: v for k, v in tensors.items() if k.startswith("adam_m/")}
-    v = {k[len("adam_v/"):]: v for k, v in tensors.items() if k.startswith("adam_v/")}
-    if "step" not in tensors or set(params) != set(m) or set(params) != set(v):
-        raise ValueError("checkpoint tensors are not a lockstep training state (param/, adam_m/, adam_v/, step)")
-    return params, AdamWState(int(np.asarray(tensors["step"]).reshape(-1)[0]), m, v)
-
-
 @dataclass
 class StepResult:
     params: dict
@@ -414,20 +393,53 @@ def apply_update(params: dict, opt: AdamWState, summed: np.ndarray, plan: StepPl
     return StepResult(new_params, new_opt, loss, np.float32(np.asarray(be.to_numpy(norm)).reshape(-1)[0]), lr, root)
 
 
+def step_over_ranks(params: dict, opt: AdamWState, windows: np.ndarray, plan: StepPlan, cfg: ModelConfig,
+                    tcfg: TrainConfig, backend, comm=None, *, pool: VectorPool | None = None,
+                    host_pool: VectorPool | None = None, moments=None, progress=None,
+                    execution: Execution = IN_MEMORY) -> StepResult:
+    """Step ``plan.step`` with its micro-batches split over the ranks of ``comm`` (None: this process alone).
+
+    The one step algorithm, which training and replay both run: this rank's maximal
+    subtrees of the micro-batch tree (``subtree_sums`` over ``rank_micro_batches``), the
+    exchange that makes the tree's sum ``S[0, M)`` on every rank (``tree_allreduce``, on the
+    host), then the update (``apply_update``). The bits do not depend on the number of
+    ranks. ``pool``: the step's vectors (a fresh pool when None); ``host_pool``: the
+    exchange's host vectors (``pool`` when it is a host pool); ``moments``, ``progress`` and
+    ``execution`` as in ``subtree_sums`` and ``apply_update``.
+    """
+    from .collectives import rank_micro_batches, tree_allreduce
+
+    be = backend
+    world, rank = (1, 0) if comm is None else (comm.Get_size(), comm.Get_rank())
+    layout = GradLayout.of(cfg)
+    pool = pool if pool is not None else vector_pool(be, layout.size)
+    m = len(plan.micro_batches(tcfg.micro_batch))
+    lo, hi = rank_micro_batches(m, world, rank)
+    parts = subtree_sums(params, windows, plan, lo, hi, cfg, tcfg, be, pool, progress=progress, execution=execution)
+    if world > 1:
+        if host_pool is None:
+            host_pool = pool if isinstance(pool, VectorPool) else VectorPool(layout.size)
+        with transfer_phase(be, "exchange"):  # MPI moves host memory: a device's subtree sums come over
+            sent = parts if host_pool is pool else [(a, b, be.to_numpy(v)) for a, b, v in parts]
+            summed = tree_allreduce(comm, sent, m, layout.size, be.add, out=host_pool.take(),
+                                    add_into=be.capabilities.add_into)
+        pool.give(*(v for _, _, v in parts))
+    else:
+        [(_, _, summed)] = parts
+    res = apply_update(params, opt, summed, plan, cfg, tcfg, be, moments=moments)
+    (host_pool if world > 1 else pool).give(summed)  # dead: the update's results are new arrays
+    return res
+
+
 def tree_step(params: dict, opt: AdamWState, windows: np.ndarray, plan: StepPlan, cfg: ModelConfig,
               tcfg: TrainConfig, backend, *, pool: VectorPool | None = None, moments=None,
               progress=None, execution: Execution = IN_MEMORY) -> StepResult:
-    """Step ``plan.step`` on one process: the whole tree, then the update (what the audit replays).
+    """Step ``plan.step`` on one process: the whole tree, then the update (``step_over_ranks`` with no ranks).
 
     ``windows`` is the step's batch (``plan.n_windows`` rows). Its bits are those of a
     run with any number of ranks, and of any ``execution``. ``pool``, ``moments`` and ``progress`` as in ``subtree_sums``
     and ``apply_update`` (``pool`` and ``moments``: a scratch folder's, for out-of-core state).
     """
-    m = len(plan.micro_batches(tcfg.micro_batch))
     params, opt = to_device(backend, params, opt)  # once per step at most (device arrays stay as they are)
-    [(_, _, summed)] = subtree_sums(params, windows, plan, 0, m, cfg, tcfg, backend, pool, progress=progress,
-                                    execution=execution)
-    res = apply_update(params, opt, summed, plan, cfg, tcfg, backend, moments=moments)
-    if pool is not None:
-        pool.give(summed)  # dead: the update's results are new arrays
-    return res
+    return step_over_ranks(params, opt, windows, plan, cfg, tcfg, backend, None, pool=pool, moments=moments,
+                           progress=progress, execution=execution)

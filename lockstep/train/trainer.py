@@ -16,12 +16,14 @@ until all agree (``collectives.on_all_ranks``). A resume starts from the last
 complete checkpoint, or from the initial state (recipe and seed) when there is
 none, and runs to the recorded target unless given another. The first SIGINT or
 SIGTERM ends the run after the current step with a checkpoint (``stop``), the
-ranks agreeing on the step; the second stops it at once.
+ranks agreeing on the step; the second stops it at once. A file the loop cannot write
+(a full disk) raises ``RunWriteError``: which file, and the checkpoint the run resumes from.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import sys
 import time
@@ -29,19 +31,20 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+from lockstep.errors import LockstepError
 from lockstep.fsio import check_regular_or_absent, printable
+from lockstep.launch import mpi_world
 from lockstep.fsio.progress import PhaseProgress
-from lockstep.spec import SPEC_VERSION
 
 from lockstep.formats import checkpoint as ckpt
-from lockstep.formats.config import ModelConfig, TrainConfig
+from lockstep.formats.config import ConfigError, ModelConfig, TrainConfig, checkpoint_every as default_checkpoint_every
 from lockstep.formats.manifest import Manifest
 from lockstep.formats.tokenizer import BYTE_TOKENIZER_VOCAB_SIZE
 from lockstep.formats.stream import GlobalStream, batch_digest
 from .model import init_params
-from .optim import AdamWState
-from lockstep.formats.rundir import (DATA_DIR, METRICS_FILE, RECIPE_FILE, TARGET_FILE, TRAJECTORY_FILE, open_run_data, read_target, write_target)
-from lockstep.formats.recipe import genesis, load_recipe, make_recipe, recipe_configs, recipe_digest, write_recipe
+from lockstep.formats.rundir import (DATA_DIR, METRICS_FILE, RECIPE_FILE, TARGET_FILE, TRAJECTORY_FILE, read_target, write_target)
+from lockstep.formats.recipe import genesis, make_recipe, recipe_digest, write_recipe
+from lockstep.formats.run import Run
 from lockstep.formats.trajectory import Strictness, read_trajectory, step_record, write_commitment, write_trajectory
 from lockstep.formats.trajectory import append_record
 from .malloc import keep_freed_memory
@@ -49,40 +52,53 @@ from .execution import Execution
 from .memory import Plan, backend_kind, choose_execution
 from lockstep.formats.schedule import plan_step
 from .scratch import MomentFiles, ScratchSpace
-from .step import (GradLayout, VectorPool, apply_update, split_state, state_tensors, subtree_sums, to_device,
-                   transfer_phase, vector_pool)
+from .step import GradLayout, VectorPool, step_over_ranks, to_device, transfer_phase, vector_pool
+from lockstep.formats.state import AdamWState, state_tensors
 from .stop import StopRequest
 
 
-class RecipeMismatch(RuntimeError):
+class RecipeMismatch(LockstepError, RuntimeError):
     """A resume was asked with settings that differ from the run's recipe."""
 
 
+class RunWriteError(LockstepError, RuntimeError):
+    """A file of the run could not be written during the loop (a full disk, a quota, an I/O error).
+
+    Nothing published is lost: every file is written atomically (a checkpoint that was not finished
+    leaves no folder), so the run resumes from ``resume_step``, its last complete checkpoint (0: its
+    initial state), and trains the steps after it again, to the same bits. ``what`` names the file
+    that was not written, ``step`` the step being recorded; the message says all of it in the
+    library's terms (the CLI adds the command that resumes).
+    """
+
+    def __init__(self, run_dir: Path, what: str, step: int, resume_step: int, world_size: int, cause: OSError):
+        self.run_dir, self.what, self.step, self.resume_step = Path(run_dir), what, step, resume_step
+        self.world_size = world_size
+        reason = cause.strerror or str(cause) or type(cause).__name__
+        start = f"checkpoint {resume_step}" if resume_step else "its initial state (it has no checkpoint yet)"
+        again = ("" if step <= resume_step else f"; step {step} is trained again, to the same bits"
+                 if step == resume_step + 1 else f"; steps {resume_step + 1}..{step} are trained again, to the same bits")
+        room = ("once there is room on its file system" if cause.errno in _NO_ROOM else "once that is fixed")
+        super().__init__(f"{run_dir}: {what} was not written ({reason}); nothing published is lost (every file "
+                         f"is written atomically): {room}, the run resumes from {start}{again}")
+
+
+_NO_ROOM = {errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSPC), errno.EFBIG}
+
+
+@contextlib.contextmanager
+def _writing(run_dir: Path, what: str, step: int, resume_step: int, world_size: int):
+    """Around a write of the loop: an ``OSError`` (not a closed pipe: that is the terminal's) becomes
+    ``RunWriteError`` saying what was not written and where the run resumes."""
+    try:
+        yield
+    except ConnectionError:  # BrokenPipeError among them: a reader of the output went away, no file failed
+        raise
+    except OSError as exc:
+        raise RunWriteError(run_dir, what, step, resume_step, world_size, exc) from exc
+
+
 # ---------------------------------------------------------------- MPI
-
-LAUNCHER_RANK_VARIABLES = ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK")
-
-
-def launcher_rank() -> int:
-    """This process's rank as mpiexec set it in the environment (0 when not launched by mpiexec);
-    known before MPI starts, so errors in the arguments are printed by rank 0 only."""
-    for key in LAUNCHER_RANK_VARIABLES:
-        value = os.environ.get(key, "")
-        if value.isdigit():
-            return int(value)
-    return 0
-
-
-def mpi_world():
-    """``(comm, rank, size)``; comm is None when not launched by mpiexec."""
-    launched = any(k in os.environ for k in ("PMI_RANK", "PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "PMIX_RANK"))
-    if not launched:
-        return None, 0, 1
-    from mpi4py import MPI
-
-    comm = MPI.COMM_WORLD
-    return comm, comm.Get_rank(), comm.Get_size()
-
 
 # ---------------------------------------------------------------- progress
 
@@ -99,7 +115,8 @@ class Progress:
         width = 24
         done = int(width * step / max(self.total, 1))
         bar = "#" * done + "-" * (width - done)
-        line = f"[{bar}] step {step}/{self.total}  loss {loss:.4f}  {tok_s:,.0f} tok/s  {time.perf_counter() - self.t0:,.0f}s"
+        line = printable(f"[{bar}] step {step}/{self.total}  loss {loss:.4f}  {tok_s:,.0f} tok/s  "
+                         f"{time.perf_counter() - self.t0:,.0f}s")
         if self.tty:
             print("\r" + line, end="", file=sys.stderr, flush=True)
         else:
@@ -169,7 +186,7 @@ class _Start:
 
 def train(run_dir: str | Path, *, cfg: ModelConfig | None = None, tcfg: TrainConfig | None = None,
           data: str | Path | None = None, seed: int = 42, steps: int | None = None, tokens: int | None = None,
-          backend_name: str = "spec", checkpoint_every: int = 50, resume: bool = False,
+          backend_name: str = "spec", checkpoint_every: int | None = None, resume: bool = False,
           progress: bool = True, log=print, check_recipe=None, handle_signals: bool = True,
           eval_every: int | None = 0, hooks: RunHooks | None = None, max_memory: float | None = None,
           scratch: str | Path | None = None, execution: Execution | None = None) -> RunSummary:
@@ -181,6 +198,10 @@ def train(run_dir: str | Path, *, cfg: ModelConfig | None = None, tcfg: TrainCon
     then the user's ``--data DIR`` (default: the recipe's folder, which must be inside
     the run), ``steps``/``tokens`` move the target (default: the recorded one), and
     ``check_recipe(recipe)`` may refuse settings the run cannot honour.
+
+    ``checkpoint_every`` K: a checkpoint every K steps, at the last step and when
+    stopped; None: the default for the run's model name (``config.checkpoint_every``:
+    100 for open-1b, 50 otherwise).
 
     Every argument is checked, on every rank, before anything is written; an error
     found then is raised on all ranks together (``AgreedError`` under mpiexec). With
@@ -224,15 +245,16 @@ def train(run_dir: str | Path, *, cfg: ModelConfig | None = None, tcfg: TrainCon
             say(f"resuming {run_dir} from " + (f"step {st.start_step}" if st.start_step else
                                                 "its initial state (no checkpoint yet)"))
         with StopRequest(install=handle_signals, announce=is_root) as stop:
-            return _run_loop(comm, rank, world, run_dir, st, be, checkpoint_every, progress, say, stop, eval_every,
+            every = default_checkpoint_every(st.cfg.name) if checkpoint_every is None else checkpoint_every
+            return _run_loop(comm, rank, world, run_dir, st, be, every, progress, say, stop, eval_every,
                              hooks or RunHooks())
 
 
-def _checked_backend(backend_name: str, checkpoint_every: int):
+def _checked_backend(backend_name: str, checkpoint_every: int | None):
     from lockstep.backends import get_backend
 
-    if type(checkpoint_every) is not int or checkpoint_every < 1:
-        raise ValueError(f"checkpoint_every must be a positive integer, got {checkpoint_every!r}")
+    if checkpoint_every is not None and (type(checkpoint_every) is not int or checkpoint_every < 1):
+        raise ConfigError(f"checkpoint_every must be a positive integer, got {checkpoint_every!r}")
     return get_backend(backend_name)
 
 
@@ -255,7 +277,7 @@ class _MemoryAsk:
         """The plan (``memory.choose_execution``); a named scratch folder is checked now, before anything is written."""
         if self.scratch is not None:
             if os.path.islink(self.scratch) or not os.path.isdir(self.scratch):
-                raise ValueError(f"--scratch {self.scratch}: not an existing folder (a symbolic link is refused)")
+                raise ConfigError(f"--scratch {self.scratch}: not an existing folder (a symbolic link is refused)")
         return choose_execution(cfg, tcfg, what, max_memory=self.max_memory, kind=self.kind,
                                 scratch=self.scratch or self.run_dir, given=self.given)
 
@@ -265,12 +287,12 @@ def _new_run_start(comm, run_dir: Path, cfg, tcfg, data, seed, steps, tokens, is
     from .collectives import on_all_ranks
 
     if cfg is None or tcfg is None:
-        raise ValueError("train needs a model and a train config for a new run")
+        raise ConfigError("train needs a model and a train config for a new run")
     default_data = data in (None, "default")
 
     def check() -> tuple[int, Manifest | None]:
         if type(seed) is not int or not 0 <= seed < 2**64:
-            raise ValueError(f"seed must be an integer in [0, 2**64), got {seed!r}")
+            raise ConfigError(f"seed must be an integer in [0, 2**64), got {seed!r}")
         if is_root and (run_dir / RECIPE_FILE).exists():
             raise FileExistsError(f"{run_dir} already holds a run; use --resume to continue it or pick another --out")
         last = _last_step(tcfg, cfg.seq_len, 0, steps, tokens, None)
@@ -278,7 +300,7 @@ def _new_run_start(comm, run_dir: Path, cfg, tcfg, data, seed, steps, tokens, is
         if manifest is not None:
             _check_vocab(manifest, cfg)
         elif cfg.vocab_size < BYTE_TOKENIZER_VOCAB_SIZE:  # before the default corpus is built in the run
-            raise ValueError(f"the default corpus's byte tokenizer has {BYTE_TOKENIZER_VOCAB_SIZE} ids but the model "
+            raise ConfigError(f"the default corpus's byte tokenizer has {BYTE_TOKENIZER_VOCAB_SIZE} ids but the model "
                              f"only {cfg.vocab_size}; raise vocab_size")
         return last, manifest, memory.plan(cfg, tcfg, "train it")  # before anything is allocated or written
 
@@ -309,51 +331,52 @@ def _new_run_start(comm, run_dir: Path, cfg, tcfg, data, seed, steps, tokens, is
 
 def _check_vocab(manifest: Manifest, cfg: ModelConfig) -> None:
     if manifest.vocab_size > cfg.vocab_size:
-        raise ValueError(f"the data's tokenizer has {manifest.vocab_size} ids but the model only "
+        raise ConfigError(f"the data's tokenizer has {manifest.vocab_size} ids but the model only "
                          f"{cfg.vocab_size}; raise vocab_size")
 
 
 def _resume_start(run_dir: Path, data, steps, tokens, is_root, check_recipe, given_cfg, given_tcfg,
                   memory: _MemoryAsk, be, progress: bool) -> _Start:
-    recipe = load_recipe(run_dir)
+    """The state a resume continues from: the run's newest checkpoint, which must obey the run's checkpoint
+    rule (``Run.checkpoint_problems``) with the published chain holding up to it, or the initial state."""
+    run = Run.open(run_dir, Strictness.LIVE).require("recipe")
+    recipe = run.recipe
     check_regular_or_absent(run_dir, METRICS_FILE, "metrics log")  # appended to: refuse a link now
-    if recipe.get("spec_version") != SPEC_VERSION:
-        raise RecipeMismatch(f"{run_dir}: run made with SPEC_VERSION {recipe.get('spec_version')}, "
-                             f"this lockstep has {SPEC_VERSION}; replay it with a matching version")
+    run.require_spec_version()
     if check_recipe is not None:
         check_recipe(recipe)
-    cfg, tcfg = recipe_configs(recipe)
+    cfg, tcfg = run.cfg, run.tcfg
     if given_cfg is not None and given_cfg != cfg or given_tcfg is not None and given_tcfg != tcfg:
         raise RecipeMismatch(f"{run_dir}: the model/train settings given differ from recipe.json; "
                              "resume without changing them (or start a new run)")
     plan = memory.plan(cfg, tcfg, "resume it")  # before anything is allocated
-    manifest = open_run_data(run_dir, recipe, data)
+    manifest = run.open_data(data)
     seed = recipe["seed"]
     # the data a step sees is a function of the recipe, the manifest and the step: the stream is
     # positioned from the step plan, and a checkpoint's record of it is only checked against that
     stream = GlobalStream(manifest, seed, cfg.seq_len)
-    found = ckpt.latest_checkpoint(run_dir)
-    if found is None:  # stopped before its first checkpoint: the recipe and seed define the state
-        params = initial_params(cfg, seed, be, progress and is_root)
-        opt, start_step, prev_chain = AdamWState.zeros(params), 0, genesis(recipe)
-    else:
-        c = ckpt.load_checkpoint(found[1], max_bytes=ckpt.state_bytes_bound(cfg))
-        if c.sidecar.get("recipe_sha256") != recipe_digest(recipe):
-            raise RecipeMismatch(f"{run_dir / RECIPE_FILE} does not match the recipe checkpoint {c.step} was made "
+    run.require("trajectory", "checkpoints")
+    start = run.sound_start(None, stream)
+    if start.stopped is not None:
+        step, kind, why = start.stopped
+        if any(p.what == "recipe" for p in start.stopped_problems):
+            raise RecipeMismatch(f"{run_dir / RECIPE_FILE} does not match the recipe checkpoint {step} was made "
                                  "with (it was edited); restore it or start a new run")
-        params, opt = split_state(c.tensors)
-        start_step, prev_chain = c.step, c.sidecar["chain_hash"]
-        why = ckpt.stream_state_problem(c.sidecar, stream, tcfg, start_step)
-        if why is not None:
-            raise ckpt.CheckpointError(f"{c.path / ckpt.SIDECAR_FILE}: {why}; the run is invalid "
-                                       "(lockstep audit verify reports it): it cannot be resumed")
-    kept = None
-    if is_root:
-        kept = [r for r in read_trajectory(run_dir, Strictness.LIVE) if r["step"] <= start_step]
-        if len(kept) != start_step or (kept and kept[-1]["chain_hash"] != prev_chain):
-            raise ValueError(f"{run_dir}: trajectory.jsonl does not agree with checkpoint {start_step}")
-    last_step = _last_step(tcfg, cfg.seq_len, start_step, steps, tokens, read_target(run_dir))
-    return _Start(recipe, cfg, tcfg, params, opt, start_step, prev_chain, stream, last_step, kept, plan)
+        raise ckpt.CheckpointError(f"checkpoint {ckpt.step_dirname(step)} of {run_dir} "
+                                   f"{'is damaged' if kind == 'damaged' else 'contradicts the run'}: {why}; it "
+                                   "cannot be resumed from (lockstep audit verify reports it)")
+    if not run.chain_holds_to(start.step):
+        raise ckpt.CheckpointError(f"{run_dir / 'trajectory.jsonl'}: the published chain is broken at step "
+                                   f"{run.chain_breaks[0]}, so it does not vouch for the state a resume continues "
+                                   "from (lockstep audit verify reports it): it cannot be resumed")
+    if start.step == 0:  # stopped before its first checkpoint: the recipe and seed define the state
+        params = initial_params(cfg, seed, be, progress and is_root)
+        opt = AdamWState.zeros(params)
+    else:
+        params, opt = start.params, start.opt
+    kept = run.trajectory[:start.step] if is_root else None
+    last_step = _last_step(tcfg, cfg.seq_len, start.step, steps, tokens, read_target(run_dir))
+    return _Start(recipe, cfg, tcfg, params, opt, start.step, start.chain, stream, last_step, kept, plan)
 
 
 def _write_start(run_dir: Path, st: _Start, resume: bool) -> None:
@@ -397,7 +420,7 @@ def _run_loop(comm, rank, world, run_dir: Path, st: _Start, be, checkpoint_every
 
 def _steps(comm, rank, world, run_dir, st, be, checkpoint_every, say, stop, eval_every, hooks, pool, moments,
            progress) -> RunSummary:
-    from .collectives import check_state_agreement, max_over_ranks, rank_micro_batches, tree_allreduce
+    from .collectives import check_state_agreement, max_over_ranks, rank_micro_batches
 
     is_root = rank == 0
     recipe, cfg, tcfg, params, opt, stream = st.recipe, st.cfg, st.tcfg, st.params, st.opt, st.stream
@@ -412,6 +435,7 @@ def _steps(comm, rank, world, run_dir, st, be, checkpoint_every, say, stop, eval
     summary_loss = float("nan")
     stopped_by = 0
     done = st.start_step
+    saved = st.start_step  # the last complete checkpoint (0: the initial state): where a resume starts
     for t in range(st.start_step + 1, last_step + 1):
         stop.step = t
         t0 = time.perf_counter()
@@ -422,18 +446,9 @@ def _steps(comm, rank, world, run_dir, st, be, checkpoint_every, say, stop, eval
             m = len(plan.micro_batches(tcfg.micro_batch))
             lo, hi = rank_micro_batches(m, world, rank)
             with PhaseProgress(f"step {t}", hi - lo, "micro-batches", enabled=progress and is_root) as mb_bar:
-                parts = subtree_sums(params, windows, plan, lo, hi, cfg, tcfg, be, pool, progress=mb_bar.update,
-                                     execution=st.plan.execution if st.plan is not None else Execution())
-            if world > 1:
-                with transfer_phase(be, "exchange"):  # MPI moves host memory: a device's subtree sums come over
-                    sent = parts if host_pool is pool else [(a, b, be.to_numpy(v)) for a, b, v in parts]
-                    summed = tree_allreduce(comm, sent, m, layout.size, be.add, out=host_pool.take(),
-                                            add_into=be.capabilities.add_into)
-                pool.give(*(v for _, _, v in parts))
-            else:
-                [(_, _, summed)] = parts
-            res = apply_update(params, opt, summed, plan, cfg, tcfg, be, moments=moments)
-            (host_pool if world > 1 else pool).give(summed)  # dead: the update's results are new arrays
+                res = step_over_ranks(params, opt, windows, plan, cfg, tcfg, be, comm if world > 1 else None,
+                                      pool=pool, host_pool=host_pool, moments=moments, progress=mb_bar.update,
+                                      execution=st.plan.execution if st.plan is not None else Execution())
         if comm is not None and world > 1:
             check_state_agreement(comm, res.state_root, t)
         params, opt = res.params, res.opt
@@ -448,24 +463,29 @@ def _steps(comm, rank, world, run_dir, st, be, checkpoint_every, say, stop, eval
             saving = t % checkpoint_every == 0 or t == last_step or stopped_by or evaluating
             if saving:  # the state's tensors on the host (copied from a device backend), before the counts are taken
                 with transfer_phase(be, "checkpoint"):
-                    saved = state_tensors(params, opt)
-            append_record(run_dir / TRAJECTORY_FILE, rec)
+                    tensors = state_tensors(params, opt)
             metrics = {"step": t, "seconds": dt, "tokens_per_s": plan.n_global / dt,
                        "backend": be.name, "world_size": world, "loss": float(res.loss)}
             if transfers is not None:
                 metrics["transfer_bytes"] = transfers.take()
-            append_record(run_dir / METRICS_FILE, metrics)
+            with _writing(run_dir, f"the record of step {t}", t, saved, world):
+                append_record(run_dir / TRAJECTORY_FILE, rec)
+                append_record(run_dir / METRICS_FILE, metrics)
             bar.update(t, float(res.loss), plan.n_global / dt)
             if saving:
                 side = {"chain_hash": prev_chain, "stream_state": stream.state_at(plan.first_window + plan.n_windows),
                         "recipe_sha256": recipe_digest(recipe), "tokens": plan.tokens_after}
-                with PhaseProgress(f"checkpoint {t}", 1, "bytes hashed and written", enabled=progress) as ck_bar:
-                    ckpt.save_checkpoint(run_dir, t, saved, side, progress=ck_bar.update)
-                del saved
+                with (_writing(run_dir, f"checkpoint {t}", t, saved, world),
+                      PhaseProgress(f"checkpoint {t}", 1, "bytes hashed and written", enabled=progress) as ck_bar):
+                    ckpt.save_checkpoint(run_dir, t, tensors, side, progress=ck_bar.update)
+                del tensors
+                saved = t
                 if moments is not None:
                     moments.release()  # the moments' pages the checkpoint read leave RAM again
             if evaluating:  # after the checkpoint, so `lockstep eval --step t` can reproduce it
-                hooks.validate(run_dir, t, plan.tokens_after, params, cfg, stream.manifest, be, tcfg.micro_batch, say)
+                with _writing(run_dir, f"the validation record of step {t}", t, saved, world):
+                    hooks.validate(run_dir, t, plan.tokens_after, params, cfg, stream.manifest, be, tcfg.micro_batch,
+                                   say)
         if stopped_by:
             break
     bar.close()
@@ -474,8 +494,10 @@ def _steps(comm, rank, world, run_dir, st, be, checkpoint_every, say, stop, eval
         summary.stopped_by = stopped_by
         return summary
     if is_root:
-        write_commitment(run_dir, recipe, last_step, prev_chain)
-        png = hooks.plot(run_dir, read_trajectory(run_dir, Strictness.LIVE)) if hooks.plot else None
+        with _writing(run_dir, "commitment.json", last_step, saved, world):
+            write_commitment(run_dir, recipe, last_step, prev_chain)
+        with _writing(run_dir, "loss.png", last_step, saved, world):
+            png = hooks.plot(run_dir, read_trajectory(run_dir, Strictness.LIVE)) if hooks.plot else None
         say(f"done: {run_dir} step {last_step}, loss {summary_loss:.4f}, chain {prev_chain}"
             + (f", loss curve {png}" if png else ""))
     return summary
@@ -514,21 +536,21 @@ def _last_step(tcfg: TrainConfig, seq_len: int, start_step: int, steps: int | No
                recorded: int | None) -> int:
     """The run's target step: ``steps``, or the step that reaches ``tokens``, or the recorded target."""
     if steps is not None and tokens is not None:
-        raise ValueError("give --steps or --tokens, not both")
+        raise ConfigError("give --steps or --tokens, not both")
     if steps is not None:
         if type(steps) is not int or steps < 1:
-            raise ValueError(f"--steps must be a positive integer, got {steps!r}")
+            raise ConfigError(f"--steps must be a positive integer, got {steps!r}")
         last = steps
     elif tokens is not None:
         if type(tokens) is not int or tokens < 1:
-            raise ValueError(f"--tokens must be a positive integer, got {tokens!r}")
+            raise ConfigError(f"--tokens must be a positive integer, got {tokens!r}")
         last = _step_reaching(tcfg, seq_len, tokens)
     elif recorded is not None:
         return max(recorded, start_step)
     else:
-        raise ValueError(f"this run has no recorded target ({TARGET_FILE}); give --steps N or --tokens T")
+        raise ConfigError(f"this run has no recorded target ({TARGET_FILE}); give --steps N or --tokens T")
     if last < start_step:
-        raise ValueError(f"the run already has a checkpoint at step {start_step}, beyond the target "
+        raise ConfigError(f"the run already has a checkpoint at step {start_step}, beyond the target "
                          f"{'--steps' if steps is not None else '--tokens'} gives (step {last}); give a larger one")
     return last
 

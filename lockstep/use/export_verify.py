@@ -341,13 +341,14 @@ def _against_run(rep: ExportReport, run: Path, proof: dict, identity, data) -> N
     """The chain from the run's recipe through the export's step to the run's commitment."""
     from lockstep.formats import checkpoint as ckpt
     from lockstep.formats.rundir import RunFileError
-    from lockstep.formats.recipe import genesis, load_recipe, recipe_configs, recipe_digest
-    from lockstep.formats.trajectory import Strictness, read_commitment, read_trajectory
+    from lockstep.formats.recipe import recipe_configs, recipe_digest
+    from lockstep.formats.run import Run
+    from lockstep.formats.trajectory import Strictness, read_commitment
 
     step = proof["step"]
     try:
-        recipe = load_recipe(run)
-        traj = read_trajectory(run, Strictness.AUDIT)
+        opened = Run.open(run, Strictness.AUDIT).require("recipe", "trajectory")
+        recipe, traj = opened.recipe, opened.trajectory
     except RunFileError as exc:
         rep.add("the run directory", False, str(exc))
         return
@@ -356,13 +357,7 @@ def _against_run(rep: ExportReport, run: Path, proof: dict, identity, data) -> N
         rep.add("config.json's tokenizer is the run's data manifest's", identity == run_tokenizer_identity(run, recipe, data))
     except UseError as exc:
         rep.add("the run's data manifest (its tokenizer)", False, str(exc))
-    prev = genesis(recipe)
-    broken = None
-    for r in traj:
-        h = hashing.record_chain_hash(prev, r)
-        if h != r["chain_hash"] and broken is None:
-            broken = r["step"]
-        prev = r["chain_hash"]
+    broken = opened.chain_breaks[0] if opened.chain_breaks else None
     rep.add("the run's chain, recomputed from the genesis", broken is None,
             f"breaks at step {broken}" if broken else f"{len(traj)} steps")
     rec = traj[step - 1] if 1 <= step <= len(traj) else None

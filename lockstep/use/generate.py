@@ -13,7 +13,9 @@ ops on one position, with ``cached_attention`` in place of the training attentio
 With float32 linears a decoded position's logits equal the training forward's at that
 position bit for bit. With int8 W8A8 (``quantize``) an activation scale is taken per
 tensor, as in training: in the prefill over the context, in a decode step over the one
-new position (a per-token scale, as any int8 server with dynamic scales computes it).
+new position (a per-token scale, as any int8 server with dynamic scales computes it);
+the prefill's attention is the training one (int8 P.V with ``quantize``), a decode step's
+P.V is ``decode_attention``'s float32 contraction in either case.
 
 The context holds at most ``seq_len`` tokens, the length the model was trained on:
 when it is full, it keeps its last ``seq_len // 2`` tokens, which are prefilled again
@@ -50,14 +52,15 @@ from typing import Iterator
 
 import numpy as np
 
+from lockstep.errors import LockstepError
 from lockstep.spec.philox import PhiloxStream, uniform_open_from_uint32
 from lockstep.formats.config import ModelConfig
-from lockstep.train.model import _rope, block_forward, device_params, embed_forward, head_forward
+from lockstep.train.model import _rope, block_forward, device_params, embed_forward, head_forward, training_attention
 
 SAMPLE_PURPOSE = "lockstep.sample"
 
 
-class SamplingError(ValueError):
+class SamplingError(LockstepError, ValueError):
     """Bad sampling settings or a model output that cannot be sampled from."""
 
 
@@ -111,9 +114,11 @@ class CachedModel:
         if not 1 <= t <= cfg.seq_len:
             raise ValueError(f"a context holds 1 .. {cfg.seq_len} tokens, got {t}")
 
+        training = training_attention(be, cfg)
+
         def attend(layer, qr, kr, v, window):
             self._store(layer, 0, kr, v)
-            return be.attention_forward(qr, kr, v, window)
+            return training(layer, qr, kr, v, window)
 
         with self._same_weights():
             _, x, _ = embed_forward(be, cfg, self.P, ids)

@@ -1,7 +1,10 @@
 """Loss curves: a run's training and validation loss over tokens, and runs side by side.
 
 Plots need matplotlib (the ``plot`` extra); without it the functions return None and
-nothing is drawn. Files are written atomically (temporary name, then rename).
+nothing is drawn. Files are written atomically (temporary name, then rename). Titles and
+labels name runs (a folder's name is its publisher's choice): they are drawn escaped
+(``fsio.printable``) and as plain text (no mathtext), so no name reaches a font or the
+terminal (a missing glyph is a warning that quotes it) unescaped.
 """
 
 from __future__ import annotations
@@ -9,7 +12,7 @@ from __future__ import annotations
 import io
 from pathlib import Path
 
-from lockstep.fsio import atomic_write_bytes
+from lockstep.fsio import atomic_write_bytes, printable
 
 from lockstep.formats.rundir import LOSS_PLOT_FILE as LOSS_PNG
 
@@ -70,7 +73,7 @@ def loss_curve_png(trajectory: list[dict], title: str) -> bytes | None:
     ax.plot([r["step"] for r in trajectory], [record_value(r, "loss") for r in trajectory])
     ax.set_xlabel("step")
     ax.set_ylabel("loss")
-    ax.set_title(title)
+    ax.set_title(printable(title), parse_math=False)
     ax.grid(alpha=0.3)
     fig.tight_layout()
     buf = io.BytesIO()  # rendered in memory, then written by the caller's atomic writer
@@ -95,7 +98,7 @@ def plot_run(run_dir: Path, trajectory: list[dict] | None = None, out: Path | No
         ax.plot(vt, vl, "o-", ms=4, label="validation loss (held-out documents)")
     ax.set_xlabel("training tokens")
     ax.set_ylabel("loss (nats / token)")
-    ax.set_title(f"{run_dir.name}: loss")
+    ax.set_title(printable(f"{run_dir.name}: loss"), parse_math=False)
     ax.grid(alpha=0.3)
     ax.legend()
     fig.tight_layout()
@@ -111,12 +114,12 @@ def plot_runs(runs: dict[str, Path], out: Path, title: str) -> Path | None:
     for i, (label, run_dir) in enumerate(runs.items()):
         tt, tl, vt, vl = run_curves(Path(run_dir))
         color = f"C{i}"
-        ax.plot(tt, tl, lw=0.8, alpha=0.6, color=color, label=f"{label}: training")
+        ax.plot(tt, tl, lw=0.8, alpha=0.6, color=color, label=printable(f"{label}: training"))
         if vt:
-            ax.plot(vt, vl, "o-", ms=4, color=color, label=f"{label}: validation")
+            ax.plot(vt, vl, "o-", ms=4, color=color, label=printable(f"{label}: validation"))
     ax.set_xlabel("training tokens")
     ax.set_ylabel("loss (nats / token)")
-    ax.set_title(title)
+    ax.set_title(printable(title), parse_math=False)
     ax.grid(alpha=0.3)
     ax.legend()
     fig.tight_layout()

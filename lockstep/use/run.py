@@ -3,10 +3,11 @@
 A run directory may come from a stranger. ``open_model`` reads the recipe through
 ``safe_join`` and strict JSON, loads the checkpoint with every digest checked
 (``checkpoint.load_checkpoint``: marker, file, each tensor, the state root), then
-requires that the checkpoint was made with this recipe, that the trajectory covers
-its step (a checkpoint beyond the trajectory's last step is refused, and never the
-default), that the chain recomputed from ``H_0`` holds up to it, and that its state
-root and chain hash are the trajectory's. Anything else is a
+holds it to the run's checkpoint rule (``formats.run.Run.checkpoint_problems``: this
+recipe, a step the trajectory covers, that record's state root, chain hash and token
+count, the recipe's state layout; a checkpoint beyond the trajectory's last step is
+refused, and never the default) and requires the chain recomputed from ``H_0`` to hold
+up to it. Anything else is a
 ``UseError`` naming the file and what to do: a damaged or refused checkpoint never
 becomes text, a loss or an export.
 """
@@ -19,16 +20,18 @@ from pathlib import Path
 
 import numpy as np
 
+from lockstep.errors import LockstepError
 from lockstep.fsio import FileFormatError, UnsafePath
 from lockstep.spec import SPEC_VERSION
 from lockstep.formats import checkpoint as ckpt
 from lockstep.formats.config import ModelConfig, TrainConfig
 from lockstep.formats.manifest import DataError, Manifest
-from lockstep.formats.params import param_specs
-from lockstep.train.step import split_state
+from lockstep.formats.run import Run
+from lockstep.formats.state import split_state
+from lockstep.formats.trajectory import Strictness
 
 
-class UseError(ValueError):
+class UseError(LockstepError, ValueError):
     """A run, checkpoint, export or argument that cannot be used; the message says why and what to do."""
 
 
@@ -63,58 +66,37 @@ class RunModel:
                 f"SPEC_VERSION {SPEC_VERSION}; values can differ in the last bits from the run's own")
 
 
-def load_run_recipe(run_dir: Path) -> tuple[dict, ModelConfig, TrainConfig]:
-    """The recipe (strict JSON, read inside the run) and its two configs."""
-    from lockstep.formats.recipe import load_recipe, recipe_configs
-
-    if not run_dir.is_dir():
-        raise UseError(f"{run_dir} is not a run directory (no such folder)")
-    try:
-        recipe = load_recipe(run_dir)
-        cfg, tcfg = recipe_configs(recipe)
-    except FileNotFoundError:
-        raise UseError(f"{run_dir}: no recipe.json; is this a lockstep run directory?") from None
-    except (FileFormatError, UnsafePath, KeyError, TypeError, ValueError) as exc:
-        raise UseError(f"{run_dir / 'recipe.json'}: cannot be used: {exc}") from None
-    return recipe, cfg, tcfg
-
-
-def _trajectory(run_dir: Path) -> list[dict]:
-    from lockstep.formats.trajectory import Strictness, read_trajectory
-
-    try:
-        return read_trajectory(run_dir, Strictness.LIVE)
-    except (ValueError, UnsafePath) as exc:
-        raise UseError(f"{run_dir}: trajectory.jsonl cannot be read ({exc}); run `lockstep audit verify {run_dir}`") \
-            from None
-
-
 def open_model(run_dir: str | os.PathLike, step: int | None = None) -> RunModel:
     """The parameters of checkpoint ``step`` (default: the latest complete one the trajectory covers), verified.
 
-    A checkpoint is used only when the trajectory has its step, the chain recomputed
-    from ``H_0`` holds up to it and its state root and chain hash are that record's: a
+    A checkpoint is used only when it obeys the run's checkpoint rule
+    (``Run.checkpoint_problems``: made with this recipe, its step in the trajectory, its
+    state root, chain hash and token count that record's, the recipe's state layout) and
+    the chain recomputed from ``H_0`` holds up to it (``Run.chain_holds_to``): a
     checkpoint beyond the trajectory's last step is covered by no chain link and is
     refused (and never chosen by default).
     """
-    from lockstep.formats.recipe import recipe_digest
-    from lockstep.formats.trajectory import first_broken_link
-
     run_dir = Path(run_dir)
-    recipe, cfg, tcfg = load_run_recipe(run_dir)
+    if not run_dir.is_dir():
+        raise UseError(f"{run_dir} is not a run directory (no such folder)")
+    run = Run.open(run_dir, Strictness.LIVE)  # every file read once, through its one reader
+    if "recipe" in run.errors:
+        raise UseError(f"{run_dir / 'recipe.json'}: cannot be used: {run.errors['recipe']}")
+    recipe, cfg, tcfg = run.recipe, run.cfg, run.tcfg
     if step is not None and (isinstance(step, bool) or not isinstance(step, int) or step < 1):
         raise UseError(f"--step must be a positive integer, got {step!r}")
-    try:
-        have = [s for s, _ in ckpt.list_checkpoints(run_dir)]
-    except (UnsafePath, OSError) as exc:
-        raise UseError(f"refused: {run_dir}/checkpoints cannot be listed: {exc}") from None
+    if "checkpoints" in run.errors:
+        raise UseError(f"refused: {run.errors['checkpoints']}")
+    if "trajectory" in run.errors:
+        raise UseError(f"{run_dir}: trajectory.jsonl cannot be read ({run.errors['trajectory']}); run "
+                       f"`lockstep audit verify {run_dir}`")
+    have = sorted(run.complete)
     if step is not None and step not in have:
         raise UseError(f"{run_dir} has no complete checkpoint of step {step} (complete ones: "
                        f"{', '.join(map(str, have[-10:])) or 'none'})")
     if not have:
         raise UseError(f"{run_dir} has no complete checkpoint yet (train it, or wait for its first checkpoint)")
-    records = _trajectory(run_dir)
-    n = len(records)
+    n = run.last_step
     covered = [s for s in have if s <= n]
     if step is not None and step > n or not covered:
         others = f" (checkpoints it covers: {', '.join(map(str, covered[-10:]))})" if covered else ""
@@ -122,35 +104,24 @@ def open_model(run_dir: str | os.PathLike, step: int | None = None) -> RunModel:
                        f"step {n}: no chain link covers it{others}; run `lockstep audit verify {run_dir}`")
     step = step if step is not None else covered[-1]
     try:
-        c = ckpt.load_checkpoint(run_dir, step, max_bytes=ckpt.state_bytes_bound(cfg))  # a larger state is refused unread
+        c = run.load_checkpoint(step)  # every digest checked; a state larger than the recipe's is refused unread
     except ckpt.CheckpointError as exc:
         raise UseError(f"refused: {exc}") from None
-    except (UnsafePath, OSError) as exc:
-        raise UseError(f"refused: checkpoint of {run_dir} cannot be read: {exc}") from None
-    where = c.path / ckpt.SIDECAR_FILE
-    if c.sidecar.get("recipe_sha256") != recipe_digest(recipe):
-        raise UseError(f"refused: {where} was made with another recipe than {run_dir / 'recipe.json'} "
-                       "(the recipe was edited, or the checkpoint comes from another run)")
-    record = records[c.step - 1]
-    if (record.get("state_root") != c.sidecar.get("state_root")
-            or record.get("chain_hash") != c.sidecar.get("chain_hash")):
-        raise UseError(f"refused: checkpoint {c.step} ({c.path}) disagrees with trajectory.jsonl at step {c.step} "
-                       f"(state root or chain hash); run `lockstep audit verify {run_dir}`")
-    broken = first_broken_link(recipe, records[:c.step])
-    if broken is not None:
-        raise UseError(f"refused: the chain of {run_dir / 'trajectory.jsonl'} is broken at step {broken}, so it does "
-                       f"not vouch for checkpoint {c.step}; run `lockstep audit verify {run_dir}`")
-    try:
-        params, _ = split_state(c.tensors)
-    except ValueError as exc:
-        raise UseError(f"refused: {c.path}: {exc}") from None
-    want = {s.name: s.shape for s in param_specs(cfg)}
-    got = {k: tuple(v.shape) for k, v in params.items()}
-    if got != want or any(v.dtype != np.float32 for v in params.values()):
-        bad = sorted(set(want) ^ set(got)) or sorted(k for k in want if got.get(k) != want[k])
-        raise UseError(f"refused: {c.path}: the parameters do not fit the recipe's model (first difference: "
-                       f"{bad[:1] or 'a dtype other than float32'})")
-    return RunModel(run_dir, recipe, cfg, tcfg, c.step, params, c.sidecar, c.path, record)
+    problems = run.checkpoint_problems(c)
+    if problems:
+        p = problems[0]
+        if p.of_record:
+            why = (f"disagrees with trajectory.jsonl at step {c.step} ({p.message})")
+        elif p.what == "recipe":
+            why = f"was made with another recipe than {run_dir / 'recipe.json'} ({p.message})"
+        else:
+            why = f"does not hold the recipe's model: {p.message}"
+        raise UseError(f"refused: checkpoint {c.step} ({c.path}) {why}; run `lockstep audit verify {run_dir}`")
+    if not run.chain_holds_to(c.step):
+        raise UseError(f"refused: the chain of {run_dir / 'trajectory.jsonl'} is broken at step {run.chain_breaks[0]}, "
+                       f"so it does not vouch for checkpoint {c.step}; run `lockstep audit verify {run_dir}`")
+    params, _ = split_state(c.tensors)
+    return RunModel(run_dir, recipe, cfg, tcfg, c.step, params, c.sidecar, c.path, run.record(c.step))
 
 
 def run_manifest(run_dir: str | os.PathLike, recipe: dict, data: str | os.PathLike | None = None) -> tuple[Path, dict]:

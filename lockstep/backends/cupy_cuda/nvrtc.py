@@ -27,6 +27,8 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from lockstep.errors import LockstepError
+
 # The run-time options, in this order, for every lockstep kernel (docs/gpu-kernels.md, "Toolchain traps"):
 #   --fmad=false     never contract a*b+c into one FMA (NVRTC's default is true)
 #   -ftz=false       keep IEEE subnormal results; lockstep flushes in software after rounding
@@ -41,11 +43,11 @@ def compile_options(arch: int) -> tuple[str, ...]:
     return (STD_OPTION, *COMPILE_OPTIONS, f"-arch=sm_{int(arch)}")
 
 
-class NVRTCUnavailable(RuntimeError):
+class NVRTCUnavailable(LockstepError, RuntimeError):
     """No usable NVRTC library or binding on this machine."""
 
 
-class NVRTCCompileError(RuntimeError):
+class NVRTCCompileError(LockstepError, RuntimeError):
     """NVRTC rejected a source; the message carries NVRTC's log."""
 
 

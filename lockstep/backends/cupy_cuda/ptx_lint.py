@@ -24,6 +24,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from lockstep.errors import LockstepError
+
 _FLOAT = r"(?:f16|f16x2|bf16|bf16x2|f32|f32x2|f64)"
 
 # (rule name, compiled pattern, why)
@@ -80,7 +82,7 @@ def lint_ptx(ptx: str, module: str = "<ptx>") -> list[LintFinding]:
     return findings
 
 
-class PTXLintError(RuntimeError):
+class PTXLintError(LockstepError, RuntimeError):
     """A kernel's PTX breaks lockstep's arithmetic rules."""
 
 

@@ -149,6 +149,22 @@ class AttentionOps(ReduceOps):
                           o_view=(0, g * t * dh, t * dh, dh, 1))
         return dq, dk, dv
 
+    def attention_forward_int8(self, q, k, v, window=None):
+        """spec attention.attention_forward_int8, computed by the spec on the host: the inputs come to the
+        host and (o, m, l) go back to the device. (No kernel for int8 P.V yet: this moves B*T*(H+2G)*Dh
+        floats in and B*H*T*(Dh+2) out per call.)"""
+        from lockstep.spec.attention import attention_forward_int8
+
+        return tuple(self.asarray(x) for x in attention_forward_int8(*(self.to_numpy(a) for a in (q, k, v)), window))
+
+    def attention_backward_int8(self, do, q, k, v, o, m, l, window=None):
+        """spec attention.attention_backward_int8, computed by the spec on the host (no kernel for the
+        fixed-point dq yet): the seven inputs come to the host, (dq, dk, dv) go back."""
+        from lockstep.spec.attention import attention_backward_int8
+
+        args = (self.to_numpy(a) for a in (do, q, k, v, o, m, l))
+        return tuple(self.asarray(x) for x in attention_backward_int8(*args, window))
+
     def decode_attention(self, q, k, v, n, window=None):
         """spec attention.decode_attention: the spec's composition (``compose_decode_attention``) of this
         table's ops (matmul, lane_tree_sum, max, concat_last, mul, sub, exp, div). Returns o (H, Dh).

@@ -17,8 +17,9 @@ class EmbeddingOps(LayoutOps):
 
     def embedding_forward(self, table, ids):
         """spec embedding.embedding_forward: ``ls_embedding_forward_kernel``."""
-        from lockstep.spec.checks import check_ids
+        from lockstep.spec.checks import check_embedding_table, check_ids
 
+        check_embedding_table(table)
         table = self.contiguous(self._f32(table))
         ids_h = check_ids(self._host(ids), table.shape[0])
         out = self.empty(ids_h.shape + (table.shape[1],), F32)

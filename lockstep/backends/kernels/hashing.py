@@ -16,8 +16,8 @@ Parallelism is across chunks only (SHA-256 of one chunk is sequential): a launch
 the time of its longest chunk on one work-item, however many chunks run beside it, so a
 launch per tensor would pay that time once per tensor. On a GPU the state should live in few
 buffers (or arenas) and be hashed with ``tensors_leaves``; separately allocated tensors cost a
-launch each. On PoCL a work-item hashes about 150-250 MB/s (``benchmarks/RESULTS.md``), so a
-tensor of a few chunks takes a few milliseconds per chunk: acceptable beside the large ones.
+launch each. A work-item hashes one 1 MiB chunk at a time, so a tensor of a few chunks is a launch of a
+few work-items: acceptable beside the large ones.
 
 The kernel reads the buffer as 32-bit words in the device's byte order; every device these
 kernels run on is little-endian. The first call on a runtime checks the kernel against

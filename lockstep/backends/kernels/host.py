@@ -25,6 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
+from lockstep.errors import LockstepError
 from lockstep.fsio import atomic_write_bytes
 
 from . import KERNEL_DIR, cache_dir
@@ -36,7 +37,7 @@ FIXUP_FLAGS = ("-DLS_FLUSH_FIXUP=1",)
 SOURCES = ("prelude_host.h", "ls_fp.h", "host_build.c")
 
 
-class HostBuildUnavailable(RuntimeError):
+class HostBuildUnavailable(LockstepError, RuntimeError):
     """No C compiler here (the host build needs one: install gcc or clang, or set CC)."""
 
 

@@ -2,7 +2,7 @@
 
 ``DeviceArray`` is a view of a runtime's buffer (shape, dtype, strides and offset in elements);
 ``LayoutOps`` is the base of every op module here: it moves data (``asarray`` canonicalizes float
-data once, on upload, with ``ls_canon_kernel``: SPEC_VERSION 2 input rule, subnormals read as zeros
+data once, on upload, with ``ls_canon_kernel``: the spec's input rule, subnormals read as zeros
 of their sign and NaNs as 0x7FC00000), materializes views (``ls_copy32_kernel``/``ls_copy8_kernel``),
 and holds the launch geometry every op uses: grid-stride kernels in groups of ``ELEMENTWISE_LOCAL``,
 row kernels in groups of ``LANES`` (the 32 lanes of the lane tree), single-work-item kernels.

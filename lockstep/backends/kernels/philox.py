@@ -10,6 +10,8 @@ import math
 
 import numpy as np
 
+from lockstep.spec.checks import check_philox  # the same input checks as the spec
+
 from .layout import LayoutOps
 
 
@@ -20,11 +22,7 @@ class PhiloxOps(LayoutOps):
         """spec philox.philox4x32: ``ls_philox4x32_kernel``."""
         c = self._u32(counter)
         k = self._u32(key)
-        if c.shape[-1:] != (4,) or k.shape[-1:] != (2,):
-            raise ValueError(f"philox4x32 needs counter (..., 4) and key (..., 2) uint32, got {c.shape} and {k.shape}")
-        if not 1 <= int(rounds) <= 16:
-            raise ValueError(f"philox4x32 rounds must be in 1..16, got {rounds}")
-        shape = np.broadcast_shapes(c.shape[:-1], k.shape[:-1])
+        shape = check_philox(c, k, rounds)
         c = self.contiguous(c.broadcast_to(shape + (4,)))
         k = self.contiguous(k.broadcast_to(shape + (2,)))
         out = self.empty(shape + (4,), np.uint32)

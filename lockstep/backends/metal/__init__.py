@@ -7,8 +7,7 @@ How it stays exact on a GPU that flushes float32 subnormals in hardware:
 * Fast math off: ``mathMode`` safe and precise math functions (macOS 15+), else
   ``fastMathEnabled = NO``; ``#pragma STDC FP_CONTRACT OFF`` in the source, because Metal is
   reported to contract ``a*b + c`` even in safe mode.
-* Apple's flush rule: the hardware reads subnormal inputs as zero (so does the spec, since
-  SPEC_VERSION 2) and flushes tiny results, reportedly deciding "tiny" before rounding. That
+* Apple's flush rule: the hardware reads subnormal inputs as zero (so does the spec) and flushes tiny results, reportedly deciding "tiny" before rounding. That
   differs from the spec's round-then-flush only for ``*`` and ``/`` whose exact result lies in
   ``[2**-126 - 2**-150, 2**-126)``; ``prelude_metal.h`` passes every hardware product and
   quotient through ``ls_fp.h``'s fix-up, which recomputes a zero from nonzero finite operands

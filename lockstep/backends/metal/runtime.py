@@ -24,6 +24,7 @@ import sys
 
 import numpy as np
 
+from lockstep.errors import LockstepError
 from lockstep.backends import BackendUnavailable
 from lockstep.backends.kernels import kernel_names, source
 from lockstep.backends.kernels.layout import DeviceArray
@@ -39,7 +40,7 @@ DISPATCHES_PER_COMMAND_BUFFER = 256
 MAX_GROUPS = 4096  # grid-stride kernels need no more threadgroups than this to fill any Apple GPU
 
 
-class MetalCompileError(RuntimeError):
+class MetalCompileError(LockstepError, RuntimeError):
     """The Metal compiler rejected the kernel source (the message carries its log)."""
 
 

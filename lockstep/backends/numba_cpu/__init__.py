@@ -26,7 +26,7 @@ operations is the spec's. How the kernels stay exact while fast:
   (``int8gemm``: AVX-512 VNNI ``vpdpbusd`` where present, four int8 multiply-adds
   per int32 lane; else float32 BLAS on int8 values, K in exact chunks of 1024).
 * Attention visits only the allowed (query, key) pairs of each block of 8 queries:
-  masked pairs are absent from every sum in the spec (SPEC_VERSION 2); inside a
+  masked pairs are absent from every sum in the spec; inside a
   block's register tiles (``tiles``) they are zeros, which gives the same bits
   wherever no flush can happen (see ``attention``).
 * Register micro-kernels written as Numba intrinsics (LLVM IR: vectors, one IEEE

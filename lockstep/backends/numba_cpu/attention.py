@@ -27,15 +27,18 @@ import numpy as np
 
 from types import SimpleNamespace
 
-from lockstep.spec.attention import compose_decode_attention
+import math
+
+from lockstep.spec.attention import DQ_BITS, DQ_MIN_GRID, P_SCALE, compose_decode_attention
 from lockstep.spec.checks import check_attention_shapes
 
 from . import fp as _fp
 from . import layout as _layout
 from . import reduce as _reduce
 from . import transcendental as _transcendental
+from .quant import abs_bits_entered, quantize1, scale_from_abs_max_bits
 
-from .fp import EXPONENT_MASK, ONE, ZERO, bits, cn, entered, fl, min_nonzero_abs, safe_products
+from .fp import CANONICAL_NAN_BITS, EXPONENT_MASK, ONE, ZERO, bits, cn, entered, fl, from_bits, min_nonzero_abs, safe_products
 from .reduce import LANES, accumulate_rows, lane_tree, row_max_total
 from .tasks import kernel, parallel_kernel
 from .tiles import tile_4x16, tile_4x64, tile_8x32
@@ -175,6 +178,110 @@ def _block_keys_accumulate(a, klo, n, rows, acc):
 
 
 
+# ---------------------------------------------------------------- the int8 recipe: int8 P.V, fixed-point dQ
+
+@kernel
+def _int8_pv_rows(p, i0, nr, window, vq, c, acc, out):
+    """``out[i0 + r, d] = float32(sum_j pq[r, j] * vq[j, d]) * c[d]`` over the allowed keys j of query
+    i0 + r, ``pq = quantize(p, P_SCALE)``: ``spec.attention._int8_pv`` (int32 sums, exact in any order).
+    acc: (Dh,) int32 scratch."""
+    dh = out.shape[1]
+    for r in range(nr):
+        i = i0 + r
+        for d in range(dh):
+            acc[d] = 0
+        for j in range(max(0, i - window + 1), i + 1):
+            code = np.int32(quantize1(p[r, j], P_SCALE))
+            if code != 0:
+                vrow = vq[j]
+                for d in range(dh):
+                    acc[d] += code * np.int32(vrow[d])
+        orow = out[i]
+        for d in range(dh):
+            orow[d] = cn(fl(np.float32(acc[d]) * c[d]))
+
+
+@kernel
+def _fixed_point_rows(ds, i0, nr, window, kg, k_max, k_finite, lbits, acc, out):
+    """``dq = ds k`` of a block's rows in 64-bit fixed point: ``spec.attention.fixed_point_contract``
+    (one grid per row from its largest |ds| and the head's largest |k|; int64 sums, any order).
+    acc: (Dh,) int64 scratch."""
+    dh = out.shape[1]
+    _, eb = math.frexp(np.float64(k_max))
+    for r in range(nr):
+        i = i0 + r
+        lo = max(0, i - window + 1)
+        orow = out[i]
+        finite = k_finite
+        a_max = ZERO
+        for j in range(lo, i + 1):
+            x = ds[r, j]
+            if (bits(x) & EXPONENT_MASK) == EXPONENT_MASK:
+                finite = False
+            else:
+                a_max = max(a_max, abs(x))
+        if not finite:
+            for d in range(dh):
+                orow[d] = from_bits(CANONICAL_NAN_BITS)
+            continue
+        _, ea = math.frexp(np.float64(a_max))
+        grid = max(ea + eb - (DQ_BITS - lbits), DQ_MIN_GRID)
+        inv = math.ldexp(1.0, -grid)
+        for d in range(dh):
+            acc[d] = 0
+        for j in range(lo, i + 1):
+            w = np.float64(ds[r, j])
+            if w != 0.0:
+                krow = kg[j]
+                for d in range(dh):
+                    acc[d] += np.int64(np.rint((w * np.float64(krow[d])) * inv))
+        g1 = min(max(grid, -126), 127)
+        f1 = np.float32(math.ldexp(1.0, g1))
+        f2 = np.float32(math.ldexp(1.0, grid - g1))
+        for d in range(dh):
+            orow[d] = cn(fl(fl(np.float32(acc[d]) * f1) * f2))
+
+
+def _kv_heads(v, *args) -> int:
+    """Tasks of the value quantizer: one per (batch, KV head)."""
+    return v.shape[0] * v.shape[1]
+
+
+@parallel_kernel(_kv_heads)
+def _value_quantize(t0, t1, v, sv, vq, vdq):
+    """Per (batch, KV head): ``sv = value_scale(v)`` (max |v| per channel / 127, 0 -> 1), ``vq =
+    quantize(v, sv)`` and ``vdq = vq * sv`` (``spec.attention._quantized_pv``)."""
+    t, dh = v.shape[2], v.shape[3]
+    for task in range(t0, t1):
+        b = task // v.shape[1]
+        g = task % v.shape[1]
+        for d in range(dh):
+            mb = np.uint32(0)
+            for j in range(t):
+                mb = max(mb, np.uint32(abs_bits_entered(v[b, g, j, d])))
+            sv[b, g, d] = scale_from_abs_max_bits(mb)
+        for j in range(t):
+            for d in range(dh):
+                r = quantize1(fl(v[b, g, j, d]), sv[b, g, d])
+                vq[b, g, j, d] = np.int8(np.int32(r))
+                vdq[b, g, j, d] = cn(fl(r * sv[b, g, d]))
+
+
+def _quantized_values(v):
+    """``(sv, vq, vdq)`` of entered values v (B, G, T, Dh)."""
+    b, g, t, dh = v.shape
+    sv = np.empty((b, g, dh), dtype=np.float32)
+    vq = np.empty(v.shape, dtype=np.int8)
+    vdq = np.empty(v.shape, dtype=np.float32)
+    if v.size:
+        _value_quantize(v, sv, vq, vdq)
+    return sv, vq, vdq
+
+
+_NO_VQ = np.zeros((1, 1, 1, 1), dtype=np.int8)  # the float path's placeholders for the int8 arguments
+_NO_C = np.zeros((1, 1, 1), dtype=np.float32)
+
+
 # ---------------------------------------------------------------- forward
 
 def _query_heads(q, *args) -> int:
@@ -183,8 +290,9 @@ def _query_heads(q, *args) -> int:
 
 
 @parallel_kernel(_query_heads, weight=16)
-def _forward_kernel(t0, t1, q, k, ktp, v, window, o, m_out, l_out):
+def _forward_kernel(t0, t1, q, k, ktp, v, window, o, m_out, l_out, int8, vq, cs):
     """q (B, H, T, Dh); k, v (B, G, T, Dh); ktp (B, G, Dh, T + KEY_PAD) = k transposed, zero-padded.
+    ``int8``: P.V as ``attention_forward_int8`` (vq (B, G, T, Dh) int8, cs (B, G, Dh) = P_SCALE * sv).
 
     Per block of QB queries [i0, i0 + QB): the allowed keys of the block's rows span
     [klo, khi) = [max(0, i0 - W + 1), i0 + QB). Scores, p and o are made for the whole
@@ -207,6 +315,7 @@ def _forward_kernel(t0, t1, q, k, ktp, v, window, o, m_out, l_out):
     p = np.zeros((QB, width), dtype=np.float32)  # probabilities, zero at the block's masked keys
     ob = np.empty((QB, dh), dtype=np.float32)
     lanes = np.empty(LANES, dtype=np.float32)
+    acc32 = np.empty(dh, dtype=np.int32)
     for bh in range(t0, t1):
         b = bh // nh
         h = bh % nh
@@ -247,8 +356,11 @@ def _forward_kernel(t0, t1, q, k, ktp, v, window, o, m_out, l_out):
                     seg[jj] = fl(seg[jj] / li)
                 m_out[b, h, i] = cn(mx)
                 l_out[b, h, i] = cn(li)
-            tiled_o = tiled and v_finite[bg] and safe_products(_block_min(p, klo, khi), min_v[bg])
-            _block_contract(p, klo, khi, i0, nr, window, vg, min_v[bg], tiled_o, ob, o[b, h])
+            if int8:
+                _int8_pv_rows(p, i0, nr, window, vq[b, g], cs[b, g], acc32, o[b, h])
+            else:
+                tiled_o = tiled and v_finite[bg] and safe_products(_block_min(p, klo, khi), min_v[bg])
+                _block_contract(p, klo, khi, i0, nr, window, vg, min_v[bg], tiled_o, ob, o[b, h])
 
 
 def _window(window, t: int) -> int:
@@ -257,6 +369,15 @@ def _window(window, t: int) -> int:
 
 def attention_forward(q, k, v, window: int | None = None):
     """``spec.attention.attention_forward``: returns ``(o, m, l)``."""
+    return _forward(q, k, v, window, False)
+
+
+def attention_forward_int8(q, k, v, window: int | None = None):
+    """``spec.attention.attention_forward_int8``: returns ``(o, m, l)``."""
+    return _forward(q, k, v, window, True)
+
+
+def _forward(q, k, v, window, int8: bool):
     check_attention_shapes(q, k, v)
     (q, _, _), (k, _, _), (v, _, _) = (entered(a) for a in (q, k, v))
     b, h, t, dh = q.shape
@@ -267,7 +388,13 @@ def attention_forward(q, k, v, window: int | None = None):
         return o, m, l
     ktp = np.zeros((b, k.shape[1], dh, t + KEY_PAD), dtype=np.float32)
     ktp[..., :t] = k.transpose(0, 1, 3, 2)
-    _forward_kernel(q, k, ktp, v, _window(window, t), o, m, l)
+    if int8:
+        sv, vq, _ = _quantized_values(v)
+        cs = np.empty(sv.shape, dtype=np.float32)
+        cs[...] = _fp.mul(P_SCALE, sv)
+        _forward_kernel(q, k, ktp, v, _window(window, t), o, m, l, True, vq, cs)
+    else:
+        _forward_kernel(q, k, ktp, v, _window(window, t), o, m, l, False, _NO_VQ, _NO_C)
     return o, m, l
 
 
@@ -279,8 +406,12 @@ def _kv_groups(do, q, k, *args) -> int:
 
 
 @parallel_kernel(_kv_groups, weight=16)
-def _backward_kernel(t0, t1, do, q, k, v, o, m, l, window, dq, dk, dv):
+def _backward_kernel(t0, t1, do, q, k, v, o, m, l, window, dq, dk, dv, int8, lbits):
     """One task per (batch, KV group g): dq rows of the group's heads, dk and dv of its keys.
+
+    ``int8``: ``attention_backward_int8`` (v is then the dequantized values vdq): dv adds
+    ``pdq = quantize(p, P_SCALE) * P_SCALE`` in place of p, dq is fixed point (``_fixed_point_rows``,
+    ``lbits`` = bit length of T).
 
     dk[j] and dv[j] sum over (head h ascending, query i ascending): the loop order
     here (heads, then blocks of QB queries, then the block's rows), so each key's
@@ -301,6 +432,8 @@ def _backward_kernel(t0, t1, do, q, k, v, o, m, l, window, dq, dk, dv):
     sc = np.zeros((QB, width), dtype=np.float32)
     p = np.zeros((QB, width), dtype=np.float32)
     ds = np.zeros((QB, width), dtype=np.float32)
+    pd = np.zeros((QB, width), dtype=np.float32)  # pdq (int8): zero at the block's masked keys, as p
+    acc64 = np.empty(dh, dtype=np.int64)
     d_rows = np.empty(t, dtype=np.float32)
     lanes = np.empty(LANES, dtype=np.float32)
     tmp = np.empty(dh, dtype=np.float32)
@@ -316,6 +449,10 @@ def _backward_kernel(t0, t1, do, q, k, v, o, m, l, window, dq, dk, dv):
         vtp[:, :t] = v[b, g].T
         kg = k[b, g]
         vg = v[b, g]
+        k_max = ZERO
+        for x in kg.reshape(-1):
+            if (bits(x) & EXPONENT_MASK) != EXPONENT_MASK:
+                k_max = max(k_max, abs(x))
         min_k = min_nonzero_abs(kg.reshape(-1))
         min_v = min_nonzero_abs(vg.reshape(-1))
         k_finite = _all_finite(kg.reshape(-1))
@@ -380,27 +517,37 @@ def _backward_kernel(t0, t1, do, q, k, v, o, m, l, window, dq, dk, dv):
                         exp_diff_row(srow, mi, pv)
                         for jj in range(pv.size):
                             pv[jj] = fl(pv[jj] / li)  # p
+                        if int8:
+                            pdrow = pd[r]
+                            for jj in range(klo, khi + 4):
+                                pdrow[jj] = ZERO
+                            for jj in range(lo, hi):
+                                pdrow[jj] = fl(quantize1(prow[jj], P_SCALE) * P_SCALE)
                         dsv = dsrow[lo:hi]
                         for jj in range(dsv.size):
                             dsv[jj] = fl(fl(pv[jj] * fl(dsv[jj] - d_i)) * scale)  # ds
                     # dq[i] = sum_{j allowed} ds[j] k[j, :], ascending j
                     ds_min = _block_min(ds[:nr], klo, khi)
-                    tiled_dq = full and k_finite and safe_products(ds_min, min_k)
-                    _block_contract(ds, klo, khi, i0, nr, window, kg, min_k, tiled_dq, qb, dq[b, h])
-                    # dk[j] += ds[i, j] q[i], dv[j] += p[i, j] do[i] for the block's rows i ascending
+                    if int8:
+                        _fixed_point_rows(ds, i0, nr, window, kg, k_max, k_finite, lbits, acc64, dq[b, h])
+                    else:
+                        tiled_dq = full and k_finite and safe_products(ds_min, min_k)
+                        _block_contract(ds, klo, khi, i0, nr, window, kg, min_k, tiled_dq, qb, dq[b, h])
+                    pw = pd if int8 else p  # the weights of dv: pdq in the int8 recipe
+                    # dk[j] += ds[i, j] q[i], dv[j] += pw[i, j] do[i] for the block's rows i ascending
                     if fast_kv:
-                        if not (full and safe_products(ds_min, min_q) and safe_products(_block_min(p[:nr], klo, khi),
+                        if not (full and safe_products(ds_min, min_q) and safe_products(_block_min(pw[:nr], klo, khi),
                                                                                          min_do)):
                             ok = False
                             break
                         _block_keys_accumulate(ds, klo, n, qh[i0:khi], dk_acc)
-                        _block_keys_accumulate(p, klo, n, doh[i0:khi], dv_acc)
+                        _block_keys_accumulate(pw, klo, n, doh[i0:khi], dv_acc)
                     else:
                         for r in range(nr):
                             i = i0 + r
                             for j in range(max(0, i - window + 1), i + 1):
                                 _accumulate(dk_acc[j], ds[r, j], qh[i], False)
-                                _accumulate(dv_acc[j], p[r, j], doh[i], False)
+                                _accumulate(dv_acc[j], pw[r, j], doh[i], False)
             if ok:
                 break
             fast_kv = False
@@ -414,6 +561,15 @@ def _backward_kernel(t0, t1, do, q, k, v, o, m, l, window, dq, dk, dv):
 
 def attention_backward(do, q, k, v, o, m, l, window: int | None = None):
     """``spec.attention.attention_backward``: returns ``(dq, dk, dv)``."""
+    return _backward(do, q, k, v, o, m, l, window, False)
+
+
+def attention_backward_int8(do, q, k, v, o, m, l, window: int | None = None):
+    """``spec.attention.attention_backward_int8``: returns ``(dq, dk, dv)``."""
+    return _backward(do, q, k, v, o, m, l, window, True)
+
+
+def _backward(do, q, k, v, o, m, l, window, int8: bool):
     check_attention_shapes(q, k, v, do, o, m, l)
     do, q, k, v, o = (entered(a)[0] for a in (do, q, k, v, o))
     b, h, t, dh = q.shape
@@ -425,7 +581,9 @@ def attention_backward(do, q, k, v, o, m, l, window: int | None = None):
         dk[...] = 0.0
         dv[...] = 0.0
         return dq, dk, dv
-    _backward_kernel(do, q, k, v, o, m, l, _window(window, t), dq, dk, dv)
+    if int8:
+        v = _quantized_values(v)[2]
+    _backward_kernel(do, q, k, v, o, m, l, _window(window, t), dq, dk, dv, int8, t.bit_length())
     return dq, dk, dv
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from lockstep.spec.checks import check_ids, gradient_rows  # the same input checks as the spec
+from lockstep.spec.checks import check_embedding_table, check_ids, gradient_rows  # the same input checks as the spec
 
 from .fp import cn
 from .reduce import add_rows_into
@@ -32,6 +32,7 @@ def _gather_rows(t0, t1, table, ids, out):
 
 def embedding_forward(table, ids) -> np.ndarray:
     """``spec.embedding.embedding_forward``: (V, D), (B, T) -> (B, T, D)."""
+    check_embedding_table(table)
     table = np.ascontiguousarray(np.asarray(table, dtype=np.float32))
     ids = check_ids(ids, table.shape[0])
     d = table.shape[1]

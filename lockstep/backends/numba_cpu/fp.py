@@ -10,7 +10,7 @@ Every kernel in this backend is built from the helpers here:
   NaN's payload never changes a later ``+ - * / sqrt`` result's NaN-ness, and the
   output is canonicalized anyway.
 * ``fadd``, ``fsub``, ``fmul``, ``fdiv``: one IEEE operation, then ``fl``.
-* Inputs are read canonically (spec SPEC_VERSION 2: a subnormal input is a zero of
+* Inputs are read canonically (the spec's rule: a subnormal input is a zero of
   its sign): ``asarray`` canonicalizes (``canonical``: one scan, no copy when nothing
   changes), and the kernels still ``fl`` every value they load from an argument
   (a bit test in a register, free next to the load), so a host array that never
@@ -232,8 +232,8 @@ def elementwise(op, arity, name: str, weight: int = 1) -> "TaskKernel":
     """The parallel kernel ``out[i] = cn(op(a[i]))`` (arity 1), ``cn(op(a[i], b[i]))`` (2) or
     ``cn(op(a[i], s))`` ("scalar": s one float32), in blocks of ``tasks.BLOCK`` elements per task.
     Arity ``"1, then cn"`` is arity 1 in two passes over each block, ``op`` then ``cn``: the
-    same bits, and about 5% faster for the large inlined transcendentals (measured:
-    benchmarks/RESULTS.md, "One home for each concern").
+    same bits, and faster for the large inlined transcendentals (their code and the flush
+    do not share registers).
 
     ``op`` is a Numba scalar function; the template is compiled once per op under ``name``.
     Why a fresh function object with ``op`` as a global rather than a closure: Numba's

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from lockstep.spec.checks import check_philox  # the same input checks as the spec
 from lockstep.spec.philox import DEFAULT_ROUNDS, PHILOX_M4x32_0, PHILOX_M4x32_1, PHILOX_W32_0, PHILOX_W32_1
 
 from .tasks import inlined, parallel_kernel, rows
@@ -52,13 +53,7 @@ def philox4x32(counter, key, rounds: int = DEFAULT_ROUNDS) -> np.ndarray:
     """``spec.philox.philox4x32``: counter uint32 (..., 4), key uint32 (..., 2) -> uint32 (..., 4)."""
     counter = np.asarray(counter, dtype=np.uint32)
     key = np.asarray(key, dtype=np.uint32)
-    if counter.shape[-1:] != (4,) or key.shape[-1:] != (2,):
-        raise ValueError(
-            f"philox4x32 needs counter (..., 4) and key (..., 2) uint32, got {counter.shape} and {key.shape}"
-        )
-    if not 1 <= int(rounds) <= 16:
-        raise ValueError(f"philox4x32 rounds must be in 1..16, got {rounds}")
-    shape = np.broadcast_shapes(counter.shape[:-1], key.shape[:-1])
+    shape = check_philox(counter, key, rounds)
     ctr = np.ascontiguousarray(np.broadcast_to(counter, shape + (4,))).reshape(-1, 4)
     k = np.ascontiguousarray(np.broadcast_to(key, shape + (2,))).reshape(-1, 2)
     out = np.empty(shape + (4,), dtype=np.uint32)

@@ -207,9 +207,9 @@ def weights_unchanged(memo: dict | None = None) -> Iterator[None]:
     for the life of the model. The bits are those of the calls without it: a form is
     exactly what the call would compute, computed once. Each entry holds its array, so an
     id cannot be reused while the memo lives. Without ``memo``, the block uses the
-    enclosing block's memo, or a new one dropped on leaving. Why: with micro-batches of 4
-    sequences, re-quantizing every weight per micro-batch was the largest part of their
-    extra cost over micro-batches of 8 (benchmarks/RESULTS.md, "After the fix").
+    enclosing block's memo, or a new one dropped on leaving. Why: re-quantizing every weight
+    for every micro-batch costs a pass over all weights per micro-batch, which small
+    micro-batches cannot hide.
     """
     global _memo
     outer = _memo

@@ -218,3 +218,59 @@ def _decode_refusals():
 
 
 register(OpRecord("decode_attention", _decode_cases, draw=_draw_decode, search_cost=2, refusals=_decode_refusals))
+
+
+# ---------------------------------------------------------------- the int8 recipe (SPEC_VERSION 4)
+# attention_forward_int8 / attention_backward_int8: the float ops' cases, plus values whose channel
+# scale is 0 (-> 1) or inf/NaN, boundary values everywhere, and large keys and dO that put the
+# fixed-point dq's terms near the top of its grid.
+
+def _int8_extra_inputs(seed):
+    b = gen.boundary_values()
+    q = np.resize(b, (1, 2, 37, 4)).astype(np.float32)
+    k = np.resize(b[::-1], (1, 1, 37, 4)).astype(np.float32)
+    v = np.resize(np.roll(b, 5), (1, 1, 37, 4)).astype(np.float32)
+    qz, kz, vz = _attn_inputs(seed, (1, 33, 0, 2, 1, 4), "attn-int8")
+    vz[..., 1] = 0.0  # an all-zero channel: scale 1, codes 0
+    vz[..., 2] *= np.float32(2.0**-140)  # a channel whose scale flushes: codes 0
+    big = gen.random_uniform(seed, ("attn-int8", "big"), (1, 1, 33, 4), -2, 2) * np.float32(2.0**100)
+    return [("boundary", (q, k, v)), ("zero-channels", (qz, kz, vz)), ("huge-k", (qz, big.astype(np.float32), vz))]
+
+
+def _attn_fwd_int8_cases(seed, level):
+    out = _attn_fwd_cases(seed, level)
+    for name, (q, k, v) in _int8_extra_inputs(seed):
+        out.append(Case(f"{name}-causal", (q, k, v, None)))
+        out.append(Case(f"{name}-window5", (q, k, v, 5)))
+    return out
+
+
+def _attn_bwd_int8_cases(seed, level):
+    out = []
+    for case in _attn_bwd_cases(seed, level):
+        do, q, k, v, _o, _m, _l, window = case.args
+        o, m, l = spec.attention_forward_int8(q, k, v, window)
+        out.append(Case(case.label, (do, q, k, v, o, m, l, window)))
+    for name, (q, k, v) in _int8_extra_inputs(seed):
+        for window in (None, 5):
+            o, m, l = spec.attention_forward_int8(q, k, v, window)
+            do = gen.random_uniform(seed, ("attn-int8-do", name, window or 0), o.shape, -2, 2)
+            if name == "huge-k":
+                do = (do * np.float32(2.0**90)).astype(np.float32)  # |ds| * |k| near 2**190: the grid's top
+            out.append(Case(f"{name}-{'causal' if window is None else 'window5'}", (do, q, k, v, o, m, l, window)))
+    return out
+
+
+def _draw_backward_int8(draw, op):
+    (do, q, k, v, o, m, l, window), kw = _draw_backward(draw, op)
+    k_shape = (k.value if isinstance(k, Viewed) else k).shape
+    q_shape = (q.value if isinstance(q, Viewed) else q).shape
+    if q_shape[1] % k_shape[1] == 0 and q_shape[3] > 0 and k_shape[2:] == q_shape[2:] and not sometimes(draw):
+        o, m, l = spec.attention_forward_int8(canonical_host(q), canonical_host(k), canonical_host(v), window)
+    return (do, q, k, v, o, m, l, window), kw
+
+
+register(OpRecord("attention_forward_int8", _attn_fwd_int8_cases, draw=_draw_forward, search_cost=4,
+                  refusals=_forward_refusals))
+register(OpRecord("attention_backward_int8", _attn_bwd_int8_cases, draw=_draw_backward_int8, search_cost=8,
+                  refusals=_backward_refusals))

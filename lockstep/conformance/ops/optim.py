@@ -21,7 +21,7 @@ from ..registry import Case, OpRecord, register
 def _sumsq_cases(seed, level):
     """Below one block of 4096 (one lane tree), a few blocks with a short last one, and more than
     32 blocks (the second lane tree takes two rounds); both give other bits than one lane tree
-    over the whole tensor (SPEC_VERSION 1), so a backend that kept that order fails."""
+    over the whole tensor, so a backend that sums in that order fails."""
     block = spec.optim.SUM_OF_SQUARES_BLOCK
     return [Case("matrix", (gen.random_uniform(seed, ("ssq",), (33, 17)),)),
             Case("vector", (gen.random_uniform(seed, ("ssq-v",), (1000,)),)),

@@ -27,6 +27,11 @@ lockstep's training and evaluation) and the codes likewise; a scale below the sm
 normal float32 (an all-zero tensor) becomes 1, NaN codes 0. The integer product is computed
 exactly (``integer_matmul``), then ``y = (acc * sx) * sw``, each product rounded once in
 float32: given the same input, an int8 layer gives lockstep's output bit for bit.
+With ``quantize`` attention's P.V is int8 too, as in ``spec.attention_forward_int8``: the
+probabilities quantized with the fixed scale ``1/127`` (round half to even, codes 0 .. 127),
+V per (batch, KV head, channel) with ``max_j |v| / 127`` over the sequence's positions, the
+integer contraction exactly and one rescale ``acc * (scale_p * scale_v)``; a cached decode
+step's P.V is float32, as in ``lockstep sample``.
 
 Semantics, not bits: the float32 sums (norms, softmax, the LM head's contractions) and
 ``exp``, ``silu``, ``cos``/``sin`` are PyTorch's, in PyTorch's order, not the spec's fixed
@@ -131,6 +136,37 @@ def integer_matmul(a, b):
     return acc.to(torch.float32)
 
 
+P_SCALE = f32(1.0 / QMAX)  # the probabilities' fixed scale: they lie in [0, 1], codes 0 .. 127
+
+
+def value_scale(v, key_mask=None):
+    """Per (batch, KV head, channel) of v (B, G, T, Dh): ``max_j |v[j, d]| / 127`` over the T positions
+    (padding keys of ``key_mask`` left out), a flushed scale becoming 1. (B, G, 1, Dh)."""
+    a = v.abs()
+    if key_mask is not None:
+        a = a.masked_fill(~key_mask[:, None, :v.shape[2], None], 0.0)
+    return nonzero_scale(a.amax(-2, keepdim=True) / QMAX)
+
+
+def int8_pv(p, v, n_kv: int, key_mask=None):
+    """P.V as lockstep's int8 recipe computes it (``attention_forward_int8``): ``pq = quantize(p, 1/127)``
+    (codes 0 .. 127), ``vq = quantize(v, sv)`` with ``sv = value_scale(v)``, the integer contraction
+    ``acc = pq @ vq`` exactly, then ``o = acc * (P_SCALE * sv)`` (one rounded product). p (B, H, T, n),
+    v (B, H, n, Dh) with its G = ``n_kv`` KV heads repeated."""
+    h = p.shape[1]
+    vg = v[:, :: h // n_kv]                                                        # (B, G, n, Dh): each KV head once
+    sv = value_scale(vg, key_mask).repeat_interleave(h // n_kv, dim=1)             # (B, H, 1, Dh)
+    pq = quantize(p, P_SCALE)
+    vq = quantize(v, sv)
+    k = p.shape[-1]
+    if k <= EXACT_K:  # every partial sum an integer below 2**24: exact in any order
+        acc = pq @ vq
+    else:
+        acc = sum((pq[..., k0:k0 + EXACT_K] @ vq[..., k0:k0 + EXACT_K, :]).to(torch.int64)
+                  for k0 in range(0, k, EXACT_K)).to(torch.float32)
+    return acc * (P_SCALE * sv)
+
+
 class LockstepLinear(nn.Linear):
     """A linear layer without bias, ``y = x @ weight.T``: float32, or int8 W8A8 (module docstring)."""
 
@@ -203,6 +239,7 @@ class LockstepAttention(nn.Module):
         self.window = None if full else config.attention_window
         self.scale = attention_scale(dh)
         q = config.quantize
+        self.quantized = q
         self.q_proj = LockstepLinear(d, h * dh, q)
         self.k_proj = LockstepLinear(d, g * dh, q)
         self.v_proj = LockstepLinear(d, g * dh, q)
@@ -234,7 +271,11 @@ class LockstepAttention(nn.Module):
         e = torch.exp(s - torch.where(torch.isfinite(m), m, torch.zeros_like(m)))     # masked keys: exp(-inf) = 0
         l = e.sum(-1, keepdim=True)
         p = e / torch.where(l > 0, l, torch.ones_like(l))
-        o = (p @ v).transpose(1, 2).reshape(b, t, self.h * self.dh)
+        if self.quantized and n == t:  # the training attention: int8 P.V (a decode step's P.V is float32)
+            o = int8_pv(p, v, self.g, key_mask)
+        else:
+            o = p @ v
+        o = o.transpose(1, 2).reshape(b, t, self.h * self.dh)
         return self.o_proj(o)
 
 

@@ -290,8 +290,9 @@ print(tokenizer.decode(out[0, len(ids):], skip_special_tokens=True))
 
 A document starts after the end-of-document token (id {identity.get("eod_id")}, `{eod_token(identity)}`), as in
 training, so a prompt does too. `modeling_lockstep.py` is the model lockstep trained in its semantics, not
-its bits: int8 layers use the exported codes and scales and the same quantizer, but the float32 sums and
-`exp` are PyTorch's, so logits differ from lockstep's in the last bits and a validation loss agrees with
+its bits: int8 layers use the exported codes and scales and the same quantizer, attention's P.V is int8 as
+in training (probabilities at the fixed scale 1/127, values per channel of each KV head), but the float32
+sums and `exp` are PyTorch's, so logits differ from lockstep's in the last bits and a validation loss agrees with
 `lockstep eval` to about 1e-5 relative, not exactly. Greedy generation gives lockstep's tokens
 (`lockstep sample --temperature 0`) while no two logits are that close. For the bits every backend agrees
 on, use lockstep (`lockstep sample`, `lockstep eval`). Weights use transformers' names and `(out, in)`

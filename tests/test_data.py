@@ -361,7 +361,7 @@ def test_ingest_txt_and_jsonl(tmp_path, capsys):
     (tmp_path / "code.jsonl").write_text('{"text": "x = 1"}\n\n{"text": "y", "id": 2}\n')
     out = tmp_path / "out"
     assert _cli(["data", "ingest", "--out", str(out), str(tmp_path / "web"), f"prog={tmp_path / 'code.jsonl'}",
-                 "--weight", "prog=0.5"]) == 0
+                 "--weight", "prog=0.5", "--skip-empty"]) == 0
     m = Manifest.load(out)
     assert [(s.name, s.documents, s.tokens) for s in m.sources] == [("web", 2, 13), ("prog", 2, 6)]
     assert m.sources[1].weight == Decimal("0.5")

@@ -209,3 +209,90 @@ def test_an_export_recipe_beyond_the_stated_maxima_is_refused(export, tmp_path):
     r = lockstep_limited("audit", "verify-export", d)
     assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr[-2000:]
     assert "FAIL the recipe's model settings: model.n_layers must be an integer from 1 to 1024" in r.stdout
+
+
+# ---------------------------------------------------------------- the Hugging Face layout (issue 38)
+
+@pytest.fixture(scope="module")
+def hf_export(honest_run, tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("hf-export") / "export"
+    assert main(["export", str(honest_run), "--out", str(out), "--format", "hf"]) == 0
+    return out
+
+
+def test_an_hf_export_rebuilds_lockstep_s_tensors_exactly(honest_run, hf_export, capsys):
+    """transformers' names and (out, in) layouts hold lockstep's tensors bit for bit: q/k/v are the column
+    blocks of wqkv transposed, gate/up those of w_gate_up, and the int8 codes and scales follow them."""
+    from lockstep.formats.recipe import load_recipe, recipe_configs
+    from lockstep.use.export import export_tensors
+    from lockstep.use.export_hf import lockstep_tensors
+    from lockstep.use.run import open_model
+
+    assert main(["audit", "verify-export", str(hf_export), str(honest_run)]) == 0
+    assert "VALID" in capsys.readouterr().out
+    tensors, meta = read_safetensors(hf_export / "model.safetensors")
+    cfg = recipe_configs(load_recipe(honest_run))[0]
+    ours = export_tensors(open_model(honest_run).params, cfg)
+    rebuilt = lockstep_tensors(tensors, cfg)
+    assert set(rebuilt) == set(ours) and all(rebuilt[k].tobytes() == v.tobytes() for k, v in ours.items())
+    hd = cfg.n_heads * cfg.head_dim
+    q = tensors["model.layers.0.self_attn.q_proj.weight"]
+    assert q.shape == (hd, cfg.d_model) and q.tobytes() == np.ascontiguousarray(ours["layers.00.attn.wqkv"][:, :hd].T).tobytes()
+    assert tensors["model.layers.1.mlp.up_proj.weight_int8"].dtype == np.int8
+    assert tensors["lm_head.weight"].shape == (cfg.vocab_size, cfg.d_model) and meta["format"] == "pt"
+
+
+def _edit_hf(name: str, change):
+    def edit(d: Path) -> None:
+        change(d / name)
+        _rehash(d, name)
+    return edit
+
+
+def _edit_q_proj(path: Path) -> None:
+    tensors, meta = read_safetensors(path)
+    tensors = {k: v.copy() for k, v in tensors.items()}
+    tensors["model.layers.0.self_attn.q_proj.weight"][0, 0] += np.float32(0.001)
+    write_safetensors(path, tensors, meta)
+
+
+def _add_tensor(path: Path) -> None:
+    tensors, meta = read_safetensors(path)
+    write_safetensors(path, {**tensors, "model.layers.0.self_attn.q_norm.weight": np.ones(8, np.float32)}, meta)
+
+
+def _edit_json(key, value):
+    def change(path: Path) -> None:
+        obj = json.loads(path.read_text())
+        obj[key] = value
+        path.write_bytes(json_bytes(obj))
+    return change
+
+
+@pytest.mark.parametrize("edit, failing", [
+    # the model code runs under trust_remote_code: a changed line is refused, whatever proof.json says
+    (_edit_hf("modeling_lockstep.py", lambda p: p.write_text(p.read_text() + "\nimport os  # anything\n")),
+     "modeling_lockstep.py is the model code this lockstep ships"),
+    (_edit_hf("configuration_lockstep.py", lambda p: p.write_text(p.read_text().replace("% 5", "% 4"))),
+     "configuration_lockstep.py is the model code this lockstep ships"),
+    (_edit_hf("model.safetensors", _edit_q_proj), "every parameter's digest is the checkpoint's"),
+    (_edit_hf("model.safetensors", _add_tensor), "no other tensors"),
+    (_edit_hf("config.json", _edit_json("attention_window", 64)), "config.json is the one the recipe"),
+    (_edit_hf("generation_config.json", _edit_json("suppress_tokens", [])), "generation_config.json is the one"),
+    (_edit_hf("tokenizer_config.json", _edit_json("split_special_tokens", False)), "tokenizer_config.json is the one"),
+    (_edit_hf("tokenizer.json", lambda p: p.write_bytes(p.read_bytes().replace(b'"!": 33', b'"!": 34'))),
+     "config.json's tokenizer is the export's"),
+])
+def test_an_edited_hf_export_is_found(hf_export, tmp_path, edit, failing, capsys):
+    d = _copy(hf_export, tmp_path)
+    edit(d)
+    assert main(["audit", "verify-export", str(d)]) == 2
+    out = capsys.readouterr().out
+    assert f"FAIL {failing}" in out and "INVALID" in out, out
+
+
+def test_an_unknown_export_layout_is_refused(hf_export, tmp_path, capsys):
+    d = _copy(hf_export, tmp_path)
+    _rehash(d, layout="gguf")
+    assert main(["audit", "verify-export", str(d)]) == 2
+    assert "FAIL the proof's layout: unknown layout 'gguf'" in capsys.readouterr().out

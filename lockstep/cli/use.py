@@ -3,7 +3,7 @@
     lockstep sample RUN --prompt TEXT [--step N] [--max-new-tokens 200] [--temperature 0.8]
                     [--top-k 40] [--seed 0] [--backend B] [--data DIR] [--quiet]
     lockstep eval RUN [--step N] [--backend B] [--data DIR] [--record] [--json]
-    lockstep export RUN --out DIR [--step N] [--data DIR]
+    lockstep export RUN --out DIR [--format lockstep|hf] [--step N] [--data DIR]
     lockstep audit verify-export DIR [RUN] [--data DIR]
 
 Exit codes: 0 done / reproduced / valid; 2 a value that differs from the recorded one,
@@ -327,32 +327,40 @@ def add_export_parser(subparsers) -> argparse.ArgumentParser:
         description="Write the weights of a verified checkpoint of RUN (default: the latest) to a new folder: "
                     "model.safetensors (float32 parameters under their lockstep names, plus the int8 codes and "
                     "scales of the int8 layers), config.json, recipe.json, proof.json (state root, chain hash, "
-                    "every tensor digest) and a README model card. Check an export with "
-                    "`lockstep audit verify-export DIR RUN`.")
+                    "every tensor digest) and a README model card. --format hf writes the same checkpoint as a "
+                    "folder Hugging Face transformers loads (AutoModelForCausalLM.from_pretrained(DIR, "
+                    "trust_remote_code=True), AutoTokenizer.from_pretrained(DIR)): transformers' names and "
+                    "(out, in) layouts, the model code, the tokenizer files, and the same proof. Check an export "
+                    "with `lockstep audit verify-export DIR RUN`.")
     p.add_argument("run", type=Path, help="the run directory")
     p.add_argument("--out", type=Path, required=True, help="the new export folder (must not exist, or be empty)")
     p.add_argument("--step", type=positive_int, help="the checkpoint's step (default: the latest the chain covers)")
     p.add_argument("--data", type=Path, help="the run's data folder (for its tokenizer), when it is not inside the run")
+    p.add_argument("--format", choices=("lockstep", "hf"), default="lockstep",
+                   help="lockstep's own layout (default), or hf: a Hugging Face transformers folder")
     p.set_defaults(func=run_export)
     return p
 
 
 def run_export(args) -> int:
     from lockstep.use.export import make_export
+    from lockstep.use.export_hf import make_hf_export
     from lockstep.use.export_verify import verify_export
     from lockstep.use.run import UseError, open_model, open_tokenizer
 
     try:
         model = open_model(args.run, args.step)
         tokenizer, identity = open_tokenizer(args.run, model.recipe, args.data)
-        out = make_export(model, tokenizer, identity, args.out)
+        write = make_hf_export if args.format == "hf" else make_export
+        out = write(model, tokenizer, identity, args.out)
         rep = verify_export(out, args.run, args.data)
     except (UseError, ValueError, OSError) as exc:
         return fail("export", str(exc))
     if not rep.ok:  # never expected: the export was just made from a verified checkpoint
         print(rep.format())
         return fail("export", f"{out} does not verify against {args.run}; do not publish it")
-    say(f"exported step {model.step} of {args.run} to {out} (state root {model.sidecar['state_root'][:16]}..., "
+    form = " for transformers" if args.format == "hf" else ""
+    say(f"exported step {model.step} of {args.run} to {out}{form} (state root {model.sidecar['state_root'][:16]}..., "
           f"chain hash {model.sidecar['chain_hash'][:16]}...); verified against the run")
     return EXIT_OK
 

@@ -15,7 +15,15 @@ On disk (a data folder)
                               "offsets_file": "math/00000.offsets.npy", "offsets_sha256": HEX,
                               "documents": d, "tokens": t}, ...]}, ...]}
 
-Version 1 is version 2 without ``validation_documents`` (read as 0); lockstep writes 2.
+Version 1 is version 2 without ``validation_documents`` (read as 0); lockstep writes 2, and 3
+for a data folder built from a data recipe (``data_recipes``): version 2 with an optional
+``"recipe"`` object that records it::
+
+     "recipe": {"name": "open-1b", "version": 1,
+                "token_shares": {"dclm": 330, ...}},            (one positive integer per source)
+
+and then every source's weight is the document weight that gives its token share,
+``recipe_weight(share, documents, tokens)`` (below), an integer: checked on load.
 
 A shard is two ``.npy`` files (format 1.0, read with ``allow_pickle=False``): the
 flat token ids of its documents (1-D ``uint8``, ``uint16`` or ``uint32``, the smallest
@@ -69,7 +77,9 @@ MAX_MANIFEST_BYTES = 64 << 20  # about 200,000 shard entries
 DEFAULT_RESIDENT_BYTES = 4 << 30  # verified token shards kept in memory; the rest are read (and hashed) again
 MANIFEST_FORMAT = "lockstep.data-manifest"
 MANIFEST_VERSION = 2  # the version lockstep writes
-MANIFEST_VERSIONS = (1, 2)  # the versions it reads (1: no validation_documents)
+MANIFEST_RECIPE_VERSION = 3  # the version it writes for a data folder built from a data recipe
+MANIFEST_VERSIONS = (1, 2, 3)  # the versions it reads (1: no validation_documents; 3: a "recipe" record)
+RECIPE_WEIGHT_SCALE = 10**6  # a recipe's document weights: integers of about this many units per share
 
 WEIGHT_DECIMALS = 6  # weights are read to 10**-6
 WEIGHT_SCALE = 10**WEIGHT_DECIMALS
@@ -141,6 +151,38 @@ def reduced_units(units: list[int], where: str) -> list[int]:
             f"{where}: the weights' ratios need a total of {sum(red)} units, over 2**32; use simpler ratios"
         )
     return red
+
+
+def recipe_weight(share: int, documents: int, tokens: int) -> int:
+    """The document weight that gives a source ``share`` of the stream's tokens (integers, exact).
+
+    The stream mixes *documents* by weight (``stream``), and a document of source s adds its
+    tokens and one separator, ``(tokens + documents) / documents`` tokens on average. So the
+    weight ``share * 10**6 * documents // (tokens + documents)`` (at least 1) makes the sources'
+    expected token counts stand as their shares, to a relative error of at most one unit in the
+    weight. ``documents`` and ``tokens`` are the manifest's counts of the source.
+    """
+    return max(1, share * RECIPE_WEIGHT_SCALE * documents // (tokens + documents))
+
+
+def _check_recipe(path: Path, recipe, sources: list[dict]) -> None:
+    """A manifest's ``recipe`` record: its shape, and that every weight follows from the shares (``recipe_weight``)."""
+    where = f"{path}: recipe"
+    expect_keys(recipe, ("name", "version", "token_shares"), (), where)
+    if not isinstance(recipe["name"], str) or not SOURCE_NAME_RE.match(recipe["name"]):
+        raise DataError(f"{where}.name: expected a recipe name, got {recipe['name']!r}")
+    expect_int(recipe["version"], f"{where}.version", 1, 2**31)
+    shares = recipe["token_shares"]
+    names = [s["name"] for s in sources]
+    if not isinstance(shares, dict) or sorted(shares) != sorted(names):
+        raise DataError(f"{where}.token_shares: expected one share for each source ({', '.join(names)})")
+    for s in sources:
+        share = expect_int(shares[s["name"]], f"{where}.token_shares.{s['name']}", 1, 2**20)
+        want = recipe_weight(share, s["documents"], s["tokens"])
+        if s["weight"] != want:
+            raise DataError(f"{path}: source {s['name']!r}: weight {s['weight']} is not the recipe's {want} "
+                            f"(token share {share} of {s['tokens']} tokens in {s['documents']} documents); "
+                            "the manifest was edited: rebuild it")
 
 
 # ---------------------------------------------------------------------------------
@@ -337,6 +379,7 @@ class Manifest:
         self.folder = path.parent
         self.sha256 = hashlib.sha256(raw).hexdigest()
         self.description = data.get("description")
+        self.recipe: dict | None = data.get("recipe")  # the data recipe it was built from (version 3)
         self.tokenizer_identity: dict = data["tokenizer"]
         self.vocab_size: int = data["tokenizer"]["vocab_size"]
         self.eod_id: int = data["tokenizer"]["eod_id"]
@@ -387,7 +430,7 @@ class Manifest:
     @staticmethod
     def _check_structure(path: Path, data) -> list[Source]:
         """Check every field; returns the sources with their reduced weight units."""
-        expect_keys(data, ("format", "version", "tokenizer", "sources"), ("description",), str(path))
+        expect_keys(data, ("format", "version", "tokenizer", "sources"), ("description", "recipe"), str(path))
         version = data["version"]
         if data["format"] != MANIFEST_FORMAT or isinstance(version, bool) or version not in MANIFEST_VERSIONS:
             raise DataError(
@@ -395,6 +438,9 @@ class Manifest:
                 f"{MANIFEST_FORMAT!r} version {' or '.join(map(str, MANIFEST_VERSIONS))}; "
                 "rebuild the folder with this lockstep"
             )
+        if ("recipe" in data) != (version >= MANIFEST_RECIPE_VERSION):
+            raise DataError(f"{path}: a data recipe is recorded in version {MANIFEST_RECIPE_VERSION} and only there "
+                            f"(this is version {version}); rebuild the folder with this lockstep")
         held_key = ("validation_documents",) if version >= 2 else ()
         tok = data["tokenizer"]
         where = f"{path}: tokenizer"
@@ -462,6 +508,8 @@ class Manifest:
                     "hold out fewer documents"
                 )
         red = reduced_units(units, str(path))
+        if "recipe" in data:
+            _check_recipe(path, data["recipe"], sources)
         return [
             Source(
                 name=s["name"],

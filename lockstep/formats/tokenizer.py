@@ -58,6 +58,10 @@ class ByteTokenizer:
         data = text.encode("utf-8") if isinstance(text, str) else bytes(text)
         return np.frombuffer(data, dtype=np.uint8).copy()
 
+    def encode_batch(self, texts: list[str]) -> list[np.ndarray]:
+        """``encode`` of each text."""
+        return [self.encode(t) for t in texts]
+
     def decode(self, ids) -> str:
         """Text of ids: the separator becomes a newline; invalid UTF-8 becomes U+FFFD."""
         ids = np.asarray(ids).reshape(-1)
@@ -159,6 +163,11 @@ class HFTokenizer:
             text = text.decode("utf-8")  # callers turn UnicodeDecodeError into a file error
         ids = self._tok.encode(text, add_special_tokens=False).ids
         return np.asarray(ids, dtype=np.uint32)
+
+    def encode_batch(self, texts: list[str]) -> list[np.ndarray]:
+        """``encode`` of each text, through the library's batch encoding (its threads, unless
+        ``TOKENIZERS_PARALLELISM=false``): the same ids as one text at a time."""
+        return [np.asarray(e.ids, dtype=np.uint32) for e in self._tok.encode_batch(texts, add_special_tokens=False)]
 
     def decode(self, ids) -> str:
         ids = [int(t) for t in np.asarray(ids).reshape(-1).tolist() if int(t) != self.eod_id or self.eod_token]

@@ -140,11 +140,25 @@ def _write_file(path: Path, data: bytes) -> str:
 
 
 def make_export(model: RunModel, tokenizer, identity: dict, out: str | os.PathLike) -> Path:
-    """Write the export of ``model`` (a verified checkpoint) to the new folder ``out``, all or nothing.
+    """Write the export of ``model`` (a verified checkpoint) to the new folder ``out`` in lockstep's layout
+    (module docstring), all or nothing (``write_export``). The tokenizer file is read once from the data
+    folder, checked against the manifest's digest and written from that same buffer."""
+    files = {CONFIG_FILE: json_bytes(export_config(model.cfg, identity))}
+    if isinstance(tokenizer, HFTokenizer):  # the file whose digest the manifest names
+        files[HF_TOKENIZER_FILE] = tokenizer_bytes(tokenizer, identity)
+    metadata = {"format": "lockstep.export", "step": str(model.step), "spec_version": model.spec_version}
+    return write_export(model, out, export_tensors(model.params, model.cfg), metadata, files, {},
+                        lambda proof: model_card(model, proof, identity))
 
-    Each file's SHA-256 in ``proof.json`` is of the bytes written (hashed as they are written), and the
-    tokenizer file is read once from the data folder, checked against the manifest's digest and written
-    from that same buffer.
+
+def write_export(model: RunModel, out: str | os.PathLike, tensors: dict[str, np.ndarray], metadata: dict,
+                 files: dict[str, bytes], proof_extra: dict, card) -> Path:
+    """Write an export of ``model`` to the new folder ``out``, all or nothing: ``model.safetensors`` of
+    ``tensors`` (with ``metadata``), ``recipe.json``, the other ``files`` (name -> bytes), ``proof.json``
+    (with ``proof_extra``'s keys) and the model card ``card(proof)``.
+
+    Each file's SHA-256 in ``proof.json`` is of the bytes written (hashed as they are written). The files
+    are written into a hidden staging folder beside ``out``, which is renamed into place when complete.
     """
     from lockstep.formats.recipe import genesis
 
@@ -155,18 +169,14 @@ def make_export(model: RunModel, tokenizer, identity: dict, out: str | os.PathLi
     staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.partial-", dir=out.parent))
     try:
         os.chmod(staging, 0o755)  # mkdtemp makes 0700; an export is meant to be shared
-        files = {}
-        tensors = export_tensors(model.params, model.cfg)
+        digests = {}
         with atomic_writer(staging / MODEL_FILE) as f:
             w = _HashingWriter(f)
-            write_safetensors_to(w, tensors, {"format": "lockstep.export", "step": str(model.step),
-                                              "spec_version": model.spec_version})
-        files[MODEL_FILE] = w.h.hexdigest()
-        files[CONFIG_FILE] = _write_file(staging / CONFIG_FILE, json_bytes(export_config(model.cfg, identity)))
+            write_safetensors_to(w, tensors, metadata)
+        digests[MODEL_FILE] = w.h.hexdigest()
         recipe_bytes = json_bytes(model.recipe)
-        files[RECIPE_FILE] = _write_file(staging / RECIPE_FILE, recipe_bytes)
-        if isinstance(tokenizer, HFTokenizer):  # the file whose digest the manifest names
-            files[HF_TOKENIZER_FILE] = _write_file(staging / HF_TOKENIZER_FILE, _tokenizer_bytes(tokenizer, identity))
+        for name, data in {**files, RECIPE_FILE: recipe_bytes}.items():
+            digests[name] = _write_file(staging / name, data)
         proof = {
             "format": PROOF_FORMAT, "version": EXPORT_VERSION,
             "step": model.step, "tokens": model.tokens, "spec_version": model.spec_version,
@@ -178,10 +188,11 @@ def make_export(model: RunModel, tokenizer, identity: dict, out: str | os.PathLi
             "commitment": _commitment(model),
             "tensor_digests": dict(sorted(model.sidecar["tensor_digests"].items())),
             "int8_layers": quantized_names(model.cfg),
-            "files": dict(sorted(files.items())),
+            "files": dict(sorted(digests.items())),
+            **proof_extra,
         }
         atomic_write_bytes(staging / PROOF_FILE, json_bytes(proof))
-        atomic_write_bytes(staging / CARD_FILE, model_card(model, proof, identity).encode("utf-8"))
+        atomic_write_bytes(staging / CARD_FILE, card(proof).encode("utf-8"))
         fsync_dir(staging)
         if out.exists():
             out.rmdir()  # empty (checked above); fails loudly if someone filled it meanwhile
@@ -193,7 +204,7 @@ def make_export(model: RunModel, tokenizer, identity: dict, out: str | os.PathLi
     return out
 
 
-def _tokenizer_bytes(tokenizer: HFTokenizer, identity: dict) -> bytes:
+def tokenizer_bytes(tokenizer: HFTokenizer, identity: dict) -> bytes:
     """The run's tokenizer file: the very bytes the tokenizer was built from and hashed (``HFTokenizer.data``,
     read once), which must have the manifest's SHA-256."""
     data = tokenizer.data
@@ -226,7 +237,18 @@ def export_config(cfg, tokenizer: dict) -> dict:
     }
 
 
-def model_card(model: RunModel, proof: dict, tokenizer: dict) -> str:
+LOCKSTEP_NAMES = "see `config.json` (`layout`); a linear layer computes `y = x @ W`"
+LOCKSTEP_LOADING = """## Loading
+
+`model.safetensors` is a plain safetensors file (float32, int8): any safetensors reader
+loads it; `lockstep.fsio.safetensors.read_safetensors` does without extra packages. To run the model
+exactly as trained, use lockstep (`lockstep sample`, `lockstep eval`).
+"""
+
+
+def model_card(model: RunModel, proof: dict, tokenizer: dict, names: str = LOCKSTEP_NAMES,
+               loading: str = LOCKSTEP_LOADING, front_matter: str = "") -> str:
+    """The export's README.md; ``names``, ``loading`` and ``front_matter`` are what a layout says of itself."""
     cfg, t = model.cfg, model.tcfg
     run = model.run_dir.name
     # metrics.jsonl is not evidence (nothing binds it to the chain): the card states no validation loss it did not compute
@@ -237,7 +259,7 @@ def model_card(model: RunModel, proof: dict, tokenizer: dict) -> str:
              "`2 mean|w| / sqrt(127)`; activations per tensor, `max|x| / 127`); the export holds the float32 "
              "weights and, for those layers, the int8 codes and scales the model computed with"
              if cfg.quantize else "float32 in every layer (the run did not quantize)")
-    return f"""# {run}, step {model.step}
+    return front_matter + f"""# {run}, step {model.step}
 
 A {cfg.name} decoder-only language model ({param_count(cfg):,} parameters) trained with
 lockstep as an auditable run: every training step is published as a hash of the whole
@@ -253,7 +275,7 @@ for bit on other hardware.
   {[i for i in range(cfg.n_layers) if cfg.is_full_attention(i)]} (fully causal); untied LM head; no biases
 - {quant}
 - tokenizer: `{tokenizer.get("kind")}` (end-of-document id {tokenizer.get("eod_id")}; a document starts after it)
-- names and layout: see `config.json` (`layout`); a linear layer computes `y = x @ W`
+- names and layout: {names}
 
 ## Training
 
@@ -281,9 +303,4 @@ lockstep audit verify-export THIS_FOLDER RUN_DIR     # and against the run: the 
 lockstep audit replay RUN_DIR --step {model.step}          # replay the step that made these weights
 ```
 
-## Loading
-
-`model.safetensors` is a plain safetensors file (float32, int8): any safetensors reader
-loads it; `lockstep.fsio.safetensors.read_safetensors` does without extra packages. To run the model
-exactly as trained, use lockstep (`lockstep sample`, `lockstep eval`).
-"""
+{loading}"""

@@ -27,6 +27,7 @@ from lockstep.formats.tokenizer import HF_TOKENIZER_FILE, HFTokenizer
 from .export import (CONFIG_FILE, EXPORT_VERSION, INT8_SUFFIX, LINK_FIELDS, MAX_CONFIG_BYTES, MAX_PROOF_BYTES,
                      MAX_TOKENIZER_BYTES, MODEL_FILE, PROOF_FILE, PROOF_FORMAT, RECIPE_FILE, SCALE_SUFFIX, export_config,
                      int8_codes, quantized_names)
+from . import export_hf
 from .run import UseError, run_manifest
 
 
@@ -159,6 +160,32 @@ def _tokenizer_problem(identity, tokenizer_file: bytearray | None) -> str | None
     return f"unknown tokenizer kind {identity.get('kind')!r}"
 
 
+def _layout_files(layout: str, identity, cfg, tokenizer_file: bytearray | None) -> dict[str, bytes]:
+    """The files besides the weights and the recipe that an export of ``layout`` holds, as this lockstep writes
+    them, by name (lockstep's layout: none are rebuilt here, its config.json is compared as JSON)."""
+    if layout != export_hf.LAYOUT:
+        return {}
+    tok = bytes(tokenizer_file) if isinstance(identity, dict) and identity.get("kind") == HFTokenizer.kind \
+        and tokenizer_file is not None else None
+    try:
+        return export_hf.hf_files(cfg, identity, tok)
+    except (KeyError, TypeError, ValueError, RecursionError):  # an identity without its fields: nothing matches
+        return {}
+
+
+def _hf_tokenizer_problem(identity, tokenizer_file: bytearray | None) -> str | None:
+    """Why an HF export's tokenizer.json is not config.json's tokenizer (None when it is)."""
+    from lockstep.formats.tokenizer import ByteTokenizer
+
+    if isinstance(identity, dict) and identity.get("kind") == ByteTokenizer.kind:
+        if identity != ByteTokenizer().identity():
+            return f"a byte tokenizer is {ByteTokenizer().identity()}"
+        if tokenizer_file is None or bytes(tokenizer_file) != export_hf.byte_tokenizer_json():
+            return f"{HF_TOKENIZER_FILE} is not the byte tokenizer's (byte b -> id b) that lockstep writes"
+        return None
+    return _tokenizer_problem(identity, tokenizer_file)
+
+
 def verify_export(folder: str | os.PathLike, run: str | os.PathLike | None = None,
                   data: str | os.PathLike | None = None) -> ExportReport:
     """Check an export alone and, with ``run``, against the run directory (module docstring).
@@ -167,7 +194,9 @@ def verify_export(folder: str | os.PathLike, run: str | os.PathLike | None = Non
     small stated maxima, ``model.safetensors`` within ``model_bytes_bound`` of the recipe's model (checked
     against the recipe's stated maxima first); its SHA-256, its parse and its checks all use that buffer.
     ``data`` is the run's data folder (``--data DIR``) when it is not inside the run: its manifest names
-    the run's tokenizer.
+    the run's tokenizer. An export of the Hugging Face layout (``export_hf``; proof.json's ``layout``) is
+    checked the same way, its other files compared byte for byte with the ones this lockstep writes (the
+    model code among them), and its tensors are first rebuilt into lockstep's (``export_hf.lockstep_tensors``).
     """
     from lockstep.formats.checkpoint import MAX_HEADER_BYTES
     from lockstep.formats.config import ModelConfig
@@ -177,15 +206,28 @@ def verify_export(folder: str | os.PathLike, run: str | os.PathLike | None = Non
     rep = ExportReport(folder, Path(run) if run is not None else None)
     raw, proof, config, recipe = _read_export(folder)
     step = proof["step"]
+    layout = proof.get("layout", "lockstep")
+    if layout not in ("lockstep", export_hf.LAYOUT):
+        rep.add("the proof's layout", False, f"unknown layout {layout!r} (lockstep knows 'lockstep' and 'hf')")
+        return rep
+    hf = layout == export_hf.LAYOUT
     problem = recipe_problem(recipe)
     if problem:  # nothing is sized by a recipe beyond the stated maxima
         rep.add("the recipe's model settings", False, problem)
         return rep
     cfg = ModelConfig.from_dict(recipe["model"])
     unread: dict[str, str] = {}
-    identity = config.get("tokenizer")
+    if hf:  # the tokenizer identity: under "lockstep" in an HF config.json
+        meta = config.get("lockstep")
+        identity = meta.get("tokenizer") if isinstance(meta, dict) else None
+    else:
+        identity = config.get("tokenizer")
     wanted = [(MODEL_FILE, "exported weights", model_bytes_bound(cfg))]
-    if HF_TOKENIZER_FILE in proof["files"] or (isinstance(identity, dict) and identity.get("kind") == HFTokenizer.kind):
+    if hf:
+        wanted += [(HF_TOKENIZER_FILE, "exported tokenizer", MAX_TOKENIZER_BYTES)]
+        wanted += [(name, "exported file", MAX_CONFIG_BYTES) for name in
+                   (export_hf.GENERATION_FILE, export_hf.TOKENIZER_CONFIG_FILE, *export_hf.CODE_FILES)]
+    elif HF_TOKENIZER_FILE in proof["files"] or (isinstance(identity, dict) and identity.get("kind") == HFTokenizer.kind):
         wanted.append((HF_TOKENIZER_FILE, "exported tokenizer", MAX_TOKENIZER_BYTES))
     for name, what, cap in wanted:
         try:
@@ -195,7 +237,7 @@ def verify_export(folder: str | os.PathLike, run: str | os.PathLike | None = Non
         except (FileFormatError, UnsafePath, OSError) as exc:
             unread[name] = f"refused ({exc})"
     # 1. files: the proof lists exactly the export's files, each with the SHA-256 of the bytes read
-    expected = {MODEL_FILE, CONFIG_FILE, RECIPE_FILE} | ({HF_TOKENIZER_FILE} if len(wanted) > 1 else set())
+    expected = {MODEL_FILE, CONFIG_FILE, RECIPE_FILE} | {name for name, _, _ in wanted}
     odd = sorted(set(proof["files"]) ^ expected)
     rep.add("proof.json lists the export's files", not odd, f"unexpected or missing: {odd[:5]}" if odd else "")
     for name, want in sorted(proof["files"].items()):
@@ -206,22 +248,45 @@ def verify_export(folder: str | os.PathLike, run: str | os.PathLike | None = Non
     rep.add("recipe.json is the proof's recipe", recipe_digest(recipe) == proof["recipe_sha256"])
     rep.add("genesis H_0 from the recipe", genesis(recipe) == proof["genesis"])
     rep.add("the proof's data manifest is the recipe's", proof.get("manifest_sha256") == recipe["data"]["manifest_sha256"])
-    try:  # compared as canonical JSON (sorted keys): the whole file, every field
-        same_config = json_bytes(config) == json_bytes(export_config(cfg, identity))
-    except (ValueError, TypeError, RecursionError):  # a config nested too deep to write back
-        same_config = False
-    rep.add("config.json is the recipe's model, layout and parameter count (the whole file)", same_config)
-    why = _tokenizer_problem(identity, raw.get(HF_TOKENIZER_FILE))
+    if hf:
+        mine = _layout_files(layout, identity, cfg, raw.get(HF_TOKENIZER_FILE))
+        for name in (CONFIG_FILE, export_hf.GENERATION_FILE, export_hf.TOKENIZER_CONFIG_FILE):
+            rep.add(f"{name} is the one the recipe and the tokenizer give (the whole file)",
+                    name in mine and raw.get(name) is not None and bytes(raw[name]) == mine[name],
+                    unread.get(name, ""))
+        shipped = export_hf.code_files()
+        for name in export_hf.CODE_FILES:
+            same = raw.get(name) is not None and bytes(raw[name]) == shipped[name]
+            rep.add(f"{name} is the model code this lockstep ships (byte for byte)", same,
+                    "" if same else unread.get(name, "") or "trust_remote_code runs it: do not load this export")
+        why = _hf_tokenizer_problem(identity, raw.get(HF_TOKENIZER_FILE))
+    else:
+        try:  # compared as canonical JSON (sorted keys): the whole file, every field
+            same_config = json_bytes(config) == json_bytes(export_config(cfg, identity))
+        except (ValueError, TypeError, RecursionError):  # a config nested too deep to write back
+            same_config = False
+        rep.add("config.json is the recipe's model, layout and parameter count (the whole file)", same_config)
+        why = _tokenizer_problem(identity, raw.get(HF_TOKENIZER_FILE))
     rep.add("config.json's tokenizer is the export's", why is None, why or "")
     # 3. tensors
     if MODEL_FILE not in raw:
         rep.add(MODEL_FILE, False, unread.get(MODEL_FILE, "not read"))
         return rep
     try:
-        tensors, _ = parse_safetensors(raw[MODEL_FILE], str(folder / MODEL_FILE), MAX_HEADER_BYTES)
+        tensors, metadata = parse_safetensors(raw[MODEL_FILE], str(folder / MODEL_FILE), MAX_HEADER_BYTES)
     except FileFormatError as exc:
         rep.add(MODEL_FILE, False, str(exc))
         return rep
+    if hf:
+        layout_of = export_hf.hf_tensor_layout(cfg)
+        wrong = sorted(n for n, (dt, shape) in layout_of.items()
+                       if n not in tensors or tensors[n].dtype != dt or tuple(tensors[n].shape) != shape)
+        rep.add("every tensor present under transformers' name, its dtype and (out, in) shape", not wrong,
+                f"missing or wrong: {wrong[:5]}" if wrong else "")
+        extra = sorted(set(tensors) - set(layout_of))
+        rep.add("no other tensors", not extra, f"unexpected: {extra[:5]}" if extra else "")
+        rep.add("safetensors metadata format 'pt' (transformers requires it)", metadata.get("format") == "pt")
+        tensors = export_hf.lockstep_tensors(tensors, cfg)  # exact: transposes and joins, no arithmetic
     digests = proof["tensor_digests"]
     bad, missing = [], []
     for s in param_specs(cfg):
@@ -243,9 +308,10 @@ def verify_export(folder: str | os.PathLike, run: str | os.PathLike | None = Non
                 and scale.dtype == np.float32 and np.array_equal(scale.view(np.uint32), want_scale.view(np.uint32))):
             qbad.append(name)
     rep.add("int8 codes and scales are the forward's (spec.quant)", not qbad, f"differ: {qbad[:5]}" if qbad else "")
-    expected = {s.name for s in param_specs(cfg)} | {n + sfx for n in quantized_names(cfg) for sfx in (INT8_SUFFIX, SCALE_SUFFIX)}
-    extra = sorted(set(tensors) - expected)
-    rep.add("no other tensors", not extra, f"unexpected: {extra[:5]}" if extra else "")
+    if not hf:
+        expected = {s.name for s in param_specs(cfg)} | {n + sfx for n in quantized_names(cfg) for sfx in (INT8_SUFFIX, SCALE_SUFFIX)}
+        extra = sorted(set(tensors) - expected)
+        rep.add("no other tensors", not extra, f"unexpected: {extra[:5]}" if extra else "")
     # 4. digests -> state root -> chain link
     try:
         root = hashing.state_root_from_digests(digests)

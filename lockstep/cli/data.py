@@ -61,7 +61,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     ing.add_argument("--shard-tokens", type=int, default=DEFAULT_SHARD_TOKENS, help="tokens per shard at most")
     ing.add_argument("--validation-documents", type=int, default=0, metavar="N",
                      help="hold out the last N documents of each source for validation (default 0)")
-    ing.add_argument("--recipe", help="build a data recipe (see `lockstep data recipe NAME`)")
+    ing.add_argument("--recipe", help="build a data recipe (lockstep data recipe NAME lists its sources)")
     ing.add_argument("--workers", type=int, default=None, help="processes that tokenize (default: every core)")
     ing.add_argument("--resume", action="store_true", help="continue an interrupted ingest of the same command")
     ing.add_argument("--skip-empty", action="store_true", help="skip empty documents instead of stopping")

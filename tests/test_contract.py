@@ -14,13 +14,12 @@ import pytest
 
 from lockstep import spec
 from lockstep.backends import KNOWN_BACKENDS, BackendUnavailable, get_backend
-from lockstep import contract as interface
 from lockstep.contract import CONTRACT, OP_NAMES, Kind, check_ops, result_problem, value_problem
 from lockstep.conformance.registry import all_records
 
 
-def test_contract_is_the_protocol_and_every_op_has_kinds():
-    assert OP_NAMES == tuple(n for n in vars(interface.BackendOps) if not n.startswith("_"))
+def test_contract_is_the_spec_declarations_and_every_op_has_kinds():
+    assert OP_NAMES == spec.OPS
     assert len(OP_NAMES) == len(set(OP_NAMES)) == len(spec.OP_TABLE)
     for name, c in CONTRACT.items():
         assert c.params, name
@@ -218,7 +217,7 @@ def test_capabilities_are_typed_and_info_is_only_facts():
     assert get_backend("spec").capabilities.offered() == []
 
 
-# ---------------------------------------------------------------- shape rules (``contract.shapes``, ``check_call``)
+# ---------------------------------------------------------------- shape rules (``spec.shapes``, ``check_call``)
 
 def _result_shapes(result) -> tuple:
     return tuple(None if r is None else tuple(np.shape(r)) for r in (result if isinstance(result, tuple) else (result,)))
@@ -226,7 +225,7 @@ def _result_shapes(result) -> tuple:
 
 def test_every_op_declares_a_shape_rule_over_its_own_parameters():
     for name, c in CONTRACT.items():
-        assert c.shapes is not None, f"{name}: no @shapes rule in BackendOps"
+        assert c.shapes is not None, f"{name}: its @op mark names no shape rule"
         for fn in (c.shapes, c.pairs):
             if fn is not None:
                 assert list(inspect.signature(fn).parameters) == [p.name for p in c.params], (name, fn.__name__)
@@ -239,7 +238,7 @@ def test_check_call_gives_the_spec_result_shapes_of_every_conformance_case_and_r
     refusal case, the spec's exception type. The one kind of case beyond it: an elementwise golden case that
     broadcasts (7, 1) against (1, 5), which the ops compute and no call of the contract makes."""
     from lockstep.contract import check_call
-    from lockstep.contract.shapes import EnlargingBroadcast
+    from lockstep.spec.shapes import EnlargingBroadcast
 
     beyond = []
     for rec in all_records():
@@ -259,7 +258,7 @@ def test_check_call_gives_the_spec_result_shapes_of_every_conformance_case_and_r
 
 def test_check_call_refuses_broadcasts_that_enlarge_every_operand():
     from lockstep.contract import call_size, check_call
-    from lockstep.contract.shapes import EnlargingBroadcast
+    from lockstep.spec.shapes import EnlargingBroadcast
 
     col, row = np.ones((9, 1), np.float32), np.ones((1, 9), np.float32)
     assert check_call("add", (np.ones((9, 9), np.float32), row)) == ((9, 9),)  # a row into a matrix: a call

@@ -4,7 +4,7 @@ The graph is derived from the source (``ast``), lazy imports inside functions
 included, so the picture in ``docs/layout.md`` cannot drift from the code:
 
     1  lockstep.fsio, lockstep.spec      untrusted-file helpers; the definition (pure NumPy)
-    2  lockstep.contract                 the typed op table, argument kinds, named vectors
+    2  lockstep.contract                 the typed op table (read from the spec), named vectors
     3  lockstep.backends, .conformance   the backends; the suite a user runs on new hardware
     4  lockstep.formats                  what train writes and audit/use read (when present)
     5  lockstep.train                    model, optimizer, schedule, collectives, trainer

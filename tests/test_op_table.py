@@ -1,11 +1,12 @@
-"""Every list of ops is the one ``lockstep.spec.OP_TABLE`` declares.
+"""Every list of ops is the one the spec's ``@op`` marks declare (``lockstep.spec.OP_TABLE``).
 
-The table declares each op once: its name and the spec module that defines it. Everything else
-is derived from it or checked here against it: ``spec.OPS`` and the spec functions' modules, the
-contract's order and ``BackendOps``'s methods, the Numba table and its modules, the GPU kernel
-files and the module of each ``KernelOps`` method, the conformance records (their modules and
-order), the golden files' lines, and the table in ``docs/layout.md``. Each check can fail: the
-last tests plant a disagreement and see it reported.
+Each op is declared once, by its spec function: marked ``@op(rule)`` in the spec module that
+defines it, its parameters and result annotated with their kinds. Everything else is derived
+from that or checked here against it: ``spec.OPS`` and the spec functions' modules, the contract
+(its order, kinds, rules), the Numba table and its modules, the GPU kernel files and the module
+of each ``KernelOps`` method, the conformance records (their modules), the golden files' lines
+(every op, in the order they were first written), and the table in ``docs/layout.md``. Each check
+can fail: the last tests plant a disagreement and see it reported.
 """
 
 from __future__ import annotations
@@ -19,6 +20,8 @@ import pytest
 from lockstep import contract, spec
 from lockstep.conformance import golden, ops, registry
 from lockstep.conformance.record import Case, OpRecord
+from lockstep.spec import shapes as S
+from lockstep.spec.kinds import F32, F32Scalar, op
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -41,10 +44,20 @@ def test_the_table_names_each_op_once_in_a_module_that_defines_it():
         assert getattr(spec, op.module).__dict__[op.name] is fn, op
 
 
-def test_the_contract_is_in_table_order():
+def test_the_table_is_every_marked_function_of_the_op_modules_in_file_order():
+    for module in spec.OP_MODULES:
+        mod = getattr(spec, module)
+        marked = [n for n, fn in vars(mod).items() if callable(fn) and getattr(fn, "__lockstep_op__", None) is not None
+                  and fn.__module__ == mod.__name__]
+        lines = [getattr(mod, n).__code__.co_firstlineno for n in marked]
+        assert tuple(op.name for op in spec.OP_TABLE if op.module == module) == tuple(
+            n for _, n in sorted(zip(lines, marked))), module
+
+
+def test_the_contract_is_the_table_read_from_the_spec_functions():
     assert contract.OP_NAMES == spec.OPS
-    methods = tuple(n for n in vars(contract.BackendOps) if not n.startswith("_"))
-    assert methods == spec.OPS, "BackendOps's methods are not in the order of spec.OP_TABLE"
+    for op in spec.OPS:
+        assert contract.CONTRACT[op] == contract.op_contract(op, getattr(spec, op))
 
 
 def test_the_numba_table_is_the_op_table():
@@ -75,16 +88,33 @@ def test_the_conformance_records_are_the_op_table():
     assert tuple(r.name for r in registry.all_records()) == spec.OPS
 
 
-def test_the_golden_files_lines_follow_the_op_table():
+def test_the_golden_files_lines_are_every_op_in_one_order():
     order: list[str] = []
     for op, _label in golden.load_golden():
         if not order or order[-1] != op:
             order.append(op)
-    assert tuple(order) == spec.OPS
+    assert sorted(order) == sorted(spec.OPS) and len(order) == len(spec.OPS), "an op's lines are missing or split"
+    assert tuple(order) == golden.line_order()
     text = golden.inputs_path().read_text(encoding="utf-8")
     rows = [line.split(" ", 1)[0] for line in text.splitlines()
             if line and not line.startswith("#") and len(line.split(" ", 3)) > 3]
-    assert tuple(dict.fromkeys(rows)) == spec.OPS
+    assert tuple(dict.fromkeys(rows)) == golden.line_order()
+
+
+def test_a_new_op_goes_after_every_line_of_the_golden_files_and_a_missing_file_takes_the_table_order(
+        monkeypatch, tmp_path):
+    first = golden.line_order()
+    shorter = [line for line in golden.golden_path().read_text(encoding="utf-8").splitlines()
+               if not line.startswith("column_sum ")]
+    (tmp_path / golden.golden_path().name).write_text("\n".join(shorter) + "\n", encoding="utf-8")
+    monkeypatch.setattr(golden, "GOLDEN_DIR", tmp_path)
+    monkeypatch.setattr(golden, "golden_path", lambda spec_version=spec.SPEC_VERSION: tmp_path / f"spec_v{spec_version}.txt")
+    assert golden.line_order() == tuple(op for op in first if op != "column_sum") + ("column_sum",)
+    (tmp_path / golden.golden_path().name).unlink()
+    (tmp_path / "spec_v3.txt").write_text("\n".join(shorter) + "\n", encoding="utf-8")
+    assert golden.line_order()[-1] == "column_sum", "the newest earlier version's order is kept"
+    (tmp_path / "spec_v3.txt").unlink()
+    assert golden.line_order() == spec.OPS
 
 
 def test_the_docs_table_is_the_op_table():
@@ -115,17 +145,23 @@ def test_a_record_in_the_wrong_module_a_missing_one_and_an_unknown_one_are_repor
     assert len(problems) == 6, problems
 
 
-def test_a_contract_without_a_declared_op_or_with_an_undeclared_one_is_refused(monkeypatch):
-    class Missing(contract.BackendOps.__bases__[0]):  # a Protocol with every method but one, and one more
-        pass
+def test_an_op_without_its_mark_or_a_kind_is_refused_and_a_marked_function_joins_the_table():
+    def layer_scale(g: F32, coef: F32Scalar) -> F32:
+        """``g * coef``."""
 
-    for name, fn in vars(contract.BackendOps).items():
-        if not name.startswith("_") and callable(fn) and name != "scale":
-            setattr(Missing, name, fn)
-    Missing.layer_scale = contract.BackendOps.scale
-    monkeypatch.setattr(contract, "BackendOps", Missing)
-    with pytest.raises(ImportError, match="no method for scale; not in the table: layer_scale"):
-        contract._build_contract()
+    with pytest.raises(TypeError, match="layer_scale: the function is not marked @op"):
+        contract.op_contract("layer_scale", layer_scale)
+    marked = op(S.scale)(layer_scale)
+    assert contract.op_contract("layer_scale", marked).params == contract.CONTRACT["scale"].params
+
+    def no_kind(g: F32, coef) -> F32:
+        """``g * coef``."""
+    with pytest.raises(TypeError, match="no_kind: parameter coef is annotated None, which names no kind"):
+        contract.op_contract("no_kind", op(S.scale)(no_kind))
+
+    namespace = {**vars(spec.optim), "layer_scale": marked}
+    marked.__module__ = spec.optim.__name__
+    assert [o.name for o in spec.declared_ops("optim", namespace)][-1] == "layer_scale"
 
 
 def test_a_stale_docs_table_is_reported(tmp_path):

@@ -84,6 +84,36 @@ def vectors_path(spec_version: str = spec.SPEC_VERSION) -> Path:
     return GOLDEN_DIR / f"spec_v{spec_version}_vectors.txt"
 
 
+def _ops_of_file(path: Path) -> list[str]:
+    """The ops of a digests file, in the order of their lines (read as plain lines: any version)."""
+    ops: list[str] = []
+    for raw in path.read_text(encoding="utf-8").splitlines():
+        parts = raw.split()
+        if len(parts) == 3 and len(parts[2]) == 64 and not raw.startswith("#") and (not ops or ops[-1] != parts[0]):
+            ops.append(parts[0])
+    return ops
+
+
+def line_order() -> tuple[str, ...]:
+    """The order of the ops' lines in the golden files: the order of the newest digests file in
+    ``GOLDEN_DIR`` (this SPEC_VERSION's, else the newest earlier one), then every op it lacks, in the
+    order of ``spec.OP_TABLE``. So a regenerated file keeps every line where it was, after a new op or a
+    version bump alike, and a new op's lines come last: the diff shows only what changed."""
+    def version(p: Path):
+        v = p.stem.removeprefix("spec_v")
+        return (0, int(v), v) if v.isdigit() else (1, 0, v)
+
+    files = [golden_path()] if golden_path().exists() else sorted(
+        (p for p in GOLDEN_DIR.glob("spec_v*.txt") if "_" not in p.stem.removeprefix("spec_v")), key=version)[-1:]
+    known = [op for op in (_ops_of_file(files[0]) if files else []) if op in spec.OP_MODULE]
+    return tuple(dict.fromkeys(known + list(spec.OPS)))
+
+
+def _records_in_line_order() -> list:
+    by_name = {rec.name: rec for rec in all_records()}
+    return [by_name[op] for op in line_order()]
+
+
 def outputs_digest(result) -> str:
     h = hashlib.sha256()
     for i, arr in enumerate(as_outputs(result)):
@@ -94,7 +124,7 @@ def outputs_digest(result) -> str:
 def compute_golden(progress=None) -> dict[tuple[str, str], str]:
     """Digest of the spec's output for every (op, case) at the golden seed and level."""
     table = {}
-    for rec in all_records():
+    for rec in _records_in_line_order():
         fn = getattr(spec, rec.name)
         for case in rec.cases(GOLDEN_SEED, GOLDEN_LEVEL):
             table[(rec.name, case.label)] = outputs_digest(fn(*case.args, **case.kwargs))
@@ -226,7 +256,7 @@ def case_arguments(op: str, args: tuple, kwargs: dict) -> list:
 def compute_inputs(progress=None) -> list[tuple[str, str, str, list]]:
     """``(op, label, digest, arguments)`` for every case at the golden seed and level."""
     rows = []
-    for rec in all_records():
+    for rec in _records_in_line_order():
         fn = getattr(spec, rec.name)
         for case in rec.cases(GOLDEN_SEED, GOLDEN_LEVEL):
             arguments = case_arguments(rec.name, case.args, case.kwargs)

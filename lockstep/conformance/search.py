@@ -47,7 +47,7 @@ from lockstep import spec
 from lockstep.backends import KNOWN_BACKENDS, Backend, BackendUnavailable, get_backend
 from lockstep.contract import CONTRACT, OP_NAMES, Kind, move_arguments, result_problem
 from lockstep.contract import check_call as contract_shapes
-from lockstep.contract.shapes import EnlargingBroadcast
+from lockstep.spec.shapes import EnlargingBroadcast
 from lockstep.spec import fp
 
 from .draws import (Viewed, describe_value, f32_array, f32_scalar, int8_array, sometimes, token_ids,
@@ -352,7 +352,7 @@ def _spec_problems(op: str, want: Outcome) -> list[str]:
 def _contract_problems(op: str, args: tuple, kwargs: dict, want: Outcome) -> list[str]:
     """Where the contract's shape rule (``lockstep.contract.check_call``) disagrees with what the spec did: it must
     refuse what the spec refuses (with the spec's exception type) and give the shapes of what it answers;
-    it may refuse more only by its broadcast rule (``contract.shapes.EnlargingBroadcast``)."""
+    it may refuse more only by its broadcast rule (``spec.shapes.EnlargingBroadcast``)."""
     try:
         shapes = contract_shapes(op, args, kwargs)
     except EnlargingBroadcast:

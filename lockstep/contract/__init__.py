@@ -1,57 +1,24 @@
 """The backend contract: the ops every lockstep backend implements, typed.
 
-A backend is a table of the spec's ops (``lockstep.spec.OP_TABLE``, the one declaration of
-every op; ``OP_NAMES`` below is its order) plus two array movers, ``asarray`` and
-``to_numpy``. The class ``BackendOps`` is the contract, written once: every method is an op,
-its parameters carry the names, order and defaults every backend uses, each annotation
-names an argument or return *kind* (``Kind``), and ``@shapes`` names the op's shape rule
-(``contract.shapes``). ``CONTRACT`` is the same information as a table, built from
-``BackendOps`` in the order of ``spec.OP_TABLE``; importing this module fails when the two
-name different ops. The conformance runner checks every backend's signatures and output
-kinds against it.
+A backend is a table of the spec's ops (``lockstep.spec.OP_TABLE``) plus two array movers,
+``asarray`` and ``to_numpy``. Each op is declared once, by its spec function: its parameters
+(names, order, defaults) are the ones every backend uses, each annotated with its *kind*
+(``lockstep.spec.kinds``: what an argument may be, what a result is), and its mark
+``@op(rule)`` names its shape rule (``lockstep.spec.shapes``). ``CONTRACT`` reads those
+declarations into a table, in the order of ``spec.OP_TABLE``. The conformance runner checks
+every backend's signatures and output kinds against it, and ``check_call`` applies the kinds
+and the shape rule to a call's host arguments before any backend runs.
 
-Kinds of arguments (what an op may be given)
---------------------------------------------
-
-* ``F32``: a float32 array: a device array of this backend (made by its ``asarray``
-  or returned by one of its ops) **or a host NumPy float32 array**. A backend reads a
-  host array exactly as if it had been passed through its ``asarray`` first (the
-  trainer hands ops host arrays: AdamW's parameters and moments, accumulated
-  gradients). Shapes are the spec op's (its docstring). Device arrays may be
-  non-contiguous views: the trainer reshapes, transposes (``.T``, ``.transpose``) and
-  slices (``x[..., a:b]``) op outputs and passes the views back to ops.
-* ``F32_OPERAND``: an elementwise operand: an ``F32`` array or a float32 scalar;
-  the operands of a binary op broadcast as in NumPy.
-* ``F32_OR_NONE``: an ``F32`` array or ``None`` (RMSNorm without a gain).
-* ``F32_SEQUENCE``: a list or tuple of ``F32`` arrays (possibly empty).
-* ``F32_SCALAR``: one float32 number: ``np.float32``, a Python float, or a 0-d
-  NumPy or device array (an op's 0-d output, like a norm). Host values are read as
-  float32 under the rule below.
-* ``F32_SCALAR_SEQUENCE``: a list or tuple of ``F32_SCALAR`` (possibly empty).
-* ``HOST_FLOAT``: a Python float (eps, z-loss weight, max norm): rounded once to
-  float32 by the op, then read under the rule below.
-* ``HOST_INT``: a Python int (an axis, a vocabulary size, a round count).
-* ``WINDOW``: a Python int (sliding attention window) or ``None`` (fully causal).
-* ``FLAG``: a Python bool.
-* ``IDS``: token ids: a host NumPy integer array, or an integer device array made
-  by ``asarray``. Out-of-range ids raise ``ValueError`` before anything runs, as in
-  the spec (``spec.checks.check_ids``, ``spec.checks.check_targets``).
-* ``INT8`` / ``UINT32``: an int8 / uint32 array, device or host.
-
-Kinds of results (what an op returns)
--------------------------------------
-
-* ``F32``: a float32 device array (``F32_SCALAR``: of shape ``()``; ``F32_OR_NONE``:
-  or ``None``); ``INT32``, ``INT64``, ``UINT32``: integer device arrays. An op with
-  several results returns a tuple of exactly the kinds listed, in order.
-* Every float32 element of every result is **canonical**: no subnormal (they flush
-  to zeros of their sign) and every NaN is ``0x7FC00000``.
+A host array given as an ``F32`` argument is read exactly as if it had been passed through the
+backend's ``asarray`` first (the trainer hands ops host arrays: AdamW's parameters and moments,
+accumulated gradients); host values are read as float32 under the rule below.
 
 What a backend may assume about its inputs (and what it must do)
 -----------------------------------------------------------------
 
-The spec reads every float32 *input* of every op under one rule (``spec.fp``): a subnormal input is a zero of its sign (DAZ, as Apple GPUs read
-them) and every NaN input is the canonical NaN. Backends implement the rule once,
+The spec reads every float32 *input* of every op under one rule (``spec.fp``): a subnormal
+input is a zero of its sign (DAZ, as Apple GPUs read them) and every NaN input is the
+canonical NaN. Backends implement the rule once,
 in ``asarray``:
 
 1. ``asarray(host)`` returns a device array whose float32 values are canonical
@@ -86,19 +53,20 @@ The command line prints it as ``lockstep <command>: <message>`` and exits 1.
 
 from __future__ import annotations
 
-import enum
 import inspect
 import typing
 from dataclasses import dataclass
-from typing import Annotated, Any, Protocol, Sequence, Union
+from typing import Any
 
 import numpy as np
 
 from lockstep import spec
 from lockstep.errors import LockstepError
+from lockstep.spec.kinds import Kind, op_mark
+from lockstep.spec.shapes import Shape, elements
 
-from . import shapes as S
-from .shapes import Shape, elements, shapes
+__all__ = ["BackendUnavailable", "Kind", "Param", "OpContract", "CONTRACT", "OP_NAMES", "op_contract", "signature_problem",
+           "check_ops", "value_problem", "result_problem", "check_call", "call_size", "move_arguments"]
 
 
 class BackendUnavailable(LockstepError, RuntimeError):
@@ -114,211 +82,6 @@ class BackendUnavailable(LockstepError, RuntimeError):
         super().__init__(message)
 
 
-class Kind(enum.Enum):
-    """What an op argument or result may be (see the module docstring)."""
-
-    F32 = "float32 array (device, or host NumPy read through asarray)"
-    F32_OPERAND = "float32 array or float32 scalar (broadcasts)"
-    F32_OR_NONE = "float32 array or None"
-    F32_SEQUENCE = "list/tuple of float32 arrays"
-    F32_SCALAR = "float32 scalar (np.float32, Python float, 0-d array)"
-    F32_SCALAR_SEQUENCE = "list/tuple of float32 scalars"
-    HOST_FLOAT = "Python float"
-    HOST_INT = "Python int"
-    WINDOW = "Python int or None"
-    FLAG = "Python bool"
-    IDS = "integer array of token ids (host NumPy or device)"
-    INT8 = "int8 array"
-    INT32 = "int32 array"
-    INT64 = "int64 array"
-    UINT32 = "uint32 array"
-
-
-# The annotations of ``BackendOps``. ``Annotated`` keeps the kind at run time;
-# the first argument says what a static type checker sees.
-DeviceArray = Any  # a backend's own array type (a NumPy array for spec and numba)
-F32 = Annotated[Any, Kind.F32]
-F32Operand = Annotated[Any, Kind.F32_OPERAND]
-F32OrNone = Annotated[Any, Kind.F32_OR_NONE]
-F32Sequence = Annotated[Sequence[Any], Kind.F32_SEQUENCE]
-F32Scalar = Annotated[Union[float, np.float32, Any], Kind.F32_SCALAR]
-F32ScalarSequence = Annotated[Sequence[Any], Kind.F32_SCALAR_SEQUENCE]
-HostFloat = Annotated[float, Kind.HOST_FLOAT]
-HostInt = Annotated[int, Kind.HOST_INT]
-Window = Annotated[Union[int, None], Kind.WINDOW]
-Flag = Annotated[bool, Kind.FLAG]
-Ids = Annotated[Any, Kind.IDS]
-Int8 = Annotated[Any, Kind.INT8]
-Int32 = Annotated[Any, Kind.INT32]
-Int64 = Annotated[Any, Kind.INT64]
-UInt32 = Annotated[Any, Kind.UINT32]
-
-
-class BackendOps(Protocol):
-    """The ops of every backend, in the order of ``spec.OP_TABLE``. Docstrings: the spec op's summary.
-
-    Shapes use the spec's legends: B batch, T positions, D model width, H query
-    heads, G KV heads, Dh head dim, F feed-forward width, V vocabulary, N rows,
-    K contracted length. The spec function of the same name defines every bit.
-    """
-
-    # ---- spec.fp: elementwise, one rounding, round-then-flush, canonical NaN
-    @shapes(S.binary)
-    def add(self, a: F32Operand, b: F32Operand) -> F32:
-        """``a + b``."""
-    @shapes(S.binary)
-    def sub(self, a: F32Operand, b: F32Operand) -> F32:
-        """``a - b``."""
-    @shapes(S.binary)
-    def mul(self, a: F32Operand, b: F32Operand) -> F32:
-        """``a * b``."""
-    @shapes(S.binary)
-    def div(self, a: F32Operand, b: F32Operand) -> F32:
-        """``a / b``."""
-    @shapes(S.binary)
-    def maximum(self, a: F32Operand, b: F32Operand) -> F32:
-        """Total-order max (-0.0 < +0.0)."""
-    @shapes(S.binary)
-    def minimum(self, a: F32Operand, b: F32Operand) -> F32:
-        """Total-order min."""
-    @shapes(S.unary)
-    def sqrt(self, a: F32Operand) -> F32:
-        """IEEE square root."""
-    @shapes(S.unary)
-    def neg(self, a: F32Operand) -> F32:
-        """``-a`` (exact)."""
-    @shapes(S.unary)
-    def abs(self, a: F32Operand) -> F32:
-        """``|a|`` (exact)."""
-
-    # ---- spec.transcendental
-    @shapes(S.transcendental)
-    def exp(self, x: F32Operand) -> F32:
-        """The spec's exp."""
-    @shapes(S.transcendental)
-    def log(self, x: F32Operand) -> F32:
-        """The spec's log."""
-    @shapes(S.transcendental)
-    def sigmoid(self, x: F32Operand) -> F32:
-        """``1 / (1 + exp(-x))``."""
-    @shapes(S.transcendental)
-    def silu(self, x: F32Operand) -> F32:
-        """``x * sigmoid(x)``."""
-
-    # ---- spec.reduce
-    @shapes(S.lane_tree_sum)
-    def lane_tree_sum(self, x: F32, axis: HostInt = -1) -> F32:
-        """Lane-tree(32) sum along ``axis``."""
-    @shapes(S.matmul)
-    def matmul(self, a: F32, b: F32) -> F32:
-        """(..., M, K) x (..., K, N): ascending-k float32 contraction."""
-    @shapes(S.int8_matmul)
-    def int8_matmul(self, a: Int8, b: Int8) -> Int32:
-        """(..., M, K) x (..., K, N) int8 -> int32, exact."""
-    @shapes(S.max_)
-    def max(self, x: F32, axis: HostInt = -1) -> F32:
-        """Total-order max along ``axis``."""
-    @shapes(S.argmax)
-    def argmax(self, x: F32, axis: HostInt = -1) -> Int64:
-        """First index of the total-order max along ``axis``."""
-
-    # ---- spec.philox
-    @shapes(S.philox4x32)
-    def philox4x32(self, counter: UInt32, key: UInt32, rounds: HostInt = 10) -> UInt32:
-        """Philox4x32-R: (..., 4), (..., 2) -> (..., 4)."""
-
-    # ---- spec.layout, and spec.reduce's column sum
-    @shapes(S.concat_last)
-    def concat_last(self, arrays: F32Sequence) -> F32:
-        """Concatenate along the last axis (exact)."""
-    @shapes(S.column_sum)
-    def column_sum(self, x: F32) -> F32:
-        """(..., D) -> (D,): ascending over the leading rows."""
-
-    # ---- the model's ops (embedding, norm, rope, attention, swiglu, quant, loss) and the optimizer (optim)
-    @shapes(S.embedding_forward)
-    def embedding_forward(self, table: F32, ids: Ids) -> F32:
-        """(V, D), (B, T) -> (B, T, D)."""
-    @shapes(S.embedding_backward)
-    def embedding_backward(self, dout: F32, ids: Ids, vocab_size: HostInt) -> F32:
-        """(B, T, D), (B, T) -> (V, D)."""
-    @shapes(S.rmsnorm_forward)
-    def rmsnorm_forward(self, x: F32, gain: F32OrNone, eps: HostFloat) -> tuple[F32, F32]:
-        """``(y, rstd)``."""
-    @shapes(S.rmsnorm_backward)
-    def rmsnorm_backward(self, dy: F32, x: F32, gain: F32OrNone, rstd: F32) -> tuple[F32, F32OrNone]:
-        """``(dx, dgain)``; dgain is None without a gain."""
-    @shapes(S.rope_forward)
-    def rope_forward(self, x: F32, cos: F32, sin: F32) -> F32:
-        """(..., T, Dh) rotated by the (T, Dh/2) tables."""
-    @shapes(S.rope_backward)
-    def rope_backward(self, dy: F32, cos: F32, sin: F32) -> F32:
-        """The transpose rotation."""
-    @shapes(S.attention_forward, S.attention_pairs)
-    def attention_forward(self, q: F32, k: F32, v: F32, window: Window = None) -> tuple[F32, F32, F32]:
-        """(B, H, T, Dh), (B, G, T, Dh), (B, G, T, Dh) -> ``(o, m, l)``."""
-    @shapes(S.attention_backward, S.attention_backward_pairs)
-    def attention_backward(self, do: F32, q: F32, k: F32, v: F32, o: F32, m: F32, l: F32,
-                           window: Window = None) -> tuple[F32, F32, F32]:
-        """``(dq, dk, dv)``."""
-    @shapes(S.swiglu_forward)
-    def swiglu_forward(self, gu: F32) -> F32:
-        """(..., 2F) -> (..., F)."""
-    @shapes(S.swiglu_backward)
-    def swiglu_backward(self, dh: F32, gu: F32) -> F32:
-        """(..., F), (..., 2F) -> (..., 2F)."""
-    @shapes(S.int8_linear_forward)
-    def int8_linear_forward(self, x: F32, w: F32) -> F32:
-        """W8A8: (..., K), (K, N) -> (..., N)."""
-    @shapes(S.int8_linear_backward)
-    def int8_linear_backward(self, dy: F32, x: F32, w: F32, hadamard: Flag = True) -> tuple[F32, F32]:
-        """``(dx, dw)``."""
-    @shapes(S.cross_entropy_forward)
-    def cross_entropy_forward(self, logits: F32, targets: Ids, z_loss: HostFloat) -> tuple[F32Scalar, F32]:
-        """(N, V), (N,) -> ``(loss_sum, lse)``."""
-    @shapes(S.cross_entropy_backward)
-    def cross_entropy_backward(self, logits: F32, targets: Ids, lse: F32, z_loss: HostFloat,
-                               inv_n: F32Scalar) -> F32:
-        """(N, V) gradient of ``inv_n * loss_sum``."""
-    @shapes(S.sum_of_squares)
-    def sum_of_squares(self, g: F32) -> F32Scalar:
-        """Blocked lane-tree sum of ``g * g`` over the flattened tensor."""
-    @shapes(S.global_norm)
-    def global_norm(self, sums_of_squares: F32ScalarSequence) -> F32Scalar:
-        """``sqrt`` of the ascending sum of the per-tensor sums."""
-    @shapes(S.clip_coefficient)
-    def clip_coefficient(self, norm: F32Scalar, max_norm: HostFloat = 1.0) -> F32Scalar:
-        """``min(1, max_norm / (norm + 1e-6))``."""
-    @shapes(S.scale)
-    def scale(self, g: F32, coef: F32Scalar) -> F32:
-        """``g * coef``."""
-    @shapes(S.adamw_update)
-    def adamw_update(self, p: F32, g: F32, m: F32, v: F32, lr: F32Scalar, beta1: F32Scalar, beta2: F32Scalar,
-                     one_minus_beta1: F32Scalar, one_minus_beta2: F32Scalar, eps: F32Scalar,
-                     weight_decay: F32Scalar, bc1: F32Scalar, bc2: F32Scalar) -> tuple[F32, F32, F32]:
-        """One AdamW step: ``(p, m, v)``."""
-    @shapes(S.decode_attention, S.decode_pairs)
-    def decode_attention(self, q: F32, k: F32, v: F32, n: HostInt, window: Window = None) -> F32:
-        """(H, Dh), (G, C, Dh), (G, C, Dh), n -> o (H, Dh): the last query over cache positions 0 .. n-1."""
-
-    # ---- a micro-batch's step in row chunks: the same bits as matmul and cross_entropy_forward
-    @shapes(S.matmul_accumulate)
-    def matmul_accumulate(self, acc: F32, a: F32, b: F32) -> F32:
-        """(M, N), (M, K), (K, N): ``matmul``'s ascending-k contraction continued from acc."""
-    @shapes(S.cross_entropy_rows)
-    def cross_entropy_rows(self, logits: F32, targets: Ids, z_loss: HostFloat) -> tuple[F32, F32]:
-        """(N, V), (N,) -> ``(losses, lse)``: per-token losses; their lane tree is ``cross_entropy_forward``'s sum."""
-
-    # ---- attention in the int8 recipe (``quantize``)
-    @shapes(S.attention_forward, S.attention_pairs)
-    def attention_forward_int8(self, q: F32, k: F32, v: F32, window: Window = None) -> tuple[F32, F32, F32]:
-        """``attention_forward`` with P.V an int8 contraction: ``(o, m, l)``."""
-    @shapes(S.attention_backward, S.attention_backward_pairs)
-    def attention_backward_int8(self, do: F32, q: F32, k: F32, v: F32, o: F32, m: F32, l: F32,
-                                window: Window = None) -> tuple[F32, F32, F32]:
-        """``(dq, dk, dv)`` of ``attention_forward_int8``; dq in 64-bit fixed point."""
-
-
 @dataclass(frozen=True)
 class Param:
     """One parameter of an op: its name, kind and default (``inspect.Parameter.empty`` if none)."""
@@ -330,8 +93,9 @@ class Param:
 
 @dataclass(frozen=True)
 class OpContract:
-    """One op of the contract: parameters in order, the kinds it returns, and its shape rule
-    (``contract.shapes``: the result shapes from the arguments; ``pairs``: attention's scored pairs)."""
+    """One op of the contract: parameters in order, the kinds it returns, the summary line of its spec
+    docstring, and its shape rule (``spec.shapes``: the result shapes from the arguments; ``pairs``:
+    attention's scored pairs)."""
 
     name: str
     params: tuple[Param, ...]
@@ -348,38 +112,37 @@ class OpContract:
         ])
 
 
-def _kind_of(hint) -> Kind:
+def _kind_of(op: str, what: str, hint) -> Kind:
     for meta in getattr(hint, "__metadata__", ()):
         if isinstance(meta, Kind):
             return meta
-    raise TypeError(f"contract annotation {hint!r} carries no Kind")
+    raise TypeError(f"spec op {op}: {what} is annotated {hint!r}, which names no kind (lockstep.spec.kinds)")
 
 
-def _op_contract(name: str, fn) -> OpContract:
-    hints = typing.get_type_hints(fn, include_extras=True)
+def op_contract(name: str, fn) -> OpContract:
+    """The contract of one op, read from its spec function: the kinds its annotations name, its
+    defaults, the first line of its docstring, and the rules of its ``@op`` mark. ``TypeError`` when
+    the function is not marked, or a parameter or its result names no kind."""
+    mark = op_mark(fn)
+    if mark is None:
+        raise TypeError(f"spec op {name}: the function is not marked @op (lockstep.spec.kinds)")
+    try:
+        hints = typing.get_type_hints(fn, include_extras=True)
+    except NameError as exc:
+        raise TypeError(f"spec op {name}: an annotation names nothing importable ({exc})") from None
     sig = inspect.signature(fn)
-    params = tuple(Param(p.name, _kind_of(hints[p.name]), p.default) for p in list(sig.parameters.values())[1:])
-    ret = hints["return"]
+    params = tuple(Param(p.name, _kind_of(name, f"parameter {p.name}", hints.get(p.name)), p.default)
+                   for p in sig.parameters.values())
+    ret = hints.get("return")
     if typing.get_origin(ret) is tuple:
-        returns, is_tuple = tuple(_kind_of(h) for h in typing.get_args(ret)), True
+        returns, is_tuple = tuple(_kind_of(name, "its result", h) for h in typing.get_args(ret)), True
     else:
-        returns, is_tuple = (_kind_of(ret),), False
-    return OpContract(name, params, returns, is_tuple, (fn.__doc__ or "").strip(),
-                      getattr(fn, "__lockstep_shapes__", None), getattr(fn, "__lockstep_pairs__", None))
+        returns, is_tuple = (_kind_of(name, "its result", ret),), False
+    summary = (fn.__doc__ or "").strip().split("\n\n", 1)[0]
+    return OpContract(name, params, returns, is_tuple, " ".join(summary.split()), mark.shapes, mark.pairs)
 
 
-def _build_contract() -> dict[str, OpContract]:
-    """``BackendOps``'s methods as ``OpContract``s, in the order of ``spec.OP_TABLE``."""
-    methods = {name: fn for name, fn in vars(BackendOps).items() if not name.startswith("_") and callable(fn)}
-    missing = [op for op in spec.OPS if op not in methods]
-    extra = [name for name in methods if name not in spec.OPS]
-    if missing or extra:
-        raise ImportError(f"lockstep.contract: BackendOps and spec.OP_TABLE disagree (no method for "
-                          f"{', '.join(missing) or 'none'}; not in the table: {', '.join(extra) or 'none'})")
-    return {op: _op_contract(op, methods[op]) for op in spec.OPS}
-
-
-CONTRACT: dict[str, OpContract] = _build_contract()
+CONTRACT: dict[str, OpContract] = {op: op_contract(op, getattr(spec, op)) for op in spec.OPS}
 OP_NAMES: tuple[str, ...] = tuple(CONTRACT)
 
 
@@ -479,7 +242,7 @@ def check_call(op: str, args: tuple = (), kwargs: dict | None = None) -> tuple[S
     """The shapes of ``op``'s results for these host arguments, or the spec's exception for a call the
     contract refuses: ``TypeError`` for an argument of the wrong kind or dtype (``value_problem``) or
     arguments that do not bind, ``ValueError`` for shapes and ranges (the op's rule,
-    ``contract.shapes``: the spec's own checks, and no broadcast that enlarges every operand).
+    ``spec.shapes``: the spec's own checks, and no broadcast that enlarges every operand).
 
     Reads shapes, dtypes and integers only (token ids included), never runs the op: a caller with
     arguments from outside (an op file) checks them here before any backend runs, so the spec and

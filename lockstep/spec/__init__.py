@@ -10,11 +10,12 @@ ranks), transcendentals built from those five operations
 No BLAS, libm, ``np.sum``/``np.dot``/``np.matmul`` on floats or ``np.random`` (the rule, not a call)
 decides a bit. Integer GEMMs are exact and may use anything.
 
-The module is itself a backend: ``OP_TABLE`` below declares every op once (its name and
-the spec module that defines it), and every other list of ops is derived from it: ``OPS``
-here, the order of the backend contract (``lockstep.contract``), the Numba backend's table,
-the GPU kernel files, the conformance records and the golden files' lines
-(``docs/adding-an-op.md``; ``tests/test_op_table.py`` fails when one of them disagrees).
+The module is itself a backend. Each op is declared once, where it is defined: a function of
+one of the modules in ``OP_MODULES`` marked ``@op(rule)`` (``kinds``), its parameters and result
+annotated with their kinds. ``OP_TABLE`` below collects them; every other list of ops is derived
+from it: ``OPS`` here, the backend contract (``lockstep.contract``), the Numba backend's table,
+the GPU kernel files and the conformance records (``docs/adding-an-op.md``;
+``tests/test_op_table.py`` fails when one of them disagrees).
 The conformance suite compares ``getattr(backend, op)`` with ``getattr(spec, op)`` byte for byte.
 """
 
@@ -22,6 +23,7 @@ from dataclasses import dataclass
 
 from . import attention, embedding, fp, layout, loss, norm, optim, philox, quant, reduce, rope, swiglu, transcendental
 from .fp import f32
+from .kinds import op_mark
 from .philox import PhiloxStream
 
 # Bump whenever what any op computes changes, or the hashes that publish it (``hashing``: the
@@ -46,40 +48,30 @@ class Op:
     module: str  # one of OP_MODULES: the op is ``lockstep/spec/<module>.py``'s function ``name``
 
 
-def _ops(module: str, names: str) -> tuple[Op, ...]:
-    return tuple(Op(name, module) for name in names.split())
+_MODULES = {m.__name__.rsplit(".", 1)[1]: m for m in (attention, embedding, fp, layout, loss, norm, optim, philox,
+                                                      quant, reduce, rope, swiglu, transcendental)}
+if tuple(sorted(_MODULES)) != tuple(sorted(OP_MODULES)):
+    raise ImportError("lockstep.spec: OP_MODULES and the imported op modules disagree")
 
 
-# The op table: every op once, in the order of the golden files' lines (``lockstep.conformance.golden``),
-# which is the order of ``OPS``, of the contract and of every backend's table. A new op goes at the end.
-OP_TABLE: tuple[Op, ...] = (
-    *_ops("fp", "add sub mul div maximum minimum sqrt neg abs"),
-    *_ops("transcendental", "exp log sigmoid silu"),
-    *_ops("reduce", "lane_tree_sum matmul int8_matmul max argmax"),
-    *_ops("philox", "philox4x32"),
-    *_ops("layout", "concat_last"),
-    *_ops("reduce", "column_sum"),
-    *_ops("embedding", "embedding_forward embedding_backward"),
-    *_ops("norm", "rmsnorm_forward rmsnorm_backward"),
-    *_ops("rope", "rope_forward rope_backward"),
-    *_ops("attention", "attention_forward attention_backward"),
-    *_ops("swiglu", "swiglu_forward swiglu_backward"),
-    *_ops("quant", "int8_linear_forward int8_linear_backward"),
-    *_ops("loss", "cross_entropy_forward cross_entropy_backward"),
-    *_ops("optim", "sum_of_squares global_norm clip_coefficient scale adamw_update"),
-    *_ops("attention", "decode_attention"),
-    *_ops("reduce", "matmul_accumulate"),
-    *_ops("loss", "cross_entropy_rows"),
-    *_ops("attention", "attention_forward_int8 attention_backward_int8"),
-)
+def declared_ops(module: str, namespace: dict | None = None) -> tuple[Op, ...]:
+    """The ops ``lockstep/spec/<module>.py`` defines: its functions marked ``@op``, in the order of
+    the file (a function it imports from another module is that module's)."""
+    namespace = vars(_MODULES[module]) if namespace is None else namespace
+    marked = [fn for fn in namespace.values() if callable(fn) and op_mark(fn) is not None
+              and getattr(fn, "__module__", None) == f"{__name__}.{module}"]
+    return tuple(Op(fn.__name__, module) for fn in sorted(marked, key=lambda fn: fn.__code__.co_firstlineno))
+
+
+# The op table: every op once, module by module in the order of ``OP_MODULES``, each module's in
+# the order of its file. The order is the contract's and every backend table's; the golden files
+# keep the order their lines were first written in (``lockstep.conformance.golden``).
+OP_TABLE: tuple[Op, ...] = tuple(op for module in OP_MODULES for op in declared_ops(module))
 
 OPS: tuple[str, ...] = tuple(op.name for op in OP_TABLE)
 OP_MODULE: dict[str, str] = {op.name: op.module for op in OP_TABLE}
-
-_MODULES = {m.__name__.rsplit(".", 1)[1]: m for m in (attention, embedding, fp, layout, loss, norm, optim, philox,
-                                                      quant, reduce, rope, swiglu, transcendental)}
-if tuple(sorted(_MODULES)) != tuple(sorted(OP_MODULES)) or len(set(OPS)) != len(OPS):
-    raise ImportError("lockstep.spec: OP_MODULES, the imported op modules and OP_TABLE disagree")
+if len(set(OPS)) != len(OPS):
+    raise ImportError("lockstep.spec: two op modules define an op of the same name")
 # every op, as ``spec.<op>``: the function of its module (``spec.column_sum`` is ``spec.reduce.column_sum``)
 globals().update({op.name: getattr(_MODULES[op.module], op.name) for op in OP_TABLE})
 

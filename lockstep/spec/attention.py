@@ -46,6 +46,8 @@ from .quant import QMAX, _nonzero_scale, quantize
 from .reduce import LANES, int8_matmul, lane_tree_sum, matmul
 from .reduce import max as row_max
 from .transcendental import exp
+from . import shapes as S
+from .kinds import F32, HostInt, Window, op
 
 NEG_INF = np.float32(-np.inf)
 
@@ -126,7 +128,8 @@ def _allowed_contract(a, b, allowed):
     return acc
 
 
-def attention_forward(q, k, v, window: int | None = None):
+@op(S.attention_forward, S.attention_pairs)
+def attention_forward(q: F32, k: F32, v: F32, window: Window = None) -> tuple[F32, F32, F32]:
     """Softmax attention: (B, H, T, Dh), (B, G, T, Dh), (B, G, T, Dh) -> ``(o, m, l)``.
 
     Order::
@@ -163,7 +166,9 @@ def _group_sum_contract(a, b, n_kv: int, allowed):
     return _allowed_contract(a, b, np.tile(allowed.T, (1, rep)))  # (Tj, R*Ti): allowed[i, j] per head
 
 
-def attention_backward(do, q, k, v, o, m, l, window: int | None = None):
+@op(S.attention_backward, S.attention_backward_pairs)
+def attention_backward(do: F32, q: F32, k: F32, v: F32, o: F32, m: F32, l: F32,
+                       window: Window = None) -> tuple[F32, F32, F32]:
     """Gradients of ``attention_forward``: returns ``(dq, dk, dv)``.
 
     ``p`` is rebuilt from the saved ``m`` and ``l`` exactly as in the forward. Then::
@@ -230,7 +235,8 @@ def _int8_pv(pq, vq, sv, n_heads):
     return fp.mul(acc.astype(np.float32), c)
 
 
-def attention_forward_int8(q, k, v, window: int | None = None):
+@op(S.attention_forward, S.attention_pairs)
+def attention_forward_int8(q: F32, k: F32, v: F32, window: Window = None) -> tuple[F32, F32, F32]:
     """Softmax attention with P.V as an int8 contraction (the int8 recipe): returns ``(o, m, l)``.
 
     ``s``, ``m``, ``e``, ``l`` and ``p`` are ``attention_forward``'s, bit for bit. Then::
@@ -351,7 +357,9 @@ def fixed_point_contract(a, b, allowed):
     return np.where(bad[..., None], fp.from_bits(fp.CANONICAL_NAN_BITS), out).astype(np.float32)
 
 
-def attention_backward_int8(do, q, k, v, o, m, l, window: int | None = None):
+@op(S.attention_backward, S.attention_backward_pairs)
+def attention_backward_int8(do: F32, q: F32, k: F32, v: F32, o: F32, m: F32, l: F32,
+                            window: Window = None) -> tuple[F32, F32, F32]:
     """Straight-through gradients of ``attention_forward_int8``: returns ``(dq, dk, dv)``.
 
     The quantizers pass gradients through unchanged, with the dequantized operands the forward
@@ -418,7 +426,8 @@ _SPEC_OPS = SimpleNamespace(mul=fp.mul, sub=fp.sub, div=fp.div, exp=exp, max=row
                             matmul=matmul, concat_last=concat_last)
 
 
-def decode_attention(q, k, v, n: int, window: int | None = None):
+@op(S.decode_attention, S.decode_pairs)
+def decode_attention(q: F32, k: F32, v: F32, n: HostInt, window: Window = None) -> F32:
     """The last query's attention over a KV cache (generation's decode step): (H, Dh), (G, C, Dh),
     (G, C, Dh), n -> o (H, Dh).
 

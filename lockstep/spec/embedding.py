@@ -9,9 +9,12 @@ import numpy as np
 
 from . import fp
 from .checks import check_embedding_table, check_ids, gradient_rows  # noqa: F401 - re-exported: the shared input checks
+from . import shapes as S
+from .kinds import F32, HostInt, Ids, op
 
 
-def embedding_forward(table, ids) -> np.ndarray:
+@op(S.embedding_forward)
+def embedding_forward(table: F32, ids: Ids) -> F32:
     """``out[b, t, :] = table[ids[b, t], :]``: (V, D), (B, T) -> (B, T, D). Exact (a copy)."""
     check_embedding_table(table)
     table = fp.f32(table)
@@ -19,7 +22,8 @@ def embedding_forward(table, ids) -> np.ndarray:
     return table[ids]
 
 
-def embedding_backward(dout, ids, vocab_size: int) -> np.ndarray:
+@op(S.embedding_backward)
+def embedding_backward(dout: F32, ids: Ids, vocab_size: HostInt) -> F32:
     """Gradient of the table: (B, T, D), (B, T) -> (V, D).
 
     Order: every row of the gradient starts at +0.0; then, visiting positions in

@@ -41,7 +41,9 @@ from __future__ import annotations
 
 import numpy as np
 
-F32 = np.float32
+from . import shapes as S
+from .kinds import F32, F32Operand, op
+
 CANONICAL_NAN_BITS = np.uint32(0x7FC00000)
 SIGN_BIT = np.uint32(0x80000000)
 EXPONENT_MASK = np.uint32(0x7F800000)
@@ -55,7 +57,7 @@ def bits(x) -> np.ndarray:
 
     Subnormal inputs: kept as they are (a bit view reads no value; nothing is flushed).
     """
-    a = np.asarray(x, dtype=F32)
+    a = np.asarray(x, dtype=np.float32)
     return (a if a.flags.c_contiguous else a.copy()).view(np.uint32)
 
 
@@ -66,7 +68,7 @@ def from_bits(u) -> np.ndarray:
     the ops below read it as a zero of its sign when it enters them.
     """
     a = np.asarray(u, dtype=np.uint32)
-    return (a if a.flags.c_contiguous else a.copy()).view(F32)
+    return (a if a.flags.c_contiguous else a.copy()).view(np.float32)
 
 
 def canon(x: np.ndarray) -> np.ndarray:
@@ -79,7 +81,7 @@ def canon(x: np.ndarray) -> np.ndarray:
     input it is the DAZ reading). Returns x itself when no element has exponent field
     0 or 255 (nothing to change): pass an array the caller owns.
     """
-    a = np.asarray(x, dtype=F32)
+    a = np.asarray(x, dtype=np.float32)
     u = bits(a)
     exp_field = u & EXPONENT_MASK
     if a.size == 0 or (exp_field.min() != 0 and exp_field.max() != EXPONENT_MASK):
@@ -88,7 +90,7 @@ def canon(x: np.ndarray) -> np.ndarray:
     inf_or_nan = exp_field == EXPONENT_MASK
     u = np.where(zero_or_subnormal, u & SIGN_BIT, u)
     is_nan = inf_or_nan & ((u & MANTISSA_MASK) != 0)
-    return np.where(is_nan, CANONICAL_NAN_BITS, u).astype(np.uint32, copy=False).view(F32)
+    return np.where(is_nan, CANONICAL_NAN_BITS, u).astype(np.uint32, copy=False).view(np.float32)
 
 
 def f32(x) -> np.ndarray:
@@ -107,7 +109,7 @@ def f32(x) -> np.ndarray:
     Subnormal inputs: become zeros of their sign (DAZ), as do float64 values that round
     to a float32 subnormal.
     """
-    return canon(np.array(x, dtype=F32, copy=True))
+    return canon(np.array(x, dtype=np.float32, copy=True))
 
 
 def is_canonical(x) -> bool:
@@ -115,7 +117,7 @@ def is_canonical(x) -> bool:
 
     Subnormal inputs: make the answer False (a zero of either sign is canonical).
     """
-    u = bits(np.asarray(x, dtype=F32))
+    u = bits(np.asarray(x, dtype=np.float32))
     exp_field = u & EXPONENT_MASK
     subnormal = (exp_field == 0) & ((u & ~SIGN_BIT) != 0)
     other_nan = (exp_field == EXPONENT_MASK) & ((u & MANTISSA_MASK) != 0) & (u != CANONICAL_NAN_BITS)
@@ -130,7 +132,7 @@ def canonical(x):
     no change, else a canonical copy.
     """
     a = np.asarray(x)
-    if a.dtype != F32 or is_canonical(a):
+    if a.dtype != np.float32 or is_canonical(a):
         return a
     return canon(a)
 
@@ -139,12 +141,12 @@ def _read_operand(x) -> np.ndarray:
     """One operand, read as the spec reads every input: cast to float32; a subnormal input is
     a zero of its sign (DAZ). (A NaN operand needs no work here: every op below turns it into a
     NaN result or selects it, and the result's ``canon`` makes that ``0x7FC00000``.)"""
-    a = x if isinstance(x, np.ndarray) and x.dtype == F32 else np.asarray(x, dtype=F32)
+    a = x if isinstance(x, np.ndarray) and x.dtype == np.float32 else np.asarray(x, dtype=np.float32)
     u = bits(a)
     exp_field = u & EXPONENT_MASK
     if a.size == 0 or exp_field.min() != 0:  # no zero, no subnormal: nothing to read differently
         return a
-    return np.where(exp_field == 0, u & SIGN_BIT, u).astype(np.uint32, copy=False).view(F32)
+    return np.where(exp_field == 0, u & SIGN_BIT, u).astype(np.uint32, copy=False).view(np.float32)
 
 
 def _f32_operands(*xs):
@@ -161,30 +163,35 @@ def _rounded(op, a, b) -> np.ndarray:
     """
     a, b = _f32_operands(a, b)
     with np.errstate(all="ignore"):
-        return canon(op(a, b, dtype=F32))
+        return canon(op(a, b, dtype=np.float32))
 
 
-def add(a, b) -> np.ndarray:
+@op(S.binary)
+def add(a: F32Operand, b: F32Operand) -> F32:
     """``a + b``, one rounding, then flush and canonical NaN. Subnormal inputs: as ``_rounded`` says."""
     return _rounded(np.add, a, b)
 
 
-def sub(a, b) -> np.ndarray:
+@op(S.binary)
+def sub(a: F32Operand, b: F32Operand) -> F32:
     """``a - b``, one rounding, then flush and canonical NaN. Subnormal inputs: as ``_rounded`` says."""
     return _rounded(np.subtract, a, b)
 
 
-def mul(a, b) -> np.ndarray:
+@op(S.binary)
+def mul(a: F32Operand, b: F32Operand) -> F32:
     """``a * b``, one rounding, then flush and canonical NaN. Subnormal inputs: as ``_rounded`` says."""
     return _rounded(np.multiply, a, b)
 
 
-def div(a, b) -> np.ndarray:
+@op(S.binary)
+def div(a: F32Operand, b: F32Operand) -> F32:
     """``a / b``, one rounding, then flush and canonical NaN. Subnormal inputs: as ``_rounded`` says."""
     return _rounded(np.divide, a, b)
 
 
-def sqrt(a) -> np.ndarray:
+@op(S.unary)
+def sqrt(a: F32Operand) -> F32:
     """IEEE square root, one rounding; ``sqrt(-0.0) = -0.0``; negative -> canonical NaN.
 
     Subnormal inputs: read as zeros of their sign first (DAZ), so a negative subnormal
@@ -192,10 +199,11 @@ def sqrt(a) -> np.ndarray:
     """
     (a,) = _f32_operands(a)
     with np.errstate(all="ignore"):
-        return canon(np.sqrt(a, dtype=F32))
+        return canon(np.sqrt(a, dtype=np.float32))
 
 
-def neg(a) -> np.ndarray:
+@op(S.unary)
+def neg(a: F32Operand) -> F32:
     """Exact sign flip (``-x``); a NaN stays canonical.
 
     Subnormal inputs: read as zeros of their sign first (DAZ), so ``neg(2**-140)`` is ``-0.0``.
@@ -204,7 +212,8 @@ def neg(a) -> np.ndarray:
     return canon(np.negative(a))
 
 
-def abs(a) -> np.ndarray:  # noqa: A001 - the op is called abs in every backend
+@op(S.unary)
+def abs(a: F32Operand) -> F32:  # noqa: A001 - the op is called abs in every backend
     """Exact ``|x|`` (clears the sign bit); a NaN stays canonical.
 
     Subnormal inputs: read as zeros of their sign first (DAZ), so ``abs(-2**-140)`` is ``+0.0``.
@@ -219,7 +228,8 @@ def _total_key(x: np.ndarray) -> np.ndarray:
     return np.where(u & 0x80000000, -(u & 0x7FFFFFFF) - 1, u)
 
 
-def maximum(a, b) -> np.ndarray:
+@op(S.binary)
+def maximum(a: F32Operand, b: F32Operand) -> F32:
     """Elementwise max in the total order ``-0.0 < +0.0``; a NaN operand -> canonical NaN.
 
     Subnormal inputs: read as zeros of their sign first (DAZ), so ``maximum(2**-140, +0.0)``
@@ -231,7 +241,8 @@ def maximum(a, b) -> np.ndarray:
     return canon(r)
 
 
-def minimum(a, b) -> np.ndarray:
+@op(S.binary)
+def minimum(a: F32Operand, b: F32Operand) -> F32:
     """Elementwise min in the total order ``-0.0 < +0.0``; a NaN operand -> canonical NaN.
 
     Subnormal inputs: read as zeros of their sign first (DAZ), as in ``maximum``.

@@ -5,8 +5,11 @@ from __future__ import annotations
 import numpy as np
 
 from . import fp
+from . import shapes as S
+from .kinds import F32, F32Sequence, op
 
 
-def concat_last(arrays) -> np.ndarray:
+@op(S.concat_last)
+def concat_last(arrays: F32Sequence) -> F32:
     """Concatenate float32 arrays along the last axis (exact)."""
     return np.concatenate([fp.f32(a) for a in arrays], axis=-1)

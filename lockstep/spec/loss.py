@@ -17,12 +17,15 @@ from .checks import check_loss_shapes, check_targets
 from .reduce import lane_tree_sum
 from .reduce import max as row_max
 from .transcendental import exp, log
+from . import shapes as S
+from .kinds import F32, F32Scalar, HostFloat, Ids, op
 
 ONE = np.float32(1.0)
 TWO = np.float32(2.0)
 
 
-def cross_entropy_rows(logits, targets, z_loss: float):
+@op(S.cross_entropy_rows)
+def cross_entropy_rows(logits: F32, targets: Ids, z_loss: HostFloat) -> tuple[F32, F32]:
     """Per-token losses and log-sum-exp: (N, V), (N,) -> ``(losses (N,), lse (N,))``.
 
     Order, per row (rows are independent: any split of the rows gives the same bits)::
@@ -44,7 +47,8 @@ def cross_entropy_rows(logits, targets, z_loss: float):
     return per_token, lse
 
 
-def cross_entropy_forward(logits, targets, z_loss: float):
+@op(S.cross_entropy_forward)
+def cross_entropy_forward(logits: F32, targets: Ids, z_loss: HostFloat) -> tuple[F32Scalar, F32]:
     """Loss sum and log-sum-exp: (N, V), (N,) -> ``(loss_sum () float32, lse (N,))``.
 
     ``losses, lse = cross_entropy_rows(logits, targets, z_loss)`` and
@@ -56,7 +60,9 @@ def cross_entropy_forward(logits, targets, z_loss: float):
     return lane_tree_sum(per_token), lse
 
 
-def cross_entropy_backward(logits, targets, lse, z_loss: float, inv_n) -> np.ndarray:
+@op(S.cross_entropy_backward)
+def cross_entropy_backward(logits: F32, targets: Ids, lse: F32, z_loss: HostFloat,
+                           inv_n: F32Scalar) -> F32:
     """Gradient of ``inv_n * loss_sum`` with respect to the logits: (N, V) -> (N, V).
 
     Order::

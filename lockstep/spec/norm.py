@@ -10,11 +10,14 @@ import numpy as np
 from . import fp
 from .checks import check_norm_shapes
 from .reduce import column_sum, lane_tree_sum
+from . import shapes as S
+from .kinds import F32, F32OrNone, HostFloat, op
 
 ONE = np.float32(1.0)
 
 
-def rmsnorm_forward(x, gain, eps: float):
+@op(S.rmsnorm_forward)
+def rmsnorm_forward(x: F32, gain: F32OrNone, eps: HostFloat) -> tuple[F32, F32]:
     """``y = x * rstd * gain`` with ``rstd = 1 / sqrt(mean(x*x) + eps)`` over the last axis.
 
     Order, per row of width D::
@@ -39,7 +42,8 @@ def rmsnorm_forward(x, gain, eps: float):
     return y, rstd
 
 
-def rmsnorm_backward(dy, x, gain, rstd):
+@op(S.rmsnorm_backward)
+def rmsnorm_backward(dy: F32, x: F32, gain: F32OrNone, rstd: F32) -> tuple[F32, F32OrNone]:
     """Gradients of ``rmsnorm_forward``: returns ``(dx, dgain)`` (dgain None without a gain).
 
     Order, per row, with ``xhat = x * rstd``::

@@ -12,6 +12,8 @@ import numpy as np
 from . import fp
 from .checks import check_adamw_shapes
 from .reduce import lane_tree_sum
+from . import shapes as S
+from .kinds import F32, F32Scalar, F32ScalarSequence, HostFloat, op
 
 CLIP_EPS = np.float32(1e-6)
 # Elements per block of sum_of_squares: one GPU warp / SIMD-group per block, 128 adds
@@ -20,7 +22,8 @@ CLIP_EPS = np.float32(1e-6)
 SUM_OF_SQUARES_BLOCK = 4096
 
 
-def sum_of_squares(g) -> np.ndarray:
+@op(S.sum_of_squares)
+def sum_of_squares(g: F32) -> F32Scalar:
     """Sum of ``g * g`` over the flattened tensor (C order) in the blocked lane-tree order: () float32.
 
     Order, with B = ``SUM_OF_SQUARES_BLOCK`` = 4096::
@@ -45,7 +48,8 @@ def sum_of_squares(g) -> np.ndarray:
     return lane_tree_sum(block_sums)
 
 
-def global_norm(sums_of_squares) -> np.ndarray:
+@op(S.global_norm)
+def global_norm(sums_of_squares: F32ScalarSequence) -> F32Scalar:
     """``sqrt(((0 + s_0) + s_1) + ...)`` over per-tensor sums in canonical parameter order."""
     total = np.float32(0.0)
     for s in sums_of_squares:
@@ -53,18 +57,23 @@ def global_norm(sums_of_squares) -> np.ndarray:
     return fp.sqrt(total)
 
 
-def clip_coefficient(norm, max_norm: float = 1.0) -> np.ndarray:
+@op(S.clip_coefficient)
+def clip_coefficient(norm: F32Scalar, max_norm: HostFloat = 1.0) -> F32Scalar:
     """``min(1, max_norm / (norm + 1e-6))``: gradients are multiplied by it when it is < 1."""
     c = fp.div(np.float32(max_norm), fp.add(norm, CLIP_EPS))
     return fp.minimum(c, np.float32(1.0))
 
 
-def scale(g, coef) -> np.ndarray:
+@op(S.scale)
+def scale(g: F32, coef: F32Scalar) -> F32:
     """``g * coef`` (one rounded product per element)."""
     return fp.mul(g, coef)
 
 
-def adamw_update(p, g, m, v, lr, beta1, beta2, one_minus_beta1, one_minus_beta2, eps, weight_decay, bc1, bc2):
+@op(S.adamw_update)
+def adamw_update(p: F32, g: F32, m: F32, v: F32, lr: F32Scalar, beta1: F32Scalar, beta2: F32Scalar,
+                 one_minus_beta1: F32Scalar, one_minus_beta2: F32Scalar, eps: F32Scalar,
+                 weight_decay: F32Scalar, bc1: F32Scalar, bc2: F32Scalar) -> tuple[F32, F32, F32]:
     """One AdamW step for one tensor: returns ``(p, m, v)``.
 
     Order (all float32, each operation rounded)::

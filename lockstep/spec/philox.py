@@ -17,6 +17,8 @@ import hashlib
 import numpy as np
 
 from .checks import MAX_ROUNDS, MIN_ROUNDS, check_philox  # noqa: F401 - re-exported: the shared input checks
+from . import shapes as S
+from .kinds import HostInt, UInt32, op
 
 # Multipliers chosen by the Philox authors for good avalanche (Random123 philox.h).
 PHILOX_M4x32_0 = np.uint64(0xD2511F53)
@@ -38,7 +40,8 @@ def _mulhilo(m: np.uint64, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return (p >> _SHIFT32).astype(np.uint32), (p & _MASK32).astype(np.uint32)
 
 
-def philox4x32(counter, key, rounds: int = DEFAULT_ROUNDS) -> np.ndarray:
+@op(S.philox4x32)
+def philox4x32(counter: UInt32, key: UInt32, rounds: HostInt = 10) -> UInt32:
     """Philox4x32-R: counter uint32 (..., 4), key uint32 (..., 2) -> uint32 (..., 4).
 
     One round, with counter words (c0, c1, c2, c3) and key (k0, k1)::

@@ -20,6 +20,8 @@ from . import fp
 from .checks import check_linear_shapes  # noqa: F401 - re-exported: the shared input check
 from .reduce import int8_matmul, lane_tree_sum
 from .reduce import max as row_max
+from . import shapes as S
+from .kinds import F32, Flag, op
 
 QMAX = np.float32(127.0)  # symmetric int8: values in [-127, 127]
 TWO = np.float32(2.0)
@@ -73,7 +75,8 @@ def activation_scale(x) -> np.float32:
     return _nonzero_scale(fp.div(amax, QMAX))[()]
 
 
-def int8_linear_forward(x, w) -> np.ndarray:
+@op(S.int8_linear_forward)
+def int8_linear_forward(x: F32, w: F32) -> F32:
     """W8A8 forward: (..., K), (K, N) -> (..., N).
 
     Order::
@@ -173,7 +176,8 @@ def int8_rotated_matmul(a, b, hadamard: bool = True) -> np.ndarray:
     return out
 
 
-def int8_linear_backward(dy, x, w, hadamard: bool = True):
+@op(S.int8_linear_backward)
+def int8_linear_backward(dy: F32, x: F32, w: F32, hadamard: Flag = True) -> tuple[F32, F32]:
     """Straight-through gradients of ``int8_linear_forward``: returns ``(dx, dw)``.
 
     ``dx = int8_rotated_matmul(dy, wdq^T)`` (contracted over N) and

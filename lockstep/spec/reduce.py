@@ -18,6 +18,8 @@ import numpy as np
 
 from . import fp
 from .checks import check_int8_operands, check_matmul_accumulate_shapes, check_matmul_shapes  # noqa: F401 - re-exported: the shared input checks
+from . import shapes as S
+from .kinds import F32, HostInt, Int32, Int64, Int8, op
 
 LANES = 32  # one CUDA warp / Metal SIMD-group
 # Largest K for which a float32 GEMM of int8-valued operands is exact in any order.
@@ -29,7 +31,8 @@ LANES = 32  # one CUDA warp / Metal SIMD-group
 FLOAT32_EXACT_INT8_K = 1040
 
 
-def lane_tree_sum(x, axis: int = -1) -> np.ndarray:
+@op(S.lane_tree_sum)
+def lane_tree_sum(x: F32, axis: HostInt = -1) -> F32:
     """Sum along ``axis`` in the lane-tree(32) order.
 
     1. Lane j (0..31) sums elements j, j+32, j+64, ... of the row in ascending
@@ -55,7 +58,8 @@ def lane_tree_sum(x, axis: int = -1) -> np.ndarray:
     return lanes[..., 0].copy()
 
 
-def column_sum(x) -> np.ndarray:
+@op(S.column_sum)
+def column_sum(x: F32) -> F32:
     """Sum over all leading axes, per last-axis feature: (..., D) -> (D,).
 
     Order (the "batch sum" of every per-feature parameter gradient): from +0.0,
@@ -70,7 +74,8 @@ def column_sum(x) -> np.ndarray:
     return acc
 
 
-def matmul(a, b) -> np.ndarray:
+@op(S.matmul)
+def matmul(a: F32, b: F32) -> F32:
     """Float32 contraction ``(..., M, K) x (..., K, N) -> (..., M, N)``.
 
     For every output element: ``acc = +0.0``; for k = 0, 1, ..., K-1 in ascending
@@ -87,7 +92,8 @@ def matmul(a, b) -> np.ndarray:
     return acc
 
 
-def matmul_accumulate(acc, a, b) -> np.ndarray:
+@op(S.matmul_accumulate)
+def matmul_accumulate(acc: F32, a: F32, b: F32) -> F32:
     """``matmul``'s contraction continued from ``acc``: (M, N), (M, K), (K, N) -> (M, N).
 
     For every output element: ``c = acc[m, n]`` (as float32: rounded, flushed, canonical);
@@ -109,7 +115,8 @@ def matmul_accumulate(acc, a, b) -> np.ndarray:
     return out
 
 
-def int8_matmul(a, b) -> np.ndarray:
+@op(S.int8_matmul)
+def int8_matmul(a: Int8, b: Int8) -> Int32:
     """Exact ``(..., M, K) int8 x (..., K, N) int8 -> (..., M, N) int32``.
 
     Integer sums are exact in any order, so the order is not part of the spec.
@@ -121,7 +128,8 @@ def int8_matmul(a, b) -> np.ndarray:
     return out.astype(np.int32)
 
 
-def max(x, axis: int = -1) -> np.ndarray:  # noqa: A001 - the op is called max in every backend
+@op(S.max_)
+def max(x: F32, axis: HostInt = -1) -> F32:  # noqa: A001 - the op is called max in every backend
     """Maximum along ``axis`` in the total order (-0.0 < +0.0); any NaN -> canonical NaN.
 
     Exact, so no order is part of the spec. Computed as the maximum of integer keys
@@ -138,7 +146,8 @@ def max(x, axis: int = -1) -> np.ndarray:  # noqa: A001 - the op is called max i
     return fp.canon(r)
 
 
-def argmax(x, axis: int = -1) -> np.ndarray:
+@op(S.argmax)
+def argmax(x: F32, axis: HostInt = -1) -> Int64:
     """Index (int64) of the first maximum along ``axis`` in the total order (-0.0 < +0.0).
 
     A row containing NaN returns the index of its first NaN.

@@ -10,6 +10,8 @@ import numpy as np
 
 from . import fp, hostmath
 from .checks import check_rope_shapes  # noqa: F401 - re-exported: the shared input check
+from . import shapes as S
+from .kinds import F32, op
 
 
 def rope_tables(seq_len: int, head_dim: int, theta: float) -> tuple[np.ndarray, np.ndarray]:
@@ -29,7 +31,8 @@ def rope_tables(seq_len: int, head_dim: int, theta: float) -> tuple[np.ndarray, 
     return fp.f32(hostmath.cos(angle)), fp.f32(hostmath.sin(angle))  # the spec's cos/sin (hostmath, no libm), rounded once
 
 
-def rope_forward(x, cos, sin) -> np.ndarray:
+@op(S.rope_forward)
+def rope_forward(x: F32, cos: F32, sin: F32) -> F32:
     """Rotate (..., T, Dh) by the tables (T, P)::
 
         y1 = x1 * cos - x2 * sin
@@ -47,7 +50,8 @@ def rope_forward(x, cos, sin) -> np.ndarray:
     return np.concatenate([y1, y2], axis=-1)
 
 
-def rope_backward(dy, cos, sin) -> np.ndarray:
+@op(S.rope_backward)
+def rope_backward(dy: F32, cos: F32, sin: F32) -> F32:
     """The transpose rotation::
 
         dx1 = dy1 * cos + dy2 * sin

@@ -11,11 +11,14 @@ import numpy as np
 from . import fp
 from .checks import check_swiglu_shapes  # noqa: F401 - re-exported: the shared input check
 from .transcendental import sigmoid, silu
+from . import shapes as S
+from .kinds import F32, op
 
 ONE = np.float32(1.0)
 
 
-def swiglu_forward(gu) -> np.ndarray:
+@op(S.swiglu_forward)
+def swiglu_forward(gu: F32) -> F32:
     """``h = silu(gate) * up``: (..., 2F) -> (..., F); silu as in ``transcendental.silu``."""
     check_swiglu_shapes(gu)
     gu = fp.f32(gu)
@@ -23,7 +26,8 @@ def swiglu_forward(gu) -> np.ndarray:
     return fp.mul(silu(gu[..., :f]), gu[..., f:])
 
 
-def swiglu_backward(dh, gu) -> np.ndarray:
+@op(S.swiglu_backward)
+def swiglu_backward(dh: F32, gu: F32) -> F32:
     """Gradient of the fused projection's output: (..., F), (..., 2F) -> (..., 2F).
 
     Order, with ``s = sigmoid(gate)``::

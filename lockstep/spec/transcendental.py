@@ -41,8 +41,9 @@ from __future__ import annotations
 import numpy as np
 
 from . import fp
+from . import shapes as S
+from .kinds import F32, F32Operand, op
 
-F32 = np.float32
 
 
 def _const(pattern: int) -> np.float32:
@@ -135,7 +136,8 @@ def _is_nan(x: np.ndarray) -> np.ndarray:
 # exp
 
 
-def exp(x) -> np.ndarray:
+@op(S.transcendental)
+def exp(x: F32Operand) -> F32:
     """float32 ``e**x``, elementwise, for float32 arrays of any shape.
 
     Special values: ``exp(+-0) = 1``; ``exp(+inf) = +inf``; ``exp(-inf) = +0``;
@@ -203,7 +205,7 @@ def exp(x) -> np.ndarray:
     """
     x, shape = _flat_f32(x)
     nan = _is_nan(x)
-    xc = fp.minimum(fp.maximum(fp.where(nan, F32(0.0), x), EXP_ARG_MIN), EXP_ARG_MAX)
+    xc = fp.minimum(fp.maximum(fp.where(nan, np.float32(0.0), x), EXP_ARG_MIN), EXP_ARG_MAX)
 
     # Cody-Waite reduction.
     kf = fp.sub(fp.add(fp.mul(xc, INV_LN2), ROUND_MAGIC), ROUND_MAGIC)
@@ -241,7 +243,8 @@ def exp(x) -> np.ndarray:
 # log
 
 
-def log(x) -> np.ndarray:
+@op(S.transcendental)
+def log(x: F32Operand) -> F32:
     """float32 natural logarithm, elementwise, for float32 arrays of any shape.
 
     Special values: inputs are flushed on entry, so subnormals are zeros;
@@ -315,7 +318,7 @@ def log(x) -> np.ndarray:
     upper = mb >= LOG_SQRT2_MANTISSA
     m = fp.from_bits(mb | np.where(upper, HALF_EXPONENT_FIELD, ONE_EXPONENT_FIELD))
     e = e + upper.astype(np.int32)
-    ef = e.astype(F32)  # exact: |e| <= 128
+    ef = e.astype(np.float32)  # exact: |e| <= 128
     f = fp.sub(m, ONE)
 
     s = fp.div(f, fp.add(TWO, f))
@@ -352,7 +355,8 @@ def log(x) -> np.ndarray:
 # sigmoid and silu
 
 
-def sigmoid(x) -> np.ndarray:
+@op(S.transcendental)
+def sigmoid(x: F32Operand) -> F32:
     """float32 logistic function ``1 / (1 + exp(-x))``, elementwise.
 
     Order of operations::
@@ -377,7 +381,8 @@ def sigmoid(x) -> np.ndarray:
     return fp.div(ONE, d).reshape(shape)
 
 
-def silu(x) -> np.ndarray:
+@op(S.transcendental)
+def silu(x: F32Operand) -> F32:
     """float32 SiLU (swish) ``x * sigmoid(x)``, elementwise.
 
     Order of operations::

@@ -1,39 +1,38 @@
 """The shapes of every op's call: what a caller may pass, and the shapes of what the op returns.
 
-Each op of the contract (``lockstep.contract.BackendOps``) declares its rule with
-``@shapes(rule)``: ``rule`` takes the op's arguments by the op's parameter names and
-returns the shapes of its results (``None`` for a ``None`` result), computed from the
-arguments' shapes and integer values alone -- never a float32 value, never by running
-the op. It raises what the spec raises for a bad call (``ValueError`` for shapes and
-ranges, ``TypeError`` for dtypes): the validity checks are the spec's own
-(``lockstep.spec.checks``), which the spec and every backend call too, so the rule and
-the ops cannot drift apart.
+Each op names its rule in its mark (``@op(rule)``, ``spec.kinds``): ``rule`` takes the op's
+arguments by the op's parameter names and returns the shapes of its results (``None`` for a
+``None`` result), computed from the arguments' shapes and integer values alone -- never a
+float32 value, never by running the op. It raises what the op raises for a bad call
+(``ValueError`` for shapes and ranges, ``TypeError`` for dtypes): the validity checks are the
+ops' own (``spec.checks``), which the spec and every backend call too, so the rule and the ops
+cannot drift apart.
 
-Two rules are the contract's, beyond what the ops' checks refuse: what lockstep's own
-callers (the trainer, the audit, generation) pass, and so what a traced step can hold:
+Two rules hold beyond what the ops' checks refuse: what lockstep's own callers (the trainer, the
+audit, generation) pass, and so what a traced step can hold:
 
 * **No broadcast enlarges every operand.** Elementwise operands (``F32_OPERAND``),
   ``matmul``'s leading dims and ``philox4x32``'s key broadcast *into* an operand: the
   result has the shape of one operand (a scalar, a row or a column stretched over the
   other). NumPy's mutual broadcasting -- ``(n, 1)`` against ``(1, n)`` making ``n x n`` --
   is no call of the contract: the ops compute it (conformance tests one case), but
-  ``check_call`` refuses it.
+  ``lockstep.contract.check_call`` refuses it.
 * **Kinds.** Every argument is of its parameter's kind (``lockstep.contract.value_problem``):
   a float32 array where ``F32`` is named, a 0-d array or a float for ``F32_SCALAR``.
 
-``check_call`` (in ``lockstep.contract``) applies both and the op's rule to host
-values, before any backend runs; ``call_size`` counts the elements a call computes.
+``check_call`` (in ``lockstep.contract``) applies both and the op's rule to host values, before
+any backend runs; ``call_size`` counts the elements a call computes.
 """
 
 from __future__ import annotations
 
 import math
-from typing import Callable
 
 import numpy as np
 
 from lockstep.errors import LockstepError
-from lockstep.spec import checks
+
+from . import checks
 
 Shape = tuple[int, ...]
 AxisError = getattr(np, "exceptions", np).AxisError  # what the spec raises for an axis out of range
@@ -42,15 +41,6 @@ AxisError = getattr(np, "exceptions", np).AxisError  # what the spec raises for 
 class EnlargingBroadcast(LockstepError, ValueError):
     """A call whose operands broadcast to a shape larger than every one of them: the ops compute it
     (NumPy's rule), but no call of the contract makes one (module docstring)."""
-
-
-def shapes(rule: Callable, pairs: Callable | None = None):
-    """Declare an op's shape rule (and, for attention, the (query, key) pairs it scores)."""
-    def mark(fn):
-        fn.__lockstep_shapes__ = rule
-        fn.__lockstep_pairs__ = pairs
-        return fn
-    return mark
 
 
 def elements(shape: Shape | None) -> int:

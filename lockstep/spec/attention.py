@@ -113,6 +113,14 @@ def _rebuilt_softmax(do, q, k, v, o, m, l, window):
     return do, q, k, v, o, _probabilities(s, allowed, fp.f32(m), fp.f32(l)), allowed
 
 
+def _score_gradient(do, o, p, v, n_heads: int, head_dim: int):
+    """``ds = p * (dO V^T - rowsum(dO * O)) * scale``, the backwards' gradient of the scaled scores
+    (``v``: the values the forward contracted with, dequantized in the int8 recipe)."""
+    dp = matmul(do, np.swapaxes(_expand_kv(v, n_heads), -1, -2))
+    drow = lane_tree_sum(fp.mul(do, o))
+    return fp.mul(fp.mul(p, fp.sub(dp, drow[..., None])), attention_scale(head_dim))
+
+
 def _allowed_contract(a, b, allowed):
     """``out[..., m, n] = sum over k with allowed[m, k] of a[..., m, k] * b[..., k, n]``.
 
@@ -184,10 +192,7 @@ def attention_backward(do: F32, q: F32, k: F32, v: F32, o: F32, m: F32, l: F32,
     """
     do, q, k, v, o, p, allowed = _rebuilt_softmax(do, q, k, v, o, m, l, window)
     h, dh, g = q.shape[1], q.shape[3], k.shape[1]
-    vh = _expand_kv(v, h)
-    dp = matmul(do, np.swapaxes(vh, -1, -2))
-    drow = lane_tree_sum(fp.mul(do, o))
-    ds = fp.mul(fp.mul(p, fp.sub(dp, drow[..., None])), attention_scale(dh))
+    ds = _score_gradient(do, o, p, v, h, dh)
     dq = _allowed_contract(ds, _expand_kv(k, h), allowed)
     dk = _group_sum_contract(ds, q, g, allowed)
     dv = _group_sum_contract(p, do, g, allowed)
@@ -382,9 +387,7 @@ def attention_backward_int8(do: F32, q: F32, k: F32, v: F32, o: F32, m: F32, l: 
     pq, vq, sv = _quantized_pv(p, v)
     pdq = fp.mul(pq.astype(np.float32), P_SCALE)
     vdq = fp.mul(vq.astype(np.float32), sv[..., None, :])
-    dp = matmul(do, np.swapaxes(_expand_kv(vdq, h), -1, -2))
-    drow = lane_tree_sum(fp.mul(do, o))
-    ds = fp.mul(fp.mul(p, fp.sub(dp, drow[..., None])), attention_scale(dh))
+    ds = _score_gradient(do, o, p, vdq, h, dh)
     dq = fixed_point_contract(ds, _expand_kv(k, h), allowed)
     dk = _group_sum_contract(ds, q, g, allowed)
     dv = _group_sum_contract(pdq, do, g, allowed)

@@ -75,7 +75,8 @@ def resident_moments(params):  # zero moments written: resident, as a later step
     return AdamWState(0, {k: np.full_like(p, 0.0) for k, p in params.items()},
                       {k: np.full_like(p, 0.0) for k, p in params.items()})
 from lockstep.train.execution import Execution
-from lockstep.train.step import GradLayout, VectorPool, apply_update, micro_batch_value, subtree_sums
+from lockstep.train.step import GradLayout, apply_update, micro_batch_value, subtree_sums
+from lockstep.train.storage import VectorPool
 spec = json.loads(sys.argv[1])
 ex = Execution(**spec["execution"])
 keep_freed_memory()

@@ -57,7 +57,8 @@ def main() -> int:
     from lockstep.train.execution import Execution
     from lockstep.train.model import init_params, loss_and_grads
     from lockstep.train.scratch import ScratchSpace
-    from lockstep.train.step import GradLayout, VectorPool, micro_batch_value
+    from lockstep.train.step import GradLayout, micro_batch_value
+    from lockstep.train.storage import VectorPool
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--preset", default="open-1b")

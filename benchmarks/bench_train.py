@@ -46,7 +46,8 @@ from lockstep.train.model import init_params
 from lockstep.train.malloc import keep_freed_memory
 from lockstep.formats.state import AdamWState
 from lockstep.formats.schedule import plan_step
-from lockstep.train.step import GradLayout, VectorPool, apply_update, subtree_sums
+from lockstep.train.step import GradLayout, apply_update, subtree_sums
+from lockstep.train.storage import VectorPool
 from lockstep.formats.state import state_tensors
 
 

@@ -414,7 +414,8 @@ def _lockstep_step_time(model: str, batch: int, steps: int, quantize: bool) -> d
     from lockstep.formats.config import train_preset
     from lockstep.formats.state import AdamWState
     from lockstep.formats.schedule import StepPlan
-    from lockstep.train.step import GradLayout, apply_update, subtree_sums, to_device, vector_pool
+    from lockstep.train.step import GradLayout, apply_update, subtree_sums
+    from lockstep.train.storage import step_storage
     from lockstep.formats.state import state_tensors
 
     cfg = model_flops.model_config(model, quantize=quantize)
@@ -423,8 +424,9 @@ def _lockstep_step_time(model: str, batch: int, steps: int, quantize: bool) -> d
     params = _bench_params(cfg, 0)
     opt = AdamWState.zeros(params)
     rng = np.random.default_rng(1)
-    pool = vector_pool(be, GradLayout.of(cfg).size)  # as the trainer does (device vectors on cupy)
-    params, opt = to_device(be, params, opt)
+    storage = step_storage(be, GradLayout.of(cfg).size)  # as the trainer does (device vectors on cupy)
+    pool = storage.pool
+    params, opt = storage.adopt(params, opt)
     step_s, hash_s = [], []
     for t in range(1, steps + 2):
         windows = rng.integers(0, cfg.vocab_size, (batch, cfg.seq_len + 1), dtype=np.int64)
@@ -432,7 +434,7 @@ def _lockstep_step_time(model: str, batch: int, steps: int, quantize: bool) -> d
         t0 = time.perf_counter()
         m = len(plan.micro_batches(tcfg.micro_batch))
         [(_, _, summed)] = subtree_sums(params, windows, plan, 0, m, cfg, tcfg, be, pool)
-        res = apply_update(params, opt, summed, plan, cfg, tcfg, be)
+        res = apply_update(params, opt, summed, plan, cfg, tcfg, be, storage=storage)
         pool.give(summed)
         t1 = time.perf_counter()
         params, opt = res.params, res.opt
@@ -478,7 +480,9 @@ def _breakdown(model: str, steps: int) -> dict:
     from lockstep.formats.schedule import StepPlan
     from lockstep.spec import hashing
     from lockstep.formats.state import AdamWState
-    from lockstep.train.step import GradLayout, apply_update, device_state_root, subtree_sums, to_device, vector_pool
+    from lockstep.backends.state_hash import device_state_root
+    from lockstep.train.step import GradLayout, apply_update, subtree_sums
+    from lockstep.train.storage import step_storage
     from lockstep.formats.state import state_tensors
 
     pred = perf_model.predict(model)
@@ -486,8 +490,9 @@ def _breakdown(model: str, steps: int) -> dict:
     batch = pred["batch"]
     be = get_backend("cupy")
     params = _bench_params(cfg, 0)
-    params, opt = to_device(be, params, AdamWState.zeros(params))
-    pool = vector_pool(be, GradLayout.of(cfg).size)
+    storage = step_storage(be, GradLayout.of(cfg).size)
+    params, opt = storage.adopt(params, AdamWState.zeros(params))
+    pool = storage.pool
     log = be.capabilities.transfers
     rng = np.random.default_rng(1)
     rows = []
@@ -502,7 +507,7 @@ def _breakdown(model: str, steps: int) -> dict:
         [(_, _, summed)] = subtree_sums(params, windows, plan, 0, m, cfg, tcfg, be, pool)
         _sync()
         t1 = time.perf_counter()
-        res = apply_update(params, opt, summed, plan, cfg, tcfg, be)
+        res = apply_update(params, opt, summed, plan, cfg, tcfg, be, storage=storage)
         _sync()
         t2 = time.perf_counter()
         pool.give(summed)
@@ -511,7 +516,7 @@ def _breakdown(model: str, steps: int) -> dict:
         leaves = be.capabilities.tensor_leaves
         h0 = time.perf_counter()  # the state root again, alone: the hashing inside apply_update
         (hashing.state_root(state_tensors(params, opt)) if leaves is None
-         else device_state_root(state_tensors(params, opt, host=False), leaves))
+         else device_state_root(be, state_tensors(params, opt, host=False)))
         _sync()
         h1 = time.perf_counter()
         row = {"step": t, "kernels_s": t1 - t0, "update_s": max(0.0, (t2 - t1) - (h1 - h0)), "hashing_s": h1 - h0,

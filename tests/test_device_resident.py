@@ -25,7 +25,8 @@ from lockstep.formats.schedule import plan_step
 from lockstep.spec import hashing
 from lockstep.train.model import init_params
 from lockstep.formats.state import AdamWState
-from lockstep.train.step import DeviceVectorPool, GradLayout, to_device, tree_step, vector_pool
+from lockstep.train.step import GradLayout, tree_step
+from lockstep.train.storage import DeviceVectorPool, step_storage
 from lockstep.formats.state import state_tensors
 
 try:
@@ -120,7 +121,7 @@ def _bound(cfg, plan, micro_batch: int) -> dict:
 def _one_step(backend, cfg, tcfg, params=None):
     params = init_params(cfg, 0) if params is None else params
     opt = AdamWState.zeros(params)
-    params, opt = to_device(backend, params, opt)
+    params, opt = step_storage(backend, GradLayout.of(cfg).size).adopt(params, opt)
     plan = plan_step(tcfg, cfg.seq_len, 1)
     windows = np.random.default_rng(7).integers(0, cfg.vocab_size, size=(plan.n_windows, cfg.seq_len + 1))
     log = backend.capabilities.transfers
@@ -164,11 +165,11 @@ def test_small_step_on_the_device_matches_numba_and_its_transfers_are_bounded(qu
 
 
 def test_device_pool_reuses_its_own_vectors_only():
-    pool = vector_pool(_OPENCL, 10)
+    pool = step_storage(_OPENCL, 10).pool
     assert isinstance(pool, DeviceVectorPool)
     a, b = pool.take(), pool.take()
     pool.give(a, a, _OPENCL.asarray(np.zeros(10, dtype=np.float32)), np.zeros(10, dtype=np.float32))
     assert pool.take() is a and pool.allocated == 2
     assert pool.take() is not b and pool.allocated == 3
     layout = GradLayout.of(preset("tiny"))
-    assert vector_pool(get_backend("spec"), layout.size).__class__.__name__ == "VectorPool"
+    assert step_storage(get_backend("spec"), layout.size).pool.__class__.__name__ == "VectorPool"

@@ -34,8 +34,8 @@ from lockstep.formats.state import AdamWState
 def resident_moments(params):  # zero moments written: resident, as a later step's are (np.zeros pages are not)
     return AdamWState(0, {k: np.full_like(p, 0.0) for k, p in params.items()},
                       {k: np.full_like(p, 0.0) for k, p in params.items()})
-from lockstep.train.scratch import MomentFiles, ScratchSpace
-from lockstep.train.step import GradLayout, VectorPool, apply_update, subtree_sums
+from lockstep.train.step import GradLayout, apply_update, subtree_sums
+from lockstep.train.storage import step_storage
 spec = json.loads(sys.argv[1])
 keep_freed_memory()
 cfg, tcfg = ModelConfig.from_dict(spec["model"]), TrainConfig.from_dict(spec["train"])
@@ -43,14 +43,12 @@ be = get_backend("numba")
 params = init_params(cfg, 1, backend=be)  # the backend draws them: no NumPy temporaries of a tensor's size
 plan = plan_step(tcfg, cfg.seq_len, 1)
 windows = np.random.default_rng(0).integers(0, 257, size=(plan.n_windows, cfg.seq_len + 1)).astype(np.int32)
-space = ScratchSpace(spec["scratch"]) if spec.get("scratch") else None  # out of core, as the trainer does it
-moments = MomentFiles(space) if space is not None else None
-opt = resident_moments(params) if moments is None else moments.adopt(resident_moments(params))
-pool = VectorPool(GradLayout.of(cfg).size, scratch=space)
-[(_, _, s)] = subtree_sums(params, windows, plan, 0, len(plan.micro_batches(tcfg.micro_batch)), cfg, tcfg, be, pool)
-apply_update(params, opt, s, plan, cfg, tcfg, be, moments=moments)
-if space is not None:
-    space.close()
+storage = step_storage(be, GradLayout.of(cfg).size, spec.get("scratch"))  # out of core, as the trainer does it
+params, opt = storage.adopt(params, resident_moments(params))
+[(_, _, s)] = subtree_sums(params, windows, plan, 0, len(plan.micro_batches(tcfg.micro_batch)), cfg, tcfg, be,
+                           storage.pool)
+apply_update(params, opt, s, plan, cfg, tcfg, be, storage=storage)
+storage.close()
 print(next(line.split()[1] for line in open("/proc/self/status") if line.startswith("VmHWM:")))
 """
 

@@ -12,7 +12,7 @@ from lockstep.backends import BackendUnavailable, get_backend
 from lockstep.formats.config import preset, train_preset
 from lockstep.train.execution import Execution
 from lockstep.train.scratch import MomentFiles, ScratchSpace
-from lockstep.train.step import VectorPool
+from lockstep.train.storage import VectorPool
 from lockstep.train.trainer import train
 
 QUIET = {"progress": False, "log": lambda *a: None}

@@ -20,7 +20,8 @@ from lockstep.train.collectives import tree_allreduce
 from lockstep.formats.config import preset, train_preset
 from lockstep.train.model import init_params
 from lockstep.formats.schedule import StepPlan
-from lockstep.train.step import GradLayout, VectorPool, in_place_add, micro_batch_value, subtree_sums
+from lockstep.train.step import GradLayout, micro_batch_value, subtree_sums
+from lockstep.train.storage import VectorPool, in_place_add
 
 F32 = np.float32
 ROOT = Path(__file__).resolve().parents[1]

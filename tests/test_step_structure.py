@@ -19,8 +19,9 @@ from lockstep.formats.stream import GlobalStream
 from lockstep.train import trainer
 from lockstep.train.memory import choose_execution, step_memory
 from lockstep.train.model import init_params
-from lockstep.train.step import (DeviceVectorPool, StepWatch, VectorPool, _DeviceUpdate, _FileUpdate, _HostUpdate,
-                                 step_over_ranks, update_regime, vector_pool)
+from lockstep.train.step import StepWatch, step_over_ranks
+from lockstep.train.storage import (DeviceStorage, DeviceVectorPool, HostStorage, VectorPool, _DeviceUpdate,
+                                    _FileUpdate, _HostUpdate, step_storage)
 
 
 def test_each_backend_declares_its_memory_and_the_name_table_agrees():
@@ -85,12 +86,11 @@ def test_a_watched_step_is_the_same_step_and_sees_every_phase_in_order(tmp_path)
     assert watch.seen[:-1] == want and watch.seen[-1][0] == "update" and watch.seen[-1][2] == 0
 
 
-def test_the_pool_and_the_update_regime_are_chosen_once_from_the_backend_and_the_plan(tmp_path):
-    from lockstep.train.scratch import MomentFiles, ScratchSpace
-
+def test_one_storage_is_chosen_from_the_backend_and_the_plan_and_gives_pool_moments_and_regime(tmp_path):
     spec = get_backend("spec")
-    assert type(vector_pool(spec, 8)) is VectorPool and not vector_pool(spec, 8).piecewise
-    assert type(update_regime(spec, None, 1)) is _HostUpdate
+    host = step_storage(spec, 8)
+    assert type(host) is HostStorage and type(host.pool) is VectorPool and host.host_pool is host.pool
+    assert not host.pool.piecewise and host.moments is None and type(host.update(1)) is _HostUpdate
 
     class _Vectors:
         def empty(self, n):
@@ -102,12 +102,31 @@ def test_the_pool_and_the_update_regime_are_chosen_once_from_the_backend_and_the
     from lockstep.contract.capabilities import Capabilities
 
     device = Backend("dev", spec.ops, capabilities=Capabilities(device_vectors=_Vectors()))
-    assert isinstance(vector_pool(device, 8), DeviceVectorPool)
-    assert type(update_regime(device, None, 1)) is _DeviceUpdate
-    with ScratchSpace(tmp_path) as space:
-        pool = vector_pool(device, 8, space)  # the plan's scratch folder wins: host files
-        assert type(pool) is VectorPool and pool.piecewise and space.owns(pool.take())
-        assert type(update_regime(spec, MomentFiles(space), 1)) is _FileUpdate
+    for scratch in (None, str(tmp_path)):  # a device keeps its state: a scratch folder plays no part
+        dev = step_storage(device, 8, scratch)
+        assert type(dev) is DeviceStorage and isinstance(dev.pool, DeviceVectorPool)
+        assert type(dev.host_pool) is VectorPool and dev.moments is None and type(dev.update(1)) is _DeviceUpdate
+        dev.close()
+    assert list(tmp_path.iterdir()) == []
+    with step_storage(spec, 8, str(tmp_path)) as files:  # a host backend's state out of core: files
+        assert files.pool.piecewise and files.space.owns(files.pool.take()) and files.host_pool is files.pool
+        assert type(files.update(1)) is _FileUpdate
+        params = {"w": np.ones(3, np.float32)}
+        _, opt = files.adopt(params, AdamWState.zeros(params))
+        assert all(files.space._owner(x) is not None for x in (*opt.m.values(), *opt.v.values()))
+        private = list(tmp_path.iterdir())
+        assert len(private) == 1
+    assert list(tmp_path.iterdir()) == [], "closing the storage removes its private folder"
+
+
+def test_a_device_resident_plan_offers_no_scratch_folder():
+    cfg, tcfg = preset("tiny"), train_preset("tiny")
+    plan = choose_execution(cfg, tcfg, "train it", memory=KERNELS_MEMORY, scratch="/tmp", max_memory=1024)
+    assert plan.execution.scratch is None
+    from lockstep.train.execution import Execution
+
+    assert (step_memory(cfg, tcfg, Execution(scratch="/tmp"), KERNELS_MEMORY).total
+            == step_memory(cfg, tcfg, Execution(), KERNELS_MEMORY).total)
 
 
 def test_train_takes_one_settings_object_or_its_fields_not_both(tmp_path):

@@ -105,7 +105,7 @@ class _Replayer:
                                          scratch=None if scratch is None else str(scratch))
         except (RunFileError, ValueError) as exc:  # ValueError: an unknown backend name
             raise ReplayError.like(exc) from None
-        self.space = self.pool = self.moments = None  # made by open_scratch when the plan has a scratch folder
+        self.storage = None  # the steps' storage, made by open_storage once the backend is loaded
         self.state_bound = run.state_bound  # a larger state file is refused unread
         self.h0, self.digest = run.genesis, run.recipe_sha256
         try:
@@ -156,24 +156,23 @@ class _Replayer:
         split = ", ".join(f"rank {r}: {lo}..{hi - 1}" if hi > lo else f"rank {r}: none" for r, (lo, hi) in enumerate(spans))
         return f"{self.world} processes (its {m} micro-batches split {split})"
 
-    def open_scratch(self) -> None:
-        """The plan's scratch folder: the moments and the tree's sums in files there (``train.scratch``)."""
-        if self.plan.execution.scratch is None or self.space is not None:
+    def open_storage(self) -> None:
+        """Where the replayed steps keep their vectors and state (``train.storage``, as training does):
+        host memory, the plan's scratch folder, or the backend's device."""
+        if self.storage is not None:
             return
-        from lockstep.train.scratch import MomentFiles, ScratchSpace
-        from lockstep.train.step import GradLayout, VectorPool
+        from lockstep.train.step import GradLayout
+        from lockstep.train.storage import step_storage
 
         try:
-            self.space = ScratchSpace(self.plan.execution.scratch)
+            self.storage = step_storage(self.be, GradLayout.of(self.cfg).size, self.plan.execution.scratch)
         except (ValueError, OSError) as exc:
             raise ReplayError(f"--scratch: {exc}") from None
-        self.pool = VectorPool(GradLayout.of(self.cfg).size, scratch=self.space)
-        self.moments = MomentFiles(self.space)
 
     def close(self) -> None:
-        if self.space is not None:
-            self.space.close()
-            self.space = self.pool = self.moments = None
+        if self.storage is not None:
+            self.storage.close()
+            self.storage = None
 
     def load_backend(self) -> None:
         from lockstep.backends import BackendUnavailable, get_backend
@@ -283,7 +282,7 @@ class _Replayer:
         from lockstep.train.optim import NonFiniteError
         from lockstep.formats.schedule import plan_step
         from lockstep.train.collectives import abort_on_exception, check_state_agreement
-        from lockstep.train.step import step_over_ranks, to_device
+        from lockstep.train.step import step_over_ranks
 
         s = st.step + 1
         t0 = time.perf_counter()
@@ -293,12 +292,11 @@ class _Replayer:
         rec = self.traj[s - 1]
         published = {k: rec[k] for k in COMPARED if k in rec}
         try:
-            opt = self.moments.adopt(st.opt) if self.moments is not None else st.opt
             with PhaseProgress(f"  step {s}", 1, "micro-batches", write=self.log) as bar:
-                params, opt = to_device(self.be, st.params, opt)
+                params, opt = self.storage.adopt(st.params, st.opt)
                 with abort_on_exception(self.comm) if self.comm is not None else contextlib.nullcontext():
                     res = step_over_ranks(params, opt, windows, plan, self.cfg, self.tcfg, self.be, self.comm,
-                                          pool=self.pool, moments=self.moments, progress=bar.update,
+                                          storage=self.storage, progress=bar.update,
                                           execution=self.plan.execution)
                     if self.comm is not None:
                         check_state_agreement(self.comm, res.state_root, s)
@@ -379,7 +377,7 @@ def _replay_targets(rp: "_Replayer", steps, t0: float) -> ReplayResult:
     if bad:
         raise ReplayError(f"{rp.run_dir}: the run has steps 1..{n}; cannot replay step(s) {bad}")
     rp.load_backend()
-    rp.open_scratch()
+    rp.open_storage()
     plan_said = False
     for p in rp.problems:
         rp.log(f"RUN INVALID: {p}")

@@ -40,7 +40,7 @@ from lockstep.formats.rundir import RunFileError
 from lockstep.backends import KERNELS_MEMORY, NUMBA_MEMORY, MemoryProfile
 
 from .execution import IN_MEMORY, Execution
-from .step import ADD_PIECE
+from .storage import ADD_PIECE
 
 GiB = 2**30
 
@@ -116,7 +116,9 @@ def step_memory(cfg: ModelConfig, tcfg: TrainConfig, execution: Execution = IN_M
     """The modelled peak resident bytes of one step of this recipe, executed as ``execution`` on a backend
     that holds ``memory`` (its ``Backend.memory``).
 
-    The number of ranks plays no part (a rank's share is never larger than one process's).
+    The number of ranks plays no part (a rank's share is never larger than one process's). A
+    scratch folder plays none on a device-resident backend (``train.storage``: its state stays on
+    the device).
     """
     from lockstep.spec.tree import depth
 
@@ -126,9 +128,9 @@ def step_memory(cfg: ModelConfig, tcfg: TrainConfig, execution: Execution = IN_M
     most = max(n for _, n in tcfg.batch_ramp)
     m = -(-most // tcfg.micro_batch)
     waiting = depth(m)
-    scratch = execution.scratch is not None
-    vec = 4 * (params + 1)
     resident = memory.device_resident
+    scratch = execution.scratch is not None and not resident  # a device-resident step keeps its state there
+    vec = 4 * (params + 1)
     device = 4 * params if resident else 0  # the device copy of the weights (host memory on a CPU device)
     int8_weights = 2 * linear if cfg.quantize else 0  # the int8 forms, forward and transposed, kept for a step
     base = {"baseline": memory.baseline, "weights": 4 * params + device}
@@ -236,14 +238,15 @@ def choose_execution(cfg: ModelConfig, tcfg: TrainConfig, what: str, *, max_memo
     before the model is built or any file is written.
     """
     budget = memory_budget(max_memory)
-    options = [("as given", given)] if given is not None else plans(scratch)
+    out_of_core = scratch if not memory.device_resident else None  # a device-resident step's state is not in RAM
+    options = [("as given", given)] if given is not None else plans(out_of_core)
     best = None
     for label, ex in options:
         need = step_memory(cfg, tcfg, ex, memory).total
         if budget is None or need <= budget:
             return Plan(ex, label, need, budget)
         best = need if best is None else min(best, need)
-    hint = () if scratch is not None or given is not None else \
+    hint = () if scratch is not None or given is not None or memory.device_resident else \
         (" (a scratch folder for the state, ", Setting("scratch"), " DIR, may bring it lower)")
     raise RunFileError.naming(f"the recipe's model ({cfg.name}: d_model {cfg.d_model}, {cfg.n_layers} layers, seq_len "
                               f"{cfg.seq_len}, vocab {cfg.vocab_size}, micro-batch {tcfg.micro_batch}) needs about "

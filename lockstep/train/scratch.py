@@ -1,7 +1,7 @@
 """Out-of-core state: float32 arrays in memory-mapped files of a scratch folder (``Execution.scratch``).
 
 With a scratch folder the AdamW moments (``MomentFiles``) and the step tree's gradient
-sums (``step.VectorPool(..., scratch=...)``) live in files instead of anonymous
+sums (``storage.VectorPool(..., scratch=...)``, chosen by ``storage.step_storage``) live in files instead of anonymous
 memory. They are plain ``np.ndarray`` views of ``mmap`` objects, so every backend and
 every numba kernel takes them as any other array, and no bit depends on where an
 array lives (the tests compare trajectories with and without a scratch folder byte

@@ -52,8 +52,8 @@ from .malloc import keep_freed_memory
 from .execution import Execution
 from .memory import Plan, choose_execution
 from lockstep.formats.schedule import plan_step
-from .scratch import MomentFiles, ScratchSpace
-from .step import GradLayout, VectorPool, step_over_ranks, to_device, transfer_phase, vector_pool
+from .step import GradLayout, step_over_ranks
+from .storage import step_storage, transfer_phase
 from lockstep.formats.state import AdamWState, state_tensors
 from .stop import StopRequest
 
@@ -458,8 +458,8 @@ class _Loop:
 def _run_loop(loop: _Loop, st: _Start) -> RunSummary:
     """Steps ``start_step + 1 .. last_step``; stops early, with a checkpoint, when a signal came.
 
-    With a scratch folder in the plan, the moments and the tree's sums live in a private
-    folder there for the loop (``scratch``), removed when it ends.
+    The steps' vectors and state live in one storage for the loop (``storage.step_storage``: host
+    memory, a private folder in the plan's scratch folder, removed when the loop ends, or the device).
     """
     run_dir, be, world, say, hooks = loop.run_dir, loop.be, loop.world, loop.say, loop.hooks
     cfg, tcfg, last_step = st.cfg, st.tcfg, st.last_step
@@ -470,17 +470,13 @@ def _run_loop(loop: _Loop, st: _Start) -> RunSummary:
     if st.plan is not None and last_step > st.start_step:
         say(st.plan.line("train"))
     execution = st.plan.execution if st.plan is not None else Execution()
-    with contextlib.ExitStack() as held:
-        space = held.enter_context(ScratchSpace(execution.scratch)) if execution.scratch is not None else None
-        moments = MomentFiles(space) if space is not None else None
-        if moments is not None:
-            st.opt = moments.adopt(st.opt)
-        return _steps(loop, st, vector_pool(be, GradLayout.of(cfg).size, space), moments)
+    with step_storage(be, GradLayout.of(cfg).size, execution.scratch) as storage:
+        return _steps(loop, st, storage)
 
 
-def _steps(loop: _Loop, st: _Start, pool, moments) -> RunSummary:
-    """The loop's steps, their records and checkpoints; ``pool`` gives the steps' vectors, ``moments``
-    (a ``scratch.MomentFiles``, or None) holds the moments in files."""
+def _steps(loop: _Loop, st: _Start, storage) -> RunSummary:
+    """The loop's steps, their records and checkpoints; ``storage`` (``train.storage``) holds the steps'
+    vectors and state."""
     from .collectives import check_state_agreement, max_over_ranks, rank_micro_batches
 
     comm, rank, world, run_dir, be = loop.comm, loop.rank, loop.world, loop.run_dir, loop.be
@@ -489,12 +485,10 @@ def _steps(loop: _Loop, st: _Start, pool, moments) -> RunSummary:
     is_root = rank == 0
     recipe, cfg, tcfg, params, opt, stream = st.recipe, st.cfg, st.tcfg, st.params, st.opt, st.stream
     prev_chain, last_step = st.prev_chain, st.last_step
-    layout = GradLayout.of(cfg)  # the step's vectors come from pool, reused step after step (on the device where it can)
-    host_pool = pool if isinstance(pool, VectorPool) else VectorPool(layout.size)  # the exchange's, on the host
     transfers = be.capabilities.transfers
     if transfers is not None:
         transfers.take()  # from here on: the steps' copies (opening the backend, its self-test, are not a step's)
-    params, opt = to_device(be, params, opt)  # a device backend keeps the state there (counted in step 1's record)
+    params, opt = storage.adopt(params, opt)  # where the steps keep it (a device's upload counts in step 1's record)
     bar = Progress(last_step, progress and is_root)
     summary_loss = float("nan")
     stopped_by = 0
@@ -511,7 +505,7 @@ def _steps(loop: _Loop, st: _Start, pool, moments) -> RunSummary:
             lo, hi = rank_micro_batches(m, world, rank)
             with PhaseProgress(f"step {t}", hi - lo, "micro-batches", enabled=progress and is_root) as mb_bar:
                 res = step_over_ranks(params, opt, windows, plan, cfg, tcfg, be, comm if world > 1 else None,
-                                      pool=pool, host_pool=host_pool, moments=moments, progress=mb_bar.update,
+                                      storage=storage, progress=mb_bar.update,
                                       execution=st.plan.execution if st.plan is not None else Execution())
         if comm is not None and world > 1:
             check_state_agreement(comm, res.state_root, t)
@@ -544,8 +538,7 @@ def _steps(loop: _Loop, st: _Start, pool, moments) -> RunSummary:
                     ckpt.save_checkpoint(run_dir, t, tensors, side, progress=ck_bar.update)
                 del tensors
                 saved = t
-                if moments is not None:
-                    moments.release()  # the moments' pages the checkpoint read leave RAM again
+                storage.release()  # the pages of the state in files that the checkpoint read leave RAM again
             if evaluating:  # after the checkpoint, so `lockstep eval --step t` can reproduce it
                 with _writing(run_dir, f"the validation record of step {t}", t, saved, world):
                     hooks.validate(run_dir, t, plan.tokens_after, params, cfg, stream.manifest, be, tcfg.micro_batch,

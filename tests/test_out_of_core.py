@@ -99,11 +99,11 @@ def test_a_released_slice_leaves_ram_page_by_page_and_keeps_its_values(tmp_path)
 
 
 def test_tree_adds_in_pieces_give_the_same_bits(tmp_path, corpus, monkeypatch):
-    """With scratch vectors the tree's adds run in pieces (``step.ADD_PIECE``); pieces far smaller
+    """With scratch vectors the tree's adds run in pieces (``storage.ADD_PIECE``); pieces far smaller
     than a vector, and not dividing it, still give the in-memory run's files byte for byte."""
-    from lockstep.train import step
+    from lockstep.train import storage
 
-    monkeypatch.setattr(step, "ADD_PIECE", 1000)
+    monkeypatch.setattr(storage, "ADD_PIECE", 1000)
     _same_run_with_and_without_scratch(tmp_path, "tiny", "numba", True, 6, 2, 2, corpus)
 
 

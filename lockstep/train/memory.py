@@ -142,7 +142,7 @@ def step_memory(cfg: ModelConfig, tcfg: TrainConfig, execution: Execution = IN_M
     # the vector and one gradient; a host scratch vector keeps only that gradient's slice in RAM
     mb["micro-batch vector and gradients"] = (2 * 4 * largest if scratch else vec + 4 * largest) + \
         (4 * largest if resident else 0)  # a device-resident backend: the gradient's device copy too
-    if scratch and waiting:  # the tree's adds run in pieces (``step.ADD_PIECE``) of both operands
+    if scratch and waiting:  # the tree's adds run in pieces (``storage.ADD_PIECE``) of both operands
         mb["tree add pieces"] = min(vec, 2 * 4 * ADD_PIECE)
     mb["int8 weights"] = int8_weights
     mb.update(activation_bytes(cfg, min(tcfg.micro_batch, most), execution, memory))

@@ -22,7 +22,9 @@ import numpy as np
 
 from lockstep.formats.config import ModelConfig, TrainConfig
 from lockstep.formats.params import param_specs
+from lockstep.train.model import _merge_heads as merge_heads  # reshapes only: no arithmetic to differ in
 from lockstep.train.model import _rope as rope_tables  # the same float32 tables as the real model
+from lockstep.train.model import _split_heads as split_heads
 
 F32 = np.float32
 
@@ -90,16 +92,6 @@ def attention_backward(do, q, k, v, o, p, scale):
 
 def sigmoid(x):
     return 1.0 / (1.0 + np.exp(-x))
-
-
-def split_heads(x, n, dh):
-    b, t, _ = x.shape
-    return x.reshape(b, t, n, dh).transpose(0, 2, 1, 3)
-
-
-def merge_heads(x):
-    b, n, t, dh = x.shape
-    return x.transpose(0, 2, 1, 3).reshape(b, t, n * dh)
 
 
 def loss_and_grads(params: dict, windows, cfg: ModelConfig, n_global: int | None = None):

@@ -190,23 +190,12 @@ def test_a_bpe_run_exports_its_tokenizer(tmp_path, backend, eod_token, capsys):
     """A run on a BPE tokenizer: the export carries the run's tokenizer.json byte for byte; the end-of-document
     token is the tokenizer's own (``--eod-token``) or, as a new id past its vocabulary, an added token; texts
     encode to lockstep's ids, and generate runs from the end-of-document token."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import AutoTokenizer
 
-    from lockstep.formats.corpus import documents
-    from lockstep.formats.ingest import ingest
+    from bpe_data import bpe_data
     from lockstep.formats.manifest import Manifest
 
-    texts = [doc.decode() for doc in documents("text", 30_000)]
-    bpe = Tokenizer(models.BPE(unk_token="[UNK]"))
-    bpe.pre_tokenizer = pre_tokenizers.Whitespace()
-    bpe.decoder = decoders.BPEDecoder()
-    bpe.train_from_iterator(texts, trainers.BpeTrainer(vocab_size=200, special_tokens=["[UNK]", "<eod>"]))
-    bpe.save(str(tmp_path / "tok.json"))
-    with open(tmp_path / "t.jsonl", "w") as f:
-        f.writelines(json.dumps({"text": t}) + "\n" for t in texts)
-    data = ingest(tmp_path / "data", [("t", tmp_path / "t.jsonl", 1)], tokenizer_file=tmp_path / "tok.json",
-                  eod_token=eod_token, validation_documents=8).parent
+    data, texts = bpe_data(tmp_path, eod_token)
     run, export = tmp_path / "run", tmp_path / "export"
     assert main(["train", "--preset", "tiny", "--data", str(data), "--steps", "2", "--backend", backend.name,
                  "--quiet", "--out", str(run)]) == 0

@@ -21,10 +21,10 @@ from pathlib import Path
 
 import pytest
 
+from bpe_data import bpe_data, train_bpe
 from forge import lockstep_limited, read_traj, relink, rewrite_sidecar
 from lockstep.cli import main
 from lockstep.fsio import json_bytes
-from lockstep.formats.corpus import documents
 from lockstep.formats.tokenizer import hf_tokenizers_available
 
 CONTROL = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069]")
@@ -140,32 +140,12 @@ needs_tokenizers = pytest.mark.skipif(not hf_tokenizers_available(),
                                       reason="the optional 'tokenizers' package is not installed")
 
 
-def _bpe(texts: list[str], path: Path, split: str | None = None) -> None:
-    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
-
-    tok = Tokenizer(models.BPE(unk_token="[UNK]"))
-    pre = [pre_tokenizers.Whitespace()]
-    if split is not None:
-        pre.insert(0, pre_tokenizers.Split(Regex(split), "isolated"))
-    tok.pre_tokenizer = pre_tokenizers.Sequence(pre)
-    tok.decoder = decoders.BPEDecoder()
-    tok.train_from_iterator(texts, trainers.BpeTrainer(vocab_size=200, special_tokens=["[UNK]", "<eod>"]))
-    tok.save(str(path))
-
-
 @pytest.fixture(scope="module")
 def hf_run(tmp_path_factory):
     """A 2-step tiny run on a BPE tokenizer whose first pre-tokenizer is a regular expression that
     backtracks without end on a run of '~' (none is in the training text)."""
-    from lockstep.formats.ingest import ingest
-
     root = tmp_path_factory.mktemp("hf")
-    texts = [doc.decode() for doc in documents("text", 30_000)]
-    _bpe(texts, root / "tok.json", split="(~+~+)+!")
-    with open(root / "t.jsonl", "w") as f:
-        f.writelines(json.dumps({"text": t}) + "\n" for t in texts)
-    data = ingest(root / "data", [("t", root / "t.jsonl", 1)], tokenizer_file=root / "tok.json",
-                  eod_token="<eod>", validation_documents=8).parent
+    data, texts = bpe_data(root, split="(~+~+)+!")
     run = root / "run"
     assert main(["train", "--preset", "tiny", "--data", str(data), "--steps", "2", "--backend", "spec", "--quiet",
                  "--out", str(run)]) == 0
@@ -182,7 +162,7 @@ def test_a_swapped_vocabulary_is_found_against_the_run(hf_run, tmp_path, capsys)
     assert main(["audit", "verify-export", str(good), str(run), "--data", str(data)]) == 0
     d = tmp_path / "forged"
     shutil.copytree(good, d)
-    _bpe([t[::-1] for t in texts], d / "tokenizer.json")  # another vocabulary of the same size
+    train_bpe([t[::-1] for t in texts], d / "tokenizer.json")  # another vocabulary of the same size
     ids = list(range(2, 40))
     assert Tokenizer.from_file(str(d / "tokenizer.json")).decode(ids) != \
         Tokenizer.from_file(str(good / "tokenizer.json")).decode(ids)

@@ -313,20 +313,10 @@ def test_sample_argument_errors(run, tmp_path, capsys):
 def test_a_hugging_face_tokenizer_run(tmp_path, capsys):
     """A run on a BPE tokenizer: sample, eval (bits per byte from decoded text) and a clear error
     for a prompt the tokenizer cannot represent."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-
+    from bpe_data import bpe_data
     from lockstep.cli.use import encode_prompt
 
-    texts = [doc.decode() for doc in documents("text", 30_000)]
-    tok = Tokenizer(models.BPE(unk_token="[UNK]"))
-    tok.pre_tokenizer = pre_tokenizers.Whitespace()
-    tok.decoder = decoders.BPEDecoder()
-    tok.train_from_iterator(texts, trainers.BpeTrainer(vocab_size=200, special_tokens=["[UNK]", "<eod>"]))
-    tok.save(str(tmp_path / "tok.json"))
-    with open(tmp_path / "t.jsonl", "w") as f:
-        f.writelines(json.dumps({"text": t}) + "\n" for t in texts)
-    data = ingest(tmp_path / "data", [("t", tmp_path / "t.jsonl", 1)], tokenizer_file=tmp_path / "tok.json",
-                  eod_token="<eod>", validation_documents=8).parent
+    data, _ = bpe_data(tmp_path)
     run = tmp_path / "run"
     assert main(["train", "--preset", "tiny", "--data", str(data), "--steps", "2", "--eval-every", "2",
                  "--backend", "spec", "--quiet", "--out", str(run)]) == 0

@@ -507,6 +507,20 @@ _TRIG_DOC = """
 """
 
 
+def _trig(x, reduce, name: str, want_sin: bool):
+    """sin or cos of the reduced x: ``reduce(x, name)`` gives (q, r_hi, r_lo), then both
+    kernels, the quadrant's pick and ``+ 0.0``; a sine keeps the sign of a zero argument;
+    +-inf and NaN give NaN. Shared by ``sin``/``cos`` and ``sinpi``/``cospi``."""
+    (x,), how = _args(x)
+    with np.errstate(all="ignore"):
+        q, r_hi, r_lo = reduce(x, name)
+        y = _quadrant_select(q, _sin_kernel(r_hi, r_lo), _cos_kernel(r_hi, r_lo), want_sin=want_sin) + 0.0
+        if want_sin:
+            y = np.where(x == 0, x, y)  # keep the sign of a zero argument
+        y = np.where(np.isfinite(x), y, np.nan)
+    return _ret(y, how)
+
+
 def sin(x):
     """float64 sine from ``+ - * /`` for |x| <= 2**22 (Python float or float64 array).
 
@@ -516,13 +530,7 @@ def sin(x):
     ~1e5). Quadrant q = 0 -> S, 1 -> C, 2 -> -S, 3 -> -C, then ``+ 0.0`` (turns a
     -0 result into +0). ``sin(+-0) = +-0``; +-inf, NaN -> NaN.
     """
-    (x,), how = _args(x)
-    with np.errstate(all="ignore"):
-        q, r_hi, r_lo = _reduce_pio2(x, "sin")
-        y = _quadrant_select(q, _sin_kernel(r_hi, r_lo), _cos_kernel(r_hi, r_lo), want_sin=True) + 0.0
-        y = np.where(x == 0, x, y)  # keep the sign of a zero argument
-        y = np.where(np.isfinite(x), y, np.nan)
-    return _ret(y, how)
+    return _trig(x, _reduce_pio2, "sin", want_sin=True)
 
 
 def cos(x):
@@ -531,12 +539,7 @@ def cos(x):
     Same reduction and kernels as ``sin``; quadrant q = 0 -> C, 1 -> -S, 2 -> -C,
     3 -> S, then ``+ 0.0``. ``cos(+-0) = 1``; +-inf, NaN -> NaN.
     """
-    (x,), how = _args(x)
-    with np.errstate(all="ignore"):
-        q, r_hi, r_lo = _reduce_pio2(x, "cos")
-        y = _quadrant_select(q, _sin_kernel(r_hi, r_lo), _cos_kernel(r_hi, r_lo), want_sin=False) + 0.0
-        y = np.where(np.isfinite(x), y, np.nan)
-    return _ret(y, how)
+    return _trig(x, _reduce_pio2, "cos", want_sin=False)
 
 
 sin.__doc__ += _TRIG_DOC
@@ -566,13 +569,7 @@ def sinpi(x):
     ``sin``. Exact +0 at nonzero integers, ``sinpi(+-0) = +-0``; |x| <= 2**50;
     +-inf/NaN -> NaN.
     """
-    (x,), how = _args(x)
-    with np.errstate(all="ignore"):
-        q, r_hi, r_lo = _reduce_half_turns(x, "sinpi")
-        y = _quadrant_select(q, _sin_kernel(r_hi, r_lo), _cos_kernel(r_hi, r_lo), want_sin=True) + 0.0
-        y = np.where(x == 0, x, y)  # keep the sign of a zero argument
-        y = np.where(np.isfinite(x), y, np.nan)
-    return _ret(y, how)
+    return _trig(x, _reduce_half_turns, "sinpi", want_sin=True)
 
 
 def cospi(x):
@@ -583,9 +580,4 @@ def cospi(x):
     ``sinpi``; the ``cos`` kernels, quadrant k mod 4 and ``+ 0.0``. |x| <= 2**50;
     +-inf/NaN -> NaN.
     """
-    (x,), how = _args(x)
-    with np.errstate(all="ignore"):
-        q, r_hi, r_lo = _reduce_half_turns(x, "cospi")
-        y = _quadrant_select(q, _sin_kernel(r_hi, r_lo), _cos_kernel(r_hi, r_lo), want_sin=False) + 0.0
-        y = np.where(np.isfinite(x), y, np.nan)
-    return _ret(y, how)
+    return _trig(x, _reduce_half_turns, "cospi", want_sin=False)

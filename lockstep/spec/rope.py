@@ -31,6 +31,19 @@ def rope_tables(seq_len: int, head_dim: int, theta: float) -> tuple[np.ndarray, 
     return fp.f32(hostmath.cos(angle)), fp.f32(hostmath.sin(angle))  # the spec's cos/sin (hostmath, no libm), rounded once
 
 
+def _rotate(x, cos, sin, first, second) -> F32:
+    """Both rotations: ``[first(x1 * cos, x2 * sin), second(x2 * cos, x1 * sin)]`` along the
+    last axis, ``x1 = x[..., :P]``, ``x2 = x[..., P:]`` of x checked and brought in by ``fp.f32``;
+    each product rounded, then ``first``/``second`` (``fp.add`` or ``fp.sub``) of the pair."""
+    check_rope_shapes(x, cos, sin)
+    x = fp.f32(x)
+    half = x.shape[-1] // 2
+    x1, x2 = x[..., :half], x[..., half:]
+    y1 = first(fp.mul(x1, cos), fp.mul(x2, sin))
+    y2 = second(fp.mul(x2, cos), fp.mul(x1, sin))
+    return np.concatenate([y1, y2], axis=-1)
+
+
 @op(S.rope_forward)
 def rope_forward(x: F32, cos: F32, sin: F32) -> F32:
     """Rotate (..., T, Dh) by the tables (T, P)::
@@ -41,13 +54,7 @@ def rope_forward(x: F32, cos: F32, sin: F32) -> F32:
     with ``x1 = x[..., :P]``, ``x2 = x[..., P:]``; each product rounded, then the sum.
     Bad shapes (an odd Dh, tables that do not fit) are refused with ValueError (``check_rope_shapes``).
     """
-    check_rope_shapes(x, cos, sin)
-    x = fp.f32(x)
-    half = x.shape[-1] // 2
-    x1, x2 = x[..., :half], x[..., half:]
-    y1 = fp.sub(fp.mul(x1, cos), fp.mul(x2, sin))
-    y2 = fp.add(fp.mul(x2, cos), fp.mul(x1, sin))
-    return np.concatenate([y1, y2], axis=-1)
+    return _rotate(x, cos, sin, fp.sub, fp.add)
 
 
 @op(S.rope_backward)
@@ -57,10 +64,4 @@ def rope_backward(dy: F32, cos: F32, sin: F32) -> F32:
         dx1 = dy1 * cos + dy2 * sin
         dx2 = dy2 * cos - dy1 * sin
     """
-    check_rope_shapes(dy, cos, sin)
-    dy = fp.f32(dy)
-    half = dy.shape[-1] // 2
-    d1, d2 = dy[..., :half], dy[..., half:]
-    dx1 = fp.add(fp.mul(d1, cos), fp.mul(d2, sin))
-    dx2 = fp.sub(fp.mul(d2, cos), fp.mul(d1, sin))
-    return np.concatenate([dx1, dx2], axis=-1)
+    return _rotate(dy, cos, sin, fp.add, fp.sub)

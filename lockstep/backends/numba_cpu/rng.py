@@ -37,23 +37,23 @@ ROUNDS = 10  # PhiloxStream's blocks: philox4x32 with DEFAULT_ROUNDS
 
 
 @inlined
+def horner5(x, c0, c1, c2, c3, c4, c5):
+    """``((((c0 x + c1) x + c2) x + c3) x + c4) x + c5``, each product and sum rounded and flushed
+    (``spec.rng._horner``); inlined, so each polynomial compiles as if written out."""
+    r = fadd(fmul(c0, x), c1)
+    r = fadd(fmul(r, x), c2)
+    r = fadd(fmul(r, x), c3)
+    r = fadd(fmul(r, x), c4)
+    return fadd(fmul(r, x), c5)
+
+
+@inlined
 def central1(q):
     """The central branch of ``spec.rng.normal_from_centered`` for one float32 q with |q| < 1/2."""
     a = abs(q)
     t = fmul(fsub(HALF, a), fadd(HALF, a))
-    num = A0
-    num = fadd(fmul(num, t), A1)
-    num = fadd(fmul(num, t), A2)
-    num = fadd(fmul(num, t), A3)
-    num = fadd(fmul(num, t), A4)
-    num = fadd(fmul(num, t), A5)
-    num = fmul(num, q)
-    den = B0
-    den = fadd(fmul(den, t), B1)
-    den = fadd(fmul(den, t), B2)
-    den = fadd(fmul(den, t), B3)
-    den = fadd(fmul(den, t), B4)
-    den = fadd(fmul(den, t), B5)
+    num = fmul(horner5(t, A0, A1, A2, A3, A4, A5), q)
+    den = horner5(t, B0, B1, B2, B3, B4, B5)
     return fdiv(num, den)
 
 
@@ -63,12 +63,7 @@ def tail1(q):
     a = abs(q)
     p = fsub(HALF, a)
     s = fl(np.sqrt(fmul(MINUS_TWO, log1(p))))
-    tn = C0
-    tn = fadd(fmul(tn, s), C1)
-    tn = fadd(fmul(tn, s), C2)
-    tn = fadd(fmul(tn, s), C3)
-    tn = fadd(fmul(tn, s), C4)
-    tn = fadd(fmul(tn, s), C5)
+    tn = horner5(s, C0, C1, C2, C3, C4, C5)
     td = D0
     td = fadd(fmul(td, s), D1)
     td = fadd(fmul(td, s), D2)

@@ -20,6 +20,7 @@ is sized by it, and every string from a file is escaped before it is printed. Th
 threat model (who may be hostile, what each command promises) is in the README.
 """
 
+
 from .verify import Finding, Report, verify_run
 
 __all__ = ["Finding", "Report", "verify_run"]

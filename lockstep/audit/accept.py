@@ -16,6 +16,7 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
+
 from .certificate import (consistency_problems, load_certificate, public_key_hex, recheck_certificate, run_problems,
                           signature_problem)
 from .plan import planned_auditor

@@ -50,8 +50,12 @@ import numpy as np
 
 import lockstep
 from lockstep.errors import LockstepError
+from lockstep.formats.rundir import RunFileError
+from lockstep.formats.trajectory import Strictness, read_commitment, read_trajectory
 from lockstep.fsio import FileFormatError, atomic_write_bytes, json_bytes, read_json, read_named_file
 from lockstep.spec import SPEC_VERSION
+
+from .replay import ReplayError, replay_steps
 
 CERT_FORMAT = "lockstep.audit-certificate"
 CERT_VERSION = 2
@@ -444,9 +448,6 @@ def auditor_id(cert: dict, fallback: str) -> str:
 
 def run_problems(cert: dict, run_dir: str | os.PathLike) -> list[str]:
     """Published values the certificate quotes that are not the run's (reads the trajectory only)."""
-    from lockstep.formats.rundir import RunFileError
-    from lockstep.formats.trajectory import Strictness, read_commitment, read_trajectory
-
     run_dir = Path(run_dir)
     try:
         traj = read_trajectory(run_dir, Strictness.AUDIT)
@@ -481,8 +482,6 @@ def recheck_certificate(cert: dict, run_dir: str | os.PathLike, backend_name: st
     earlier step mismatched) cannot be vouched for, and is a problem too, as is a
     claimed step outside the run. The certificate passes only when nothing differs.
     """
-    from .replay import ReplayError, replay_steps
-
     claimed = sorted({s["step"] for s in cert["steps"]} | set(cert["targets"]))
     if not claimed:
         return ["the certificate claims no step"]

@@ -45,8 +45,7 @@ from pathlib import Path
 
 from lockstep.fsio import atomic_write_bytes, printable
 
-from .certificate import (CertificateError, auditor_id, consistency_problems, load_certificate,
-                          signature_problem)
+from .certificate import CertificateError, auditor_id, consistency_problems, load_certificate, signature_problem
 from .plan import InvalidPlan, key_set_problems
 
 

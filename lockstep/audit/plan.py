@@ -50,6 +50,9 @@ import re
 from pathlib import Path
 
 from lockstep.errors import LockstepError
+from lockstep.formats.run import Run
+from lockstep.formats.rundir import HEX64, RunFileError
+from lockstep.formats.trajectory import Strictness
 from lockstep.fsio import FileFormatError, printable, read_json
 from lockstep.spec.philox import PhiloxStream, keyed_permutation
 
@@ -80,8 +83,6 @@ class InvalidPlan(PlanError):
 
 def _commitment_of(source, where: str | None = None) -> tuple[str, int]:
     """``(H_N, N)`` from a run directory, a commitment.json, or a dict ``{chain_hash, last_step}``."""
-    from lockstep.formats.rundir import HEX64
-
     if isinstance(source, dict):
         c = source
     else:
@@ -107,10 +108,6 @@ def _intact_commitment(run_dir: Path) -> dict:
     """A run's commitment, checked here (not left to a separate ``audit verify``): it must be ``H_N`` of
     the published chain, recomputed from ``H_0`` link by link (``Run.chain_breaks``), so no plan is drawn
     for a broken chain."""
-    from lockstep.formats.run import Run
-    from lockstep.formats.rundir import RunFileError
-    from lockstep.formats.trajectory import Strictness
-
     try:
         run = Run.open(run_dir, Strictness.AUDIT).require("recipe", "trajectory")
         c = run.commitment

@@ -45,17 +45,24 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from lockstep.spec import hashing
+from lockstep.backends import BackendUnavailable, declared_memory, get_backend
 from lockstep.formats import checkpoint as ckpt
-from lockstep.train.malloc import keep_freed_memory
 from lockstep.formats.run import Run
 from lockstep.formats.rundir import COMMITMENT_FILE, RunFileError, recorded_world_sizes
+from lockstep.formats.schedule import plan_step
 from lockstep.formats.state import AdamWState, state_tensors
-from lockstep.formats.trajectory import Strictness
 from lockstep.formats.stream import GlobalStream, batch_digest
-
-from lockstep.backends import declared_memory
+from lockstep.formats.trajectory import Strictness
+from lockstep.fsio.progress import PhaseProgress
+from lockstep.launch import mpi_world
+from lockstep.spec import hashing
+from lockstep.train.collectives import abort_on_exception, check_state_agreement, rank_micro_batches
+from lockstep.train.malloc import keep_freed_memory
 from lockstep.train.memory import choose_execution
+from lockstep.train.model import init_params
+from lockstep.train.optim import NonFiniteError
+from lockstep.train.step import GradLayout, step_over_ranks
+from lockstep.train.storage import step_storage
 
 from .replay_outcome import (COMPARED, ReplayError, ReplayResult, StepCheck, TensorDiff,  # noqa: F401
                              _diagnose, diff_tensors)
@@ -148,9 +155,6 @@ class _Replayer:
         """How the micro-batches of ``step`` are split over the processes (``collectives.rank_micro_batches``)."""
         if self.world == 1:
             return "one process"
-        from lockstep.formats.schedule import plan_step
-        from lockstep.train.collectives import rank_micro_batches
-
         m = len(plan_step(self.tcfg, self.cfg.seq_len, step).micro_batches(self.tcfg.micro_batch))
         spans = [rank_micro_batches(m, self.world, r) for r in range(self.world)]
         split = ", ".join(f"rank {r}: {lo}..{hi - 1}" if hi > lo else f"rank {r}: none" for r, (lo, hi) in enumerate(spans))
@@ -161,9 +165,6 @@ class _Replayer:
         host memory, the plan's scratch folder, or the backend's device."""
         if self.storage is not None:
             return
-        from lockstep.train.step import GradLayout
-        from lockstep.train.storage import step_storage
-
         try:
             self.storage = step_storage(self.be, GradLayout.of(self.cfg).size, self.plan.execution.scratch)
         except (ValueError, OSError) as exc:
@@ -175,9 +176,9 @@ class _Replayer:
             self.storage = None
 
     def load_backend(self) -> None:
-        from lockstep.backends import BackendUnavailable, get_backend
-
         if self.backend_name == "auto":
+            # here, not at the top: choosing runs the conformance suite, whose records and Hypothesis
+            # strategies add about 0.12 s to the start of every command that imports this module
             from lockstep.conformance.choose import choose_backend
 
             self.be, self.backend_choice = choose_backend(self.log)
@@ -214,9 +215,6 @@ class _Replayer:
         (that can be many more steps, and the user should know first); with it the next
         older checkpoint is tried.
         """
-        from lockstep.fsio.progress import PhaseProgress
-        from lockstep.train.model import init_params
-
         start = self.run.sound_start(target, self.stream, skip_unsound=self.from_earlier)
         for step, kind, why in start.unsound + ([start.stopped] if start.stopped else []):
             name = ckpt.step_dirname(step)
@@ -278,12 +276,6 @@ class _Replayer:
     # -- one step ----------------------------------------------------------------------
 
     def step(self, st: _State) -> tuple[StepCheck, _State | None]:
-        from lockstep.fsio.progress import PhaseProgress
-        from lockstep.train.optim import NonFiniteError
-        from lockstep.formats.schedule import plan_step
-        from lockstep.train.collectives import abort_on_exception, check_state_agreement
-        from lockstep.train.step import step_over_ranks
-
         s = st.step + 1
         t0 = time.perf_counter()
         plan = plan_step(self.tcfg, self.cfg.seq_len, s)
@@ -355,8 +347,6 @@ def replay_steps(run_dir: str | os.PathLike, steps, backend_name: str = "spec", 
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
         raise ReplayError(f"{run_dir}: not a directory; give the path of a run directory")
-    from lockstep.launch import mpi_world
-
     comm, _, _ = mpi_world()
     rp = _Replayer(run_dir, backend_name, data, log, from_earlier, max_memory, scratch, comm)
     try:

@@ -14,8 +14,8 @@ from pathlib import Path
 import numpy as np
 
 from lockstep.errors import LockstepError
-from lockstep.fsio import UnsafePath, printable, read_json_regular
 from lockstep.formats import checkpoint as ckpt
+from lockstep.fsio import UnsafePath, printable, read_json_regular
 from lockstep.spec import hashing
 
 COMPARED = ("state_root", "chain_hash", "batch_digest", "tokens", "loss_bits", "grad_norm_bits", "lr_bits")

@@ -39,10 +39,18 @@ from typing import Any
 
 import numpy as np
 
-from lockstep.errors import LockstepError
+from lockstep.backends import Backend, get_backend
 from lockstep.contract import CONTRACT, Kind
+from lockstep.errors import LockstepError
+from lockstep.formats.schedule import plan_step
+from lockstep.formats.state import AdamWState
+from lockstep.fsio import atomic_writer
 from lockstep.spec import SPEC_VERSION
 from lockstep.spec.hashing import array_digest
+from lockstep.train.optim import NonFiniteError
+from lockstep.train.step import GradLayout, step_over_ranks, subtree_sums
+
+from .replay import _Replayer
 
 TRACE_FORMAT = 1
 TRACE_DOMAIN = b"lockstep.trace.v1\x00"
@@ -283,8 +291,6 @@ def _first_name(tracer: Tracer, v) -> str | None:
 
 def traced_backend(be, tracer: Tracer):
     """``be`` with every op (and ``add_into``) recorded by ``tracer``; the same bits as ``be``."""
-    from lockstep.backends import Backend
-
     def wrap(op, fn):
         def traced(*args, **kwargs):
             return tracer.call(be, op, fn, args, kwargs)
@@ -346,7 +352,6 @@ def write_trace(path, header: dict, records: list[dict]) -> str:
     """Write the trace atomically: header line, one line per record, then ``{"root", "records"}``."""
     import json
 
-    from lockstep.fsio import atomic_writer
 
     root = trace_root(records)
     with atomic_writer(Path(path)) as f:
@@ -406,9 +411,6 @@ def traced_tree_step(params, opt, windows, plan, cfg, tcfg, be, tracer: Tracer):
     ``tracer.only_micro_batch`` only that micro-batch is computed (the step's own ``subtree_sums``
     over it) and nothing after it (returns None).
     """
-    from lockstep.train.step import GradLayout, step_over_ranks, subtree_sums
-
-    from lockstep.formats.state import AdamWState
 
     def host(v):  # a state a device-resident step left on the device is traced from host copies (same bits)
         return v if isinstance(v, np.ndarray) else np.asarray(be.to_numpy(v))
@@ -437,11 +439,6 @@ def trace_step(run_dir, step: int, backend, micro_batch: int | None = None, data
     With ``capture`` the step stops at that call (``Capture`` is filled) and the trace holds the records
     up to it. Raises ``TraceError`` (or ``ReplayError``) with one line when it cannot run.
     """
-    from lockstep.audit.replay import _Replayer
-    from lockstep.backends import get_backend
-    from lockstep.formats.schedule import plan_step
-    from lockstep.train.optim import NonFiniteError
-
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
         raise TraceError(f"{run_dir}: not a directory; give the path of a run directory")

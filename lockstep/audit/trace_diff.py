@@ -40,11 +40,13 @@ from pathlib import Path
 
 import numpy as np
 
-from lockstep.contract import CONTRACT, Kind, call_size, check_call
+from lockstep.backends import get_backend, spec_backend
+from lockstep.contract import CONTRACT, Kind, call_size, check_call, move_arguments
 from lockstep.fsio import FileFormatError, NotRegularFile, iter_lines, open_named_file, parse_json
+from lockstep.fsio.safetensors import SafetensorsError, read_safetensors, write_safetensors
 
-from .trace import (DIRECTIONS, NONE_DIGEST, TRACE_FORMAT, Capture, TraceError, record_digest, root_of_digests, trace_step,
-                    value_digest)
+from .trace import (Capture, DIRECTIONS, NONE_DIGEST, TRACE_FORMAT, TraceError, record_digest, root_of_digests,
+                    trace_step, value_digest)
 
 MAX_TRACE_BYTES = 8 << 30
 MAX_TRACE_LINE = 32 << 20
@@ -452,8 +454,6 @@ class Verdict:
 
 def _spec_outputs(op: str, args: list) -> list:
     """The spec's results of ``op`` on host arguments that ``check_call`` accepted."""
-    from lockstep.backends import spec_backend
-
     out = spec_backend().ops[op](*args)
     return [None if r is None else np.asarray(r) for r in (out if isinstance(out, tuple) else (out,))]
 
@@ -530,8 +530,6 @@ def _arg_entry(name: str, kind, v, tensors: dict):
 
 def write_op_file(path, ra: dict, rb: dict, host_inputs, va, vb, k, agrees, a: Trace, b: Trace) -> None:
     """The disputed call (records ``ra`` of A and ``rb`` of B) as an op file (docs/formats.md, "Op file")."""
-    from lockstep.fsio.safetensors import write_safetensors
-
     tensors: dict = {}
     args = [{"name": n, "value": _arg_entry(n, kind, v, tensors)} for n, kind, v in host_inputs]
     for side, v in (("a", va), ("b", vb)):
@@ -644,8 +642,6 @@ def read_op_file(path) -> OpFile:
     the contract: ``check_call``), the size of the call against what the file holds (``MAX_OP_AMPLIFICATION``),
     the claimed digests and stored outputs (of the call's shapes), and the claims' types. ``TraceError``
     (one line) for anything else."""
-    from lockstep.fsio.safetensors import SafetensorsError, read_safetensors
-
     path = Path(path)
     try:
         tensors, meta = read_safetensors(path, max_bytes=MAX_OP_FILE_BYTES, max_header=1 << 20)
@@ -730,9 +726,6 @@ def replay_op_file(path, backend_name: str | None = None) -> tuple[str, bool]:
     such: nothing the file only claims (which backend computed what, its stored values, its address) is said
     to be recomputed. ``(text, ok)``: ok when the spec, recomputed, gives the outputs the file's verdict
     names (and the backend gives the spec's bits)."""
-    from lockstep.backends import get_backend
-    from lockstep.contract import move_arguments
-
     f = read_op_file(path)
     op, k = f.op, f.output
     try:

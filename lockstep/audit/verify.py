@@ -52,17 +52,20 @@ from pathlib import Path
 
 import numpy as np
 
-from lockstep.fsio import FileFormatError, UnsafePath, json_lines, printable, read_json_regular, safe_join
-from lockstep.fsio.safetensors import read_safetensors
-from lockstep.fsio import file_kind as fsio_kind
-from lockstep.spec import hashing
 from lockstep.formats import checkpoint as ckpt
 from lockstep.formats.config import ModelConfig, TrainConfig
 from lockstep.formats.manifest import Manifest
-from lockstep.formats.stream import GlobalStream, batch_digest
-from lockstep.formats.rundir import (COMMITMENT_FILE, KNOWN_DIRS, KNOWN_FILES, MAX_RECORD_BYTES, MAX_TRAJECTORY_BYTES, METRICS_FILE, RECIPE_FILE, TRAJECTORY_FILE, RunFileError, open_run_data, run_data_folder)
 from lockstep.formats.run import Run
+from lockstep.formats.rundir import (COMMITMENT_FILE, KNOWN_DIRS, KNOWN_FILES, MAX_RECORD_BYTES, MAX_TRAJECTORY_BYTES,
+                                     METRICS_FILE, RECIPE_FILE, RunFileError, TRAJECTORY_FILE, open_run_data,
+                                     run_data_folder)
+from lockstep.formats.schedule import StepPlan, learning_rate, sequences_per_step
+from lockstep.formats.stream import GlobalStream, batch_digest
 from lockstep.formats.trajectory import Strictness
+from lockstep.fsio import (FileFormatError, UnsafePath, file_kind as fsio_kind, json_lines, printable,
+                           read_json_regular, safe_join)
+from lockstep.fsio.safetensors import read_safetensors
+from lockstep.spec import hashing
 
 KNOWN_TOP_LEVEL = KNOWN_FILES | KNOWN_DIRS
 
@@ -143,9 +146,6 @@ def step_plans(tcfg: TrainConfig, seq_len: int, last_step: int):
     The same definition as ``schedule.step_windows``: each step takes
     ``sequences_per_step(tcfg, tokens_before)`` windows after the previous step's.
     """
-    from lockstep.formats.schedule import sequences_per_step
-    from lockstep.formats.schedule import StepPlan
-
     first = tokens = 0
     for t in range(1, last_step + 1):
         n = sequences_per_step(tcfg, tokens)
@@ -263,8 +263,6 @@ def _check_data(run_dir: Path, recipe: dict, data, rep: Report, cfg: ModelConfig
 def _check_chain(run: Run, rep: Report) -> None:
     """The published chain recomputed from ``H_0`` (``Run.chain_breaks``: each broken link once), and each
     record's tokens and learning rate recomputed from the schedule."""
-    from lockstep.formats.schedule import learning_rate
-
     path, traj, tcfg = run.path / TRAJECTORY_FILE, run.trajectory, run.tcfg
     breaks = set(run.chain_breaks)
     for rec, plan in zip(traj, step_plans(tcfg, run.cfg.seq_len, len(traj))):

@@ -42,11 +42,24 @@ import json
 import sys
 from pathlib import Path
 
-from lockstep.fsio import printable
-
-from lockstep.backends import BACKEND_ALIASES, FASTEST_FIRST, KNOWN_BACKENDS
+from lockstep.audit.accept import check_certificate_file, trusted_keys
+from lockstep.audit.certificate import (CertificateError, generate_keypair, load_private_key, make_certificate,
+                                        public_key_hex, sign_certificate, write_certificate)
+from lockstep.audit.merge import merge_certificates, plot_coverage
+from lockstep.audit.plan import InvalidPlan, PlanError, accept_plan, format_plan, plan_audit, planned_auditor
+from lockstep.audit.replay import ReplayError, replay_steps
+from lockstep.audit.trace import DEFAULT_KEEP_VALUES, TraceError, trace_step, write_trace
+from lockstep.audit.trace_diff import diff_files, referee
+from lockstep.audit.verify import verify_run
+from lockstep.backends import BACKEND_ALIASES, BackendUnavailable, FASTEST_FIRST, KNOWN_BACKENDS
+from lockstep.formats.rundir import RunFileError
+from lockstep.formats.trajectory import Strictness, read_commitment, read_trajectory
+from lockstep.fsio import atomic_write_bytes, atomic_write_json, printable
+from lockstep.launch import launcher_rank
+from lockstep.use.plots import loss_curve_png
 
 from .common import EXIT_BAD, EXIT_OK, MAX_MEMORY_HELP, fail, gib, plain_help, said
+from .use import add_verify_export_parser
 
 MAX_REPLAY_STEPS = 10_000_000  # the steps one --step list may name (a run has at most a few million)
 
@@ -187,8 +200,6 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     d.add_argument("--data", type=Path, help="with --referee: use this data folder instead of the recipe's")
 
     p.set_defaults(func=run_audit)
-    from .use import add_verify_export_parser
-
     add_verify_export_parser(sub)  # sets its own func (lockstep.cli.use)
     return p
 
@@ -199,13 +210,7 @@ def _err(msg: str) -> int:
 
 def run_audit(args) -> int:
     """Run ``lockstep audit <command>``; returns the exit code."""
-    from lockstep.backends import BackendUnavailable
 
-    from lockstep.audit.certificate import CertificateError
-    from lockstep.audit.plan import PlanError
-    from lockstep.audit.replay import ReplayError
-
-    from lockstep.audit.trace import TraceError
 
     handlers = {"verify": _verify, "replay": _replay, "check": _check, "plan": _plan, "merge": _merge,
                 "keygen": _keygen, "trace": _trace, "diff": _diff}
@@ -216,8 +221,6 @@ def run_audit(args) -> int:
 
 
 def _verify(args) -> int:
-    from lockstep.audit.verify import verify_run
-
     rep = verify_run(args.run, data=args.data, batches=not args.no_batches)
     if args.json:
         print(json.dumps({"run": str(rep.run_dir), "valid": rep.ok, "steps": rep.steps,
@@ -229,10 +232,6 @@ def _verify(args) -> int:
         if rep.chain_hash is None or not rep.ok:
             return _err(f"no loss curve drawn: {args.run} is invalid (see above); a curve is drawn only from a "
                         "valid run")
-        from lockstep.fsio import atomic_write_bytes
-        from lockstep.formats.trajectory import Strictness, read_trajectory
-        from lockstep.use.plots import loss_curve_png
-
         png = loss_curve_png(read_trajectory(args.run, Strictness.AUDIT),
                              f"{args.run.name}: training loss (verified chain)")
         if png is None:
@@ -243,10 +242,6 @@ def _verify(args) -> int:
 
 
 def _replay(args) -> int:
-    from lockstep.audit.certificate import make_certificate, sign_certificate, write_certificate
-    from lockstep.audit.replay import replay_steps
-    from lockstep.launch import launcher_rank
-
     if args.plan is not None:
         steps = _planned_steps(args)
         if isinstance(steps, int):
@@ -259,8 +254,6 @@ def _replay(args) -> int:
     else:
         steps = args.step
     if args.key is not None:
-        from lockstep.audit.certificate import load_private_key
-
         load_private_key(args.key)  # fail before hours of replay, not after
     log = None if args.quiet else (lambda msg: print(printable(msg), file=sys.stderr, flush=True))
     result = replay_steps(args.run, steps, args.backend, data=args.data, log=log, from_earlier=args.from_earlier,
@@ -282,12 +275,6 @@ def _planned_steps(args) -> list[int] | int:
     """The steps the plan gives the key of ``--key``, after checking the plan against the beacon, the
     auditors' key set and the redundancy the user names, and the run's commitment; an exit code when it
     cannot be used."""
-    from lockstep.audit.accept import trusted_keys
-    from lockstep.audit.certificate import public_key_hex
-    from lockstep.audit.plan import InvalidPlan, PlanError, accept_plan, planned_auditor
-    from lockstep.formats.rundir import RunFileError
-    from lockstep.formats.trajectory import read_commitment
-
     missing = _plan_arguments_missing(args)
     if missing:
         return _err(missing)
@@ -328,8 +315,6 @@ def _plan_arguments_missing(args) -> str | None:
 
 
 def _check(args) -> int:
-    from lockstep.audit.accept import check_certificate_file, trusted_keys
-
     trusted = trusted_keys(args.pub)
     def log(msg: str) -> None:
         print(printable(msg), file=sys.stderr, flush=True)
@@ -351,10 +336,6 @@ def _check(args) -> int:
 
 
 def _plan(args) -> int:
-    from lockstep.fsio import atomic_write_json
-
-    from lockstep.audit.accept import trusted_keys
-    from lockstep.audit.plan import format_plan, plan_audit
 
     if not args.beacon:
         return _err("a plan needs --beacon HEX: the value of a public beacon round (drand, NIST) that the auditors "
@@ -374,10 +355,6 @@ def _plan(args) -> int:
 
 
 def _merge(args) -> int:
-    from lockstep.audit.accept import trusted_keys
-    from lockstep.audit.merge import merge_certificates, plot_coverage
-    from lockstep.audit.plan import InvalidPlan, accept_plan
-
     plan = None
     if args.plan is not None:
         missing = _plan_arguments_missing(args)
@@ -399,8 +376,6 @@ def _merge(args) -> int:
 
 
 def _keygen(args) -> int:
-    from lockstep.audit.certificate import generate_keypair, public_key_hex
-
     priv, pub = generate_keypair(args.out)
     print(printable(f"private key: {priv} (keep it secret)"))
     print(printable(f"public key:  {pub} ({public_key_hex(pub)})"))
@@ -408,8 +383,6 @@ def _keygen(args) -> int:
 
 
 def _trace(args) -> int:
-    from lockstep.audit.trace import DEFAULT_KEEP_VALUES, trace_step, write_trace
-
     keep = DEFAULT_KEEP_VALUES if args.keep_values is None else args.keep_values
     if keep < 0 or args.step < 1 or (args.micro_batch is not None and args.micro_batch < 0):
         return _err("--step is 1 or more, --micro-batch and --keep-values 0 or more")
@@ -424,8 +397,6 @@ def _trace(args) -> int:
 
 
 def _diff(args) -> int:
-    from lockstep.audit.trace_diff import diff_files, referee
-
     a, b, d = diff_files(args.trace_a, args.trace_b)
     print(printable(d.text))
     if args.referee:

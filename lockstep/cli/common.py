@@ -10,7 +10,9 @@ import os
 import sys
 import traceback
 
+from lockstep.backends import BackendUnavailable, get_backend
 from lockstep.fsio import printable
+from lockstep.launch import launcher_rank
 
 EXIT_OK, EXIT_ERROR, EXIT_BAD = 0, 1, 2  # done / valid; could not run; invalid / mismatch
 # stdout's or stderr's reader went away (``| head``): 128 + SIGPIPE, what a shell reports for a Unix tool
@@ -33,8 +35,6 @@ class OneLineErrorParser(argparse.ArgumentParser):
     """A usage error is one line (``lockstep train: error: ...``), printed by rank 0 only under mpiexec."""
 
     def error(self, message: str):
-        from lockstep.launch import launcher_rank
-
         if launcher_rank() == 0:
             note(f"{self.prog}: error: {message} (see {self.prog} --help)")
         self.exit(2)
@@ -142,8 +142,6 @@ def non_negative_int(text: str) -> int:
 
 def default_backend() -> str:
     """numba, or ``BackendUnavailable`` saying why not: never a silent switch to the ~60x slower spec."""
-    from lockstep.backends import BackendUnavailable, get_backend
-
     try:
         get_backend("numba")
     except BackendUnavailable as exc:

@@ -5,6 +5,14 @@ from __future__ import annotations
 
 import platform
 import sys
+from pathlib import Path
+from lockstep.audit.trace import TraceError
+from lockstep.audit.trace_diff import replay_op_file
+from lockstep.backends import BackendUnavailable, get_backend
+from lockstep.conformance import sweep
+from lockstep.conformance.report import build_report, exit_status, write_report
+from lockstep.fsio import printable
+from lockstep.spec import SPEC_VERSION
 
 
 def _cpu_features() -> tuple[list[str], list[str], list[str]]:
@@ -22,8 +30,6 @@ def cmd_version(args) -> int:
     import numpy as np
 
     import lockstep
-    from lockstep.spec import SPEC_VERSION
-
     base, found, missing = _cpu_features()
     print(f"lockstep {lockstep.__version__}")
     print(f"SPEC_VERSION {SPEC_VERSION}")
@@ -36,7 +42,8 @@ def cmd_version(args) -> int:
 
 
 def cmd_conformance(args) -> int:
-    from lockstep.backends import BackendUnavailable, get_backend
+    # here, not at the top: the runner imports every op's conformance record and their Hypothesis
+    # strategies, which add about 0.12 s to the start of every other command
     from lockstep.conformance.runner import all_passed, print_table, run_conformance
 
     if args.replay_op:
@@ -69,11 +76,6 @@ def cmd_conformance(args) -> int:
 def replay_op(args) -> int:
     """``--replay-op FILE [--backend B]``: one disputed op call (``lockstep audit diff --referee``) on the spec,
     and on B when it is named; exit 0 when the file's verdict is reproduced (and B gives the spec's bits)."""
-    from lockstep.audit.trace import TraceError
-    from lockstep.audit.trace_diff import replay_op_file
-    from lockstep.backends import BackendUnavailable
-    from lockstep.fsio import printable
-
     backend = None if args.backend in ("", "spec") else args.backend
     try:
         text, ok = replay_op_file(args.replay_op, backend)
@@ -90,8 +92,6 @@ def conformance_sweeps(backend, ops, args) -> int:
 
     Exit 0 when every op passes, 2 when one differs or errs, 3 when none differs but
     some op has no golden digest yet (named, one line per op)."""
-    from lockstep.conformance import sweep
-
     try:
         blocks = sweep.parse_block_range(args.blocks)
         results = sweep.run_sweeps(backend, ops=ops, blocks=blocks, max_errors=args.max_errors)
@@ -107,10 +107,6 @@ def conformance_sweeps(backend, ops, args) -> int:
 
 def conformance_report(args) -> int:
     """``--report FILE``: conformance, tiny training steps and the flush probe, written to FILE."""
-    from pathlib import Path
-
-    from lockstep.conformance.report import build_report, exit_status, write_report
-
     path = Path(args.report)
     if args.ops:
         print("lockstep conformance: --report runs every op; drop --ops", file=sys.stderr)

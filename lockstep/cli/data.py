@@ -34,10 +34,11 @@ import argparse
 import sys
 from pathlib import Path
 
+from lockstep.formats.corpus import build_default_corpus
 from lockstep.formats.data_recipes import RECIPES, data_recipe
 from lockstep.formats.documents import document_suffix
 from lockstep.formats.ingest import DEFAULT_SHARD_TOKENS, ingest
-from lockstep.formats.manifest import SOURCE_NAME_RE, DataError, Manifest
+from lockstep.formats.manifest import DataError, Manifest, SOURCE_NAME_RE
 from lockstep.fsio import printable
 
 from .common import EXIT_ERROR, EXIT_OK, note, plain_help
@@ -139,8 +140,6 @@ def run_data(args) -> int:
             print("\n".join(printable(line) for line in data_recipe(args.name).describe().splitlines()))
             return EXIT_OK
         elif args.data_command == "default":
-            from lockstep.formats.corpus import build_default_corpus
-
             path = build_default_corpus(args.out, progress=note)
         elif args.data_command == "verify":
             path = args.path

@@ -18,6 +18,15 @@ import time
 from pathlib import Path
 
 from lockstep.backends import BACKEND_ALIASES, KNOWN_BACKENDS
+from lockstep.errors import LockstepError
+from lockstep.formats.config import ConfigError
+from lockstep.formats.rundir import RECIPE_FILE
+from lockstep.formats.settings import build_settings, read_config_file
+from lockstep.launch import launcher_rank
+from lockstep.train import trainer
+from lockstep.train.collectives import AgreedError
+from lockstep.train.trainer import RecipeMismatch, RunWriteError
+from lockstep.use.hooks import run_hooks
 
 from .common import (EXIT_ERROR, EXIT_OK, MAX_MEMORY_HELP, default_backend, fail, flag_of, gib, integer_arg,
                      non_negative_int, note, positive_int, said, say)
@@ -115,8 +124,6 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
 
 def recipe_checker(args):
     """``check_recipe(recipe)`` for a resume: refuse every flag whose value differs from the run's recipe."""
-    from lockstep.train.trainer import RecipeMismatch
-
     def check(recipe: dict) -> None:
         model, train = recipe.get("model", {}), recipe.get("train", {})
         recorded = {
@@ -136,14 +143,6 @@ def recipe_checker(args):
 
 
 def run_train(args) -> int:
-    from lockstep.errors import LockstepError
-    from lockstep.formats.config import ConfigError
-    from lockstep.train.collectives import AgreedError
-    from lockstep.train import trainer
-    from lockstep.launch import launcher_rank
-    from lockstep.train.trainer import RunWriteError
-    from lockstep.use.hooks import run_hooks
-
     is_root = launcher_rank() == 0
     run_dir = args.resume or args.out
     hooks = dataclasses.replace(run_hooks(), setting=flag_of)  # the run's lines name settings by their flags
@@ -202,7 +201,6 @@ def new_run_settings(args, name: str):
     flags (--no-quantize, --micro-batch, --batch, --batch-ramp); ``SettingsError`` (one line) on a mistake."""
     import dataclasses
 
-    from lockstep.formats.settings import build_settings, read_config_file
 
     config = read_config_file(args.config) if args.config else None
     cfg, tcfg = build_settings(name, config, args.sets, where=f"--config {args.config}")
@@ -221,8 +219,6 @@ def _plain_label(text: str) -> bool:
 
 def _resume_hint(run_dir, world_size: int, data: str | None) -> str:
     """The command that resumes ``run_dir`` (with ``--data`` when the data was named: it may be outside the run)."""
-    from lockstep.formats.rundir import RECIPE_FILE
-
     if run_dir is None or not (Path(run_dir) / RECIPE_FILE).is_file():
         return "the run had not started; run the same command again"
     launcher = f"mpiexec -n {world_size} " if world_size > 1 else ""

@@ -18,7 +18,22 @@ import json
 import sys
 from pathlib import Path
 
+from lockstep.backends import BackendUnavailable, get_backend
+from lockstep.formats.recipe import load_recipe, recipe_configs
+from lockstep.formats.rundir import RunFileError
+from lockstep.formats.tokenizer import ByteTokenizer
 from lockstep.fsio import printable
+from lockstep.spec import SPEC_VERSION
+from lockstep.train.memory import forward_memory, require_budget
+from lockstep.use.evaluate import append_metrics, evaluate, metrics_line, progress_printer, recorded_validations
+from lockstep.use.export import make_export
+from lockstep.use.export_hf import make_hf_export
+from lockstep.use.export_verify import verify_export
+from lockstep.use.generate import (CachedModel, Sampling, SamplingError, generate, require_sample_memory,
+                                   sample_memory_estimate)
+from lockstep.use.plots import plot_run
+from lockstep.use.run import UseError, open_data, open_model, open_tokenizer
+from lockstep.use.tokenizing import guarded
 
 from .common import EXIT_BAD, EXIT_OK, MAX_MEMORY_HELP, default_backend, fail, gib, note, positive_int, said, say
 
@@ -53,11 +68,6 @@ def add_eval_parser(subparsers) -> argparse.ArgumentParser:
 def _check_memory(args, what: str, need) -> None:
     """Before the checkpoint is read: the recipe's model against ``--max-memory`` (default: this machine's memory),
     ``need(cfg, tcfg)`` bytes; a ``UseError`` in one line when it does not fit."""
-    from lockstep.formats.recipe import load_recipe, recipe_configs
-    from lockstep.formats.rundir import RunFileError
-    from lockstep.train.memory import require_budget
-    from lockstep.use.run import UseError
-
     try:
         cfg, tcfg = recipe_configs(load_recipe(args.run))
     except (RunFileError, ValueError):
@@ -69,12 +79,6 @@ def _check_memory(args, what: str, need) -> None:
 
 
 def run_eval(args) -> int:
-    from lockstep.backends import BackendUnavailable, get_backend
-
-    from lockstep.train.memory import forward_memory
-    from lockstep.use.evaluate import append_metrics, evaluate, metrics_line, progress_printer, recorded_validations
-    from lockstep.use.plots import plot_run
-    from lockstep.use.run import UseError, open_data, open_model
 
     try:
         be = get_backend(args.backend or default_backend())
@@ -112,8 +116,6 @@ def _compare(v, recorded: dict | None) -> tuple[str, int]:
         return f"no validation loss recorded for step {v.step} (train --eval-every K records one)", EXIT_OK
     want = recorded.get("loss_sum_bits")
     if recorded.get("targets") != v.targets or want != v.bits:
-        from lockstep.spec import SPEC_VERSION
-
         other = recorded.get("spec_version")
         why = (f" (recorded under SPEC_VERSION {other}, this lockstep computes SPEC_VERSION {SPEC_VERSION}: "
                f"use a lockstep of SPEC_VERSION {other} to reproduce it)" if other != SPEC_VERSION else "")
@@ -164,8 +166,6 @@ def _prompt_bytes(args) -> bytes:
 
 def encode_prompt(tokenizer, data: bytes, model_vocab: int) -> list[int]:
     """Token ids of a prompt; a clear error for text the tokenizer cannot represent."""
-    from lockstep.formats.tokenizer import ByteTokenizer
-
     if isinstance(tokenizer, ByteTokenizer):  # every byte is a token
         return tokenizer.encode(data).astype(int).tolist()
     try:
@@ -189,8 +189,6 @@ class _TextStream:
     """Writes decoded text as tokens arrive: bytes as they are, other tokenizers by decoded suffix."""
 
     def __init__(self, tokenizer, out):
-        from lockstep.formats.tokenizer import ByteTokenizer
-
         self.tok, self.out = tokenizer, out
         self.raw = isinstance(tokenizer, ByteTokenizer)
         self.ids: list[int] = []
@@ -221,11 +219,6 @@ class _TextStream:
 
 
 def run_sample(args) -> int:
-    from lockstep.backends import BackendUnavailable, get_backend
-
-    from lockstep.use.generate import Sampling, SamplingError, require_sample_memory, sample_memory_estimate
-    from lockstep.use.run import UseError, open_model, open_tokenizer
-    from lockstep.use.tokenizing import guarded
 
     try:
         sampling = Sampling(args.temperature, args.top_k or None, args.seed).check()
@@ -255,7 +248,6 @@ def run_sample(args) -> int:
 def _generate_into(args, be, model, tokenizer, prompt: list[int], sampling, say) -> int:
     import time
 
-    from lockstep.use.generate import CachedModel, SamplingError, generate
 
     spec_note = model.spec_note()
     if spec_note:
@@ -343,11 +335,6 @@ def add_export_parser(subparsers) -> argparse.ArgumentParser:
 
 
 def run_export(args) -> int:
-    from lockstep.use.export import make_export
-    from lockstep.use.export_hf import make_hf_export
-    from lockstep.use.export_verify import verify_export
-    from lockstep.use.run import UseError, open_model, open_tokenizer
-
     try:
         model = open_model(args.run, args.step)
         tokenizer, identity = open_tokenizer(args.run, model.recipe, args.data)
@@ -385,9 +372,6 @@ def add_verify_export_parser(subparsers) -> argparse.ArgumentParser:
 
 
 def run_verify_export(args) -> int:
-    from lockstep.use.export_verify import verify_export
-    from lockstep.use.run import UseError
-
     try:
         rep = verify_export(args.export, args.run, args.data)
     except (UseError, ValueError, OSError) as exc:

@@ -32,14 +32,14 @@ from typing import Callable
 
 import numpy as np
 
-from lockstep.fsio import printable
-from lockstep.spec import SPEC_VERSION
 from lockstep.formats.config import ModelConfig
 from lockstep.formats.manifest import Manifest
 from lockstep.formats.stream import ValidationSplit, validation_windows
-from lockstep.train.model import device_params, forward
-from lockstep.formats.trajectory import float_record
 from lockstep.formats.tokenizer import BYTE_VOCAB, ByteTokenizer
+from lockstep.formats.trajectory import float_record
+from lockstep.fsio import append_line, check_regular_or_absent, printable, read_regular, safe_join
+from lockstep.spec import SPEC_VERSION
+from lockstep.train.model import device_params, forward
 
 from .run import UseError
 from .tokenizing import guarded
@@ -207,16 +207,12 @@ def metrics_line(v: Validation) -> dict:
 
 def append_metrics(run_dir: Path, obj: dict) -> None:
     """Append one JSON line to metrics.jsonl (fsynced), as the trainer does."""
-    from lockstep.fsio import append_line, check_regular_or_absent, safe_join
-
     check_regular_or_absent(run_dir, METRICS_FILE, "metrics log")  # no symlinked folder on the way
     append_line(safe_join(run_dir, METRICS_FILE), json.dumps(obj, sort_keys=True).encode() + b"\n")
 
 
 def recorded_validations(run_dir: Path) -> dict[int, dict]:
     """The last ``validation`` record per step in metrics.jsonl (torn or foreign lines skipped)."""
-    from lockstep.fsio import read_regular
-
     try:  # a regular file inside the run, size-capped: never a link, FIFO or device
         data = read_regular(run_dir, METRICS_FILE, "metrics log", MAX_METRICS_BYTES)
     except (OSError, ValueError):

@@ -47,11 +47,14 @@ from pathlib import Path
 
 import numpy as np
 
+from lockstep.formats.params import param_count, param_specs
+from lockstep.formats.recipe import genesis
+from lockstep.formats.rundir import RunFileError
+from lockstep.formats.tokenizer import HFTokenizer, HF_TOKENIZER_FILE
+from lockstep.formats.trajectory import Strictness, read_commitment, read_trajectory, record_value
 from lockstep.fsio import atomic_write_bytes, atomic_writer, fsync_dir, json_bytes
 from lockstep.fsio.safetensors import write_safetensors_to
 from lockstep.spec.quant import quantize, weight_scale
-from lockstep.formats.params import param_count, param_specs
-from lockstep.formats.tokenizer import HF_TOKENIZER_FILE, HFTokenizer
 
 from .run import RunModel, UseError
 
@@ -97,9 +100,6 @@ LINK_FIELDS = ("tokens", "loss_bits", "grad_norm_bits", "lr_bits")
 
 def _chain_facts(model: RunModel) -> dict:
     """The step's chain links from the trajectory, when the run has them."""
-    from lockstep.formats.recipe import genesis
-    from lockstep.formats.trajectory import Strictness, read_trajectory, record_value
-
     traj = read_trajectory(model.run_dir, Strictness.LIVE)
     by_step = {r.get("step"): r for r in traj if isinstance(r, dict)}
     rec = by_step.get(model.step)
@@ -112,9 +112,6 @@ def _chain_facts(model: RunModel) -> dict:
 
 
 def _commitment(model: RunModel) -> dict | None:
-    from lockstep.formats.rundir import RunFileError
-    from lockstep.formats.trajectory import read_commitment
-
     try:
         c = read_commitment(model.run_dir)
     except RunFileError:
@@ -160,8 +157,6 @@ def write_export(model: RunModel, out: str | os.PathLike, tensors: dict[str, np.
     Each file's SHA-256 in ``proof.json`` is of the bytes written (hashed as they are written). The files
     are written into a hidden staging folder beside ``out``, which is renamed into place when complete.
     """
-    from lockstep.formats.recipe import genesis
-
     out = Path(out).absolute()
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise UseError(f"{out} already exists and is not an empty folder; choose a new --out")

@@ -38,9 +38,9 @@ from pathlib import Path
 
 import numpy as np
 
-from lockstep.fsio import json_bytes
 from lockstep.formats.params import param_count, param_specs
-from lockstep.formats.tokenizer import BYTE_VOCAB, HF_TOKENIZER_FILE, ByteTokenizer, HFTokenizer
+from lockstep.formats.tokenizer import BYTE_VOCAB, ByteTokenizer, HFTokenizer, HF_TOKENIZER_FILE
+from lockstep.fsio import json_bytes
 
 from .export import (INT8_SUFFIX, SCALE_SUFFIX, export_tensors, model_card, quantized_names, tokenizer_bytes,
                      write_export)

@@ -18,16 +18,23 @@ from pathlib import Path
 
 import numpy as np
 
+from lockstep.formats import checkpoint as ckpt
+from lockstep.formats.checkpoint import MAX_HEADER_BYTES
+from lockstep.formats.config import ModelConfig
+from lockstep.formats.params import param_specs
+from lockstep.formats.recipe import genesis, recipe_configs, recipe_digest, recipe_value_problems
+from lockstep.formats.run import Run
+from lockstep.formats.rundir import HEX64, MAX_RECIPE_BYTES, RECIPE_FORMAT, RunFileError
+from lockstep.formats.tokenizer import ByteTokenizer, HFTokenizer, HF_TOKENIZER_FILE
+from lockstep.formats.trajectory import Strictness, read_commitment
 from lockstep.fsio import FileFormatError, UnsafePath, json_bytes, open_regular, parse_json, printable
 from lockstep.fsio.safetensors import parse_safetensors
 from lockstep.spec import hashing
-from lockstep.formats.params import param_specs
-from lockstep.formats.tokenizer import HF_TOKENIZER_FILE, HFTokenizer
 
-from .export import (CONFIG_FILE, EXPORT_VERSION, INT8_SUFFIX, LINK_FIELDS, MAX_CONFIG_BYTES, MAX_PROOF_BYTES,
-                     MAX_TOKENIZER_BYTES, MODEL_FILE, PROOF_FILE, PROOF_FORMAT, RECIPE_FILE, SCALE_SUFFIX, export_config,
-                     int8_codes, quantized_names)
 from . import export_hf
+from .export import (CONFIG_FILE, EXPORT_VERSION, INT8_SUFFIX, LINK_FIELDS, MAX_CONFIG_BYTES, MAX_PROOF_BYTES,
+                     MAX_TOKENIZER_BYTES, MODEL_FILE, PROOF_FILE, PROOF_FORMAT, RECIPE_FILE, SCALE_SUFFIX,
+                     export_config, int8_codes, quantized_names)
 from .run import UseError, run_manifest
 
 
@@ -73,8 +80,6 @@ def _read_once(folder: Path, name: str, what: str, max_bytes: int) -> bytearray:
 def model_bytes_bound(cfg) -> int:
     """The size of an export's ``model.safetensors`` of model ``cfg``, at most: a header of at most the
     checkpoint header bound, every float32 parameter, and the int8 codes and float32 scales of the int8 layers."""
-    from lockstep.formats.checkpoint import MAX_HEADER_BYTES
-
     specs = {s.name: s.shape for s in param_specs(cfg)}
     data = sum(4 * math.prod(shape) for shape in specs.values())
     data += sum(math.prod(specs[n]) + 4 * specs[n][-1] for n in quantized_names(cfg))
@@ -87,8 +92,6 @@ EXPORT_JSON = {PROOF_FILE: ("export proof", MAX_PROOF_BYTES), CONFIG_FILE: ("exp
 
 def _read_export(folder: Path) -> tuple[dict[str, bytearray], dict, dict, dict]:
     """The bytes of proof.json, config.json, recipe.json (each read once) and their strict JSON."""
-    from lockstep.formats.rundir import MAX_RECIPE_BYTES
-
     raw, out = {}, []
     for name, (what, cap) in EXPORT_JSON.items():
         try:
@@ -116,9 +119,6 @@ def _read_export(folder: Path) -> tuple[dict[str, bytearray], dict, dict, dict]:
 def recipe_problem(recipe: dict) -> str | None:
     """Why a recipe from an export cannot be used (None when it can): the checks of ``recipe.load_recipe``,
     its stated maxima (``recipe_value_problems``) among them, before anything is sized by its numbers."""
-    from lockstep.formats.rundir import HEX64, RECIPE_FORMAT
-    from lockstep.formats.recipe import recipe_configs, recipe_value_problems
-
     if recipe.get("format") != RECIPE_FORMAT:
         return f"not a lockstep recipe (format must be {RECIPE_FORMAT!r})"
     missing = [k for k in ("model", "train", "data", "seed", "micro_batch", "spec_version") if k not in recipe]
@@ -142,8 +142,6 @@ def recipe_problem(recipe: dict) -> str | None:
 
 def _tokenizer_problem(identity, tokenizer_file: bytearray | None) -> str | None:
     """Why config.json's tokenizer is not the one this export holds (None when it is)."""
-    from lockstep.formats.tokenizer import ByteTokenizer
-
     if not isinstance(identity, dict):
         return "config.json names no tokenizer object"
     if identity.get("kind") == ByteTokenizer.kind:
@@ -175,8 +173,6 @@ def _layout_files(layout: str, identity, cfg, tokenizer_file: bytearray | None) 
 
 def _hf_tokenizer_problem(identity, tokenizer_file: bytearray | None) -> str | None:
     """Why an HF export's tokenizer.json is not config.json's tokenizer (None when it is)."""
-    from lockstep.formats.tokenizer import ByteTokenizer
-
     if isinstance(identity, dict) and identity.get("kind") == ByteTokenizer.kind:
         if identity != ByteTokenizer().identity():
             return f"a byte tokenizer is {ByteTokenizer().identity()}"
@@ -198,10 +194,6 @@ def verify_export(folder: str | os.PathLike, run: str | os.PathLike | None = Non
     checked the same way, its other files compared byte for byte with the ones this lockstep writes (the
     model code among them), and its tensors are first rebuilt into lockstep's (``export_hf.lockstep_tensors``).
     """
-    from lockstep.formats.checkpoint import MAX_HEADER_BYTES
-    from lockstep.formats.config import ModelConfig
-    from lockstep.formats.recipe import genesis, recipe_digest
-
     folder = Path(folder)
     rep = ExportReport(folder, Path(run) if run is not None else None)
     raw, proof, config, recipe = _read_export(folder)
@@ -339,12 +331,6 @@ def run_tokenizer_identity(run: Path, recipe: dict, data: str | os.PathLike | No
 
 def _against_run(rep: ExportReport, run: Path, proof: dict, identity, data) -> None:
     """The chain from the run's recipe through the export's step to the run's commitment."""
-    from lockstep.formats import checkpoint as ckpt
-    from lockstep.formats.rundir import RunFileError
-    from lockstep.formats.recipe import recipe_configs, recipe_digest
-    from lockstep.formats.run import Run
-    from lockstep.formats.trajectory import Strictness, read_commitment
-
     step = proof["step"]
     try:
         opened = Run.open(run, Strictness.AUDIT).require("recipe", "trajectory")

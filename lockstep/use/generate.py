@@ -53,8 +53,10 @@ from typing import Iterator
 import numpy as np
 
 from lockstep.errors import LockstepError
-from lockstep.spec.philox import PhiloxStream, uniform_open_from_uint32
 from lockstep.formats.config import ModelConfig
+from lockstep.formats.params import param_specs
+from lockstep.spec.philox import PhiloxStream, uniform_open_from_uint32
+from lockstep.train.memory import budget_words, memory_budget
 from lockstep.train.model import _rope, block_forward, device_params, embed_forward, head_forward, training_attention
 
 SAMPLE_PURPOSE = "lockstep.sample"
@@ -161,8 +163,6 @@ def sample_memory_estimate(cfg: ModelConfig, prompt_tokens: int, max_new_tokens:
     d_model + 4 ffn_dim values per token and layer, the attention scores (heads x T^2,
     twice) and 3 x vocab logits per token, float32.
     """
-    from lockstep.formats.params import param_specs
-
     params = sum(int(np.prod(s.shape)) for s in param_specs(cfg))
     kv = 2 * cfg.n_layers * cfg.n_kv_heads * cfg.seq_len * cfg.head_dim * 4
     rope = 160 * cfg.seq_len * (cfg.head_dim // 2)
@@ -178,8 +178,6 @@ def require_sample_memory(cfg: ModelConfig, prompt_tokens: int, max_new_tokens: 
     """``SamplingError`` when ``sample_memory_estimate`` is beyond ``max_memory`` GiB (default: this machine's
     memory, or the address-space limit): refused before anything is allocated, as replay refuses a recipe too
     large to replay."""
-    from lockstep.train.memory import budget_words, memory_budget
-
     need, have = sample_memory_estimate(cfg, prompt_tokens, max_new_tokens), memory_budget(max_memory)
     if have is not None and need > have:
         raise SamplingError.naming(f"the recipe's model ({cfg.n_layers} layers, d_model {cfg.d_model}, seq_len "

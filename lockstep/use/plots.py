@@ -12,9 +12,11 @@ from __future__ import annotations
 import io
 from pathlib import Path
 
+from lockstep.formats.rundir import BITS_RE, LOSS_PLOT_FILE as LOSS_PNG
+from lockstep.formats.trajectory import Strictness, read_trajectory, record_value
 from lockstep.fsio import atomic_write_bytes, printable
 
-from lockstep.formats.rundir import LOSS_PLOT_FILE as LOSS_PNG
+from .evaluate import recorded_validations
 
 
 def _pyplot():
@@ -31,10 +33,6 @@ def _pyplot():
 def run_curves(run_dir: Path, trajectory: list[dict] | None = None) -> tuple[list, list, list, list]:
     """``(train_tokens, train_loss, val_tokens, val_loss)`` of a run (last record per step; the training
     loss from each record's chained bits)."""
-    from lockstep.formats.rundir import BITS_RE
-    from lockstep.formats.trajectory import Strictness, read_trajectory, record_value
-
-    from .evaluate import recorded_validations
 
     traj = trajectory if trajectory is not None else read_trajectory(run_dir, Strictness.LIVE)
     by_step = {r["step"]: r for r in traj if isinstance(r, dict) and type(r.get("step")) is int
@@ -64,8 +62,6 @@ def loss_curve_png(trajectory: list[dict], title: str) -> bytes | None:
     Drawn from the records' chained ``loss_bits`` only (``audit verify --plot`` draws it
     from a valid run; ``loss.png`` is derived from files that are not evidence).
     """
-    from lockstep.formats.trajectory import record_value
-
     plt = _pyplot()
     if plt is None:
         return None

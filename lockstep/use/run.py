@@ -21,14 +21,16 @@ from pathlib import Path
 import numpy as np
 
 from lockstep.errors import LockstepError
-from lockstep.fsio import FileFormatError, UnsafePath
-from lockstep.spec import SPEC_VERSION
 from lockstep.formats import checkpoint as ckpt
 from lockstep.formats.config import ModelConfig, TrainConfig
-from lockstep.formats.manifest import DataError, Manifest
+from lockstep.formats.manifest import DataError, MANIFEST_NAME, MAX_MANIFEST_BYTES, Manifest
 from lockstep.formats.run import Run
+from lockstep.formats.rundir import open_run_data
 from lockstep.formats.state import split_state
+from lockstep.formats.tokenizer import TokenizerError, tokenizer_from_identity
 from lockstep.formats.trajectory import Strictness
+from lockstep.fsio import FileFormatError, NotRegularFile, UnsafePath, parse_json, read_regular, safe_join
+from lockstep.spec import SPEC_VERSION
 
 
 class UseError(LockstepError, ValueError):
@@ -134,8 +136,6 @@ def run_manifest(run_dir: str | os.PathLike, recipe: dict, data: str | os.PathLi
     """
     import hashlib
 
-    from lockstep.fsio import NotRegularFile, parse_json, read_regular, safe_join
-    from lockstep.formats.manifest import MANIFEST_NAME, MAX_MANIFEST_BYTES
 
     run_dir = Path(run_dir)
     want = recipe["data"]["manifest_sha256"]
@@ -169,8 +169,6 @@ def open_tokenizer(run_dir: str | os.PathLike, recipe: dict, data: str | os.Path
     A Hugging Face tokenizer file is checked against the manifest's digest of it.
     Returns ``(tokenizer, identity)``.
     """
-    from lockstep.formats.tokenizer import TokenizerError, tokenizer_from_identity
-
     path, manifest = run_manifest(run_dir, recipe, data)
     identity = manifest["tokenizer"]
     try:
@@ -181,8 +179,6 @@ def open_tokenizer(run_dir: str | os.PathLike, recipe: dict, data: str | os.Path
 
 def open_data(run_dir: str | os.PathLike, recipe: dict, data: str | os.PathLike | None = None) -> Manifest:
     """The run's data folder, verified against the recipe's manifest digest (``--data DIR`` overrides)."""
-    from lockstep.formats.rundir import open_run_data
-
     try:
         return open_run_data(Path(run_dir), recipe, data)
     except (DataError, UnsafePath, FileNotFoundError, ValueError) as exc:

@@ -20,8 +20,8 @@ import os
 import sys
 import tempfile
 
-from lockstep.fsio import printable
 from lockstep.formats.tokenizer import ByteTokenizer
+from lockstep.fsio import printable
 
 from .run import UseError
 

@@ -55,7 +55,8 @@ from lockstep.formats.trajectory import Strictness, read_commitment, read_trajec
 from lockstep.fsio import FileFormatError, atomic_write_bytes, json_bytes, read_json, read_named_file
 from lockstep.spec import SPEC_VERSION
 
-from .replay import ReplayError, replay_steps
+from . import replay
+from .replay import ReplayError
 
 CERT_FORMAT = "lockstep.audit-certificate"
 CERT_VERSION = 2
@@ -486,7 +487,7 @@ def recheck_certificate(cert: dict, run_dir: str | os.PathLike, backend_name: st
     if not claimed:
         return ["the certificate claims no step"]
     try:
-        result = replay_steps(run_dir, claimed, backend_name, data, log=log, from_earlier=from_earlier)
+        result = replay.replay_steps(run_dir, claimed, backend_name, data, log=log, from_earlier=from_earlier)
     except ReplayError as exc:
         return [f"cannot recompute the claimed steps {claimed[:10]}{' ...' if len(claimed) > 10 else ''}: {exc}"]
     problems = []

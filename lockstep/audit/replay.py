@@ -45,7 +45,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from lockstep.backends import BackendUnavailable, declared_memory, get_backend
+from lockstep import backends
+from lockstep.backends import BackendUnavailable, declared_memory
 from lockstep.formats import checkpoint as ckpt
 from lockstep.formats.run import Run
 from lockstep.formats.rundir import COMMITMENT_FILE, RunFileError, recorded_world_sizes
@@ -64,8 +65,7 @@ from lockstep.train.optim import NonFiniteError
 from lockstep.train.step import GradLayout, step_over_ranks
 from lockstep.train.storage import step_storage
 
-from .replay_outcome import (COMPARED, ReplayError, ReplayResult, StepCheck, TensorDiff,  # noqa: F401
-                             _diagnose, diff_tensors)
+from .replay_outcome import COMPARED, ReplayError, ReplayResult, StepCheck, TensorDiff, _diagnose, diff_tensors
 from .verify import float_bits
 
 # ---------------------------------------------------------------------------
@@ -185,7 +185,7 @@ class _Replayer:
             self.log(f"backend: {self.backend_choice}")
             return
         try:
-            self.be = get_backend(self.backend_name)
+            self.be = backends.get_backend(self.backend_name)
         except BackendUnavailable:
             raise
         except Exception as exc:  # noqa: BLE001 - a backend that fails to load is an error, not a crash

@@ -39,7 +39,8 @@ from typing import Any
 
 import numpy as np
 
-from lockstep.backends import Backend, get_backend
+from lockstep import backends
+from lockstep.backends import Backend
 from lockstep.contract import CONTRACT, Kind
 from lockstep.errors import LockstepError
 from lockstep.formats.schedule import plan_step
@@ -449,7 +450,7 @@ def trace_step(run_dir, step: int, backend, micro_batch: int | None = None, data
     if not 1 <= step <= len(rp.traj):
         raise TraceError(f"{run_dir}: the run has steps 1..{len(rp.traj)}; cannot trace step {step}")
     try:
-        rp.be = get_backend(backend) if isinstance(backend, str) else backend
+        rp.be = backends.get_backend(backend) if isinstance(backend, str) else backend
     except ValueError as exc:  # an unknown name (BackendUnavailable, a RuntimeError, goes to the caller)
         raise TraceError(str(exc)) from None
     state = rp.start_state(step)

@@ -40,7 +40,8 @@ from pathlib import Path
 
 import numpy as np
 
-from lockstep.backends import get_backend, spec_backend
+from lockstep import backends
+from lockstep.backends import spec_backend
 from lockstep.contract import CONTRACT, Kind, call_size, check_call, move_arguments
 from lockstep.fsio import FileFormatError, NotRegularFile, iter_lines, open_named_file, parse_json
 from lockstep.fsio.safetensors import SafetensorsError, read_safetensors, write_safetensors
@@ -757,7 +758,7 @@ def replay_op_file(path, backend_name: str | None = None) -> tuple[str, bool]:
                  "outputs it gives them (digests and stored values), in the traces, at the address and step named; "
                  "`lockstep audit diff` on the two traces shows whether they hold these outputs")
     if backend_name is not None:
-        be = get_backend(backend_name)
+        be = backends.get_backend(backend_name)
         try:
             args, kwargs = move_arguments(op, tuple(f.args), {}, be.asarray)
             out = be.ops[op](*args, **kwargs)

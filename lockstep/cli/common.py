@@ -10,7 +10,8 @@ import os
 import sys
 import traceback
 
-from lockstep.backends import BackendUnavailable, get_backend
+from lockstep import backends
+from lockstep.backends import BackendUnavailable
 from lockstep.fsio import printable
 from lockstep.launch import launcher_rank
 
@@ -143,7 +144,7 @@ def non_negative_int(text: str) -> int:
 def default_backend() -> str:
     """numba, or ``BackendUnavailable`` saying why not: never a silent switch to the ~60x slower spec."""
     try:
-        get_backend("numba")
+        backends.get_backend("numba")
     except BackendUnavailable as exc:
         raise BackendUnavailable(f"{exc}; or pass --backend spec to run on the pure-NumPy spec "
                                  "(the same bits, about 60x slower)") from None

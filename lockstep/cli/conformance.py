@@ -6,9 +6,10 @@ from __future__ import annotations
 import platform
 import sys
 from pathlib import Path
+from lockstep import backends
 from lockstep.audit.trace import TraceError
 from lockstep.audit.trace_diff import replay_op_file
-from lockstep.backends import BackendUnavailable, get_backend
+from lockstep.backends import BackendUnavailable
 from lockstep.conformance import sweep
 from lockstep.conformance.report import build_report, exit_status, write_report
 from lockstep.fsio import printable
@@ -57,7 +58,7 @@ def cmd_conformance(args) -> int:
     if args.report:
         return conformance_report(args)
     try:
-        backend = get_backend(args.backend)
+        backend = backends.get_backend(args.backend)
     except (BackendUnavailable, ValueError) as e:
         print(f"lockstep conformance: {e}", file=sys.stderr)
         return 1

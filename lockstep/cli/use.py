@@ -18,7 +18,8 @@ import json
 import sys
 from pathlib import Path
 
-from lockstep.backends import BackendUnavailable, get_backend
+from lockstep import backends
+from lockstep.backends import BackendUnavailable
 from lockstep.formats.recipe import load_recipe, recipe_configs
 from lockstep.formats.rundir import RunFileError
 from lockstep.formats.tokenizer import ByteTokenizer
@@ -81,7 +82,7 @@ def _check_memory(args, what: str, need) -> None:
 def run_eval(args) -> int:
 
     try:
-        be = get_backend(args.backend or default_backend())
+        be = backends.get_backend(args.backend or default_backend())
         _check_memory(args, "evaluate it", lambda cfg, tcfg: forward_memory(cfg, tcfg.micro_batch, be.memory))
         model = open_model(args.run, args.step)
         manifest = open_data(args.run, model.recipe, args.data)
@@ -222,7 +223,7 @@ def run_sample(args) -> int:
 
     try:
         sampling = Sampling(args.temperature, args.top_k or None, args.seed).check()
-        be = get_backend(args.backend or default_backend())
+        be = backends.get_backend(args.backend or default_backend())
         _check_memory(args, "sample from it", lambda cfg, tcfg: sample_memory_estimate(cfg, 0, args.max_new_tokens))
         model = open_model(args.run, args.step)
         tokenizer, identity = open_tokenizer(args.run, model.recipe, args.data)

@@ -173,7 +173,7 @@ def test_quantize_off_never_calls_the_int8_attention_and_on_calls_it(monkeypatch
     assert len(calls) == 1
 
 
-@pytest.mark.parametrize("dh, t", [(16, 43), (64, 17), (3, 9)])
+@pytest.mark.parametrize("dh, t", [(16, 43), (64, 17), (32, 40), (3, 9)])
 def test_numba_gives_the_spec_bytes(dh, t):
     pytest.importorskip("numba")
     from lockstep.backends import get_backend
@@ -187,3 +187,67 @@ def test_numba_gives_the_spec_bytes(dh, t):
         assert [x.tobytes() for x in be.attention_forward_int8(q, k, v, window)] == [x.tobytes() for x in fw]
         bw = spec.attention_backward_int8(do, q, k, v, *fw, window)
         assert [x.tobytes() for x in be.attention_backward_int8(do, q, k, v, *fw, window)] == [x.tobytes() for x in bw]
+
+
+def _call_tile(name: str):
+    """A compiled caller of the register tile ``tiles.<name>`` (each tile is compiled on every CPU: LLVM
+    splits a vector wider than the CPU's, so the AVX-512 and the AVX2 shapes are both checked here)."""
+    numba = pytest.importorskip("numba")
+    from lockstep.backends.numba_cpu import tiles
+
+    tile = getattr(tiles, name)
+    if name.startswith("int8"):
+        @numba.njit
+        def run(out, a, b, k):
+            tile(out.ctypes.data, out.shape[1], a.ctypes.data, a.shape[1], b.ctypes.data, b.shape[1], k)
+    else:
+        @numba.njit
+        def run(out, a, b, k, inv):
+            tile(out.ctypes.data, out.shape[1], a.ctypes.data, a.shape[1], b.ctypes.data, b.shape[1], k,
+                 inv.ctypes.data)
+    return run
+
+
+@pytest.mark.parametrize("name, width", [("int8_tile_4x64", 64), ("int8_tile_4x16", 16), ("int8_tile_4x16_ymm", 16)])
+def test_the_int8_pv_tiles_give_the_exact_int32_sums(name, width):
+    """The integer tiles of the numba int8 P.V (4 rows of int32 codes by int8 value rows): the exact sums,
+    extreme codes and values included, each output written, the rows' strides honoured."""
+    run = _call_tile(name)
+    rng = np.random.default_rng(width)
+    k = 37
+    a = rng.integers(0, 128, (4, k + 5)).astype(np.int32)  # P codes, a row stride past k
+    a[0, :k] = 127
+    a[1, ::2] = 0  # masked pairs: zero codes
+    b = rng.integers(-128, 128, (k, width)).astype(np.int8)
+    b[:, 0] = -128
+    b[:, -1] = 127
+    out = np.full((4, width), -1, np.int32)
+    run(out, a, b, k)
+    want = a[:, :k].astype(np.int64) @ b.astype(np.int64)  # integers: exact in any order
+    assert out.tobytes() == want.astype(np.int32).tobytes()
+
+
+@pytest.mark.parametrize("name, width", [("fixed_point_tile_4x32", 32), ("fixed_point_tile_4x8_ymm", 8)])
+def test_the_fixed_point_tiles_round_each_term_once_half_even_and_sum_exactly(name, width):
+    """The numba dq tiles: ``sum_k rint((a[r, k] * b[k, c]) * inv[r])`` in int64, terms that are exact
+    ties (rounded to even), terms below half the grid (0), a row of zeros and a row whose terms reach
+    2**52 among them, against the same terms summed one by one in int64."""
+    run = _call_tile(name)
+    rng = np.random.default_rng(width + 1)
+    k = 29
+    a = (rng.standard_normal((4, k + 3)) * 8).astype(np.float32)
+    b = (rng.standard_normal((k, width)) * 8).astype(np.float32)
+    a[0, :k] = np.float32(0.5) * (2 * np.arange(k) + 1)  # (odd/2) * 1 * 1: exact ties at inv 1
+    b[:, 0] = 1.0
+    a[2] = 0.0
+    a[3, 0] = np.float32(2.0**26)
+    b[0, 1] = np.float32(2.0**26)  # a term of 2**52 at inv 1
+    inv = np.array([1.0, 2.0**-3, 2.0**10, 1.0])
+    out = np.full((4, width), -1, np.int64)
+    run(out, a, b, k, inv)
+    want = np.zeros((4, width), np.int64)
+    a64, b64 = a.astype(np.float64), b.astype(np.float64)
+    for kk in range(k):
+        want += np.rint((a64[:, kk:kk + 1] * b64[kk:kk + 1, :]) * inv[:, None]).astype(np.int64)
+    assert out.tobytes() == want.tobytes()
+    assert want[0, 0] == sum(int(np.rint(x)) for x in a64[0, :k])  # the ties went to even

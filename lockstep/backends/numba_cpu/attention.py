@@ -11,8 +11,9 @@ the allowed keys ``j in [i - W + 1, i]`` of each query, and the allowed queries
   add the allowed terms only, in ascending order from +0.0.
 * In the int8 recipe (``attention_forward_int8``, ``attention_backward_int8``; the
   kernels take an ``int8`` switch), ``o = p v`` sums int8 codes in int32
-  (``_int8_pv_rows``) and ``dq = ds k`` sums fixed-point terms in int64
-  (``_fixed_point_rows``): both exact, so their order is free; the values are
+  (``_int8_pv_rows``: integer register tiles, ``tiles.int8_tile_*``) and ``dq = ds k``
+  sums fixed-point terms in int64 (``_fixed_point_rows``: fixed-point register tiles,
+  ``tiles.fixed_point_tile_*``): both exact, so their order is free; the values are
   quantized once per (batch, KV head) beforehand (``_value_quantize``).
 
 Queries go in blocks of ``QB`` = 8 rows. Where ``fp.safe_products`` proves that no
@@ -47,7 +48,8 @@ from .quant import abs_bits_entered, quantize1, scale_from_abs_max_bits
 from .fp import CANONICAL_NAN_BITS, EXPONENT_MASK, ONE, ZERO, bits, cn, entered, fl, from_bits, min_nonzero_abs, safe_products
 from .reduce import LANES, YMM_TILES, accumulate_rows, lane_tree, row_max_total
 from .tasks import kernel, parallel_kernel
-from .tiles import tile_4x16, tile_4x16_ymm, tile_4x64, tile_8x32
+from .tiles import (fixed_point_tile_4x8_ymm, fixed_point_tile_4x32, int8_tile_4x16, int8_tile_4x16_ymm, int8_tile_4x64,
+                    tile_4x16, tile_4x16_ymm, tile_4x64, tile_8x32)
 from .transcendental import exp_diff_row
 
 QB = 8  # queries per block (the rows of a score tile)
@@ -196,65 +198,124 @@ def _block_keys_accumulate(a, klo, n, rows, acc):
 # ---------------------------------------------------------------- the int8 recipe: int8 P.V, fixed-point dQ
 
 @kernel
-def _int8_pv_rows(p, i0, nr, window, vq, c, acc, out):
+def _int8_pv_rows(p, klo, khi, i0, nr, window, vq, c, pq, acc, out):
     """``out[i0 + r, d] = float32(sum_j pq[r, j] * vq[j, d]) * c[d]`` over the allowed keys j of query
-    i0 + r, ``pq = quantize(p, P_SCALE)``: ``spec.attention._int8_pv`` (int32 sums, exact in any order).
-    acc: (Dh,) int32 scratch."""
+    i0 + r, ``pq = quantize(p, P_SCALE)``: ``spec.attention._int8_pv``. The sums are int32, exact in any
+    order, so the block's rows run as integer register tiles over all its keys [klo, khi), the masked
+    pairs as zero codes (they add nothing); a head dim that does not tile goes row by row.
+    pq: (QB, T + KEY_PAD) int32 scratch; acc: (QB, Dh) int32 scratch."""
     dh = out.shape[1]
+    for r in range(QB):
+        row = pq[r]
+        for j in range(klo, khi):
+            row[j] = 0
+        if r < nr:
+            i = i0 + r
+            for j in range(max(0, i - window + 1), i + 1):
+                row[j] = np.int32(quantize1(p[r, j], P_SCALE))
+    w = _tiled_width(dh)
+    n = khi - klo
+    if w == 0:
+        for r in range(nr):
+            for d in range(dh):
+                acc[r, d] = 0
+            for j in range(klo, khi):
+                code = pq[r, j]
+                if code != 0:
+                    vrow = vq[j]
+                    for d in range(dh):
+                        acc[r, d] += code * np.int32(vrow[d])
+    else:
+        lda = pq.shape[1]
+        for r0 in range(0, QB, 4):
+            for d0 in range(0, dh, w):
+                a_addr = pq[r0, klo:].ctypes.data
+                b_addr = vq[klo, d0:].ctypes.data
+                if YMM_TILES:
+                    int8_tile_4x16_ymm(acc[r0, d0:].ctypes.data, dh, a_addr, lda, b_addr, dh, n)
+                elif w == 64:
+                    int8_tile_4x64(acc[r0, d0:].ctypes.data, dh, a_addr, lda, b_addr, dh, n)
+                else:
+                    int8_tile_4x16(acc[r0, d0:].ctypes.data, dh, a_addr, lda, b_addr, dh, n)
     for r in range(nr):
-        i = i0 + r
+        orow = out[i0 + r]
         for d in range(dh):
-            acc[d] = 0
-        for j in range(max(0, i - window + 1), i + 1):
-            code = np.int32(quantize1(p[r, j], P_SCALE))
-            if code != 0:
-                vrow = vq[j]
-                for d in range(dh):
-                    acc[d] += code * np.int32(vrow[d])
-        orow = out[i]
-        for d in range(dh):
-            orow[d] = cn(fl(np.float32(acc[d]) * c[d]))
+            orow[d] = cn(fl(np.float32(acc[r, d]) * c[d]))
 
 
 @kernel
-def _fixed_point_rows(ds, i0, nr, window, kg, k_max, k_finite, lbits, acc, out):
+def _fixed_point_width(dh):
+    """Columns per fixed-point tile over the head dim: 32 (AVX-512), 8 (``reduce.YMM_TILES``), 0: no tile."""
+    if not YMM_TILES and dh % 32 == 0:
+        return 32
+    if YMM_TILES and dh % 8 == 0:
+        return 8
+    return 0
+
+
+@kernel
+def _fixed_point_rows(ds, klo, khi, i0, nr, window, kg, k_max, k_finite, lbits, grid, inv, acc, out):
     """``dq = ds k`` of a block's rows in 64-bit fixed point: ``spec.attention.fixed_point_contract``
-    (one grid per row from its largest |ds| and the head's largest |k|; int64 sums, any order).
-    acc: (Dh,) int64 scratch."""
+    (one grid per row from its largest |ds| and the head's largest |k|; int64 sums, exact in any order).
+    A full block whose rows and keys are all finite runs as fixed-point register tiles over all its keys
+    [klo, khi) (``tiles.fixed_point_tile_*``: masked pairs are zeros in ds and add nothing); otherwise row
+    by row. grid (QB,) int64, inv (QB,) float64 and acc (QB, Dh) int64 are scratch."""
     dh = out.shape[1]
     _, eb = math.frexp(np.float64(k_max))
+    tiled = k_finite and nr == QB
     for r in range(nr):
         i = i0 + r
-        lo = max(0, i - window + 1)
-        orow = out[i]
         finite = k_finite
         a_max = ZERO
-        for j in range(lo, i + 1):
+        for j in range(max(0, i - window + 1), i + 1):
             x = ds[r, j]
             if (bits(x) & EXPONENT_MASK) == EXPONENT_MASK:
                 finite = False
             else:
                 a_max = max(a_max, abs(x))
-        if not finite:
+        if finite:
+            _, ea = math.frexp(np.float64(a_max))
+            grid[r] = max(ea + eb - (DQ_BITS - lbits), DQ_MIN_GRID)
+            inv[r] = math.ldexp(1.0, -grid[r])
+        else:
+            grid[r] = DQ_MIN_GRID - 1  # the row is the canonical NaN
+            inv[r] = 1.0
+            tiled = False
+    w = _fixed_point_width(dh)
+    if tiled and w > 0:
+        lda = ds.shape[1]
+        for r0 in range(0, QB, 4):
+            for d0 in range(0, dh, w):
+                if YMM_TILES:
+                    fixed_point_tile_4x8_ymm(acc[r0, d0:].ctypes.data, dh, ds[r0, klo:].ctypes.data, lda,
+                                             kg[klo, d0:].ctypes.data, dh, khi - klo, inv[r0:].ctypes.data)
+                else:
+                    fixed_point_tile_4x32(acc[r0, d0:].ctypes.data, dh, ds[r0, klo:].ctypes.data, lda,
+                                          kg[klo, d0:].ctypes.data, dh, khi - klo, inv[r0:].ctypes.data)
+    else:
+        for r in range(nr):
+            i = i0 + r
+            for d in range(dh):
+                acc[r, d] = 0
+            if grid[r] < DQ_MIN_GRID:
+                continue
+            for j in range(max(0, i - window + 1), i + 1):
+                wj = np.float64(ds[r, j])
+                if wj != 0.0:
+                    krow = kg[j]
+                    for d in range(dh):
+                        acc[r, d] += np.int64(np.rint((wj * np.float64(krow[d])) * inv[r]))
+    for r in range(nr):
+        orow = out[i0 + r]
+        if grid[r] < DQ_MIN_GRID:
             for d in range(dh):
                 orow[d] = from_bits(CANONICAL_NAN_BITS)
             continue
-        _, ea = math.frexp(np.float64(a_max))
-        grid = max(ea + eb - (DQ_BITS - lbits), DQ_MIN_GRID)
-        inv = math.ldexp(1.0, -grid)
-        for d in range(dh):
-            acc[d] = 0
-        for j in range(lo, i + 1):
-            w = np.float64(ds[r, j])
-            if w != 0.0:
-                krow = kg[j]
-                for d in range(dh):
-                    acc[d] += np.int64(np.rint((w * np.float64(krow[d])) * inv))
-        g1 = min(max(grid, -126), 127)
+        g1 = min(max(grid[r], -126), 127)
         f1 = np.float32(math.ldexp(1.0, g1))
-        f2 = np.float32(math.ldexp(1.0, grid - g1))
+        f2 = np.float32(math.ldexp(1.0, grid[r] - g1))
         for d in range(dh):
-            orow[d] = cn(fl(fl(np.float32(acc[d]) * f1) * f2))
+            orow[d] = cn(fl(fl(np.float32(acc[r, d]) * f1) * f2))
 
 
 def _kv_heads(v, *args) -> int:
@@ -330,7 +391,8 @@ def _forward_kernel(t0, t1, q, k, ktp, v, window, o, m_out, l_out, int8, vq, cs)
     p = np.zeros((QB, width), dtype=np.float32)  # probabilities, zero at the block's masked keys
     ob = np.empty((QB, dh), dtype=np.float32)
     lanes = np.empty(LANES, dtype=np.float32)
-    acc32 = np.empty(dh, dtype=np.int32)
+    pq = np.zeros((QB, width), dtype=np.int32)  # the block's P codes, zero at its masked keys
+    acc32 = np.empty((QB, dh), dtype=np.int32)
     for bh in range(t0, t1):
         b = bh // nh
         h = bh % nh
@@ -372,7 +434,7 @@ def _forward_kernel(t0, t1, q, k, ktp, v, window, o, m_out, l_out, int8, vq, cs)
                 m_out[b, h, i] = cn(mx)
                 l_out[b, h, i] = cn(li)
             if int8:
-                _int8_pv_rows(p, i0, nr, window, vq[b, g], cs[b, g], acc32, o[b, h])
+                _int8_pv_rows(p, klo, khi, i0, nr, window, vq[b, g], cs[b, g], pq, acc32, o[b, h])
             else:
                 tiled_o = tiled and v_finite[bg] and safe_products(_block_min(p, klo, khi), min_v[bg])
                 _block_contract(p, klo, khi, i0, nr, window, vg, min_v[bg], tiled_o, ob, o[b, h])
@@ -448,7 +510,9 @@ def _backward_kernel(t0, t1, do, q, k, v, o, m, l, window, dq, dk, dv, int8, lbi
     p = np.zeros((QB, width), dtype=np.float32)
     ds = np.zeros((QB, width), dtype=np.float32)
     pd = np.zeros((QB, width), dtype=np.float32)  # pdq (int8): zero at the block's masked keys, as p
-    acc64 = np.empty(dh, dtype=np.int64)
+    acc64 = np.empty((QB, dh), dtype=np.int64)
+    grid = np.empty(QB, dtype=np.int64)
+    inv = np.empty(QB, dtype=np.float64)
     d_rows = np.empty(t, dtype=np.float32)
     lanes = np.empty(LANES, dtype=np.float32)
     tmp = np.empty(dh, dtype=np.float32)
@@ -544,7 +608,8 @@ def _backward_kernel(t0, t1, do, q, k, v, o, m, l, window, dq, dk, dv, int8, lbi
                     # dq[i] = sum_{j allowed} ds[j] k[j, :], ascending j
                     ds_min = _block_min(ds[:nr], klo, khi)
                     if int8:
-                        _fixed_point_rows(ds, i0, nr, window, kg, k_max, k_finite, lbits, acc64, dq[b, h])
+                        _fixed_point_rows(ds, klo, khi, i0, nr, window, kg, k_max, k_finite, lbits, grid, inv, acc64,
+                                          dq[b, h])
                     else:
                         tiled_dq = full and k_finite and safe_products(ds_min, min_k)
                         _block_contract(ds, klo, khi, i0, nr, window, kg, min_k, tiled_dq, qb, dq[b, h])

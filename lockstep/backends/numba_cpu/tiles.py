@@ -104,3 +104,130 @@ tile_4x16 = _contract_tile(4, 1)  # the same for a head dim that is a multiple o
 # AVX2 (16 registers of 8 lanes): 4 rows x 2 vectors = 8 accumulators, enough independent adds to keep
 # both adders busy; ``reduce``'s 8 x 32 blocks run as four of these where the CPU lacks AVX-512.
 tile_4x16_ymm = _contract_tile(4, 2, lanes=8)
+
+
+def _int8_tile(mr: int, nv: int, lanes: int = LANES16):
+    """The intrinsic ``f(out_addr, ldo, a_addr, lda, b_addr, ldb, k)`` for one integer tile shape: ``mr``
+    rows x ``nv`` vectors of ``lanes`` int32, ``out[r, c] = sum_k a[r, k] * b[k, c]`` with ``a`` int32
+    (``lda`` elements apart), ``b`` int8 (``ldb`` apart, widened to int32) and ``out`` int32 (``ldo`` apart).
+
+    Every product and partial sum is an exact integer while the true sums fit int32 (the caller's
+    bound), so this is the spec's sum whatever the order: the attention's int8 P.V
+    (``spec.attention._int8_pv``), with zero codes at masked pairs adding nothing. Plain LLVM
+    vector IR (widen, multiply, add): any target's vector unit runs it."""
+
+    @intrinsic
+    def int8_tile(typingctx, out_addr, ldo, a_addr, lda, b_addr, ldb, k):
+        sig = types.void(types.uintp, types.intp, types.uintp, types.intp, types.uintp, types.intp, types.intp)
+
+        def codegen(context, builder, sig, args):
+            out_i, ldo_v, a_i, lda_v, b_i, ldb_v, k_v = args
+            i8, i32, i64 = ir.IntType(8), ir.IntType(32), ir.IntType(64)
+            vec, bvec = ir.VectorType(i32, lanes), ir.VectorType(i8, lanes)
+            a_p = builder.inttoptr(a_i, i32.as_pointer())
+            b_p = builder.inttoptr(b_i, i8.as_pointer())
+            out_p = builder.inttoptr(out_i, i32.as_pointer())
+
+            def c64(x):
+                return ir.Constant(i64, x)
+
+            def step(kk, accs):  # one k: every accumulator += a[r, k] * b[k, c]
+                b_row = builder.mul(kk, ldb_v)
+                b_vecs = [builder.sext(builder.load(builder.bitcast(builder.gep(b_p, [builder.add(b_row, c64(lanes * h))]),
+                                                                    bvec.as_pointer()), align=1), vec) for h in range(nv)]
+                new = []
+                for r in range(mr):
+                    a_val = builder.load(builder.gep(a_p, [builder.add(kk, builder.mul(lda_v, c64(r)))]), align=4)
+                    splat = builder.insert_element(ir.Constant(vec, ir.Undefined), a_val, ir.Constant(i32, 0))
+                    splat = builder.shuffle_vector(splat, ir.Constant(vec, ir.Undefined),
+                                                   ir.Constant(ir.VectorType(i32, lanes), None))
+                    for h in range(nv):
+                        new.append(builder.add(accs[r * nv + h], builder.mul(splat, b_vecs[h])))
+                return new
+
+            init = [ir.Constant(vec, None)] * (mr * nv)
+            new = accumulator_loop(builder, "itile", k_v, init, step)
+            for r in range(mr):
+                for h in range(nv):
+                    ptr = builder.gep(out_p, [builder.add(builder.mul(ldo_v, c64(r)), c64(lanes * h))])
+                    builder.store(new[r * nv + h], builder.bitcast(ptr, vec.as_pointer()), align=4)
+            return context.get_dummy_value()
+
+        return sig, codegen
+
+    return int8_tile
+
+
+# The integer tiles of the int8 P.V, shaped as the float ones: 4 rows x 64 or 16 columns (AVX-512), 4 x 16
+# of 8-lane vectors where the CPU has 16 vector registers (``reduce.YMM_TILES``).
+int8_tile_4x64 = _int8_tile(4, 4)
+int8_tile_4x16 = _int8_tile(4, 1)
+int8_tile_4x16_ymm = _int8_tile(4, 2, lanes=8)
+
+
+def _fixed_point_tile(mr: int, nv: int, lanes: int):
+    """The intrinsic ``f(out_addr, ldo, a_addr, lda, b_addr, ldb, k, inv_addr)`` for one fixed-point tile:
+    ``mr`` rows x ``nv`` vectors of ``lanes`` int64, ``out[r, c] = sum_k rint((a[r, k] * b[k, c]) * inv[r])``
+    with ``a``, ``b`` float32 widened to float64 (their product exact: 24 x 24 bits), ``inv`` float64
+    powers of two (the scaling exact), one rounding to the nearest integer, ties to even (``llvm.rint``,
+    the default rounding mode) and int64 sums: ``spec.attention.fixed_point_contract``'s terms, summed
+    exactly, so in any order. The caller guarantees finite operands and the contract's grid (every
+    term and sum below 2**62); a zero ``a`` adds nothing, so masked pairs may be zeros."""
+
+    @intrinsic
+    def fixed_point_tile(typingctx, out_addr, ldo, a_addr, lda, b_addr, ldb, k, inv_addr):
+        sig = types.void(types.uintp, types.intp, types.uintp, types.intp, types.uintp, types.intp, types.intp,
+                         types.uintp)
+
+        def codegen(context, builder, sig, args):
+            out_i, ldo_v, a_i, lda_v, b_i, ldb_v, k_v, inv_i = args
+            f32, f64, i32, i64 = ir.FloatType(), ir.DoubleType(), ir.IntType(32), ir.IntType(64)
+            fvec, dvec, ivec = ir.VectorType(f32, lanes), ir.VectorType(f64, lanes), ir.VectorType(i64, lanes)
+            rint_name = f"llvm.rint.v{lanes}f64"
+            rint = builder.module.globals.get(rint_name) or ir.Function(builder.module,
+                                                                        ir.FunctionType(dvec, [dvec]), rint_name)
+            a_p = builder.inttoptr(a_i, f32.as_pointer())
+            b_p = builder.inttoptr(b_i, f32.as_pointer())
+            inv_p = builder.inttoptr(inv_i, f64.as_pointer())
+            out_p = builder.inttoptr(out_i, i64.as_pointer())
+
+            def c64(x):
+                return ir.Constant(i64, x)
+
+            def splat(value, vtype):
+                v = builder.insert_element(ir.Constant(vtype, ir.Undefined), value, ir.Constant(i32, 0))
+                return builder.shuffle_vector(v, ir.Constant(vtype, ir.Undefined), ir.Constant(ir.VectorType(i32, lanes), None))
+
+            invs = [splat(builder.load(builder.gep(inv_p, [c64(r)]), align=8), dvec) for r in range(mr)]
+
+            def step(kk, accs):  # one k: every accumulator += rint((a[r, k] * b[k, c]) * inv[r])
+                b_row = builder.mul(kk, ldb_v)
+                b_vecs = [builder.fpext(builder.load(builder.bitcast(builder.gep(b_p, [builder.add(b_row, c64(lanes * h))]),
+                                                                     fvec.as_pointer()), align=4), dvec) for h in range(nv)]
+                new = []
+                for r in range(mr):
+                    a_val = builder.fpext(builder.load(builder.gep(a_p, [builder.add(kk, builder.mul(lda_v, c64(r)))]),
+                                                       align=4), f64)
+                    a_all = splat(a_val, dvec)
+                    for h in range(nv):
+                        term = builder.call(rint, [builder.fmul(builder.fmul(a_all, b_vecs[h]), invs[r])])
+                        new.append(builder.add(accs[r * nv + h], builder.fptosi(term, ivec)))
+                return new
+
+            init = [ir.Constant(ivec, None)] * (mr * nv)
+            new = accumulator_loop(builder, "fxtile", k_v, init, step)
+            for r in range(mr):
+                for h in range(nv):
+                    ptr = builder.gep(out_p, [builder.add(builder.mul(ldo_v, c64(r)), c64(lanes * h))])
+                    builder.store(new[r * nv + h], builder.bitcast(ptr, ivec.as_pointer()), align=8)
+            return context.get_dummy_value()
+
+        return sig, codegen
+
+    return fixed_point_tile
+
+
+# The fixed-point tiles of the int8 recipe's dq: 4 rows x 32 int64 columns (16 AVX-512 registers), or 4 x 8
+# of 4-lane vectors where the CPU has 16 vector registers of 256 bits (``reduce.YMM_TILES``).
+fixed_point_tile_4x32 = _fixed_point_tile(4, 4, 8)
+fixed_point_tile_4x8_ymm = _fixed_point_tile(4, 2, 4)

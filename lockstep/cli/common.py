@@ -145,7 +145,7 @@ def default_backend() -> str:
     try:
         get_backend("numba")
     except BackendUnavailable as exc:
-        raise BackendUnavailable(f"{exc}; or pass --backend spec to run on the pure-NumPy spec "
+        raise BackendUnavailable(f"{said(exc)}; or pass --backend spec to run on the pure-NumPy spec "
                                  "(the same bits, about 60x slower)") from None
     except Exception as exc:  # noqa: BLE001 - a broken install must be reported, not papered over
         raise BackendUnavailable(f"the numba backend does not load here ({type(exc).__name__}: {exc}); "

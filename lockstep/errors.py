@@ -34,6 +34,12 @@ def wording(parts: Iterable, name: Callable[[str], str] | None = None) -> str:
     return "".join((p.name if name is None else name(p.name)) if isinstance(p, Setting) else str(p) for p in parts)
 
 
+def parts_of(exc: BaseException) -> tuple:
+    """The message of ``exc`` as parts: the strings and settings of a ``LockstepError.naming``, else its text
+    (a layer that adds its own words to another's error keeps the settings it names)."""
+    return getattr(exc, "parts", ()) or (str(exc),)
+
+
 class LockstepError(Exception):
     """An error lockstep raises on purpose: its message is one line saying what is wrong and what to do."""
 

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
-from lockstep.errors import LockstepError, Setting
+from lockstep.errors import LockstepError, Setting, parts_of
 from lockstep.formats import checkpoint as ckpt
 from lockstep.formats.config import ModelConfig, TrainConfig
 from lockstep.formats.manifest import DataError, MANIFEST_NAME, MAX_MANIFEST_BYTES, Manifest
@@ -174,7 +174,7 @@ def open_tokenizer(run_dir: str | os.PathLike, recipe: dict, data: str | os.Path
     try:
         return tokenizer_from_identity(identity, path.parent), identity
     except TokenizerError as exc:
-        raise UseError(f"{path}: the run's tokenizer cannot be used: {exc}") from None
+        raise UseError.naming(f"{path}: the run's tokenizer cannot be used: ", *parts_of(exc)) from None
 
 
 def open_data(run_dir: str | os.PathLike, recipe: dict, data: str | os.PathLike | None = None) -> Manifest:

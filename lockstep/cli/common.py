@@ -65,7 +65,7 @@ def debug_requested(flag: bool) -> bool:
 
 
 # the command line's name for each library setting whose flag is not ``--`` and the keyword with dashes
-FLAG_OF_SETTING = {"run_dir": "--out", "out_dir": "--out", "tokenizer_file": "--tokenizer"}
+FLAG_OF_SETTING = {"run_dir": "--out", "out_dir": "--out", "tokenizer_file": "--tokenizer", "sets": "--set"}
 
 
 def flag_of(setting: str) -> str:

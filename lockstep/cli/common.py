@@ -65,7 +65,8 @@ def debug_requested(flag: bool) -> bool:
 
 
 # the command line's name for each library setting whose flag is not ``--`` and the keyword with dashes
-FLAG_OF_SETTING = {"run_dir": "--out", "out_dir": "--out", "tokenizer_file": "--tokenizer", "sets": "--set"}
+FLAG_OF_SETTING = {"run_dir": "--out", "out_dir": "--out", "tokenizer_file": "--tokenizer", "sets": "--set",
+                   "key_path": "--key", "trusted_keys": "--pub", "keys": "--pub"}
 
 
 def flag_of(setting: str) -> str:

@@ -12,7 +12,8 @@ A message that names a setting the caller gave (a target step count, a memory bu
 names it in the library's terms, by its keyword (``steps``, ``max_memory``), and keeps
 which parts are settings (``LockstepError.naming``, ``Setting``): a front end words it
 its own way (``worded``: the command line names its flags, ``--steps``), so the library
-never speaks of flags.
+never speaks of flags. A layer that wraps another's error keeps the settings it names
+(``LockstepError.like``; ``parts_of`` when it adds its own words).
 """
 
 from __future__ import annotations

@@ -388,11 +388,11 @@ def _trace(args) -> int:
         return _err("--step is 1 or more, --micro-batch and --keep-values 0 or more")
     t = trace_step(args.run, args.step, args.backend, micro_batch=args.micro_batch, data=args.data, keep_values=keep)
     write_trace(args.out, t.header, t.records)
-    said = ("" if "state_root" not in t.header else
-            f"; the step's state root {'matches' if t.header['matches_published_state_root'] else 'DIFFERS from'} "
-            "the published one")
+    published = ("" if "state_root" not in t.header else
+                 f"; the step's state root {'matches' if t.header['matches_published_state_root'] else 'DIFFERS from'} "
+                 "the published one")
     print(printable(f"trace of step {args.step} on {t.header['backend']}: {len(t.records)} op calls, root {t.root}"
-                    f"{said}; written to {args.out}"))
+                    f"{published}; written to {args.out}"))
     return EXIT_OK
 
 

@@ -12,7 +12,8 @@ A message that names a setting the caller gave (a target step count, a memory bu
 names it in the library's terms, by its keyword (``steps``, ``max_memory``), and keeps
 which parts are settings (``LockstepError.naming``, ``Setting``): a front end words it
 its own way (``worded``: the command line names its flags, ``--steps``), so the library
-never speaks of flags.
+never speaks of flags. A layer that wraps another's error keeps the settings it names
+(``LockstepError.like``; ``parts_of`` when it adds its own words).
 """
 
 from __future__ import annotations
@@ -32,6 +33,12 @@ def wording(parts: Iterable, name: Callable[[str], str] | None = None) -> str:
     """The text of message ``parts`` (strings and ``Setting`` values), each setting as ``name(setting)``
     (default: its keyword)."""
     return "".join((p.name if name is None else name(p.name)) if isinstance(p, Setting) else str(p) for p in parts)
+
+
+def parts_of(exc: BaseException) -> tuple:
+    """The message of ``exc`` as parts: the strings and settings of a ``LockstepError.naming``, else its text
+    (a layer that adds its own words to another's error keeps the settings it names)."""
+    return getattr(exc, "parts", ()) or (str(exc),)
 
 
 class LockstepError(Exception):

@@ -130,8 +130,9 @@ def test_resume_gives_the_same_bytes(tmp_path, small_batches, workers, source, n
     partial = tmp_path / ".out.partial"
     assert not (tmp_path / "out").exists() and (partial / STATE_NAME).is_file()
     (partial / "a" / ".00099.tokens.npy.tmp-cut").write_bytes(b"half a write")  # a write cut short
-    with pytest.raises(DataError, match="--resume"):
+    with pytest.raises(DataError, match="run the same command with resume to continue it") as refused:
         ingest(tmp_path / "out", inputs, shard_tokens=500, workers=1)
+    assert refused.value.settings == ("resume",)  # the command line words it as --resume
     with pytest.raises(DataError, match="other inputs or options"):
         ingest(tmp_path / "out", inputs, shard_tokens=501, workers=1, resume=True)
     assert (partial / STATE_NAME).is_file()  # a refused resume keeps the work so far
@@ -185,7 +186,7 @@ def test_bad_input_is_one_line_and_leaves_nothing(tmp_path):
     (d / "surrogate.jsonl").write_text('{"text": "a\\ud800b"}\n')
     _refused(tmp_path, [("a", d / "surrogate.jsonl", 1)], "surrogate.jsonl:1: the text holds a lone surrogate")
     (d / "empty.jsonl").write_text('{"text": "x"}\n{"text": ""}\n')
-    _refused(tmp_path, [("a", d / "empty.jsonl", 1)], "empty.jsonl:2: an empty document.*--skip-empty")
+    _refused(tmp_path, [("a", d / "empty.jsonl", 1)], "empty.jsonl:2: an empty document.*pass skip_empty")
     _parquet(d / "empty.parquet", ["x", "y", ""])
     _refused(tmp_path, [("a", d / "empty.parquet", 1)], "empty.parquet: row 2: an empty document")
     # the same through a worker process: the worker's error is the one line

@@ -11,7 +11,7 @@ import pytest
 
 from lockstep.backends import (KERNELS_MEMORY, NUMBA_MEMORY, SPEC_MEMORY, Backend, declared_memory, get_backend)
 from lockstep.cli.common import flag_of, said
-from lockstep.errors import LockstepError, Setting
+from lockstep.errors import LockstepError, Setting, parts_of
 from lockstep.formats.config import ConfigError, preset, train_preset
 from lockstep.formats.schedule import plan_step
 from lockstep.formats.state import AdamWState
@@ -151,6 +151,9 @@ def test_an_error_names_settings_by_keyword_and_a_front_end_words_them():
     assert plain.settings == () and said(plain) == "nothing named"
     wrapped = LockstepError.like(err)
     assert wrapped.parts == err.parts and said(wrapped) == "give --max-memory or --out"
+    prefixed = LockstepError.naming("refused: ", *parts_of(err))  # a layer adds its words and keeps the settings
+    assert prefixed.settings == err.settings and said(prefixed) == "refused: give --max-memory or --out"
+    assert parts_of(plain) == ("nothing named",) and parts_of(ValueError("x")) == ("x",)
     assert said(ValueError("x")) == "x"
 
 

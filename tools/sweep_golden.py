@@ -22,6 +22,7 @@ import sys
 import time
 from pathlib import Path
 
+from lockstep.cli.common import said
 from lockstep.conformance import sweep
 from lockstep.fsio import atomic_write_text
 
@@ -75,7 +76,7 @@ def main(argv=None) -> int:
     try:
         blocks = sweep.parse_block_range(a.blocks)
     except ValueError as e:
-        print(f"sweep_golden: {e}", file=sys.stderr)
+        print(f"sweep_golden: {said(e)}", file=sys.stderr)
         return 1
     out = Path(a.out) if a.out else sweep.golden_path()
     table = sweep.load_golden(out)

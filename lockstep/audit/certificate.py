@@ -49,7 +49,7 @@ from pathlib import Path
 import numpy as np
 
 import lockstep
-from lockstep.errors import LockstepError
+from lockstep.errors import LockstepError, Setting
 from lockstep.formats.rundir import RunFileError
 from lockstep.formats.trajectory import Strictness, read_commitment, read_trajectory
 from lockstep.fsio import FileFormatError, atomic_write_bytes, json_bytes, read_json, read_named_file
@@ -332,8 +332,8 @@ def _crypto():
         from cryptography.hazmat.primitives import serialization
         from cryptography.hazmat.primitives.asymmetric import ed25519
     except ImportError:
-        raise CertificateError("signing needs the 'cryptography' package: pip install 'lockstep[io]' "
-                               "(or leave out --key / --pub)") from None
+        raise CertificateError.naming("signing needs the 'cryptography' package: pip install 'lockstep[io]' (or "
+                                      "leave out ", Setting("key_path"), " / ", Setting("trusted_keys"), ")") from None
     return serialization, ed25519
 
 

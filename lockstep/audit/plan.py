@@ -49,7 +49,7 @@ import os
 import re
 from pathlib import Path
 
-from lockstep.errors import LockstepError
+from lockstep.errors import LockstepError, Setting
 from lockstep.formats.run import Run
 from lockstep.formats.rundir import HEX64, RunFileError
 from lockstep.formats.trajectory import Strictness
@@ -123,13 +123,13 @@ def _intact_commitment(run_dir: Path) -> dict:
     return c
 
 
-def beacon_hex(text: str, where: str = "--beacon") -> str:
-    """A beacon value as lowercase hex (32 to 64 bytes); ``PlanError`` otherwise."""
+def beacon_hex(text: str, where: str | Setting = Setting("beacon")) -> str:
+    """A beacon value as lowercase hex (32 to 64 bytes); ``PlanError`` otherwise, naming ``where`` it came from."""
     b = text.strip().lower() if isinstance(text, str) else text
     if not isinstance(b, str) or not _BEACON_RE.fullmatch(b):
-        raise PlanError(f"{where}: the beacon must be {BEACON_BYTES[0]} to {BEACON_BYTES[1]} bytes in hex (an even "
-                        "number of hex digits, 64 to 128): the randomness of a public beacon round (drand, NIST) "
-                        "published after the commitment")
+        raise PlanError.naming(where, f": the beacon must be {BEACON_BYTES[0]} to {BEACON_BYTES[1]} bytes in hex (an "
+                               "even number of hex digits, 64 to 128): the randomness of a public beacon round "
+                               "(drand, NIST) published after the commitment")
     return b
 
 
@@ -143,7 +143,7 @@ def draw_assignment(commitment: str, beacon: str, last_step: int, auditors: int,
     if type(auditors) is not int or auditors < 1:
         raise PlanError(f"a plan needs at least one auditor, got {auditors!r}")
     if type(redundancy) is not int or redundancy < 1:
-        raise PlanError(f"--redundancy must be >= 1, got {redundancy!r}")
+        raise PlanError.naming(Setting("redundancy"), f" must be >= 1, got {redundancy!r}")
     if redundancy > auditors:
         raise PlanError(f"redundancy {redundancy} needs at least {redundancy} distinct auditors, got {auditors}")
     if auditors > MAX_AUDITORS:
@@ -172,8 +172,8 @@ def plan_audit(source, keys: list[str], beacon: str, redundancy: int = 1, names:
     commitment, last_step = _commitment_of(source)
     beacon = beacon_hex(beacon)
     if not keys:
-        raise PlanError("a plan needs the auditors' public keys (--pub, one per auditor): merge matches each "
-                        "planned step to the key that signed its certificate")
+        raise PlanError.naming("a plan needs the auditors' public keys (", Setting("keys"), ", one per auditor): merge "
+                               "matches each planned step to the key that signed its certificate")
     keys = [k.lower() if isinstance(k, str) else k for k in keys]
     bad = [k for k in keys if not isinstance(k, str) or not _KEY_RE.fullmatch(k)]
     if bad:
@@ -183,7 +183,7 @@ def plan_audit(source, keys: list[str], beacon: str, redundancy: int = 1, names:
     if names is not None and len(names) != len(keys):
         raise PlanError(f"{len(names)} auditor names for {len(keys)} public keys")
     if beacon_source is not None and (not isinstance(beacon_source, str) or len(beacon_source) > MAX_BEACON_SOURCE):
-        raise PlanError(f"--beacon-source must be a note of at most {MAX_BEACON_SOURCE} characters")
+        raise PlanError.naming(Setting("beacon_source"), f" must be a note of at most {MAX_BEACON_SOURCE} characters")
     labels = dict(zip(keys, names)) if names is not None else {}
     ordered = sorted(keys)
     steps = draw_assignment(commitment, beacon, last_step, len(ordered), redundancy)

@@ -42,7 +42,7 @@ import numpy as np
 from lockstep import backends
 from lockstep.backends import Backend
 from lockstep.contract import CONTRACT, Kind
-from lockstep.errors import LockstepError
+from lockstep.errors import LockstepError, Setting
 from lockstep.formats.schedule import plan_step
 from lockstep.formats.state import AdamWState
 from lockstep.fsio import atomic_writer
@@ -445,7 +445,8 @@ def trace_step(run_dir, step: int, backend, micro_batch: int | None = None, data
         raise TraceError(f"{run_dir}: not a directory; give the path of a run directory")
     name = backend if isinstance(backend, str) else backend.name
     if name == "auto":
-        raise TraceError("give the backend by name (--backend spec, numba, ...): a trace names its backend")
+        raise TraceError.naming("give the backend by name (", Setting("backend"), " spec, numba, ...): a trace "
+                                "names its backend")
     rp = _Replayer(run_dir, "spec", data, log)
     if not 1 <= step <= len(rp.traj):
         raise TraceError(f"{run_dir}: the run has steps 1..{len(rp.traj)}; cannot trace step {step}")

@@ -43,6 +43,7 @@ import numpy as np
 from lockstep import backends
 from lockstep.backends import spec_backend
 from lockstep.contract import CONTRACT, Kind, call_size, check_call, move_arguments
+from lockstep.errors import Setting
 from lockstep.fsio import FileFormatError, NotRegularFile, iter_lines, open_named_file, parse_json
 from lockstep.fsio.safetensors import SafetensorsError, read_safetensors, write_safetensors
 
@@ -463,10 +464,10 @@ def referee(a: Trace, b: Trace, d: Difference, run_dir, backend, data=None, op_f
     """Re-execute the disputed call's step on ``backend`` (capturing its inputs), compute the op on the spec,
     and say which trace the spec agrees with; write the call to ``op_file`` (default beside trace A)."""
     if d.kind != "outputs":
-        raise TraceError("--referee needs a call whose inputs agree and outputs differ; " + d.text)
+        raise TraceError.naming(Setting("referee"), " needs a call whose inputs agree and outputs differ; ", d.text)
     ra, rb = d.record_a, d.record_b
     if a.header["step"] != b.header["step"]:
-        raise TraceError("--referee needs two traces of one step")
+        raise TraceError.naming(Setting("referee"), " needs two traces of one step")
     cap = Capture({k: ra[k] for k in ADDRESS})
     trace_step(run_dir, a.header["step"], backend, micro_batch=a.header.get("micro_batch"), data=data, capture=cap,
                keep_values=0, log=log)

@@ -27,7 +27,8 @@ import warnings
 from . import audit, conformance, data, train, use
 from lockstep.errors import LockstepError
 
-from .common import DEBUG, EXIT_PIPE_CLOSED, OneLineErrorParser, debug_requested, fail, missing_optional_package, note
+from .common import (DEBUG, EXIT_PIPE_CLOSED, OneLineErrorParser, debug_requested, fail, missing_optional_package, note,
+                     said)
 
 COMMAND_MODULES = (conformance, data, train, audit, use)
 
@@ -81,7 +82,7 @@ def _run(argv) -> int:
     try:
         return int(args.func(args) or 0)
     except LockstepError as exc:  # an error lockstep raises on purpose that the command did not report itself
-        return fail(args.command, f"{type(exc).__name__}: {exc}")
+        return fail(args.command, f"{type(exc).__name__}: {said(exc)}")
     except ModuleNotFoundError as exc:
         message = missing_optional_package(exc)
         if message is None:

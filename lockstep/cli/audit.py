@@ -286,7 +286,7 @@ def _planned_steps(args) -> list[int] | int:
         try:
             run = read_commitment(args.run)
         except RunFileError as exc:
-            return _err(str(exc))
+            return _err(said(exc))
         if (run.get("chain_hash"), run.get("last_step")) != (plan["commitment"], plan["last_step"]):
             return _err(f"{args.plan}: the plan is for commitment {plan['commitment'][:16]}... ({plan['last_step']} "
                         f"steps), not this run's {str(run.get('chain_hash'))[:16]}... ({run.get('last_step')} steps)")
@@ -295,9 +295,9 @@ def _planned_steps(args) -> list[int] | int:
             args.auditor = mine["name"]  # the certificate carries the plan's label (merge goes by the key)
         return list(mine["steps"])
     except InvalidPlan as exc:
-        return _err(str(exc))
+        return _err(said(exc))
     except PlanError as exc:
-        return _err(f"{args.plan}: {exc}")
+        return _err(f"{args.plan}: {said(exc)}")
 
 
 def _plan_arguments_missing(args) -> str | None:
@@ -363,7 +363,7 @@ def _merge(args) -> int:
         try:
             plan = accept_plan(args.plan, args.beacon, trusted_keys(args.pub), args.redundancy)
         except InvalidPlan as exc:  # a plan, but not the one you named: the audit it describes fails
-            print(printable(str(exc)))
+            print(printable(said(exc)))
             return EXIT_BAD
     report = merge_certificates(args.certs, plan, trusted_keys(args.pub))
     print(report.format())
@@ -371,7 +371,7 @@ def _merge(args) -> int:
         try:
             print(printable(f"coverage plot: {plot_coverage(report, args.png)}"))
         except RuntimeError as exc:
-            return _err(str(exc))
+            return _err(said(exc))
     return EXIT_OK if report.ok else EXIT_BAD
 
 
@@ -388,11 +388,11 @@ def _trace(args) -> int:
         return _err("--step is 1 or more, --micro-batch and --keep-values 0 or more")
     t = trace_step(args.run, args.step, args.backend, micro_batch=args.micro_batch, data=args.data, keep_values=keep)
     write_trace(args.out, t.header, t.records)
-    said = ("" if "state_root" not in t.header else
-            f"; the step's state root {'matches' if t.header['matches_published_state_root'] else 'DIFFERS from'} "
-            "the published one")
+    published = ("" if "state_root" not in t.header else
+                 f"; the step's state root {'matches' if t.header['matches_published_state_root'] else 'DIFFERS from'} "
+                 "the published one")
     print(printable(f"trace of step {args.step} on {t.header['backend']}: {len(t.records)} op calls, root {t.root}"
-                    f"{said}; written to {args.out}"))
+                    f"{published}; written to {args.out}"))
     return EXIT_OK
 
 

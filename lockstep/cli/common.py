@@ -66,7 +66,8 @@ def debug_requested(flag: bool) -> bool:
 
 
 # the command line's name for each library setting whose flag is not ``--`` and the keyword with dashes
-FLAG_OF_SETTING = {"run_dir": "--out"}
+FLAG_OF_SETTING = {"run_dir": "--out", "out_dir": "--out", "tokenizer_file": "--tokenizer", "sets": "--set",
+                   "key_path": "--key", "trusted_keys": "--pub", "keys": "--pub"}
 
 
 def flag_of(setting: str) -> str:
@@ -146,7 +147,7 @@ def default_backend() -> str:
     try:
         backends.get_backend("numba")
     except BackendUnavailable as exc:
-        raise BackendUnavailable(f"{exc}; or pass --backend spec to run on the pure-NumPy spec "
+        raise BackendUnavailable(f"{said(exc)}; or pass --backend spec to run on the pure-NumPy spec "
                                  "(the same bits, about 60x slower)") from None
     except Exception as exc:  # noqa: BLE001 - a broken install must be reported, not papered over
         raise BackendUnavailable(f"the numba backend does not load here ({type(exc).__name__}: {exc}); "

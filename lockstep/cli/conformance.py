@@ -15,6 +15,8 @@ from lockstep.conformance.report import build_report, exit_status, write_report
 from lockstep.fsio import printable
 from lockstep.spec import SPEC_VERSION
 
+from .common import said
+
 
 def _cpu_features() -> tuple[list[str], list[str], list[str]]:
     """(baseline, found, not found) SIMD features NumPy dispatches on."""
@@ -60,7 +62,7 @@ def cmd_conformance(args) -> int:
     try:
         backend = backends.get_backend(args.backend)
     except (BackendUnavailable, ValueError) as e:
-        print(f"lockstep conformance: {e}", file=sys.stderr)
+        print(f"lockstep conformance: {said(e)}", file=sys.stderr)
         return 1
     ops = args.ops.split(",") if args.ops else None
     if args.level == 3:
@@ -68,7 +70,7 @@ def cmd_conformance(args) -> int:
     try:
         results = run_conformance(backend, level=args.level, seed=args.seed, max_errors=args.max_errors, ops=ops)
     except ValueError as e:
-        print(f"lockstep conformance: {e}", file=sys.stderr)
+        print(f"lockstep conformance: {said(e)}", file=sys.stderr)
         return 1
     print_table(results, backend, args.level, args.seed)
     return 0 if all_passed(results) else 2
@@ -81,7 +83,7 @@ def replay_op(args) -> int:
     try:
         text, ok = replay_op_file(args.replay_op, backend)
     except (TraceError, BackendUnavailable, ValueError) as e:
-        print(printable(f"lockstep conformance: {e}"), file=sys.stderr)
+        print(printable(f"lockstep conformance: {said(e)}"), file=sys.stderr)
         return 1
     for line in text.splitlines():
         print(printable(line))
@@ -97,7 +99,7 @@ def conformance_sweeps(backend, ops, args) -> int:
         blocks = sweep.parse_block_range(args.blocks)
         results = sweep.run_sweeps(backend, ops=ops, blocks=blocks, max_errors=args.max_errors)
     except ValueError as e:
-        print(f"lockstep conformance: {e}", file=sys.stderr)
+        print(f"lockstep conformance: {said(e)}", file=sys.stderr)
         return 1
     sweep.print_sweeps(results, backend, list(blocks))
     statuses = {r.status for r in results}

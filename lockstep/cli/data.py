@@ -41,7 +41,7 @@ from lockstep.formats.ingest import DEFAULT_SHARD_TOKENS, ingest
 from lockstep.formats.manifest import DataError, Manifest, SOURCE_NAME_RE
 from lockstep.fsio import printable
 
-from .common import EXIT_ERROR, EXIT_OK, note, plain_help
+from .common import EXIT_ERROR, EXIT_OK, note, plain_help, said
 
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
@@ -147,6 +147,6 @@ def run_data(args) -> int:
             raise DataError(f"unknown data command {args.data_command!r}")
         print(_summary(path))
     except DataError as e:
-        print(f"error: {printable(str(e))}", file=sys.stderr)
+        print(f"error: {printable(said(e))}", file=sys.stderr)
         return EXIT_ERROR
     return EXIT_OK

@@ -171,7 +171,8 @@ def run_train(args) -> int:
                                         max_memory=args.max_memory, scratch=args.scratch)
             summary = trainer.train(run_dir, asked, progress=not args.quiet, log=say, hooks=hooks)
     except RunWriteError as e:  # a full disk: what was not written, where the run resumes, and how
-        return fail("train", f"{e}; {_resume_hint(e.run_dir, e.world_size, args.data)}") if is_root else EXIT_ERROR
+        hint = _resume_hint(e.run_dir, e.world_size, args.data)
+        return fail("train", f"{said(e)}; {hint}") if is_root else EXIT_ERROR
     except (LockstepError, OSError) as e:  # a ValueError from deep in the step is a bug: its traceback shows
         if isinstance(e, BrokenPipeError):
             raise  # stdout's reader went away: lockstep.cli.main ends every command the same way

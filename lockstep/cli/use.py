@@ -89,7 +89,7 @@ def run_eval(args) -> int:
         v = evaluate(model.params, model.cfg, manifest, be, model.tcfg.micro_batch, step=model.step,
                      tokens=model.tokens, progress=progress_printer(not args.quiet and not args.json))
     except (UseError, BackendUnavailable, ValueError) as exc:
-        return fail("eval", str(exc))
+        return fail("eval", said(exc))
     recorded = recorded_validations(args.run).get(model.step)
     verdict, code = _compare(v, recorded)
     if args.json:
@@ -107,7 +107,7 @@ def run_eval(args) -> int:
             append_metrics(args.run, metrics_line(v))
             png = plot_run(args.run)
         except (OSError, ValueError) as exc:
-            return fail("eval", f"could not record the result in {args.run}: {exc}")
+            return fail("eval", f"could not record the result in {args.run}: {said(exc)}")
         note(f"recorded in {args.run / 'metrics.jsonl'}" + (f", {png}" if png else ""))
     return code
 
@@ -243,7 +243,7 @@ def run_sample(args) -> int:
         return _generate_into(args, be, model, tokenizer, prompt, sampling, say)
     except UseError as exc:  # the tokenizer failed on the generated ids
         sys.stdout.write("\n")
-        return fail("sample", str(exc))
+        return fail("sample", said(exc))
 
 
 def _generate_into(args, be, model, tokenizer, prompt: list[int], sampling, say) -> int:
@@ -271,7 +271,7 @@ def _generate_into(args, be, model, tokenizer, prompt: list[int], sampling, say)
     except (SamplingError, ValueError) as exc:
         if stream is not None:
             sys.stdout.write("\n")
-        return fail("sample", str(exc))
+        return fail("sample", said(exc))
     dt = time.perf_counter() - t0
     bar.close()
     ended = bool(out) and out[-1] == tokenizer.eod_id and not args.no_stop
@@ -343,7 +343,7 @@ def run_export(args) -> int:
         out = write(model, tokenizer, identity, args.out)
         rep = verify_export(out, args.run, args.data)
     except (UseError, ValueError, OSError) as exc:
-        return fail("export", str(exc))
+        return fail("export", said(exc))
     if not rep.ok:  # never expected: the export was just made from a verified checkpoint
         print(rep.format())
         return fail("export", f"{out} does not verify against {args.run}; do not publish it")
@@ -376,7 +376,7 @@ def run_verify_export(args) -> int:
     try:
         rep = verify_export(args.export, args.run, args.data)
     except (UseError, ValueError, OSError) as exc:
-        return fail("audit verify-export", str(exc))
+        return fail("audit verify-export", said(exc))
     if args.json:
         print(json.dumps({"export": str(args.export), "run": str(args.run) if args.run else None, "valid": rep.ok,
                           "checks": [{"check": n, "ok": ok, "detail": d} for n, ok, d in rep.checks]}, indent=2))

@@ -51,6 +51,7 @@ import numpy as np
 
 from lockstep import spec
 from lockstep.contract import CONTRACT, Kind
+from lockstep.errors import LockstepError, Setting
 
 from .table import print_results
 
@@ -236,17 +237,23 @@ class SweepResult:
     messages: list[str] = field(default_factory=list)
 
 
+class BlockRangeError(LockstepError, ValueError):
+    """A block range (``blocks``) that names no blocks of the sweep."""
+
+
 def parse_block_range(text: str) -> range:
-    """``A:B`` (blocks A..B-1), ``A`` (one block) or empty (all blocks); ValueError (one line) otherwise."""
+    """``A:B`` (blocks A..B-1), ``A`` (one block) or empty (all blocks); ``BlockRangeError`` (one line) otherwise."""
     if not text:
         return range(BLOCKS)
     try:
         lo, _, hi = text.partition(":")
         r = range(int(lo, 0), int(hi, 0) if hi else int(lo, 0) + 1)
     except ValueError:
-        raise ValueError(f"--blocks {text!r}: expected A:B or A (block numbers 0..{BLOCKS - 1})") from None
+        raise BlockRangeError.naming(Setting("blocks"), f" {text!r}: expected A:B or A (block numbers "
+                                     f"0..{BLOCKS - 1})") from None
     if not (0 <= r.start < r.stop <= BLOCKS):
-        raise ValueError(f"--blocks {text!r}: the range must lie in 0:{BLOCKS} and not be empty")
+        raise BlockRangeError.naming(Setting("blocks"), f" {text!r}: the range must lie in 0:{BLOCKS} and not be "
+                                     "empty")
     return r
 
 

@@ -40,6 +40,8 @@ from typing import Iterator
 
 import numpy as np
 
+from lockstep.errors import Setting
+
 from .manifest import DataError
 
 FORMATS = {".jsonl.zst": "jsonl.zst", ".jsonl.gz": "jsonl.gz", ".jsonl": "jsonl", ".txt": "txt",
@@ -283,13 +285,13 @@ def _parquet_batches(sf: _StableFile, file_index: int, text_field: str, start: i
         raise DataError(f"{where}: not a readable Parquet file ({exc}); check or re-download it") from None
     schema = pf.schema_arrow
     if text_field not in schema.names:
-        raise DataError(f"{where}: no column {text_field!r} (columns: {', '.join(schema.names[:20])}); "
-                        "name the text column with --text-field NAME")
+        raise DataError.naming(f"{where}: no column {text_field!r} (columns: {', '.join(schema.names[:20])}); "
+                               "name the text column with ", Setting("text_field"), " NAME")
     kind = schema.field(text_field).type
     if not (pa.types.is_string(kind) or pa.types.is_large_string(kind)
             or (hasattr(pa.types, "is_string_view") and pa.types.is_string_view(kind))):
-        raise DataError(f"{where}: column {text_field!r} holds {kind}, not text; name the text column with "
-                        "--text-field NAME")
+        raise DataError.naming(f"{where}: column {text_field!r} holds {kind}, not text; name the text column with ",
+                               Setting("text_field"), " NAME")
     rows = max(1, pf.metadata.num_rows)
     row = 0
     try:
@@ -327,8 +329,8 @@ def _texts_of_lines(b: RawBatch) -> tuple[list[str], list[int]]:
         except (json.JSONDecodeError, RecursionError) as exc:
             raise DataError(f"{where}: malformed JSON line ({exc}); fix or remove the line") from None
         if not isinstance(obj, dict) or not isinstance(obj.get(b.text_field), str):
-            raise DataError(f"{where}: expected an object with a string field {b.text_field!r}; "
-                            "fix the line or pass --text-field NAME")
+            raise DataError.naming(f"{where}: expected an object with a string field {b.text_field!r}; "
+                                   "fix the line or pass ", Setting("text_field"), " NAME")
         texts.append(obj[b.text_field])
         items.append(n)
     return texts, items
@@ -392,8 +394,8 @@ def tokenize_batch(b: RawBatch, tokenizer, skip_empty: bool) -> TokenBatch:
         if x.size == 0:
             if not skip_empty:
                 why = "no text" if not texts[k] else "text the tokenizer turns into no tokens"
-                raise DataError(f"{_where(b, items[k])}: an empty document ({why}); remove it, or pass "
-                                "--skip-empty to skip empty documents")
+                raise DataError.naming(f"{_where(b, items[k])}: an empty document ({why}); remove it, or pass ",
+                                       Setting("skip_empty"), " to skip empty documents")
             skipped += 1
             continue
         keep.append(x)

@@ -27,6 +27,7 @@ from typing import Callable, Iterable, Iterator
 
 import numpy as np
 
+from lockstep.errors import Setting
 from lockstep.fsio import atomic_write_bytes, fsync_dir, json_bytes, parse_json, read_named_file
 from lockstep.fsio.progress import amount, duration
 
@@ -136,7 +137,8 @@ class DataWriter:
                  recipe: dict | None = None, staging: Path | None = None):
         self.out_dir = Path(out_dir).absolute()
         if self.out_dir.exists() and (not self.out_dir.is_dir() or any(self.out_dir.iterdir())):
-            raise DataError(f"{self.out_dir}: already exists and is not an empty folder; choose a new --out or delete it")
+            raise DataError.naming(f"{self.out_dir}: already exists and is not an empty folder; choose a new ",
+                                   Setting("out_dir"), " or delete it")
         if shard_tokens < 1:
             raise DataError(f"shard size must be at least 1 token, got {shard_tokens}")
         self.tokenizer = tokenizer
@@ -398,16 +400,18 @@ def ingest(
     ``on_shard(source, shards_so_far)`` is called after each shard and its state are written.
     """
     if isinstance(validation_documents, bool) or not isinstance(validation_documents, int) or validation_documents < 0:
-        raise DataError(f"--validation-documents must be a non-negative integer, got {validation_documents!r}")
+        raise DataError.naming(Setting("validation_documents"),
+                               f" must be a non-negative integer, got {validation_documents!r}")
     if tokenizer_file is None:
         if eod_token is not None:
-            raise DataError("--eod-token applies only with --tokenizer; the byte tokenizer's separator is id 256")
+            raise DataError.naming(Setting("eod_token"), " applies only with ", Setting("tokenizer_file"),
+                                   "; the byte tokenizer's separator is id 256")
         tok = ByteTokenizer()
     else:
         try:
             tok = HFTokenizer(tokenizer_file, eod_token=eod_token)
         except TokenizerError as e:
-            raise DataError(str(e)) from None
+            raise DataError.like(e) from None
     if shard_tokens < 1:
         raise DataError(f"shard size must be at least 1 token, got {shard_tokens}")
     inputs = [(n, Path(p), w) for n, p, w in inputs]
@@ -432,11 +436,12 @@ def ingest(
     out_dir = Path(out_dir).absolute()
     partial = _partial_folder(out_dir)
     if out_dir.exists() and (not out_dir.is_dir() or any(out_dir.iterdir())):
-        raise DataError(f"{out_dir}: already exists and is not an empty folder; choose a new --out or delete it")
+        raise DataError.naming(f"{out_dir}: already exists and is not an empty folder; choose a new ", Setting("out_dir"),
+                               " or delete it")
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     if partial.exists() and not resume:
-        raise DataError(f"{partial}: an interrupted ingest of {out_dir.name} is there; run the same command with "
-                        f"--resume to continue it, or delete {partial}")
+        raise DataError.naming(f"{partial}: an interrupted ingest of {out_dir.name} is there; run the same command "
+                               "with ", Setting("resume"), f" to continue it, or delete {partial}")
     if partial.is_symlink() or (partial.exists() and not partial.is_dir()):
         raise DataError(f"{partial}: not a folder; delete it and ingest again")
     if not partial.exists():

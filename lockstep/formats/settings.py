@@ -21,7 +21,7 @@ import math
 import os
 from typing import Any, Iterable
 
-from lockstep.errors import LockstepError
+from lockstep.errors import LockstepError, Setting
 from lockstep.fsio import FileFormatError, read_json
 
 from .config import PRESETS, TRAIN_PRESETS, ModelConfig, TrainConfig
@@ -43,51 +43,53 @@ def parse_value(key: str, text: str) -> Any:
     """The JSON value ``--set key=text`` stands for, by the field's type (``key`` is ``section.field``)."""
     section, _, name = key.partition(".")
     if section not in SECTIONS or not name:
-        raise SettingsError(f"--set {key}: the key must be model.NAME or train.NAME (for example model.d_model)")
+        raise SettingsError.naming(Setting("sets"), f" {key}: the key must be model.NAME or train.NAME (for example "
+                                   "model.d_model)")
     fields = _fields(section)
     if name not in fields:
-        raise SettingsError(f"--set {key}: unknown {section} setting {name!r}; the {section} settings are "
-                            f"{', '.join(sorted(fields))}")
+        raise SettingsError.naming(Setting("sets"), f" {key}: unknown {section} setting {name!r}; the {section} "
+                                   f"settings are {', '.join(sorted(fields))}")
     default = fields[name]
-    where = f"--set {key}={text}"
+    where = (Setting("sets"), f" {key}={text}")  # the message parts that name where the value came from
     if name == "batch_ramp":
         return _ramp(where, text)
     if isinstance(default, bool):
         low = text.strip().lower()
         if low not in ("true", "false"):
-            raise SettingsError(f"{where}: {key} must be true or false")
+            raise SettingsError.naming(*where, f": {key} must be true or false")
         return low == "true"
     if isinstance(default, int):
         try:
             return int(text.replace("_", ""), 10)
         except ValueError:
-            raise SettingsError(f"{where}: {key} must be an integer") from None
+            raise SettingsError.naming(*where, f": {key} must be an integer") from None
     if isinstance(default, float):
         try:
             value = float(text)
         except ValueError:
-            raise SettingsError(f"{where}: {key} must be a number") from None
+            raise SettingsError.naming(*where, f": {key} must be a number") from None
         if not math.isfinite(value):
-            raise SettingsError(f"{where}: {key} must be a finite number")
+            raise SettingsError.naming(*where, f": {key} must be a finite number")
         return value
     return text  # a string (model.name)
 
 
-def _ramp(where: str, text: str) -> list[list[int]]:
-    """``FROM:SEQS,FROM:SEQS`` (as ``--batch-ramp``) as the recipe's list of pairs (checked later)."""
+def _ramp(where: tuple, text: str) -> list[list[int]]:
+    """``FROM:SEQS,FROM:SEQS`` (as ``--batch-ramp``) as the recipe's list of pairs (checked later); ``where``: the
+    message parts that name where the text came from."""
     stages = []
     for part in text.split(","):
         start, sep, size = part.partition(":")
         try:
             stages.append([int(start), int(size)])
         except ValueError:
-            raise SettingsError(f"{where}: train.batch_ramp is FROM_TOKENS:SEQUENCES,... "
-                                "(for example 0:16,1048576:32)") from None
+            raise SettingsError.naming(*where, ": train.batch_ramp is FROM_TOKENS:SEQUENCES,... "
+                                       "(for example 0:16,1048576:32)") from None
         if not sep:
-            raise SettingsError(f"{where}: train.batch_ramp is FROM_TOKENS:SEQUENCES,...")
+            raise SettingsError.naming(*where, ": train.batch_ramp is FROM_TOKENS:SEQUENCES,...")
     starts = [a for a, _ in stages]
     if starts != sorted(set(starts)):
-        raise SettingsError(f"{where}: the batch ramp's token counts must increase")
+        raise SettingsError.naming(*where, ": the batch ramp's token counts must increase")
     return stages
 
 
@@ -98,48 +100,51 @@ def read_config_file(path: str | os.PathLike) -> dict[str, dict]:
     except FileNotFoundError as exc:
         raise SettingsError(str(exc)) from None
     except (FileFormatError, OSError) as exc:
-        raise SettingsError(f"--config {path}: {exc}") from None
+        raise SettingsError.naming(Setting("config"), f" {path}: {exc}") from None
     if not isinstance(data, dict):
-        raise SettingsError(f"--config {path}: must be a JSON object with a \"model\" and/or a \"train\" object")
+        raise SettingsError.naming(Setting("config"), f" {path}: must be a JSON object with a \"model\" and/or a "
+                                   "\"train\" object")
     extra = sorted(set(data) - set(SECTIONS))
     if extra:
-        raise SettingsError(f"--config {path}: unknown key(s) {', '.join(map(repr, extra[:5]))}; a config file "
-                            "holds only \"model\" and \"train\"")
+        raise SettingsError.naming(Setting("config"), f" {path}: unknown key(s) {', '.join(map(repr, extra[:5]))}; "
+                                   "a config file holds only \"model\" and \"train\"")
     for section, values in data.items():
         if not isinstance(values, dict):
-            raise SettingsError(f"--config {path}: {section!r} must be a JSON object")
+            raise SettingsError.naming(Setting("config"), f" {path}: {section!r} must be a JSON object")
         unknown = sorted(set(values) - set(_fields(section)))
         if unknown:
-            raise SettingsError(f"--config {path}: unknown {section} setting(s) "
-                                f"{', '.join(f'{section}.{k}' for k in unknown[:5])}")
+            raise SettingsError.naming(Setting("config"), f" {path}: unknown {section} setting(s) "
+                                       f"{', '.join(f'{section}.{k}' for k in unknown[:5])}")
     return data
 
 
 def build_settings(preset_name: str, config: dict[str, dict] | None = None, sets: Iterable[str] = (),
-                   where: str = "--config") -> tuple[ModelConfig, TrainConfig]:
-    """The preset's configs with ``config``'s sections and then each ``key=value`` of ``sets`` applied."""
+                   where: str | Setting = Setting("config")) -> tuple[ModelConfig, TrainConfig]:
+    """The preset's configs with ``config``'s sections and then each ``key=value`` of ``sets`` applied;
+    ``where``: how a message names the origin of ``config``'s values."""
     if preset_name not in PRESETS:
         raise SettingsError(f"unknown preset {preset_name!r}; choose one of {', '.join(PRESETS)}")
     base = {"model": PRESETS[preset_name].to_dict(), "train": TRAIN_PRESETS[preset_name].to_dict()}
     values = {k: dict(v) for k, v in base.items()}
-    origin: dict[str, str] = {}
+    origin: dict[str, tuple] = {}  # "section.name": the message parts that name where its value came from
     for section, given in (config or {}).items():
         values[section].update(given)
-        origin.update({f"{section}.{k}": where for k in given})
+        origin.update({f"{section}.{k}": (where,) for k in given})
     for item in sets:
         key, sep, text = item.partition("=")
         key = key.strip()
         if not sep:
-            raise SettingsError(f"--set {item}: give KEY=VALUE, for example --set model.d_model=512")
+            raise SettingsError.naming(Setting("sets"), f" {item}: give KEY=VALUE, for example ", Setting("sets"),
+                                       " model.d_model=512")
         value = parse_value(key, text)  # checks the section and the name first
         section, _, name = key.partition(".")
         values[section][name] = value
-        origin[key] = f"--set {key}"
+        origin[key] = (Setting("sets"), f" {key}")
     problems = recipe_value_problems(values)
     if problems:
         first = problems[0]
         key = first.split(" ", 1)[0]
-        raise SettingsError(f"{origin.get(key, 'settings')}: {first}")
+        raise SettingsError.naming(*origin.get(key, ("settings",)), f": {first}")
     if values["model"] != base["model"] and "model.name" not in origin:
         values["model"]["name"] = "custom"
     try:

@@ -28,7 +28,7 @@ from pathlib import Path
 
 import numpy as np
 
-from lockstep.errors import LockstepError
+from lockstep.errors import LockstepError, Setting
 from lockstep.fsio import read_named_file, read_regular
 
 BYTE_VOCAB = 256  # one id per byte value
@@ -140,10 +140,9 @@ class HFTokenizer:
         else:
             tid = self._tok.token_to_id(eod_token)
             if tid is None:
-                raise TokenizerError(
-                    f"{path}: the end-of-document token {eod_token!r} is not in the vocabulary; "
-                    "name an existing token or leave --eod-token out to add a new id"
-                )
+                raise TokenizerError.naming(f"{path}: the end-of-document token {eod_token!r} is not in the "
+                                            "vocabulary; name an existing token or leave ", Setting("eod_token"),
+                                            " out to add a new id")
             self.eod_id = int(tid)
             self.vocab_size = base
 

@@ -82,7 +82,7 @@ from collections.abc import Callable, Iterator, Sequence
 
 import numpy as np
 
-from lockstep.errors import LockstepError
+from lockstep.errors import LockstepError, parts_of
 from lockstep.spec import tree
 
 DEFAULT_CHUNK_BYTES = 32 << 20  # 32 MiB element ranges: bounded temporaries and message sizes
@@ -374,7 +374,7 @@ def on_all_ranks(comm, fn: Callable[[], object]):
         error = exc
     # each rank's message as its parts (``LockstepError.naming``), so the agreed error names the same settings
     outcomes = comm.allgather(None if error is None else
-                              (f"{type(error).__name__}: ", *(getattr(error, "parts", ()) or (str(error),))))
+                              (f"{type(error).__name__}: ", *parts_of(error)))
     failed = [(r, parts) for r, parts in enumerate(outcomes) if parts is not None]
     if failed:
         rank, parts = failed[0]

@@ -32,7 +32,8 @@ from typing import Callable
 
 import numpy as np
 
-from lockstep.formats.config import ModelConfig
+from lockstep.errors import Setting
+from lockstep.formats.config import ConfigError, ModelConfig
 from lockstep.formats.manifest import Manifest
 from lockstep.formats.stream import ValidationSplit, validation_windows
 from lockstep.formats.tokenizer import BYTE_VOCAB, ByteTokenizer
@@ -56,7 +57,7 @@ def eval_interval(eval_every: int | None, cfg: ModelConfig) -> int:
     if eval_every is None:
         return DEFAULT_EVAL_EVERY.get(cfg.name, 0)
     if isinstance(eval_every, bool) or not isinstance(eval_every, int) or eval_every < 0:
-        raise ValueError(f"--eval-every must be a non-negative integer, got {eval_every!r}")
+        raise ConfigError.naming(Setting("eval_every"), f" must be a non-negative integer, got {eval_every!r}")
     return eval_every
 
 

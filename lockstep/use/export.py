@@ -47,6 +47,7 @@ from pathlib import Path
 
 import numpy as np
 
+from lockstep.errors import Setting
 from lockstep.formats.params import param_count, param_specs
 from lockstep.formats.recipe import genesis
 from lockstep.formats.rundir import RunFileError
@@ -159,7 +160,7 @@ def write_export(model: RunModel, out: str | os.PathLike, tensors: dict[str, np.
     """
     out = Path(out).absolute()
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
-        raise UseError(f"{out} already exists and is not an empty folder; choose a new --out")
+        raise UseError.naming(f"{out} already exists and is not an empty folder; choose a new ", Setting("out"))
     out.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.partial-", dir=out.parent))
     try:

@@ -52,7 +52,7 @@ from typing import Iterator
 
 import numpy as np
 
-from lockstep.errors import LockstepError
+from lockstep.errors import LockstepError, Setting
 from lockstep.formats.config import ModelConfig
 from lockstep.formats.params import param_specs
 from lockstep.spec.philox import PhiloxStream, uniform_open_from_uint32
@@ -196,13 +196,14 @@ class Sampling:
     def check(self) -> "Sampling":
         t = self.temperature
         if isinstance(t, bool) or not isinstance(t, (int, float)) or not np.isfinite(t) or t < 0:
-            raise SamplingError(f"--temperature must be a finite number >= 0, got {t!r}")
+            raise SamplingError.naming(Setting("temperature"), f" must be a finite number >= 0, got {t!r}")
         if t > 0 and not np.float32(t) > 0:
-            raise SamplingError(f"--temperature {t!r} rounds to 0 in float32; use 0 for greedy decoding")
+            raise SamplingError.naming(Setting("temperature"), f" {t!r} rounds to 0 in float32; use 0 for greedy "
+                                       "decoding")
         if self.top_k is not None and (isinstance(self.top_k, bool) or not isinstance(self.top_k, int) or self.top_k < 0):
-            raise SamplingError(f"--top-k must be a non-negative integer, got {self.top_k!r}")
+            raise SamplingError.naming(Setting("top_k"), f" must be a non-negative integer, got {self.top_k!r}")
         if isinstance(self.seed, bool) or not isinstance(self.seed, int) or not 0 <= self.seed < 2**64:
-            raise SamplingError(f"--seed must be an integer in [0, 2**64), got {self.seed!r}")
+            raise SamplingError.naming(Setting("seed"), f" must be an integer in [0, 2**64), got {self.seed!r}")
         return self
 
 

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
-from lockstep.errors import LockstepError
+from lockstep.errors import LockstepError, Setting, parts_of
 from lockstep.formats import checkpoint as ckpt
 from lockstep.formats.config import ModelConfig, TrainConfig
 from lockstep.formats.manifest import DataError, MANIFEST_NAME, MAX_MANIFEST_BYTES, Manifest
@@ -86,7 +86,7 @@ def open_model(run_dir: str | os.PathLike, step: int | None = None) -> RunModel:
         raise UseError(f"{run_dir / 'recipe.json'}: cannot be used: {run.errors['recipe']}")
     recipe, cfg, tcfg = run.recipe, run.cfg, run.tcfg
     if step is not None and (isinstance(step, bool) or not isinstance(step, int) or step < 1):
-        raise UseError(f"--step must be a positive integer, got {step!r}")
+        raise UseError.naming(Setting("step"), f" must be a positive integer, got {step!r}")
     if "checkpoints" in run.errors:
         raise UseError(f"refused: {run.errors['checkpoints']}")
     if "trajectory" in run.errors:
@@ -174,7 +174,7 @@ def open_tokenizer(run_dir: str | os.PathLike, recipe: dict, data: str | os.Path
     try:
         return tokenizer_from_identity(identity, path.parent), identity
     except TokenizerError as exc:
-        raise UseError(f"{path}: the run's tokenizer cannot be used: {exc}") from None
+        raise UseError.naming(f"{path}: the run's tokenizer cannot be used: ", *parts_of(exc)) from None
 
 
 def open_data(run_dir: str | os.PathLike, recipe: dict, data: str | os.PathLike | None = None) -> Manifest:

@@ -1,11 +1,12 @@
 """The reproducibility tax on the CPU: lockstep's `small` step against stock PyTorch float32.
 
     python benchmarks/bench_tax.py [--threads 1 2] [--rounds 7] [--steps-per-round 2]
+                                   [--preset small|medium] [--batch 8]
                                    [--no-numpy] [--no-passive] [--json out.json] [--record]
 
 One step = forward + backward + global-norm clipping + AdamW on one micro-batch of
-8 x 256 tokens of the ``small`` model (3.04M parameters), the same architecture on
-every side:
+``--batch`` sequences (default 8 x 256 tokens) of the ``--preset`` model (default ``small``, 3.04M
+parameters; ``medium``: 1024 tokens a sequence), the same architecture on every side:
 
 * ``lockstep int8 (recipe)``: the numba backend, int8 W8A8 linears (lockstep's recipe);
 * ``lockstep int8 off``: the numba backend, every linear a reproducible float32 contraction;
@@ -22,7 +23,7 @@ thread count and kept warm. The driver alternates rounds: in each round every wo
 load falls on all sides. Reported: medians of the timed steps' wall time and process CPU time
 (all threads); tax = lockstep / PyTorch (default threading), both wall and CPU.
 
-Before timing, from the same parameters and batch (``small``, int8 off, 8 sequences), the
+Before timing, from the same parameters and batch (the preset, int8 off), the
 PyTorch model's loss and gradients are compared with lockstep's numba backend (float32
 against float32, different summation orders: relative errors of order 1e-6 are float32
 accuracy; a wrong block gives 1e-2 or more). The lockstep int8 worker also times each op
@@ -48,7 +49,8 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 RESULTS = HERE / "RESULTS.md"
-BATCH = 8
+BATCH = 8  # sequences per step (--batch); the workers get it from the driver
+PRESET = "small"  # the model (--preset)
 CHECK_TOLERANCE = 1e-4  # see the module docstring: float32 accuracy is ~1e-6, a wrong model ~1e-2
 
 VARIANTS = {
@@ -106,8 +108,8 @@ class LockstepSide:
 
         self.np = np
         self.be = get_backend("numba")
-        self.cfg = preset("small", quantize=quantize)
-        self.tcfg = train_preset("small")
+        self.cfg = preset(PRESET, quantize=quantize)
+        self.tcfg = train_preset(PRESET)
         self.params = init_params(self.cfg, seed=0)
         self.opt = AdamWState.zeros(self.params)
 
@@ -168,7 +170,7 @@ class TorchSide:
 
         torch.set_num_threads(threads)
         self.torch = torch
-        self.cfg = model_config("small", quantize=False)
+        self.cfg = model_config(PRESET, quantize=False)
         from lockstep.train.model import init_params
 
         self.model = tb.LockstepRecipeModel(self.cfg)
@@ -194,8 +196,8 @@ class NumpySide:
         from lockstep.train.model import init_params
 
         self.bn = bn
-        self.cfg = preset("small", quantize=False)
-        self.tcfg = train_preset("small")
+        self.cfg = preset(PRESET, quantize=False)
+        self.tcfg = train_preset(PRESET)
         self.params = {k: v.copy() for k, v in init_params(self.cfg, seed=0).items()}
         self.state = bn.zero_state(self.params)
 
@@ -206,7 +208,7 @@ class NumpySide:
 
 
 def check_torch_against_lockstep() -> dict:
-    """Loss and gradients of the PyTorch model vs lockstep's numba backend (int8 off), small, 8 sequences."""
+    """Loss and gradients of the PyTorch model vs lockstep's numba backend (int8 off), the preset, the batch."""
     import numpy as np
     import torch
 
@@ -217,7 +219,7 @@ def check_torch_against_lockstep() -> dict:
     from lockstep.backends import get_backend
     from lockstep.train.model import init_params, loss_and_grads
 
-    cfg = model_config("small", quantize=False)
+    cfg = model_config(PRESET, quantize=False)
     params = init_params(cfg, seed=0)
     windows = windows_for(cfg.vocab_size, cfg.seq_len, BATCH, 0)
     loss_ls, grads_ls = loss_and_grads(params, windows, cfg, get_backend("numba"))
@@ -288,7 +290,7 @@ class Worker:
         env["PYTHONPATH"] = str(root) + os.pathsep + env.get("PYTHONPATH", "")
         self.variant = variant
         self.proc = subprocess.Popen([sys.executable, str(Path(__file__).resolve()), "--worker", variant,
-                                      "--threads", str(threads)], env=env, cwd=root, stdin=subprocess.PIPE,
+                                      "--threads", str(threads), "--preset", PRESET, "--batch", str(BATCH)], env=env, cwd=root, stdin=subprocess.PIPE,
                                      stdout=subprocess.PIPE, text=True)
         self.info = json.loads(self._expect("READY"))
 
@@ -344,7 +346,9 @@ def format_tax(results: list[dict]) -> str:
     """Rows per thread count and implementation; tax against PyTorch as configured by default, and
     against PyTorch with OMP_WAIT_POLICY=PASSIVE where that ran (on a busy machine the default's
     spinning OpenMP threads can make PyTorch much slower than its own work)."""
-    tokens = BATCH * 256
+    from lockstep.formats.config import preset
+
+    tokens = BATCH * preset(PRESET).seq_len
     passive = any("torch-passive" in r["steps"] for r in results)
     lines = ["| threads | implementation | wall s/step | CPU s/step | tokens/s (wall) | tax vs PyTorch (wall) "
              "| tax vs PyTorch (CPU) |" + (" tax vs PyTorch PASSIVE (wall) | tax vs PyTorch PASSIVE (CPU) |"
@@ -403,8 +407,12 @@ def main(argv=None) -> int:
     ap.add_argument("--json", help="also write the raw results here")
     ap.add_argument("--from-json", help="format (and --record) saved results instead of measuring")
     ap.add_argument("--record", action="store_true", help="put the tables at the top of benchmarks/RESULTS.md")
+    ap.add_argument("--preset", default="small", choices=["small", "medium"], help="the model (default small)")
+    ap.add_argument("--batch", type=int, default=8, help="sequences per step (default 8)")
     ap.add_argument("--worker", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
+    global PRESET, BATCH
+    PRESET, BATCH = args.preset, args.batch
     if args.worker:
         worker(args.worker, args.threads[0])
         return 0
@@ -431,7 +439,7 @@ def main(argv=None) -> int:
                  "host": f"{platform.machine()}, {os.cpu_count()} CPUs, Python {platform.python_version()}, "
                          f"NumPy {np.__version__}, Numba {numba.__version__}, PyTorch {torch.__version__}",
                  "args": {"threads": args.threads, "rounds": args.rounds, "per_round": args.steps_per_round,
-                          "breakdown_steps": args.breakdown_steps}}
+                          "breakdown_steps": args.breakdown_steps, "preset": PRESET, "batch": BATCH}}
         for t in args.threads:
             saved["results"].append(measure(t, variants, args.rounds, args.steps_per_round, args.breakdown_steps))
         saved["load_end"] = os.getloadavg()[0]
@@ -441,7 +449,11 @@ def main(argv=None) -> int:
     results, check, a = saved["results"], saved["check"], saved["args"]
     tax_md, bd_md = format_tax(results), format_breakdown(results)
     gemm = next((r["workers"]["lockstep-int8"].get("gemm") for r in results), "?")
-    check_md = (f"Check before timing (`small`, int8 off, the same parameters and 8 x 256 tokens): loss "
+    PRESET, BATCH = a.get("preset", "small"), a.get("batch", 8)
+    from lockstep.formats.config import preset
+
+    seq = preset(PRESET).seq_len
+    check_md = (f"Check before timing (`{PRESET}`, int8 off, the same parameters and {BATCH} x {seq} tokens): loss "
                 f"{check['loss_torch']:.6f} (PyTorch) vs {check['loss_lockstep']:.6f} (lockstep numba), relative "
                 f"difference {check['loss_rel']:.1e}; worst of {check['tensors']} gradients relative difference "
                 f"{check['worst_grad_rel']:.1e} (`{check['worst_grad']}`).")
@@ -450,14 +462,15 @@ def main(argv=None) -> int:
           f"{saved['load_end']:.1f} at the end")
     if args.record:
         cmd = (f"python benchmarks/bench_tax.py --threads {' '.join(map(str, a['threads']))} --rounds {a['rounds']} "
-               f"--steps-per-round {a['per_round']} --breakdown-steps {a['breakdown_steps']}")
+               f"--steps-per-round {a['per_round']} --breakdown-steps {a['breakdown_steps']}"
+               + ("" if (PRESET, BATCH) == ("small", 8) else f" --preset {PRESET} --batch {BATCH}"))
         section = (
             HEADING + "\n"
             f"Command: `{cmd} --record` (date {time.strftime('%Y-%m-%d')}). Host: {saved['host']}. "
             f"**The machine was shared** with other engineers' jobs: load average {saved['load_start']:.1f} at the "
             f"start and {saved['load_end']:.1f} at the end (per thread count: see the table), on 2 cores.\n\n"
-            "One step = forward + backward + global-norm clipping + AdamW on one micro-batch of 8 x 256 tokens of "
-            "`small`. Every implementation runs in its own warm worker process; rounds alternate between them "
+            f"One step = forward + backward + global-norm clipping + AdamW on one micro-batch of {BATCH} x {seq} "
+            f"tokens of `{PRESET}`. Every implementation runs in its own warm worker process; rounds alternate between them "
             f"({a['rounds']} rounds x {a['per_round']} steps, the order rotating), and the table gives medians. "
             "Tax = lockstep / PyTorch float32 from the same rounds, against PyTorch's default threading and "
             "against PyTorch with `OMP_WAIT_POLICY=PASSIVE` (its OpenMP threads sleep instead of spinning when "

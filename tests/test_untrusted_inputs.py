@@ -515,6 +515,23 @@ def test_target_reader_refuses_a_damaged_target(ws, data):
         refused_cleanly(lambda: read_target(ws.run), ValueError, "target.json")
 
 
+def test_train_resume_over_a_damaged_target_says_one_line_naming_the_flag(honest_run, tmp_path, capsys):
+    """A resume reads ``target.json`` first: damaged, it is one line on the command line (the file, and
+    ``--steps N`` to set the target again), no traceback, and nothing written."""
+    from lockstep.cli import main
+
+    run = tmp_path / "run"
+    shutil.copytree(honest_run, run, symlinks=True)
+    (run / "target.json").write_bytes(b'{"format": "not a target"}')
+    before = sorted((p.relative_to(run), p.read_bytes()) for p in run.rglob("*") if p.is_file())
+    capsys.readouterr()
+    assert main(["train", "--resume", str(run), "--backend", "spec", "--quiet"]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "Traceback" not in err, err
+    assert "target.json" in err and "give --steps N to set the run's target again" in err, err
+    assert sorted((p.relative_to(run), p.read_bytes()) for p in run.rglob("*") if p.is_file()) == before
+
+
 def _damaged_manifest(ws, data) -> tuple[Path, bytes, dict]:
     """A mutated manifest, and the run's recipe naming its digest (so the parser is reached)."""
     path = ws.run / "data" / "manifest.json"

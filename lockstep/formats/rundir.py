@@ -64,7 +64,7 @@ import os
 import re
 from pathlib import Path
 
-from lockstep.errors import LockstepError
+from lockstep.errors import LockstepError, Setting
 from lockstep.fsio import (FileFormatError, UnsafePath, atomic_write_json, iter_lines, open_regular, read_json,
                            read_json_regular, safe_join)
 
@@ -185,23 +185,25 @@ def open_run_data(run_dir: str | os.PathLike, recipe: dict, override: str | os.P
 
 
 def read_target(run_dir: str | os.PathLike) -> int | None:
-    """The last step recorded in ``target.json``; None when the run has none (made before targets were kept)."""
+    """The last step recorded in ``target.json``; None when the run has none (made before targets were kept).
+    ``RunFileError`` (one line, naming the file and the setting that sets the target again) when it is not
+    a regular file or not a target."""
+    again = ("; give ", Setting("steps"), " N to set the run's target again")
     try:
         path = safe_join(run_dir, TARGET_FILE)
     except UnsafePath as exc:
-        raise ValueError(f"{TARGET_FILE}: {exc}") from None
+        raise RunFileError(f"{TARGET_FILE}: {exc}") from None
     if not path.exists() and not path.is_symlink():
         return None
     if not path.is_file():
-        raise ValueError(f"{path}: not a regular file; give --steps N to set the run's target again")
+        raise RunFileError.naming(f"{path}: not a regular file", *again)
     try:
         record = read_json(path, "run target", max_bytes=4096)
     except FileFormatError as exc:
-        raise ValueError(f"{exc}; give --steps N to set the run's target again") from None
+        raise RunFileError.naming(str(exc), *again) from None
     last = record.get("last_step") if isinstance(record, dict) else None
     if not isinstance(record, dict) or record.get("format") != TARGET_FORMAT or type(last) is not int or last < 1:
-        raise ValueError(f"{path}: not a lockstep target (format {TARGET_FORMAT!r}, last_step >= 1); "
-                         "give --steps N to set the run's target again")
+        raise RunFileError.naming(f"{path}: not a lockstep target (format {TARGET_FORMAT!r}, last_step >= 1)", *again)
     return last
 
 

@@ -168,11 +168,14 @@ int8_tile_4x16_ymm = _int8_tile(4, 2, lanes=8)
 def _fixed_point_tile(mr: int, nv: int, lanes: int):
     """The intrinsic ``f(out_addr, ldo, a_addr, lda, b_addr, ldb, k, inv_addr)`` for one fixed-point tile:
     ``mr`` rows x ``nv`` vectors of ``lanes`` int64, ``out[r, c] = sum_k rint((a[r, k] * b[k, c]) * inv[r])``
-    with ``a``, ``b`` float32 widened to float64 (their product exact: 24 x 24 bits), ``inv`` float64
-    powers of two (the scaling exact), one rounding to the nearest integer, ties to even (``llvm.rint``,
-    the default rounding mode) and int64 sums: ``spec.attention.fixed_point_contract``'s terms, summed
-    exactly, so in any order. The caller guarantees finite operands and the contract's grid (every
-    term and sum below 2**62); a zero ``a`` adds nothing, so masked pairs may be zeros."""
+    with ``a``, ``b`` float32 widened to float64 and ``inv`` float64 powers of two: the product of the
+    three is exact in float64 in either order (24 x 24 significant bits, scaled by a power of two far
+    inside float64's range), so it is computed as ``(a[r, k] * inv[r]) * b[k, c]``, one product per
+    element; then one rounding to the nearest integer, ties to even, and the conversion to int64 in one
+    step (``llvm.llrint``, the default rounding mode: ``vcvtpd2qq`` with AVX-512DQ), and int64 sums:
+    ``spec.attention.fixed_point_contract``'s terms, summed exactly, so in any order. The caller
+    guarantees finite operands and the contract's grid (every term and sum below 2**62); a zero ``a``
+    adds nothing, so masked pairs may be zeros."""
 
     @intrinsic
     def fixed_point_tile(typingctx, out_addr, ldo, a_addr, lda, b_addr, ldb, k, inv_addr):
@@ -183,9 +186,9 @@ def _fixed_point_tile(mr: int, nv: int, lanes: int):
             out_i, ldo_v, a_i, lda_v, b_i, ldb_v, k_v, inv_i = args
             f32, f64, i32, i64 = ir.FloatType(), ir.DoubleType(), ir.IntType(32), ir.IntType(64)
             fvec, dvec, ivec = ir.VectorType(f32, lanes), ir.VectorType(f64, lanes), ir.VectorType(i64, lanes)
-            rint_name = f"llvm.rint.v{lanes}f64"
-            rint = builder.module.globals.get(rint_name) or ir.Function(builder.module,
-                                                                        ir.FunctionType(dvec, [dvec]), rint_name)
+            llrint_name = f"llvm.llrint.v{lanes}i64.v{lanes}f64"
+            llrint = builder.module.globals.get(llrint_name) or ir.Function(
+                builder.module, ir.FunctionType(ivec, [dvec]), llrint_name)
             a_p = builder.inttoptr(a_i, f32.as_pointer())
             b_p = builder.inttoptr(b_i, f32.as_pointer())
             inv_p = builder.inttoptr(inv_i, f64.as_pointer())
@@ -194,13 +197,13 @@ def _fixed_point_tile(mr: int, nv: int, lanes: int):
             def c64(x):
                 return ir.Constant(i64, x)
 
-            def splat(value, vtype):
-                v = builder.insert_element(ir.Constant(vtype, ir.Undefined), value, ir.Constant(i32, 0))
-                return builder.shuffle_vector(v, ir.Constant(vtype, ir.Undefined), ir.Constant(ir.VectorType(i32, lanes), None))
+            def splat(value):
+                v = builder.insert_element(ir.Constant(dvec, ir.Undefined), value, ir.Constant(i32, 0))
+                return builder.shuffle_vector(v, ir.Constant(dvec, ir.Undefined), ir.Constant(ir.VectorType(i32, lanes), None))
 
-            invs = [splat(builder.load(builder.gep(inv_p, [c64(r)]), align=8), dvec) for r in range(mr)]
+            invs = [builder.load(builder.gep(inv_p, [c64(r)]), align=8) for r in range(mr)]
 
-            def step(kk, accs):  # one k: every accumulator += rint((a[r, k] * b[k, c]) * inv[r])
+            def step(kk, accs):  # one k: every accumulator += llrint((a[r, k] * inv[r]) * b[k, c])
                 b_row = builder.mul(kk, ldb_v)
                 b_vecs = [builder.fpext(builder.load(builder.bitcast(builder.gep(b_p, [builder.add(b_row, c64(lanes * h))]),
                                                                      fvec.as_pointer()), align=4), dvec) for h in range(nv)]
@@ -208,10 +211,9 @@ def _fixed_point_tile(mr: int, nv: int, lanes: int):
                 for r in range(mr):
                     a_val = builder.fpext(builder.load(builder.gep(a_p, [builder.add(kk, builder.mul(lda_v, c64(r)))]),
                                                        align=4), f64)
-                    a_all = splat(a_val, dvec)
+                    a_all = splat(builder.fmul(a_val, invs[r]))  # exact: a power of two
                     for h in range(nv):
-                        term = builder.call(rint, [builder.fmul(builder.fmul(a_all, b_vecs[h]), invs[r])])
-                        new.append(builder.add(accs[r * nv + h], builder.fptosi(term, ivec)))
+                        new.append(builder.add(accs[r * nv + h], builder.call(llrint, [builder.fmul(a_all, b_vecs[h])])))
                 return new
 
             init = [ir.Constant(ivec, None)] * (mr * nv)

@@ -161,7 +161,7 @@ def test_hadamard_in_registers_along_rows_and_down_columns(n):
         col_in = _tiny_values(n + 201 + lo_exp, (m, c), lo_exp, hi_exp)
         dst = np.empty_like(col_in)
         partial = np.empty((m // hadamard_block(m), c), dtype=np.uint32)
-        nq._cols_transform_max(col_in, dst, hadamard_block(m), True, partial)
+        nq._cols_transform_max(col_in, dst, hadamard_block(m), True, np.float32(0.0), partial)
         assert dst.tobytes() == hadamard_transform(col_in, axis=0).tobytes()
 
 

@@ -16,6 +16,9 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from lockstep.formats.run import Run
+from lockstep.formats.rundir import RunFileError
+from lockstep.formats.trajectory import Strictness
 
 from .certificate import (consistency_problems, load_certificate, public_key_hex, recheck_certificate, run_problems,
                           signature_problem)
@@ -72,10 +75,15 @@ def check_certificate_file(path: str | os.PathLike, trusted: list[str] | None = 
     problems += consistency_problems(cert)
     recomputed = False
     if run_dir is not None:
-        problems += run_problems(cert, run_dir)
-        if recompute:
-            problems += recheck_certificate(cert, run_dir, backend_name, data, log=log, from_earlier=from_earlier)
-            recomputed = True
+        try:
+            run = Run.open(run_dir, Strictness.AUDIT)  # once: the checks below read this one opened run
+        except RunFileError as exc:
+            problems.append(str(exc))
+        else:
+            problems += run_problems(cert, run)
+            if recompute:
+                problems += recheck_certificate(cert, run, backend_name, data, log=log, from_earlier=from_earlier)
+                recomputed = True
     return CertificateVerdict(path, cert, problems, recomputed)
 
 

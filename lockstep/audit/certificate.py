@@ -50,8 +50,9 @@ import numpy as np
 
 import lockstep
 from lockstep.errors import LockstepError, Setting
+from lockstep.formats.run import Run
 from lockstep.formats.rundir import RunFileError
-from lockstep.formats.trajectory import Strictness, read_commitment, read_trajectory
+from lockstep.formats.trajectory import Strictness
 from lockstep.fsio import FileFormatError, atomic_write_bytes, json_bytes, read_json, read_named_file
 from lockstep.spec import SPEC_VERSION
 
@@ -447,16 +448,19 @@ def auditor_id(cert: dict, fallback: str) -> str:
 # ---------------------------------------------------------------------------
 
 
-def run_problems(cert: dict, run_dir: str | os.PathLike) -> list[str]:
-    """Published values the certificate quotes that are not the run's (reads the trajectory only)."""
-    run_dir = Path(run_dir)
+def run_problems(cert: dict, run: Run | str | os.PathLike) -> list[str]:
+    """Published values the certificate quotes that are not the run's (its trajectory and commitment);
+    ``run`` is a run directory or a ``Run`` opened with ``Strictness.AUDIT``."""
     try:
-        traj = read_trajectory(run_dir, Strictness.AUDIT)
+        run = Run.of(run, Strictness.AUDIT)
     except RunFileError as exc:
         return [str(exc)]
+    if "trajectory" in run.errors:
+        return [str(run.errors["trajectory"])]
+    traj = run.trajectory
     problems = []
     try:
-        commitment = read_commitment(run_dir)["chain_hash"]
+        commitment = run.commitment["chain_hash"]
     except RunFileError:
         commitment = traj[-1]["chain_hash"] if traj else None
     if cert["run"]["commitment"] != commitment:
@@ -474,9 +478,10 @@ def run_problems(cert: dict, run_dir: str | os.PathLike) -> list[str]:
     return problems
 
 
-def recheck_certificate(cert: dict, run_dir: str | os.PathLike, backend_name: str = "spec",
+def recheck_certificate(cert: dict, run: Run | str | os.PathLike, backend_name: str = "spec",
                         data: str | os.PathLike | None = None, log=None, from_earlier: bool = False) -> list[str]:
-    """Replay here every step the certificate claims (and its targets), and compare claim by claim.
+    """Replay here every step the certificate claims (and its targets) of ``run`` (a run directory, or a
+    ``Run`` opened with ``Strictness.AUDIT``), and compare claim by claim.
 
     Every claimed step is recomputed: its replayed hashes and its match/mismatch
     verdict must be this replay's. A claimed step this replay did not reach (an
@@ -487,7 +492,7 @@ def recheck_certificate(cert: dict, run_dir: str | os.PathLike, backend_name: st
     if not claimed:
         return ["the certificate claims no step"]
     try:
-        result = replay.replay_steps(run_dir, claimed, backend_name, data, log=log, from_earlier=from_earlier)
+        result = replay.replay_steps(run, claimed, backend_name, data, log=log, from_earlier=from_earlier)
     except ReplayError as exc:
         return [f"cannot recompute the claimed steps {claimed[:10]}{' ...' if len(claimed) > 10 else ''}: {exc}"]
     problems = []

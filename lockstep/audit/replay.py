@@ -43,7 +43,6 @@ import contextlib
 import os
 import time
 from dataclasses import dataclass
-from pathlib import Path
 
 from lockstep import backends
 from lockstep.backends import BackendUnavailable, declared_memory
@@ -83,9 +82,9 @@ class _State:
 
 
 class _Replayer:
-    def __init__(self, run_dir: Path, backend_name: str, data, log, from_earlier: bool = False,
+    def __init__(self, run: Run, backend_name: str, data, log, from_earlier: bool = False,
                  max_memory: float | None = None, scratch=None, comm=None):
-        self.run_dir = run_dir
+        self.run_dir = run_dir = run.path
         # under mpiexec every rank replays its share of each step's micro-batches; rank 0 speaks
         self.comm = comm if comm is not None and comm.Get_size() > 1 else None
         self.rank, self.world = (self.comm.Get_rank(), self.comm.Get_size()) if self.comm is not None else (0, 1)
@@ -99,7 +98,7 @@ class _Replayer:
         self.last_state: _State | None = None
         keep_freed_memory()  # the steps reuse their memory (lockstep.train.malloc)
         try:
-            self.run = Run.open(run_dir, Strictness.AUDIT).require("recipe", "trajectory").require_spec_version()
+            self.run = run.require("recipe", "trajectory").require_spec_version()
         except RunFileError as exc:
             raise ReplayError(str(exc)) from None
         run = self.run
@@ -325,10 +324,11 @@ class _Replayer:
         return check, None
 
 
-def replay_steps(run_dir: str | os.PathLike, steps, backend_name: str = "spec", data: str | os.PathLike | None = None,
-                 log=None, from_earlier: bool = False, max_memory: float | None = None,
-                 scratch: str | os.PathLike | None = None) -> ReplayResult:
-    """Replay the given steps of the run in ``run_dir`` (module docstring) and compare each with the trajectory.
+def replay_steps(run: Run | str | os.PathLike, steps, backend_name: str = "spec",
+                 data: str | os.PathLike | None = None, log=None, from_earlier: bool = False,
+                 max_memory: float | None = None, scratch: str | os.PathLike | None = None) -> ReplayResult:
+    """Replay the given steps of ``run`` (a run directory, or a ``Run`` a caller opened: module docstring)
+    and compare each with the trajectory.
 
     ``backend_name="auto"`` picks the fastest installed backend that passes
     conformance here (``choose_backend``). A damaged checkpoint at a target's start
@@ -344,11 +344,12 @@ def replay_steps(run_dir: str | os.PathLike, steps, backend_name: str = "spec", 
     before anything is allocated. The plan never changes a bit.
     """
     t0 = time.perf_counter()
-    run_dir = Path(run_dir)
-    if not run_dir.is_dir():
-        raise ReplayError(f"{run_dir}: not a directory; give the path of a run directory")
+    try:
+        run = Run.of(run, Strictness.AUDIT)
+    except RunFileError as exc:  # not a directory
+        raise ReplayError(str(exc)) from None
     comm, _, _ = mpi_world()
-    rp = _Replayer(run_dir, backend_name, data, log, from_earlier, max_memory, scratch, comm)
+    rp = _Replayer(run, backend_name, data, log, from_earlier, max_memory, scratch, comm)
     try:
         return _replay_targets(rp, steps, t0)
     finally:

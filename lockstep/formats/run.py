@@ -1,8 +1,9 @@
 """A run directory, opened once: its recipe, verified trajectory, commitment, checkpoint index and data.
 
 Every reader of a run (``train --resume``, ``audit verify``, ``audit replay``, ``audit
-trace``, ``lockstep sample|eval|export``) opens it with ``Run.open(path, strictness)`` and
-asks the one object; none of them re-reads a file or re-decides what it means:
+trace``, ``audit check``, ``lockstep sample|eval|export``) opens it with ``Run.open(path,
+strictness)`` and asks the one object, and hands that object on (``Run.of`` takes either);
+none of them re-reads a file or re-decides what it means:
 
 * ``recipe``, ``cfg``, ``tcfg``, ``genesis`` (``H_0``), ``recipe_sha256``;
 * ``trajectory``: every record, read with the caller's ``Strictness``;
@@ -152,6 +153,14 @@ class Run:
         except UnsafePath as exc:
             run.errors["checkpoints"] = RunFileError(f"checkpoints/ cannot be used: {exc}")
         return run
+
+    @classmethod
+    def of(cls, run: "Run | str | os.PathLike", strictness: Strictness) -> "Run":
+        """``run`` itself when it is a run already opened with ``strictness``, else ``Run.open(run, strictness)``:
+        a caller that opened the run passes it on, and nothing below reads its files again."""
+        if isinstance(run, Run) and run.strictness is strictness:
+            return run
+        return cls.open(run.path if isinstance(run, Run) else run, strictness)
 
     # -- parts --------------------------------------------------------------------------
 

@@ -307,29 +307,20 @@ def _weight_rows_rotate_quantize(t0, t1, w, sw, blk, rotate, q, sb):
         sb[r] = cn(_rotate_quantize_row(row, blk, rotate, q[r]))
 
 
-@parallel_kernel(rows)
-def _dequantize_activation(t0, t1, x, sx, out):
-    """``xdq = quantize(f32(x), sx) * sx`` elementwise (rows in parallel)."""
-    k = x.shape[1]
-    for r in range(t0, t1):
-        src = x[r]
-        dst = out[r]
-        for j in range(k):
-            dst[j] = fl(quantize1(fl(src[j]), sx) * sx)
-
-
 COL_CHUNK = 256  # columns per task of the column transform: a 256 x 256 tile stays in L2
 
 
-def _row_blocks_by_column_chunks(src, dst, blk, rotate, partial) -> int:
+def _row_blocks_by_column_chunks(src, dst, blk, rotate, dq_scale, partial) -> int:
     """Tasks of ``_cols_transform_max``: (block of ``blk`` rows) x (chunk of ``COL_CHUNK`` columns)."""
     return partial.shape[0] * -(-src.shape[1] // COL_CHUNK)
 
 
 @parallel_kernel(_row_blocks_by_column_chunks, weight=4)
-def _cols_transform_max(t0, t1, src, dst, blk, rotate, partial):
-    """dst = ``spec.quant.hadamard_transform(f32(src), axis=0)`` (or just f32(src)), and
-    ``partial[row_block, c]`` = max over the block's rows of |dst[:, c]| (bit patterns).
+def _cols_transform_max(t0, t1, src, dst, blk, rotate, dq_scale, partial):
+    """dst = ``spec.quant.hadamard_transform(e, axis=0)`` (or just e) with ``e = f32(src)``, or, for a
+    nonzero ``dq_scale``, ``e = quantize(f32(src), dq_scale) * dq_scale`` (``spec.quant``'s
+    ``dequantized_activation``, one rounded product, made as the block is entered: no pass of its own);
+    and ``partial[row_block, c]`` = max over the block's rows of |dst[:, c]| (bit patterns).
 
     Tasks are (block of ``blk`` rows) x (chunk of columns); the rotation is
     ``hadamard.hadamard_columns``.
@@ -345,8 +336,12 @@ def _cols_transform_max(t0, t1, src, dst, blk, rotate, partial):
         for i in range(r0, r0 + blk):
             srow = src[i, lo:hi]
             drow = dst[i, lo:hi]
-            for j in range(drow.size):
-                drow[j] = fl(srow[j])
+            if dq_scale == ZERO:
+                for j in range(drow.size):
+                    drow[j] = fl(srow[j])
+            else:
+                for j in range(drow.size):
+                    drow[j] = fl(quantize1(fl(srow[j]), dq_scale) * dq_scale)
             mn = min(mn, min_nonzero_abs(drow))
         if rotate:
             hadamard_columns(dst, r0, blk, lo, hi, mn >= ADDITIVE_SAFE)
@@ -372,16 +367,17 @@ def _col_scales(partial, s_out, sc):
         s_out[j] = cn(s)
 
 
-def _cols_rotate_quantize(src, dst, blk, rotate, s_out, q):
-    """Columns of src (M, C), contracted along M: enter into dst (float32 work, may be src),
-    rotate down the rows, ``s[c] = max_m |.| / 127``, quantize each column by its scale into q (int8)."""
+def _cols_rotate_quantize(src, dst, blk, rotate, s_out, q, dq_scale=ZERO):
+    """Columns of src (M, C), contracted along M: enter into dst (float32 work, may be src; dequantized
+    by a nonzero ``dq_scale`` on the way, ``_cols_transform_max``), rotate down the rows,
+    ``s[c] = max_m |.| / 127``, quantize each column by its scale into q (int8)."""
     m, c = src.shape
     if not rotate:
         blk = max(1, min(256, m))
         while m % blk:
             blk //= 2
     partial = np.empty((m // blk, c), dtype=np.uint32)
-    _cols_transform_max(src, dst, blk, rotate, partial)
+    _cols_transform_max(src, dst, blk, rotate, np.float32(dq_scale), partial)
     sc = np.empty(c, dtype=np.float32)
     _col_scales(partial, s_out, sc)
     _quantize_by_columns(dst, sc, q)
@@ -419,7 +415,7 @@ def int8_linear_backward(dy, x, w, hadamard: bool = True):
 
     # dw = int8_rotated_matmul(xdq^T, dy): contracted over the M rows.
     blk_m = hadamard_block(m) if hadamard else 1
-    xdq = np.empty((m, kdim), dtype=np.float32)  # xdq, then rotated in place
+    xdq = np.empty((m, kdim), dtype=np.float32)  # xdq, made as it is rotated
     xq_t = np.empty((m, kdim), dtype=np.int8)  # ... and quantized: a'^T
     s_x = np.empty(kdim, dtype=np.float32)
     dy_work = np.empty((m, n), dtype=np.float32)  # dy rotated along M
@@ -427,8 +423,7 @@ def int8_linear_backward(dy, x, w, hadamard: bool = True):
     s_dy = np.empty(n, dtype=np.float32)
     sx = activation_scale(x2.reshape(-1))  # raises on an empty x, as the spec's does
     if xq_t.size:
-        _dequantize_activation(x2, sx, xdq)
-        _cols_rotate_quantize(xdq, xdq, blk_m, hadamard, s_x, xq_t)
+        _cols_rotate_quantize(x2, xdq, blk_m, hadamard, s_x, xq_t, dq_scale=sx)
     if dyq_m.size:
         _cols_rotate_quantize(dy2, dy_work, blk_m, hadamard, s_dy, dyq_m)
     dw = _int8_gemm_rescaled(xq_t.T, dyq_m, s_x, s_dy, np.float32(1.0 / blk_m))

@@ -43,8 +43,10 @@ from lockstep import backends
 from lockstep.backends import Backend
 from lockstep.contract import CONTRACT, Kind
 from lockstep.errors import LockstepError, Setting
+from lockstep.formats.run import Run
 from lockstep.formats.schedule import plan_step
 from lockstep.formats.state import AdamWState
+from lockstep.formats.trajectory import Strictness
 from lockstep.fsio import atomic_writer
 from lockstep.spec import SPEC_VERSION
 from lockstep.spec.hashing import array_digest
@@ -447,7 +449,7 @@ def trace_step(run_dir, step: int, backend, micro_batch: int | None = None, data
     if name == "auto":
         raise TraceError.naming("give the backend by name (", Setting("backend"), " spec, numba, ...): a trace "
                                 "names its backend")
-    rp = _Replayer(run_dir, "spec", data, log)
+    rp = _Replayer(Run.open(run_dir, Strictness.AUDIT), "spec", data, log)
     if not 1 <= step <= len(rp.traj):
         raise TraceError(f"{run_dir}: the run has steps 1..{len(rp.traj)}; cannot trace step {step}")
     try:

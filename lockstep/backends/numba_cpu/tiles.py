@@ -36,6 +36,62 @@ from .irloop import accumulator_loop
 LANES16 = 16  # float32 lanes of one AVX-512 register (LLVM splits it where the CPU is narrower)
 
 
+class _TileIR:
+    """What every tile's code generator emits alike: an ``mr`` x ``nv`` tile of vectors of ``lanes``
+    elements stored ``ldo`` elements apart from ``out_addr``, rows of an operand loaded as ``nv``
+    vectors, and one value broadcast to every lane."""
+
+    def __init__(self, builder, mr: int, nv: int, lanes: int, out_i, out_elem, ldo_v):
+        self.b, self.mr, self.nv, self.lanes = builder, mr, nv, lanes
+        self.i32, self.i64 = ir.IntType(32), ir.IntType(64)
+        self.out_vec = ir.VectorType(out_elem, lanes)
+        self.out_p = builder.inttoptr(out_i, out_elem.as_pointer())
+        self.ldo_v = ldo_v
+
+    def c64(self, x: int):
+        return ir.Constant(self.i64, x)
+
+    def pointer(self, addr, elem):
+        return self.b.inttoptr(addr, elem.as_pointer())
+
+    def slot(self, r: int, h: int):
+        """The address of vector h of the tile's row r in ``out``."""
+        ptr = self.b.gep(self.out_p, [self.b.add(self.b.mul(self.ldo_v, self.c64(r)), self.c64(self.lanes * h))])
+        return self.b.bitcast(ptr, self.out_vec.as_pointer())
+
+    def row_vectors(self, base_p, row_start, elem, align: int) -> list:
+        """The ``nv`` vectors of ``elem`` from element ``row_start`` of ``base_p`` on."""
+        vec = ir.VectorType(elem, self.lanes)
+        return [self.b.load(self.b.bitcast(self.b.gep(base_p, [self.b.add(row_start, self.c64(self.lanes * h))]),
+                                           vec.as_pointer()), align=align) for h in range(self.nv)]
+
+    def splat(self, value):
+        """``value`` in every lane."""
+        vec = ir.VectorType(value.type, self.lanes)
+        one = self.b.insert_element(ir.Constant(vec, ir.Undefined), value, ir.Constant(self.i32, 0))
+        return self.b.shuffle_vector(one, ir.Constant(vec, ir.Undefined), ir.Constant(ir.VectorType(self.i32, self.lanes), None))
+
+    def element(self, base_p, index, align: int):
+        return self.b.load(self.b.gep(base_p, [index]), align=align)
+
+    def accumulate(self, name: str, k_v, init: list, b_row, a_value, term, align: int) -> None:
+        """The tile's loop over k, then its store: per k, ``b_row(k)`` (the ``nv`` vectors of b's row k),
+        and per row r ``acc[r, h] = term(acc[r, h], splat(a_value(k, r)), b_vecs[h])``."""
+        def step(kk, accs):
+            b_vecs = b_row(kk)
+            new = []
+            for r in range(self.mr):
+                a_all = self.splat(a_value(kk, r))
+                for h in range(self.nv):
+                    new.append(term(accs[r * self.nv + h], a_all, b_vecs[h]))
+            return new
+
+        accs = accumulator_loop(self.b, name, k_v, init, step)
+        for r in range(self.mr):
+            for h in range(self.nv):
+                self.b.store(accs[r * self.nv + h], self.slot(r, h), align=align)
+
+
 def _contract_tile(mr: int, nv: int, lanes: int = LANES16):
     """The intrinsic ``f(out_addr, ldo, a_addr, lda, a_inc, b_addr, ldb, k, accumulate)`` for one tile shape:
     ``mr`` rows x ``nv`` vectors of ``lanes`` float32."""
@@ -47,49 +103,20 @@ def _contract_tile(mr: int, nv: int, lanes: int = LANES16):
 
         def codegen(context, builder, sig, args):
             out_i, ldo_v, a_i, lda_v, ainc_v, b_i, ldb_v, k_v, acc_flag = args
-            f32, i64 = ir.FloatType(), ir.IntType(64)
-            vec = ir.VectorType(f32, lanes)
-            f_p = f32.as_pointer()
-            a_p = builder.inttoptr(a_i, f_p)
-            b_p = builder.inttoptr(b_i, f_p)
-            out_p = builder.inttoptr(out_i, f_p)
-
-            def c64(x):
-                return ir.Constant(i64, x)
-
-            def out_slot(r, h):
-                ptr = builder.gep(out_p, [builder.add(builder.mul(ldo_v, c64(r)), c64(lanes * h))])
-                return builder.bitcast(ptr, vec.as_pointer())
-
-            init = []
+            f32 = ir.FloatType()
+            t = _TileIR(builder, mr, nv, lanes, out_i, f32, ldo_v)
+            a_p, b_p = t.pointer(a_i, f32), t.pointer(b_i, f32)
             acc_bool = builder.icmp_unsigned("!=", acc_flag, ir.Constant(acc_flag.type, 0))
-            zero = ir.Constant(vec, None)  # +0.0 in every lane
-            for r in range(mr):
-                for h in range(nv):
-                    loaded = builder.load(out_slot(r, h), align=4)
-                    init.append(builder.select(acc_bool, loaded, zero))
-            def step(kk, accs):  # one k: every accumulator += a[r, k] * b[k, c]
-                b_row = builder.mul(kk, ldb_v)
-                b_vecs = [builder.load(builder.bitcast(builder.gep(b_p, [builder.add(b_row, c64(lanes * h))]),
-                                                       vec.as_pointer()), align=4) for h in range(nv)]
-                a_col = builder.mul(kk, ainc_v)
-                new = []
-                for r in range(mr):
-                    a_val = builder.load(builder.gep(a_p, [builder.add(a_col, builder.mul(lda_v, c64(r)))]),
-                                         align=4)
-                    splat = builder.insert_element(ir.Constant(vec, ir.Undefined), a_val,
-                                                   ir.Constant(ir.IntType(32), 0))
-                    splat = builder.shuffle_vector(splat, ir.Constant(vec, ir.Undefined),
-                                                   ir.Constant(ir.VectorType(ir.IntType(32), lanes), None))
-                    for h in range(nv):
-                        prod = builder.fmul(splat, b_vecs[h])  # rounded
-                        new.append(builder.fadd(accs[r * nv + h], prod))  # rounded: two roundings, never an FMA
-                return new
+            zero = ir.Constant(t.out_vec, None)  # +0.0 in every lane
+            init = [builder.select(acc_bool, builder.load(t.slot(r, h), align=4), zero)
+                    for r in range(mr) for h in range(nv)]
 
-            new = accumulator_loop(builder, "tile", k_v, init, step)
-            for r in range(mr):
-                for h in range(nv):
-                    builder.store(new[r * nv + h], out_slot(r, h), align=4)
+            def term(acc, a_all, b_vec):  # a[r, k] * b[k, c] rounded, then the sum rounded: never an FMA
+                return builder.fadd(acc, builder.fmul(a_all, b_vec))
+
+            t.accumulate("tile", k_v, init, lambda kk: t.row_vectors(b_p, builder.mul(kk, ldb_v), f32, 4),
+                         lambda kk, r: t.element(a_p, builder.add(builder.mul(kk, ainc_v), builder.mul(lda_v, t.c64(r))), 4),
+                         term, align=4)
             return context.get_dummy_value()
 
         return sig, codegen
@@ -122,35 +149,15 @@ def _int8_tile(mr: int, nv: int, lanes: int = LANES16):
 
         def codegen(context, builder, sig, args):
             out_i, ldo_v, a_i, lda_v, b_i, ldb_v, k_v = args
-            i8, i32, i64 = ir.IntType(8), ir.IntType(32), ir.IntType(64)
-            vec, bvec = ir.VectorType(i32, lanes), ir.VectorType(i8, lanes)
-            a_p = builder.inttoptr(a_i, i32.as_pointer())
-            b_p = builder.inttoptr(b_i, i8.as_pointer())
-            out_p = builder.inttoptr(out_i, i32.as_pointer())
+            i8, i32 = ir.IntType(8), ir.IntType(32)
+            t = _TileIR(builder, mr, nv, lanes, out_i, i32, ldo_v)
+            a_p, b_p = t.pointer(a_i, i32), t.pointer(b_i, i8)
 
-            def c64(x):
-                return ir.Constant(i64, x)
-
-            def step(kk, accs):  # one k: every accumulator += a[r, k] * b[k, c]
-                b_row = builder.mul(kk, ldb_v)
-                b_vecs = [builder.sext(builder.load(builder.bitcast(builder.gep(b_p, [builder.add(b_row, c64(lanes * h))]),
-                                                                    bvec.as_pointer()), align=1), vec) for h in range(nv)]
-                new = []
-                for r in range(mr):
-                    a_val = builder.load(builder.gep(a_p, [builder.add(kk, builder.mul(lda_v, c64(r)))]), align=4)
-                    splat = builder.insert_element(ir.Constant(vec, ir.Undefined), a_val, ir.Constant(i32, 0))
-                    splat = builder.shuffle_vector(splat, ir.Constant(vec, ir.Undefined),
-                                                   ir.Constant(ir.VectorType(i32, lanes), None))
-                    for h in range(nv):
-                        new.append(builder.add(accs[r * nv + h], builder.mul(splat, b_vecs[h])))
-                return new
-
-            init = [ir.Constant(vec, None)] * (mr * nv)
-            new = accumulator_loop(builder, "itile", k_v, init, step)
-            for r in range(mr):
-                for h in range(nv):
-                    ptr = builder.gep(out_p, [builder.add(builder.mul(ldo_v, c64(r)), c64(lanes * h))])
-                    builder.store(new[r * nv + h], builder.bitcast(ptr, vec.as_pointer()), align=4)
+            init = [ir.Constant(t.out_vec, None)] * (mr * nv)
+            t.accumulate("itile", k_v, init,
+                         lambda kk: [builder.sext(v, t.out_vec) for v in t.row_vectors(b_p, builder.mul(kk, ldb_v), i8, 1)],
+                         lambda kk, r: t.element(a_p, builder.add(kk, builder.mul(lda_v, t.c64(r))), 4),
+                         lambda acc, a_all, b_vec: builder.add(acc, builder.mul(a_all, b_vec)), align=4)
             return context.get_dummy_value()
 
         return sig, codegen
@@ -184,44 +191,24 @@ def _fixed_point_tile(mr: int, nv: int, lanes: int):
 
         def codegen(context, builder, sig, args):
             out_i, ldo_v, a_i, lda_v, b_i, ldb_v, k_v, inv_i = args
-            f32, f64, i32, i64 = ir.FloatType(), ir.DoubleType(), ir.IntType(32), ir.IntType(64)
-            fvec, dvec, ivec = ir.VectorType(f32, lanes), ir.VectorType(f64, lanes), ir.VectorType(i64, lanes)
-            llrint_name = f"llvm.llrint.v{lanes}i64.v{lanes}f64"
-            llrint = builder.module.globals.get(llrint_name) or ir.Function(
-                builder.module, ir.FunctionType(ivec, [dvec]), llrint_name)
-            a_p = builder.inttoptr(a_i, f32.as_pointer())
-            b_p = builder.inttoptr(b_i, f32.as_pointer())
-            inv_p = builder.inttoptr(inv_i, f64.as_pointer())
-            out_p = builder.inttoptr(out_i, i64.as_pointer())
+            f32, f64, i64 = ir.FloatType(), ir.DoubleType(), ir.IntType(64)
+            t = _TileIR(builder, mr, nv, lanes, out_i, i64, ldo_v)
+            dvec = ir.VectorType(f64, lanes)
+            name = f"llvm.llrint.v{lanes}i64.v{lanes}f64"
+            llrint = builder.module.globals.get(name) or ir.Function(builder.module, ir.FunctionType(t.out_vec, [dvec]),
+                                                                     name)
+            a_p, b_p, inv_p = t.pointer(a_i, f32), t.pointer(b_i, f32), t.pointer(inv_i, f64)
+            invs = [builder.load(builder.gep(inv_p, [t.c64(r)]), align=8) for r in range(mr)]
 
-            def c64(x):
-                return ir.Constant(i64, x)
+            def a_scaled(kk, r):  # a[r, k] * inv[r]: exact, a power of two
+                a_val = builder.fpext(t.element(a_p, builder.add(kk, builder.mul(lda_v, t.c64(r))), 4), f64)
+                return builder.fmul(a_val, invs[r])
 
-            def splat(value):
-                v = builder.insert_element(ir.Constant(dvec, ir.Undefined), value, ir.Constant(i32, 0))
-                return builder.shuffle_vector(v, ir.Constant(dvec, ir.Undefined), ir.Constant(ir.VectorType(i32, lanes), None))
-
-            invs = [builder.load(builder.gep(inv_p, [c64(r)]), align=8) for r in range(mr)]
-
-            def step(kk, accs):  # one k: every accumulator += llrint((a[r, k] * inv[r]) * b[k, c])
-                b_row = builder.mul(kk, ldb_v)
-                b_vecs = [builder.fpext(builder.load(builder.bitcast(builder.gep(b_p, [builder.add(b_row, c64(lanes * h))]),
-                                                                     fvec.as_pointer()), align=4), dvec) for h in range(nv)]
-                new = []
-                for r in range(mr):
-                    a_val = builder.fpext(builder.load(builder.gep(a_p, [builder.add(kk, builder.mul(lda_v, c64(r)))]),
-                                                       align=4), f64)
-                    a_all = splat(builder.fmul(a_val, invs[r]))  # exact: a power of two
-                    for h in range(nv):
-                        new.append(builder.add(accs[r * nv + h], builder.call(llrint, [builder.fmul(a_all, b_vecs[h])])))
-                return new
-
-            init = [ir.Constant(ivec, None)] * (mr * nv)
-            new = accumulator_loop(builder, "fxtile", k_v, init, step)
-            for r in range(mr):
-                for h in range(nv):
-                    ptr = builder.gep(out_p, [builder.add(builder.mul(ldo_v, c64(r)), c64(lanes * h))])
-                    builder.store(new[r * nv + h], builder.bitcast(ptr, ivec.as_pointer()), align=8)
+            init = [ir.Constant(t.out_vec, None)] * (mr * nv)
+            t.accumulate("fxtile", k_v, init,
+                         lambda kk: [builder.fpext(v, dvec) for v in t.row_vectors(b_p, builder.mul(kk, ldb_v), f32, 4)],
+                         a_scaled, lambda acc, a_all, b_vec: builder.add(acc, builder.call(llrint, [builder.fmul(a_all, b_vec)])),
+                         align=8)
             return context.get_dummy_value()
 
         return sig, codegen

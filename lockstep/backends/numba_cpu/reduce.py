@@ -10,8 +10,9 @@
   (in parallel), for k ascending, for n vectorized: ``acc[n] += a[m, k] * b[k, n]``,
   which keeps every element's ascending order while SIMD runs across outputs.
   A block of rows whose products provably never flush (``fp.safe_products``) runs
-  without the flush tests (same bits, faster), as register tiles of 8 rows x 32
-  columns (``tiles``; four of 4 x 16 where the CPU lacks AVX-512) when the block is full.
+  without the flush tests (same bits, faster), as register tiles over blocks of 8 rows x 64
+  columns (``tiles``: two of 4 x 64; eight of 4 x 16 where the CPU lacks AVX-512) when the
+  block is full.
 * ``int8_matmul``: exact, so it may use any order: ``int8gemm.matmul`` (AVX-512
   VNNI or AVX2 ``vpmaddwd`` where the CPU has it, else float32 BLAS on int8 values in
   exact K chunks).
@@ -33,10 +34,10 @@ from .fp import (CANONICAL_NAN_BITS, ONE, SAFE_PRODUCT, ZERO, cn, contiguous_f32
                  safe_products, total_key)
 from .tasks import (block_bounds, column_block, column_blocks, column_bounds, element_blocks, host_cpu_features,
                     inlined, kernel, parallel_kernel, rows)
-from .tiles import tile_4x16_ymm, tile_8x32
+from .tiles import tile_4x16_ymm, tile_4x64
 
-# Without AVX-512 (16 vector registers of 8 lanes) an 8 x 32 tile's 32 accumulators would spill: each
-# 8 x 32 block then runs as four 4 x 16 tiles (``tiles.tile_4x16_ymm``), the same sums in the same order.
+# Without AVX-512 (16 vector registers of 8 lanes) a 4 x 64 tile's 32 accumulators would spill: each
+# 8 x 64 block then runs as eight 4 x 16 tiles (``tiles.tile_4x16_ymm``), the same sums in the same order.
 # Read at each call and passed to the kernels, so both tilings are compiled and either can be tested.
 YMM_TILES = not host_cpu_features().get("avx512f", False)
 
@@ -207,28 +208,30 @@ def continue_rows(a_rows, b, acc_rows):
             acc[j] = cn(acc[j])
 
 
-K_PANEL = 1024  # k per packed panel of b: 1024 x 32 float32 (128 KiB) stays in L2 while a task's row blocks use it
+K_PANEL = 512  # k per packed panel of b: 512 x 64 float32 (128 KiB) stays in L2 while a task's row blocks use it
+PANEL_N = 64  # columns per packed panel of b, and of a block of accumulators
 
 
 @inlined
-def _block_8x32(out_addr, ldo, a_addr, lda, pack_addr, kb, cont, ymm):
-    """One 8 x 32 block of accumulators over ``kb`` k of a packed panel (32 columns): one 8 x 32 tile,
-    or four 4 x 16 tiles when ``ymm`` (``YMM_TILES``: the CPU has 16 vector registers)."""
-    if ymm:
-        for r in range(0, ROW_BLOCK, 4):
-            for c in range(0, 32, 16):
-                tile_4x16_ymm(out_addr + 4 * (r * ldo + c), ldo, a_addr + 4 * r * lda, lda, 1, pack_addr + 4 * c, 32,
-                              kb, cont)
-    else:
-        tile_8x32(out_addr, ldo, a_addr, lda, 1, pack_addr, 32, kb, cont)
+def _block(out_addr, ldo, a_addr, lda, pack_addr, kb, cont, ymm):
+    """One ROW_BLOCK x PANEL_N (8 x 64) block of accumulators over ``kb`` k of a packed panel: two 4 x 64
+    tiles (4 broadcasts of a per 16 vector products: measured faster than one 8 x 32 tile), or eight
+    4 x 16 tiles of 8-lane vectors when ``ymm`` (``YMM_TILES``: the CPU has 16 vector registers)."""
+    for r in range(0, ROW_BLOCK, 4):
+        if ymm:
+            for c in range(0, PANEL_N, 16):
+                tile_4x16_ymm(out_addr + 4 * (r * ldo + c), ldo, a_addr + 4 * r * lda, lda, 1, pack_addr + 4 * c,
+                              PANEL_N, kb, cont)
+        else:
+            tile_4x64(out_addr + 4 * r * ldo, ldo, a_addr + 4 * r * lda, lda, 1, pack_addr, PANEL_N, kb, cont)
 
 
 @kernel
 def _tiled_blocks(a, b, out, starts, count, pack, tile, accumulate, ymm):
     """``contract_rows`` (fast path) for the row blocks ``starts[:count]`` (each ROW_BLOCK full rows)
-    of ``out = a @ b`` (a (M, K), b (K, N), out (M, N)), with register tiles (``_block_8x32``).
+    of ``out = a @ b`` (a (M, K), b (K, N), out (M, N)), with register tiles (``_block``).
 
-    b is packed a panel at a time: K_PANEL rows of k by 32 columns, contiguous and zero-padded
+    b is packed a panel at a time: K_PANEL rows of k by PANEL_N columns, contiguous and zero-padded
     past the last column (``pack``), and every block of the task uses that panel before the
     next is packed, so b streams from memory once per task rather than once per block of
     rows. Each output's sum still runs over ascending k in one accumulator: the tile starts
@@ -240,24 +243,23 @@ def _tiled_blocks(a, b, out, starts, count, pack, tile, accumulate, ymm):
     for k0 in range(0, kk, K_PANEL):
         kb = min(K_PANEL, kk - k0)
         cont = accumulate or k0 > 0
-        for c0 in range(0, n, 32):
-            w = min(32, n - c0)
+        for c0 in range(0, n, PANEL_N):
+            w = min(PANEL_N, n - c0)
             for k in range(kb):
                 row = b[k0 + k]
                 dst = pack[k]
                 for j in range(w):
                     dst[j] = row[c0 + j]
-                for j in range(w, 32):
+                for j in range(w, PANEL_N):
                     dst[j] = ZERO
             for i in range(count):
                 r0 = starts[i]
-                if w == 32:
-                    _block_8x32(out[r0, c0:].ctypes.data, n, a[r0, k0:].ctypes.data, kk, pack.ctypes.data, kb, cont,
-                                ymm)
-                else:  # the last columns: through a 32-wide tile
+                if w == PANEL_N:
+                    _block(out[r0, c0:].ctypes.data, n, a[r0, k0:].ctypes.data, kk, pack.ctypes.data, kb, cont, ymm)
+                else:  # the last columns: through a block-wide buffer
                     if cont:
                         tile[:, :w] = out[r0 : r0 + ROW_BLOCK, c0:]
-                    _block_8x32(tile.ctypes.data, 32, a[r0, k0:].ctypes.data, kk, pack.ctypes.data, kb, cont, ymm)
+                    _block(tile.ctypes.data, PANEL_N, a[r0, k0:].ctypes.data, kk, pack.ctypes.data, kb, cont, ymm)
                     out[r0 : r0 + ROW_BLOCK, c0:] = tile[:, :w]
     for i in range(count):
         for r in range(starts[i], starts[i] + ROW_BLOCK):
@@ -281,8 +283,8 @@ def _matmul_kernel(t0, t1, a, b, out, ymm):
     nb, m, kk = a.shape
     n = b.shape[2]
     blocks = (m + ROW_BLOCK - 1) // ROW_BLOCK
-    pack = np.empty((min(K_PANEL, kk), 32), dtype=np.float32)
-    tile = np.empty((ROW_BLOCK, 32), dtype=np.float32)
+    pack = np.empty((min(K_PANEL, kk), PANEL_N), dtype=np.float32)
+    tile = np.empty((ROW_BLOCK, PANEL_N), dtype=np.float32)
     starts = np.empty(t1 - t0, dtype=np.int64)
     task = t0
     while task < t1:
@@ -318,8 +320,8 @@ def _accumulate_kernel(t0, t1, a, b, out, ymm):
     m, kk = a.shape[1], a.shape[2]
     blocks = (m + ROW_BLOCK - 1) // ROW_BLOCK
     min_b = min_nonzero_abs(b[0].reshape(-1))
-    pack = np.empty((min(K_PANEL, kk), 32), dtype=np.float32)
-    tile = np.empty((ROW_BLOCK, 32), dtype=np.float32)
+    pack = np.empty((min(K_PANEL, kk), PANEL_N), dtype=np.float32)
+    tile = np.empty((ROW_BLOCK, PANEL_N), dtype=np.float32)
     starts = np.empty(t1 - t0, dtype=np.int64)
     count = 0
     for task in range(t0, t1):

@@ -126,10 +126,10 @@ def _contract_tile(mr: int, nv: int, lanes: int = LANES16):
 
 # The tile shapes in use: rows x (16 * vectors) columns, at most 16 accumulator registers.
 tile_8x32 = _contract_tile(8, 2)  # scores and dp: 8 queries x 32 keys, contracted over the head dim
-tile_4x64 = _contract_tile(4, 4)  # o, dq, dk, dv: 4 rows x 64 head-dim columns, contracted over keys/queries
+tile_4x64 = _contract_tile(4, 4)  # o, dq, dk, dv (4 rows x 64 head-dim columns), and ``reduce``'s matmul blocks
 tile_4x16 = _contract_tile(4, 1)  # the same for a head dim that is a multiple of 16 but not of 64
 # AVX2 (16 registers of 8 lanes): 4 rows x 2 vectors = 8 accumulators, enough independent adds to keep
-# both adders busy; ``reduce``'s 8 x 32 blocks run as four of these where the CPU lacks AVX-512.
+# both adders busy; ``reduce``'s 8 x 64 blocks run as eight of these where the CPU lacks AVX-512.
 tile_4x16_ymm = _contract_tile(4, 2, lanes=8)
 
 

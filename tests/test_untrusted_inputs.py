@@ -515,9 +515,10 @@ def test_target_reader_refuses_a_damaged_target(ws, data):
         refused_cleanly(lambda: read_target(ws.run), ValueError, "target.json")
 
 
-def test_train_resume_over_a_damaged_target_says_one_line_naming_the_flag(honest_run, tmp_path, capsys):
+def test_train_resume_over_a_damaged_target_says_one_line_and_steps_sets_it_again(honest_run, tmp_path, capsys):
     """A resume reads ``target.json`` first: damaged, it is one line on the command line (the file, and
-    ``--steps N`` to set the target again), no traceback, and nothing written."""
+    ``--steps N`` to set the target again), no traceback, and nothing written; with ``--steps N`` the
+    run resumes and the new target replaces the damaged one."""
     from lockstep.cli import main
 
     run = tmp_path / "run"
@@ -530,6 +531,9 @@ def test_train_resume_over_a_damaged_target_says_one_line_naming_the_flag(honest
     assert err.count("\n") == 1 and "Traceback" not in err, err
     assert "target.json" in err and "give --steps N to set the run's target again" in err, err
     assert sorted((p.relative_to(run), p.read_bytes()) for p in run.rglob("*") if p.is_file()) == before
+    last = len((run / "trajectory.jsonl").read_text().splitlines())
+    assert main(["train", "--resume", str(run), "--steps", str(last + 1), "--backend", "spec", "--quiet"]) == 0
+    assert read_target(run) == last + 1, "the target given replaces the damaged one"
 
 
 def _damaged_manifest(ws, data) -> tuple[Path, bytes, dict]:

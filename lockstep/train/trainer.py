@@ -419,7 +419,8 @@ def _resume_start(run_dir: Path, s: RunSettings, is_root: bool, check_recipe, me
     else:
         params, opt = start.params, start.opt
     kept = run.trajectory[:start.step] if is_root else None
-    last_step = _last_step(tcfg, cfg.seq_len, start.step, steps, tokens, read_target(run_dir))
+    recorded = read_target(run_dir) if steps is None and tokens is None else None  # a new target replaces it
+    last_step = _last_step(tcfg, cfg.seq_len, start.step, steps, tokens, recorded)
     return _Start(recipe, cfg, tcfg, params, opt, start.step, start.chain, stream, last_step, kept, plan)
 
 

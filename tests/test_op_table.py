@@ -21,7 +21,8 @@ from lockstep import contract, spec
 from lockstep.conformance import golden, ops, registry
 from lockstep.conformance.record import Case, OpRecord
 from lockstep.spec import shapes as S
-from lockstep.spec.kinds import F32, F32Scalar, op
+from lockstep.spec.kinds import F32, F32Scalar
+from lockstep.spec.kinds import op as mark_op
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -151,13 +152,13 @@ def test_an_op_without_its_mark_or_a_kind_is_refused_and_a_marked_function_joins
 
     with pytest.raises(TypeError, match="layer_scale: the function is not marked @op"):
         contract.op_contract("layer_scale", layer_scale)
-    marked = op(S.scale)(layer_scale)
+    marked = mark_op(S.scale)(layer_scale)
     assert contract.op_contract("layer_scale", marked).params == contract.CONTRACT["scale"].params
 
     def no_kind(g: F32, coef) -> F32:
         """``g * coef``."""
     with pytest.raises(TypeError, match="no_kind: parameter coef is annotated None, which names no kind"):
-        contract.op_contract("no_kind", op(S.scale)(no_kind))
+        contract.op_contract("no_kind", mark_op(S.scale)(no_kind))
 
     namespace = {**vars(spec.optim), "layer_scale": marked}
     marked.__module__ = spec.optim.__name__

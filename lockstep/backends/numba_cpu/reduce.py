@@ -281,7 +281,6 @@ def _matmul_kernel(t0, t1, a, b, out, ymm):
     register tiles over packed panels of b (``_tiled_blocks``); a last partial block on the
     fast path runs as ``contract_rows``; any other block row by row with the flush tests."""
     nb, m, kk = a.shape
-    n = b.shape[2]
     blocks = (m + ROW_BLOCK - 1) // ROW_BLOCK
     pack = np.empty((min(K_PANEL, kk), PANEL_N), dtype=np.float32)
     tile = np.empty((ROW_BLOCK, PANEL_N), dtype=np.float32)

@@ -8,7 +8,8 @@ One step = forward + backward + global-norm clipping + AdamW on one micro-batch 
 ``--batch`` sequences (default 8 x 256 tokens) of the ``--preset`` model (default ``small``, 3.04M
 parameters; ``medium``: 1024 tokens a sequence), the same architecture on every side:
 
-* ``lockstep int8 (recipe)``: the numba backend, int8 W8A8 linears (lockstep's recipe);
+* ``lockstep int8 (recipe)``: the numba backend, int8 W8A8 linears (lockstep's recipe), in a process
+  with the trainer's allocator settings (``lockstep.train.malloc``: freed memory is kept for reuse);
 * ``lockstep int8 off``: the numba backend, every linear a reproducible float32 contraction;
 * ``PyTorch float32``: ``benchmarks/torch_baseline.py`` (stock ops, ``scaled_dot_product_attention``,
   ``clip_grad_norm_``, ``torch.optim.AdamW``), PyTorch's default threading;
@@ -241,6 +242,13 @@ def check_torch_against_lockstep() -> dict:
 
 def worker(variant: str, threads: int) -> None:
     """Line protocol on stdin/stdout: ``step N I`` runs N steps from index I and answers the times."""
+    if variant.startswith("lockstep"):
+        try:
+            from lockstep.train.malloc import keep_freed_memory
+        except ImportError:  # a lockstep from before the allocator settings (bench_before_after.py)
+            pass
+        else:
+            keep_freed_memory()  # as `lockstep train` and `audit replay` do
     side = {"lockstep-int8": lambda: LockstepSide(True), "lockstep-fp32": lambda: LockstepSide(False),
             "torch": lambda: TorchSide(threads), "torch-passive": lambda: TorchSide(threads),
             "numpy": NumpySide}[variant]()

@@ -255,6 +255,7 @@ for out in (np.empty_like(a), a, b):  # the add_into extra's three kernels (the 
 be.capabilities.truncated_normal(0, "probe", 70000, 2.0)  # the init capability's kernels (parameter init)
 from lockstep.backends.numba_cpu.rng import truncated_normal_from_words
 truncated_normal_from_words(np.arange(0, 1 << 32, 1 << 16, dtype=np.uint64).astype(np.uint32))  # its test entry
+ntasks.split(lambda lo, hi: None, 2, 2)  # the helper threads' polls (they compile with the first split)
 found = {}
 for info in pkgutil.iter_modules(pkg.__path__):
     mod = importlib.import_module(f"{pkg.__name__}.{info.name}")

@@ -33,7 +33,7 @@ from numba.extending import intrinsic
 
 from lockstep.spec.fp import CANONICAL_NAN_BITS, EXPONENT_MASK, MANTISSA_MASK, SIGN_BIT
 
-from .tasks import TaskKernel, block_bounds, element_blocks, kernel, scalar
+from .tasks import TaskKernel, block_bounds, contiguous, element_blocks, kernel, parallel_kernel, scalar
 
 F32 = np.float32
 # The float32 bit fields are the spec's (``spec.fp``), imported, not copied.
@@ -249,12 +249,17 @@ def elementwise(op, arity, name: str, weight: int = 1) -> "TaskKernel":
 
 # ---------------------------------------------------------------- array helpers
 
-@kernel
-def _scan(x):
-    """One pass over a flat float32 array: (any element not canonical, all finite, max |x| of the finite).
+SCAN_CHUNK = 1 << 16  # elements per task of ``_scan``
 
-    Branch-free (flags accumulated as integers), so the loop vectorizes.
-    """
+
+def _scan_chunks(x, out) -> int:
+    return out.shape[0]
+
+
+@kernel
+def _scan_part(x):
+    """(any element not canonical, any inf or NaN, max |x| of the finite ones as bits) of a flat
+    float32 array. Branch-free (flags accumulated as integers), so the loop vectorizes."""
     bad = np.uint32(0)
     special_seen = np.uint32(0)
     mx = np.uint32(0)
@@ -268,7 +273,15 @@ def _scan(x):
         special = np.uint32(e == EXPONENT_MASK)  # inf or NaN
         special_seen |= special
         mx = max(mx, a * (np.uint32(1) - special))
-    return bad != 0, special_seen == 0, from_bits(mx)
+    return bad, special_seen, mx
+
+
+@parallel_kernel(_scan_chunks)
+def _scan(t0, t1, x, out):
+    """``out[c]`` = ``_scan_part`` of chunk c (``SCAN_CHUNK`` elements) of a flat float32 array.
+    Or and max: any order, any split."""
+    for c in range(t0, t1):
+        out[c, 0], out[c, 1], out[c, 2] = _scan_part(x[c * SCAN_CHUNK:(c + 1) * SCAN_CHUNK])
 
 
 def entered(x):
@@ -276,14 +289,22 @@ def entered(x):
 
     Returns ``(array, all_finite, max_abs)``; the array must be treated as read-only.
     """
-    a = np.ascontiguousarray(np.asarray(x, dtype=np.float32))
+    a = contiguous(np.asarray(x, dtype=np.float32))
     if a.size == 0:
         return a, True, 0.0
-    noncanonical, finite, mx = _scan(a.reshape(-1))
+    noncanonical, finite, mx = scan(a.reshape(-1))
     if noncanonical:
         a = f32(a)
-    return a, bool(finite), float(mx)
+    return a, finite, mx
 
+
+def scan(flat: np.ndarray) -> tuple[bool, bool, float]:
+    """(any element not canonical, all finite, max |x| of the finite) of a flat C-contiguous float32
+    array, in one pass (``_scan``)."""
+    parts = np.empty((-(-flat.size // SCAN_CHUNK), 3), dtype=np.uint32)
+    _scan(flat, parts)
+    mx = parts[:, 2].max(keepdims=True).view(np.float32)[0] if flat.size else 0.0
+    return bool(parts[:, 0].any()), not parts[:, 1].any(), float(mx)
 
 
 @scalar
@@ -299,7 +320,7 @@ def canonical(a: np.ndarray) -> np.ndarray:
     scan finds no subnormal and no non-canonical NaN, else a canonical copy (same shape)."""
     if a.size == 0:
         return a
-    noncanonical, _finite, _mx = _scan(a.reshape(-1) if a.flags.c_contiguous else np.ascontiguousarray(a).reshape(-1))
+    noncanonical, _finite, _mx = scan(contiguous(a).reshape(-1))
     return f32(a) if noncanonical else a
 
 
@@ -307,14 +328,14 @@ def f32(x) -> np.ndarray:
     """``spec.fp.f32``: a fresh C-contiguous float32 copy, flushed, NaNs canonical."""
     a = np.asarray(x, dtype=np.float32)
     out = np.empty(a.shape, dtype=np.float32)
-    _canon_into(np.ascontiguousarray(a).reshape(-1), out.reshape(-1))
+    _canon_into(contiguous(a).reshape(-1), out.reshape(-1))
     return out
 
 
 def contiguous_f32(x) -> np.ndarray:
     """A C-contiguous float32 view or copy (rounded from float64 when needed; not flushed: the
     kernels flush what they load). ``f32`` is the one that flushes."""
-    return np.ascontiguousarray(np.asarray(x, dtype=np.float32))
+    return contiguous(np.asarray(x, dtype=np.float32))
 
 
 def f32_scalar(x) -> np.float32:

@@ -214,10 +214,10 @@ def _pack_b(t0, t1, b, bp):
                         dst[jj, t] = np.uint8(v + bias)
 
 
-@kernel(nogil=True)
-def _row_corrections(a, corr):
+@parallel_kernel(rows)
+def _row_corrections(t0, t1, a, corr):
     """corr[i] = 128 * sum_k a[i, k] (int32, wrapping: it is subtracted from a wrapping sum)."""
-    for i in range(a.shape[0]):
+    for i in range(t0, t1):
         s = np.int32(0)
         row = a[i]
         for kk in range(row.size):

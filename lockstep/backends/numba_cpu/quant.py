@@ -26,7 +26,7 @@ from lockstep.spec.reduce import LANES
 from . import int8gemm
 from .fp import ABS_MASK, CANONICAL_NAN_BITS, ZERO, bits, cn, contiguous_f32, fl, from_bits, min_nonzero_abs
 from .hadamard import ADDITIVE_SAFE, hadamard_columns, hadamard_row
-from .tasks import kernel, parallel_kernel, rows
+from .tasks import column_block, column_blocks, column_bounds, kernel, parallel_kernel, rows
 
 NEG_QMAX = -QMAX
 SQRT_QMAX = np.float32(np.sqrt(QMAX))  # fp.sqrt(127): IEEE sqrt, one rounding, normal
@@ -112,20 +112,18 @@ def _activation_scale_from_bits(m):
     return cn(scale_from_abs_max_bits(m))
 
 
-@kernel
-def _weight_scale_kernel(w, col_block, sw):
+@parallel_kernel(column_blocks, weight=4)
+def _weight_scale_kernel(t0, t1, w, sw, col_block):
     """Per column n: ``(2 * (lane_tree_sum_k |w[k, n]| / K)) / sqrt(127)``, 0 -> 1.
 
     The lane tree of ``reduce.lane_tree`` runs down each column; lanes are held for a
-    block of columns at once, so the loads are contiguous rows and the adds and the fold
-    vectorize across the columns.
+    block of columns at once (a task), so the loads are contiguous rows and the adds and the
+    fold vectorize across the columns.
     """
     k, n = w.shape
     kf = np.float32(k)
-    nblocks = (n + col_block - 1) // col_block
-    for c in range(nblocks):
-        lo = c * col_block
-        hi = min(n, lo + col_block)
+    for c in range(t0, t1):
+        lo, hi = column_bounds(c, n, col_block)
         cw = hi - lo
         lanes = np.zeros((LANES, cw), dtype=np.float32)
         for i in range(k):
@@ -151,7 +149,7 @@ def weight_scale(w2) -> np.ndarray:
     k, n = w2.shape
     sw = np.empty(n, dtype=np.float32)
     if n:
-        _weight_scale_kernel(w2, 256, sw)  # lanes of 256 columns (32 KiB) stay in L1/L2
+        _weight_scale_kernel(w2, sw, min(256, column_block(n)))  # lanes of <= 256 columns (32 KiB) stay in L1/L2
     return sw
 
 
@@ -163,6 +161,38 @@ def _quantize_by_columns(t0, t1, x, scales, q):
     for r in range(t0, t1):
         for j in range(x.shape[1]):
             q[r, j] = quantize_i8(fl(x[r, j]), scales[j])
+
+
+TRANSPOSE_ROWS = 64  # rows of x per task of ``_quantize_columns_transposed``: 64 int8 = one line of qt
+
+
+def _row_blocks(x, scales, qt) -> int:
+    return -(-x.shape[0] // TRANSPOSE_ROWS)
+
+
+@parallel_kernel(_row_blocks)
+def _quantize_columns_transposed(t0, t1, x, scales, qt):
+    """``qt[j, r] = quantize(f32(x[r, j]), scales[j])`` (int8, qt is x's transpose): the codes of
+    ``_quantize_by_columns`` laid out for a GEMM that contracts over x's rows, without a separate
+    transposing copy. Tasks are blocks of ``TRANSPOSE_ROWS`` rows; each block is quantized along
+    its rows into a square int8 tile (the loop vectorizes), which is then written out transposed."""
+    m, c = x.shape
+    tile = np.empty((TRANSPOSE_ROWS, TRANSPOSE_ROWS), dtype=np.int8)
+    for t in range(t0, t1):
+        r0 = t * TRANSPOSE_ROWS
+        nr = min(m, r0 + TRANSPOSE_ROWS) - r0
+        for j0 in range(0, c, TRANSPOSE_ROWS):
+            nc = min(c, j0 + TRANSPOSE_ROWS) - j0
+            s = scales[j0:j0 + nc]
+            for r in range(nr):
+                src = x[r0 + r, j0:j0 + nc]
+                dst = tile[r]
+                for j in range(nc):
+                    dst[j] = quantize_i8(fl(src[j]), s[j])
+            for j in range(nc):
+                out = qt[j0 + j, r0:r0 + nr]
+                for r in range(nr):
+                    out[r] = tile[r, j]
 
 
 def _rescale_is_exact(sa, sb, factor) -> bool:
@@ -367,10 +397,11 @@ def _col_scales(partial, s_out, sc):
         s_out[j] = cn(s)
 
 
-def _cols_rotate_quantize(src, dst, blk, rotate, s_out, q, dq_scale=ZERO):
+def _cols_rotate_quantize(src, dst, blk, rotate, s_out, q, dq_scale=ZERO, transposed=False):
     """Columns of src (M, C), contracted along M: enter into dst (float32 work, may be src; dequantized
     by a nonzero ``dq_scale`` on the way, ``_cols_transform_max``), rotate down the rows,
-    ``s[c] = max_m |.| / 127``, quantize each column by its scale into q (int8)."""
+    ``s[c] = max_m |.| / 127``, quantize each column by its scale into q (int8; (M, C), or with
+    ``transposed`` (C, M), the layout of a GEMM's A that contracts over M)."""
     m, c = src.shape
     if not rotate:
         blk = max(1, min(256, m))
@@ -380,7 +411,10 @@ def _cols_rotate_quantize(src, dst, blk, rotate, s_out, q, dq_scale=ZERO):
     _cols_transform_max(src, dst, blk, rotate, np.float32(dq_scale), partial)
     sc = np.empty(c, dtype=np.float32)
     _col_scales(partial, s_out, sc)
-    _quantize_by_columns(dst, sc, q)
+    if transposed:
+        _quantize_columns_transposed(dst, sc, q)
+    else:
+        _quantize_by_columns(dst, sc, q)
 
 
 def int8_linear_backward(dy, x, w, hadamard: bool = True):
@@ -416,15 +450,15 @@ def int8_linear_backward(dy, x, w, hadamard: bool = True):
     # dw = int8_rotated_matmul(xdq^T, dy): contracted over the M rows.
     blk_m = hadamard_block(m) if hadamard else 1
     xdq = np.empty((m, kdim), dtype=np.float32)  # xdq, made as it is rotated
-    xq_t = np.empty((m, kdim), dtype=np.int8)  # ... and quantized: a'^T
+    xq = np.empty((kdim, m), dtype=np.int8)  # ... and quantized, laid out as a' (K, M)
     s_x = np.empty(kdim, dtype=np.float32)
     dy_work = np.empty((m, n), dtype=np.float32)  # dy rotated along M
     dyq_m = np.empty((m, n), dtype=np.int8)  # ... and quantized: b'
     s_dy = np.empty(n, dtype=np.float32)
     sx = activation_scale(x2.reshape(-1))  # raises on an empty x, as the spec's does
-    if xq_t.size:
-        _cols_rotate_quantize(x2, xdq, blk_m, hadamard, s_x, xq_t, dq_scale=sx)
+    if xq.size:
+        _cols_rotate_quantize(x2, xdq, blk_m, hadamard, s_x, xq, dq_scale=sx, transposed=True)
     if dyq_m.size:
         _cols_rotate_quantize(dy2, dy_work, blk_m, hadamard, s_dy, dyq_m)
-    dw = _int8_gemm_rescaled(xq_t.T, dyq_m, s_x, s_dy, np.float32(1.0 / blk_m))
+    dw = _int8_gemm_rescaled(xq, dyq_m, s_x, s_dy, np.float32(1.0 / blk_m))
     return dx.reshape(lead + (kdim,)), dw

@@ -6,7 +6,8 @@
 * ``parallel_kernel(count)``: a kernel ``f(t0, t1, *args)`` over independent tasks
   ``[t0, t1)`` (rows, heads, column blocks, element blocks), whose task count
   ``count(*args)`` is a Python function given with it; ``TaskKernel`` splits the tasks
-  among threads (a kernel allocates its scratch once per call, not per task). The
+  among the caller and the team's helper threads (``split``; a kernel allocates its
+  scratch once per call, not per task). ``contiguous`` copies a strided view the same way. The
   counts in use are here (``rows``, ``column_blocks``, ``element_blocks``), the last two
   with the ``*_bounds`` helper that maps a task to its share inside the kernel, so a
   count and its split are written once.
@@ -15,12 +16,16 @@
 from __future__ import annotations
 
 import functools
+import os
 import threading
-from concurrent.futures import ThreadPoolExecutor
+import time
 
 import numba
 import numpy as np
-from numba import njit
+from llvmlite import ir
+from numba import njit, types
+from numba.core import cgutils
+from numba.extending import intrinsic
 
 kernel = functools.partial(njit, cache=True, error_model="numpy", fastmath=False)
 scalar = functools.partial(njit, cache=True, error_model="numpy", fastmath=False)
@@ -35,8 +40,10 @@ PARALLEL_MIN_WORK = 1 << 18
 
 BLOCK = 16384  # elements per task of an elementwise kernel
 
-_POOL: ThreadPoolExecutor | None = None
-_POOL_LOCK = threading.Lock()
+# How long an idle helper thread polls for its next share before it sleeps, and a caller for a
+# helper's share to start or finish (``_Helper``).
+SPIN_US = 1000
+START_US = 100  # how long a caller polls for a polling helper to take the share it posted
 
 
 def num_threads() -> int:
@@ -44,12 +51,176 @@ def num_threads() -> int:
     return max(1, int(numba.config.NUMBA_NUM_THREADS))
 
 
-def _pool() -> ThreadPoolExecutor:
-    global _POOL
-    with _POOL_LOCK:
-        if _POOL is None:
-            _POOL = ThreadPoolExecutor(max_workers=max(1, num_threads() - 1), thread_name_prefix="lockstep-numba")
-        return _POOL
+@intrinsic
+def _load_acquire(typingctx, addr):
+    """The int64 at ``addr``, loaded atomically (acquire): a poll that the compiler cannot hoist."""
+    def codegen(context, builder, sig, args):
+        ptr = builder.inttoptr(args[0], ir.IntType(64).as_pointer())
+        return builder.load_atomic(ptr, "acquire", 8)
+    return types.int64(types.uintp), codegen
+
+
+@intrinsic
+def _store_release(typingctx, addr, value):
+    """Stores the int64 ``value`` at ``addr`` atomically (release)."""
+    def codegen(context, builder, sig, args):
+        ptr = builder.inttoptr(args[0], ir.IntType(64).as_pointer())
+        builder.store_atomic(args[1], ptr, "release", 8)
+        return context.get_dummy_value()
+    return types.void(types.uintp, types.int64), codegen
+
+
+@intrinsic
+def _sched_yield(typingctx):
+    """``sched_yield()``: lets another thread waiting for this CPU run."""
+    def codegen(context, builder, sig, args):
+        fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(ir.IntType(32), []), "sched_yield")
+        builder.call(fn, [])
+        return context.get_dummy_value()
+    return types.void(), codegen
+
+
+YIELD_EVERY = 1 << 13  # polls between two yields: a few microseconds
+
+
+@njit(cache=True, nogil=True)
+def _poll(addr, value, polls):
+    """Reads the int64 at ``addr`` until it differs from ``value``, at most ``polls`` times, without
+    the GIL; returns what it read last. It yields the CPU every ``YIELD_EVERY`` polls: Linux may
+    wake a thread on the CPU of the thread that woke it, and that may be this one."""
+    v = _load_acquire(addr)
+    for i in range(polls):
+        if v != value:
+            return v
+        if (i & (YIELD_EVERY - 1)) == YIELD_EVERY - 1:
+            _sched_yield()
+        v = _load_acquire(addr)
+    return v
+
+
+@njit(cache=True, nogil=True)
+def _store_then_poll(store_addr, stored, addr, value, polls):
+    """``stored`` into ``store_addr`` once the GIL is released, then ``_poll(addr, value, polls)``."""
+    _store_release(store_addr, stored)
+    return _poll(addr, value, polls)
+
+
+class _Helper:
+    """One thread of the team, which runs the shares posted to it.
+
+    Why the polling: a thread that sleeps, on a condition or on the GIL, takes 30-190 us to wake on
+    a virtual machine (measured on this project's 2-core CI kind), more than many kernels' whole
+    share. So the helper polls for the next share for ``SPIN_US`` before it sleeps, and every
+    hand-over is arranged so that the thread that takes the GIL finds it free: the helper takes it
+    while the caller polls without it (for the helper's start), and says it finished only after it
+    let the GIL go (``_store_then_poll``), while the caller polls for that without it.
+    """
+
+    def __init__(self, index: int, polls: int):
+        self.slots = np.zeros(24, dtype=np.int64)  # the shares posted [0], finished [8], started [16] last
+        self.addr = self.slots.ctypes.data
+        self.polls = polls
+        self.job = None
+        self.error: BaseException | None = None
+        self.asleep = False  # the helper sleeps on ``cond`` (it polled for SPIN_US and nothing came)
+        self.waiting = False  # the caller sleeps on ``cond`` for a share to finish
+        self.cond = threading.Condition()
+        threading.Thread(target=self._run, name=f"lockstep-numba-{index}", daemon=True).start()
+
+    def _run(self) -> None:
+        seen = finished = 0
+        while True:
+            slept = False
+            if _store_then_poll(self.addr + 64, finished, self.addr, seen, self.polls) == seen:
+                with self.cond:
+                    self.asleep = slept = True
+                    while self.slots[0] == seen:
+                        self.cond.wait()
+                    self.asleep = False
+            seen = int(self.slots[0])
+            job, self.job = self.job, None
+            self.slots[16] = seen
+            try:
+                job()
+            except BaseException as e:  # noqa: BLE001 - handed to the caller, who raises it
+                self.error = e
+            finished = seen
+            if slept or self.waiting:
+                with self.cond:
+                    self.slots[8] = finished
+                    self.cond.notify_all()
+
+    def post(self, job, settle: int, start_polls: int) -> tuple[int, bool]:
+        """Hands ``job`` over; returns its number and whether the helper slept (for ``wait``).
+
+        The number is stored once the GIL is let go (``_store_then_poll``), so that the helper, which
+        sees it at once, finds the GIL free; then the caller polls, without the GIL, until the helper
+        has taken the GIL and started, and ``settle`` polls more (about the start of a call, which
+        holds the GIL). A sleeping helper is woken instead: then the caller must not poll, or Linux,
+        which wakes a thread on its waker's CPU, may keep the helper waiting behind the poll.
+        """
+        with self.cond:
+            self.job = job
+            posted = int(self.slots[0]) + 1
+            if self.asleep:
+                self.slots[0] = posted
+                self.cond.notify_all()
+                return posted, True
+        if _store_then_poll(self.addr, posted, self.addr + 128, posted - 1, start_polls) == posted:
+            _poll(self.addr + 192, 0, settle)
+        else:  # it had stopped polling before the number was stored: wake it
+            with self.cond:
+                self.cond.notify_all()
+        return posted, False
+
+    def wait(self, posted: int, slept: bool) -> BaseException | None:
+        """Until share ``posted`` is finished; what it raised, if anything."""
+        if slept or _poll(self.addr + 64, posted - 1, self.polls) != posted:
+            with self.cond:
+                self.waiting = True
+                while self.slots[8] != posted:
+                    self.cond.wait(0.001)  # a finish stored without the lock is seen on the next turn
+                self.waiting = False
+        error, self.error = self.error, None
+        return error
+
+
+class _Team:
+    """The helper threads: one call splits at a time; a second caller, or a call made while a split
+    runs, runs its shares itself (the same values: shares are independent)."""
+
+    def __init__(self):
+        self.helpers: list[_Helper] = []
+        self.busy = threading.Lock()
+        self.polls_per_us = 0
+
+    def helpers_for(self, n: int) -> list[_Helper]:
+        if len(self.helpers) < n:
+            if not self.polls_per_us:
+                self.polls_per_us = _polls_per_us()
+            self.helpers += [_Helper(i, self.polls_per_us * SPIN_US) for i in range(len(self.helpers), n)]
+        return self.helpers[:n]
+
+
+def _polls_per_us() -> int:
+    """How many ``_poll`` reads take a microsecond here (measured once, over about a millisecond)."""
+    slot = np.zeros(1, dtype=np.int64)
+    _poll(slot.ctypes.data, 0, 1000)  # compiled (or loaded) before it is timed
+    n = 1 << 20
+    t0 = time.perf_counter()
+    _poll(slot.ctypes.data, 0, n)
+    return max(1, int(n / max(1e-9, time.perf_counter() - t0) / 1e6))
+
+
+_TEAM = _Team()
+
+
+def _new_team_in_child() -> None:
+    global _TEAM
+    _TEAM = _Team()  # a forked child has none of the parent's threads
+
+
+os.register_at_fork(after_in_child=_new_team_in_child)
 
 
 class TaskKernel:
@@ -60,7 +231,8 @@ class TaskKernel:
     Python threads run the chunks truly in parallel. Tasks write disjoint outputs, so
     how they are split never changes a bit. (This stands in for ``prange``: Numba's
     parallel compiler costs seconds per kernel to compile, and its OpenMP workers spin
-    while waiting, which stalls badly on a shared machine.)
+    while waiting without bound, which stalls badly on a shared machine. The helpers here
+    poll for at most ``SPIN_US``, yielding the CPU every few microseconds, then sleep.)
 
     The work estimate is the total size of the array arguments times ``weight``
     (about the cost per element relative to an add).
@@ -80,13 +252,45 @@ class TaskKernel:
         if parts <= 1 or work < PARALLEL_MIN_WORK:
             self.dispatcher(0, ntasks, *args)
             return ntasks
-        bounds = [ntasks * i // parts for i in range(parts + 1)]
-        pool = _pool()
-        futures = [pool.submit(self.dispatcher, bounds[i], bounds[i + 1], *args) for i in range(1, parts)]
-        self.dispatcher(bounds[0], bounds[1], *args)
-        for f in futures:
-            f.result()
+        split(lambda lo, hi: self.dispatcher(lo, hi, *args), ntasks, parts)
         return ntasks
+
+
+def split(run, count: int, parts: int) -> None:
+    """``run(lo, hi)`` over ``parts`` contiguous shares of ``range(count)``: the first on this
+    thread, the others on the team's helpers (``run`` must release the GIL to run alongside).
+    While another split runs (another thread's), this one runs its shares itself."""
+    bounds = [count * i // parts for i in range(parts + 1)]
+    team = _TEAM
+    if not team.busy.acquire(blocking=False):
+        for i in range(parts):
+            run(bounds[i], bounds[i + 1])
+        return
+    try:
+        helpers = team.helpers_for(parts - 1)
+        settle, start_polls = 2 * team.polls_per_us, START_US * team.polls_per_us
+        posted = [h.post(functools.partial(run, bounds[i + 1], bounds[i + 2]), settle, start_polls)
+                  for i, h in enumerate(helpers)]
+        try:
+            run(bounds[0], bounds[1])
+        finally:
+            errors = [e for e in (h.wait(*p) for h, p in zip(helpers, posted)) if e is not None]
+        if errors:
+            raise errors[0]
+    finally:
+        team.busy.release()
+
+
+def contiguous(a: np.ndarray) -> np.ndarray:
+    """``np.ascontiguousarray(a)``; a large copy of a strided view (a head split, a transpose) is
+    shared among the threads along the first axis (NumPy's copy releases the GIL). The same
+    values: a copy is a copy."""
+    parts = min(num_threads(), a.shape[0]) if a.ndim else 1
+    if a.flags.c_contiguous or parts <= 1 or a.size < PARALLEL_MIN_WORK:
+        return np.ascontiguousarray(a)
+    out = np.empty(a.shape, dtype=a.dtype)
+    split(lambda lo, hi: np.copyto(out[lo:hi], a[lo:hi]), a.shape[0], parts)
+    return out
 
 
 def parallel_kernel(tasks, *, weight: int = 1):

@@ -227,11 +227,13 @@ def test_the_int8_pv_tiles_give_the_exact_int32_sums(name, width):
     assert out.tobytes() == want.astype(np.int32).tobytes()
 
 
-@pytest.mark.parametrize("name, width", [("fixed_point_tile_4x32", 32), ("fixed_point_tile_4x8_ymm", 8)])
+@pytest.mark.parametrize("name, width", [("fixed_point_tile_4x32", 32), ("fixed_point_tile_4x8_ymm", 8),
+                                         ("fixed_point_tile_4x8_ymm_in_parts", 8)])
 def test_the_fixed_point_tiles_round_each_term_once_half_even_and_sum_exactly(name, width):
     """The numba dq tiles: ``sum_k rint((a[r, k] * b[k, c]) * inv[r])`` in int64, terms that are exact
     ties (rounded to even), terms below half the grid (0), a row of zeros and a row whose terms reach
-    2**52 among them, against the same terms summed one by one in int64."""
+    2**52 and +-2**60 (with low bits set) among them, against the same terms summed one by one in int64.
+    ``_in_parts`` converts without a float64 -> int64 instruction; the test runs it on every CPU."""
     run = _call_tile(name)
     rng = np.random.default_rng(width + 1)
     k = 29
@@ -242,6 +244,8 @@ def test_the_fixed_point_tiles_round_each_term_once_half_even_and_sum_exactly(na
     a[2] = 0.0
     a[3, 0] = np.float32(2.0**26)
     b[0, 1] = np.float32(2.0**26)  # a term of 2**52 at inv 1
+    a[3, 1], b[1, 2] = np.float32(2.0**30), np.float32(2.0**30)  # 2**60
+    a[3, 2], b[2, 3] = np.float32(-(2**24 - 1)), np.float32((2**24 - 3) * 2.0**12)  # about -2**60, low bits set
     inv = np.array([1.0, 2.0**-3, 2.0**10, 1.0])
     out = np.full((4, width), -1, np.int64)
     run(out, a, b, k, inv)

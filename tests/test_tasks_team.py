@@ -91,3 +91,40 @@ def test_a_forked_child_gets_its_own_helpers():
             os._exit(0 if ok else 1)
     _, status = os.waitpid(pid, 0)
     assert os.waitstatus_to_exitcode(status) == 0
+
+
+_FEATURES_PROBE = """
+import json
+from lockstep.backends.numba_cpu import int8gemm, reduce, tasks, tiles
+print(json.dumps({"features": tasks.host_cpu_features(), "gemm": int8gemm.implementation(),
+                  "ymm": reduce.YMM_TILES, "in_parts": tiles.FIXED_POINT_IN_PARTS}))
+"""
+
+
+def _features_probe(env: dict) -> dict:
+    import json
+    import subprocess
+
+    proc = subprocess.run([sys.executable, "-c", _FEATURES_PROBE], env={**os.environ, **env}, capture_output=True,
+                          text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def test_named_cpu_features_decide_the_backends_paths():
+    """``NUMBA_CPU_FEATURES`` is what Numba compiles for, so the backend's own choices follow it: with
+    every AVX-512 feature off (``benchmarks/isa.py avx2``) an AVX-512 CPU takes the AVX2 paths; a CPU
+    named without features takes the portable ones."""
+    sys.path.insert(0, str(__import__("pathlib").Path(__file__).resolve().parents[1] / "benchmarks"))
+    try:
+        import isa
+    finally:
+        sys.path.pop(0)
+    if "avx2" not in tasks.host_cpu_features():
+        pytest.skip("not an x86 CPU with AVX2: there is no AVX2 environment to stand in with")
+    env = isa.avx2_environment()
+    got = _features_probe({"NUMBA_CPU_FEATURES": env["NUMBA_CPU_FEATURES"]})
+    assert got["features"]["avx2"] is True and got["features"]["avx512f"] is False
+    assert (got["gemm"], got["ymm"], got["in_parts"]) == ("avx2", True, True)
+    portable = _features_probe({"NUMBA_CPU_NAME": "generic"})
+    assert portable["features"] == {} and portable["gemm"] == "blas"

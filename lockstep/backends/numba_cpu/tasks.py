@@ -300,13 +300,19 @@ def parallel_kernel(tasks, *, weight: int = 1):
 
 
 def host_cpu_features() -> dict:
-    """LLVM's feature flags of this host, or {} when Numba compiles for another target.
+    """The CPU features Numba compiles for: LLVM's flags of this host; or, when
+    ``NUMBA_CPU_FEATURES`` names them (``"+avx2,+fma,-avx512f,..."``), those, which
+    is how an AVX2-only CPU is stood in for on an AVX-512 one (``benchmarks/isa.py``);
+    or {} when ``NUMBA_CPU_NAME`` names another CPU and no features.
 
-    A target named by ``NUMBA_CPU_NAME``/``NUMBA_CPU_FEATURES`` (portable caches) may
-    lack what the host has: an instruction compiled for it that it lacks would abort, so such
-    a target gets the portable paths (``int8gemm``'s BLAS).
+    A target named by ``NUMBA_CPU_NAME`` alone (portable caches) may lack what the host
+    has: an instruction compiled for it that it lacks would abort, so such a target gets
+    the portable paths (``int8gemm``'s BLAS).
     """
-    if numba.config.CPU_NAME not in (None, "", "host") or numba.config.CPU_FEATURES not in (None, ""):
+    named = numba.config.CPU_FEATURES
+    if named not in (None, ""):
+        return {f[1:]: f[0] == "+" for f in str(named).split(",") if f[:1] in ("+", "-")}
+    if numba.config.CPU_NAME not in (None, "", "host"):
         return {}
     try:
         import llvmlite.binding as llvm

@@ -27,11 +27,13 @@ every addressed element exists.
 
 from __future__ import annotations
 
+import numpy as np
 from llvmlite import ir
 from numba import types
 from numba.extending import intrinsic
 
 from .irloop import accumulator_loop
+from .tasks import host_cpu_features
 
 LANES16 = 16  # float32 lanes of one AVX-512 register (LLVM splits it where the CPU is narrower)
 
@@ -172,14 +174,53 @@ int8_tile_4x16 = _int8_tile(4, 1)
 int8_tile_4x16_ymm = _int8_tile(4, 2, lanes=8)
 
 
-def _fixed_point_tile(mr: int, nv: int, lanes: int):
+MAGIC_INT = 6755399441055744.0  # 2**52 + 2**51: v + MAGIC_INT, read as an integer, is MAGIC's bits + v for |v| < 2**51
+
+
+def _rint_to_int64_in_parts(builder, x, lanes: int):
+    """``llrint(x)`` for a vector of float64 with |x| < 2**62, without a float64 -> int64 conversion
+    instruction (x86 has one only with AVX-512DQ; without it LLVM converts lane by lane).
+
+    ``r = rint(x)`` (the default rounding mode, as ``llrint``); ``hi = trunc(r * 2**-32)``;
+    ``lo = r - hi * 2**32``. Each step is exact: the products are by powers of two, and ``lo`` is an
+    integer below 2**32 in magnitude, so the difference is representable. ``hi`` and ``lo`` are
+    integers below 2**51 in magnitude, each turned into int64 exactly by adding 2**52 + 2**51 (the
+    sum stays in [2**52, 2**53), where float64's unit is 1) and subtracting that constant's bits
+    from the sum's. The result is ``(hi << 32) + lo``: ``r`` as int64.
+    """
+    f64, i64 = ir.DoubleType(), ir.IntType(64)
+    dvec, ivec = ir.VectorType(f64, lanes), ir.VectorType(i64, lanes)
+
+    def intrinsic_fn(name):
+        full = f"llvm.{name}.v{lanes}f64"
+        return builder.module.globals.get(full) or ir.Function(builder.module, ir.FunctionType(dvec, [dvec]), full)
+
+    def splat_d(v):
+        return ir.Constant(dvec, [ir.Constant(f64, v)] * lanes)
+
+    def splat_i(v):
+        return ir.Constant(ivec, [ir.Constant(i64, v)] * lanes)
+
+    magic_bits = int(np.float64(MAGIC_INT).view(np.int64))
+    r = builder.call(intrinsic_fn("rint"), [x])
+    hi = builder.call(intrinsic_fn("trunc"), [builder.fmul(r, splat_d(2.0**-32))])
+    lo = builder.fsub(r, builder.fmul(hi, splat_d(2.0**32)))
+
+    def small_to_int(v):
+        return builder.sub(builder.bitcast(builder.fadd(v, splat_d(MAGIC_INT)), ivec), splat_i(magic_bits))
+
+    return builder.add(builder.shl(small_to_int(hi), splat_i(32)), small_to_int(lo))
+
+
+def _fixed_point_tile(mr: int, nv: int, lanes: int, in_parts: bool = False):
     """The intrinsic ``f(out_addr, ldo, a_addr, lda, b_addr, ldb, k, inv_addr)`` for one fixed-point tile:
     ``mr`` rows x ``nv`` vectors of ``lanes`` int64, ``out[r, c] = sum_k rint((a[r, k] * b[k, c]) * inv[r])``
     with ``a``, ``b`` float32 widened to float64 and ``inv`` float64 powers of two: the product of the
     three is exact in float64 in either order (24 x 24 significant bits, scaled by a power of two far
     inside float64's range), so it is computed as ``(a[r, k] * inv[r]) * b[k, c]``, one product per
     element; then one rounding to the nearest integer, ties to even, and the conversion to int64 in one
-    step (``llvm.llrint``, the default rounding mode: ``vcvtpd2qq`` with AVX-512DQ), and int64 sums:
+    step (``llvm.llrint``, the default rounding mode: ``vcvtpd2qq`` with AVX-512DQ; with ``in_parts``,
+    ``_rint_to_int64_in_parts``, the same integers), and int64 sums:
     ``spec.attention.fixed_point_contract``'s terms, summed exactly, so in any order. The caller
     guarantees finite operands and the contract's grid (every term and sum below 2**62); a zero ``a``
     adds nothing, so masked pairs may be zeros."""
@@ -194,9 +235,16 @@ def _fixed_point_tile(mr: int, nv: int, lanes: int):
             f32, f64, i64 = ir.FloatType(), ir.DoubleType(), ir.IntType(64)
             t = _TileIR(builder, mr, nv, lanes, out_i, i64, ldo_v)
             dvec = ir.VectorType(f64, lanes)
-            name = f"llvm.llrint.v{lanes}i64.v{lanes}f64"
-            llrint = builder.module.globals.get(name) or ir.Function(builder.module, ir.FunctionType(t.out_vec, [dvec]),
-                                                                     name)
+            if in_parts:
+                def to_int(x):
+                    return _rint_to_int64_in_parts(builder, x, lanes)
+            else:
+                name = f"llvm.llrint.v{lanes}i64.v{lanes}f64"
+                llrint = builder.module.globals.get(name) or ir.Function(
+                    builder.module, ir.FunctionType(t.out_vec, [dvec]), name)
+
+                def to_int(x):
+                    return builder.call(llrint, [x])
             a_p, b_p, inv_p = t.pointer(a_i, f32), t.pointer(b_i, f32), t.pointer(inv_i, f64)
             invs = [builder.load(builder.gep(inv_p, [t.c64(r)]), align=8) for r in range(mr)]
 
@@ -207,7 +255,7 @@ def _fixed_point_tile(mr: int, nv: int, lanes: int):
             init = [ir.Constant(t.out_vec, None)] * (mr * nv)
             t.accumulate("fxtile", k_v, init,
                          lambda kk: [builder.fpext(v, dvec) for v in t.row_vectors(b_p, builder.mul(kk, ldb_v), f32, 4)],
-                         a_scaled, lambda acc, a_all, b_vec: builder.add(acc, builder.call(llrint, [builder.fmul(a_all, b_vec)])),
+                         a_scaled, lambda acc, a_all, b_vec: builder.add(acc, to_int(builder.fmul(a_all, b_vec))),
                          align=8)
             return context.get_dummy_value()
 
@@ -220,3 +268,8 @@ def _fixed_point_tile(mr: int, nv: int, lanes: int):
 # of 4-lane vectors where the CPU has 16 vector registers of 256 bits (``reduce.YMM_TILES``).
 fixed_point_tile_4x32 = _fixed_point_tile(4, 4, 8)
 fixed_point_tile_4x8_ymm = _fixed_point_tile(4, 2, 4)
+# The same without a vector float64 -> int64 conversion: for x86 CPUs without AVX-512DQ, where LLVM
+# would convert lane by lane (the bits are the same; tests run it on every CPU).
+fixed_point_tile_4x8_ymm_in_parts = _fixed_point_tile(4, 2, 4, in_parts=True)
+_FEATURES = host_cpu_features()
+FIXED_POINT_IN_PARTS = bool(_FEATURES.get("avx2")) and not _FEATURES.get("avx512dq", False)

@@ -337,6 +337,44 @@ def _vnni_matmul(a: np.ndarray, b: np.ndarray, scales=None) -> np.ndarray:
 
 # ---------------------------------------------------------------- the AVX2 micro-kernel
 
+def _avx2_tile_codegen(builder, out_i, ldo_v, a_i, lda_v, b_i, k2_v, epilogue):
+    """Emit the AVX2 tile loop: ``k2`` steps of 2 x MR2 ``vpmaddwd`` + ``vpaddd``; the MR2 x 16 int32
+    results go to ``epilogue(r, h, vector) -> (vector, element type)``, stored at
+    ``out + r * ldo + 8 * h`` (elements)."""
+    i16, i32, i64 = ir.IntType(16), ir.IntType(32), ir.IntType(64)
+    v8 = ir.VectorType(i32, 8)
+    v16s = ir.VectorType(i16, 16)
+    name = "llvm.x86.avx2.pmadd.wd"
+    pmaddwd = builder.module.globals.get(name) or ir.Function(builder.module, ir.FunctionType(v8, [v16s, v16s]), name)
+    a_p = builder.inttoptr(a_i, i16.as_pointer())
+    b_p = builder.inttoptr(b_i, i16.as_pointer())
+    zero_idx = ir.Constant(v8, None)
+    init = [ir.Constant(v8, None)] * (2 * MR2)
+
+    def step(g, acc):  # one pair of k
+        panel_off = builder.mul(g, ir.Constant(i64, 2 * NR2))
+        b_vecs = [builder.load(builder.bitcast(builder.gep(b_p, [builder.add(panel_off, ir.Constant(i64, 16 * h))]),
+                                               v16s.as_pointer()), align=2) for h in range(2)]
+        a_off = builder.mul(g, ir.Constant(i64, 2))
+        new = []
+        for r in range(MR2):
+            a_ptr = builder.gep(a_p, [builder.add(a_off, builder.mul(lda_v, ir.Constant(i64, r)))])
+            pair = builder.load(builder.bitcast(a_ptr, i32.as_pointer()), align=2)  # a[r, 2g], a[r, 2g + 1]
+            v = builder.insert_element(ir.Constant(v8, ir.Undefined), pair, ir.Constant(i32, 0))
+            a_all = builder.bitcast(builder.shuffle_vector(v, ir.Constant(v8, ir.Undefined), zero_idx), v16s)
+            for h in range(2):
+                new.append(builder.add(acc[2 * r + h], builder.call(pmaddwd, [a_all, b_vecs[h]])))
+        return new
+
+    new = accumulator_loop(builder, "avx2", k2_v, init, step)
+    for r in range(MR2):
+        for h in range(2):
+            vec, elem = epilogue(r, h, new[2 * r + h])
+            base = builder.inttoptr(out_i, elem.as_pointer())
+            ptr = builder.gep(base, [builder.add(builder.mul(ldo_v, ir.Constant(i64, r)), ir.Constant(i64, 8 * h))])
+            builder.store(vec, builder.bitcast(ptr, vec.type.as_pointer()), align=4)
+
+
 @intrinsic
 def avx2_tile(typingctx, out_addr, ldo, a_addr, lda, b_addr, k2):
     """``out[r, c] = sum_g a[r, 2g] * panel[g, c, 0] + a[r, 2g + 1] * panel[g, c, 1]`` for r < MR2,
@@ -350,39 +388,44 @@ def avx2_tile(typingctx, out_addr, ldo, a_addr, lda, b_addr, k2):
     sig = types.void(types.uintp, types.intp, types.uintp, types.intp, types.uintp, types.intp)
 
     def codegen(context, builder, sig, args):
-        out_i, ldo_v, a_i, lda_v, b_i, k2_v = args
-        i16, i32, i64 = ir.IntType(16), ir.IntType(32), ir.IntType(64)
-        v8 = ir.VectorType(i32, 8)
-        v16s = ir.VectorType(i16, 16)
-        name = "llvm.x86.avx2.pmadd.wd"
-        pmaddwd = builder.module.globals.get(name) or ir.Function(builder.module, ir.FunctionType(v8, [v16s, v16s]),
-                                                                  name)
-        a_p = builder.inttoptr(a_i, i16.as_pointer())
-        b_p = builder.inttoptr(b_i, i16.as_pointer())
-        out_p = builder.inttoptr(out_i, i32.as_pointer())
-        zero_idx = ir.Constant(v8, None)
-        init = [ir.Constant(v8, None)] * (2 * MR2)
+        _avx2_tile_codegen(builder, *args, epilogue=lambda r, h, v: (v, ir.IntType(32)))
+        return context.get_dummy_value()
 
-        def step(g, acc):  # one pair of k
-            panel_off = builder.mul(g, ir.Constant(i64, 2 * NR2))
-            b_vecs = [builder.load(builder.bitcast(builder.gep(b_p, [builder.add(panel_off, ir.Constant(i64, 16 * h))]),
-                                                   v16s.as_pointer()), align=2) for h in range(2)]
-            a_off = builder.mul(g, ir.Constant(i64, 2))
-            new = []
-            for r in range(MR2):
-                a_ptr = builder.gep(a_p, [builder.add(a_off, builder.mul(lda_v, ir.Constant(i64, r)))])
-                pair = builder.load(builder.bitcast(a_ptr, i32.as_pointer()), align=2)  # a[r, 2g], a[r, 2g + 1]
-                v = builder.insert_element(ir.Constant(v8, ir.Undefined), pair, ir.Constant(i32, 0))
-                a_all = builder.bitcast(builder.shuffle_vector(v, ir.Constant(v8, ir.Undefined), zero_idx), v16s)
-                for h in range(2):
-                    new.append(builder.add(acc[2 * r + h], builder.call(pmaddwd, [a_all, b_vecs[h]])))
-            return new
+    return sig, codegen
 
-        new = accumulator_loop(builder, "avx2", k2_v, init, step)
-        for r in range(MR2):
-            for h in range(2):
-                ptr = builder.gep(out_p, [builder.add(builder.mul(ldo_v, ir.Constant(i64, r)), ir.Constant(i64, 8 * h))])
-                builder.store(new[2 * r + h], builder.bitcast(ptr, v8.as_pointer()), align=4)
+
+@intrinsic
+def avx2_tile_rescaled(typingctx, out_addr, ldo, a_addr, lda, b_addr, k2, sa_addr, sa_step, sb_addr, factor):
+    """``avx2_tile`` whose results are stored as ``((float32(v) * sa[r * sa_step]) * sb[c]) * factor``
+    (float32), each product one IEEE multiplication: ``rescale1`` without flush tests, for callers
+    that proved none can fire (``vnni_tile_rescaled``'s epilogue on 8-lane vectors)."""
+    sig = types.void(types.uintp, types.intp, types.uintp, types.intp, types.uintp, types.intp, types.uintp,
+                     types.intp, types.uintp, types.float32)
+
+    def codegen(context, builder, sig, args):
+        out_i, ldo_v, a_i, lda_v, b_i, k2_v, sa_i, sa_step_v, sb_i, factor_v = args
+        f32, i32, i64 = ir.FloatType(), ir.IntType(32), ir.IntType(64)
+        vf = ir.VectorType(f32, 8)
+        sa_p = builder.inttoptr(sa_i, f32.as_pointer())
+        sb_p = builder.inttoptr(sb_i, f32.as_pointer())
+        zero_idx = ir.Constant(ir.VectorType(i32, 8), None)
+
+        def splat(x):
+            v = builder.insert_element(ir.Constant(vf, ir.Undefined), x, ir.Constant(i32, 0))
+            return builder.shuffle_vector(v, ir.Constant(vf, ir.Undefined), zero_idx)
+
+        factor_vec = splat(factor_v)
+        sb_vecs = [builder.load(builder.bitcast(builder.gep(sb_p, [ir.Constant(i64, 8 * h)]), vf.as_pointer()),
+                                align=4) for h in range(2)]
+
+        def epilogue(r, h, v):
+            sa_r = builder.load(builder.gep(sa_p, [builder.mul(sa_step_v, ir.Constant(i64, r))]), align=4)
+            x = builder.sitofp(v, vf)  # int32 -> float32, round to nearest even
+            x = builder.fmul(x, splat(sa_r))
+            x = builder.fmul(x, sb_vecs[h])
+            return builder.fmul(x, factor_vec), f32
+
+        _avx2_tile_codegen(builder, out_i, ldo_v, a_i, lda_v, b_i, k2_v, epilogue)
         return context.get_dummy_value()
 
     return sig, codegen
@@ -435,16 +478,23 @@ def _avx2_row_tiles(a, *args) -> int:
 
 
 @parallel_kernel(_avx2_row_tiles, weight=64)
-def _avx2_gemm(t0, t1, a, bp, n, rows_per_block, out):
+def _avx2_gemm(t0, t1, a, bp, n, rows_per_block, out, rescale, sa, sb, factor, out_f32):
     """out (M, N) int32 = a (M, Kp) int16 @ B, B packed in bp (panels, Kp/2, 16, 2); tasks are
-    blocks of MR2 rows. Within this call's rows: blocks of ``rows_per_block`` rows of A (kept in
+    blocks of MR2 rows. With ``rescale``, ``out_f32[i, j] = rescale1(C[i, j], sa[i or 0], sb[j], factor,
+    fast=True)`` is written instead, in the micro-kernel (callers rescale here only when no product can
+    be subnormal or NaN). Within this call's rows: blocks of ``rows_per_block`` rows of A (kept in
     L2) meet every panel of B in turn. Full tiles are stored in place; edge tiles (last rows,
     last columns) go through a zero-padded copy of A and a tile buffer."""
     m, kp = a.shape
     k2 = kp // 2
     npanel = bp.shape[0]
+    per_row = sa.size > 1
     tile = np.empty((MR2, NR2), dtype=np.int32)
+    tile_f = np.empty((MR2, NR2), dtype=np.float32)
     spare = np.zeros((MR2, kp), dtype=np.int16)
+    spare_sa = np.ones(MR2, dtype=np.float32)
+    sb_pad = np.zeros(npanel * NR2, dtype=np.float32)
+    sb_pad[:sb.size] = sb
     per_block = max(1, rows_per_block // MR2)
     for blk0 in range(t0, t1, per_block):
         blk1 = min(t1, blk0 + per_block)
@@ -456,17 +506,31 @@ def _avx2_gemm(t0, t1, a, bp, n, rows_per_block, out):
                 i0 = rb * MR2
                 rows = min(MR2, m - i0)
                 a_addr = a[i0:].ctypes.data
+                sa_addr = sa[i0:].ctypes.data if per_row else sa.ctypes.data
                 if rows < MR2:
                     spare[:rows] = a[i0:m]
                     a_addr = spare.ctypes.data
-                if rows < MR2 or jn < NR2:
+                    if per_row:
+                        spare_sa[:rows] = sa[i0:m]
+                        sa_addr = spare_sa.ctypes.data
+                edge = rows < MR2 or jn < NR2
+                if rescale:
+                    if edge:
+                        avx2_tile_rescaled(tile_f.ctypes.data, NR2, a_addr, kp, panel.ctypes.data, k2, sa_addr,
+                                           1 if per_row else 0, sb_pad[j0:].ctypes.data, factor)
+                        out_f32[i0:i0 + rows, j0:j0 + jn] = tile_f[:rows, :jn]
+                    else:
+                        avx2_tile_rescaled(out_f32[i0, j0:].ctypes.data, n, a_addr, kp, panel.ctypes.data, k2,
+                                           sa_addr, 1 if per_row else 0, sb_pad[j0:].ctypes.data, factor)
+                elif edge:
                     avx2_tile(tile.ctypes.data, NR2, a_addr, kp, panel.ctypes.data, k2)
                     out[i0:i0 + rows, j0:j0 + jn] = tile[:rows, :jn]
                 else:
                     avx2_tile(out[i0, j0:].ctypes.data, n, a_addr, kp, panel.ctypes.data, k2)
 
 
-def _avx2_matmul(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+def _avx2_matmul(a: np.ndarray, b: np.ndarray, scales=None) -> np.ndarray:
+    """int32 ``a @ b``; with ``scales = (sa, sb, factor)`` (the fast rescale only), float32 rescaled."""
     m, k = a.shape
     n = b.shape[1]
     kp = k + k % 2
@@ -475,9 +539,16 @@ def _avx2_matmul(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     _widen_a(a, a16)
     bp = np.empty((npanel, kp // 2, NR2, 2), dtype=np.int16)
     _pack_b16(b, bp)
-    out = np.empty((m, n), dtype=np.int32)
-    _avx2_gemm(a16, bp, n, max(MR2, A_BLOCK_BYTES // (2 * kp)), out)
-    return out
+    rows = max(MR2, A_BLOCK_BYTES // (2 * kp))
+    if scales is None:
+        out = np.empty((m, n), dtype=np.int32)
+        one = np.ones(1, dtype=np.float32)
+        _avx2_gemm(a16, bp, n, rows, out, False, one, one, np.float32(1), np.empty((0, 0), np.float32))
+        return out
+    sa, sb, factor = scales
+    out_f = np.empty((m, n), dtype=np.float32)
+    _avx2_gemm(a16, bp, n, rows, np.empty((0, 0), np.int32), True, sa, sb, np.float32(factor), out_f)
+    return out_f
 
 
 def _blas_matmul(a: np.ndarray, b: np.ndarray) -> np.ndarray:
@@ -546,6 +617,8 @@ def matmul_rescaled(a: np.ndarray, b: np.ndarray, sa: np.ndarray, sb: np.ndarray
     impl = implementation()
     if impl == "vnni" and m and n and k:
         return _vnni_matmul(a, b, (sa, sb, np.float32(factor), bool(fast)))
+    if impl == "avx2" and fast and m and n and k:
+        return _avx2_matmul(a, b, (sa, sb, factor))
     acc = matmul(a, b, impl=impl)
     out = np.empty((m, n), dtype=np.float32)
     if out.size:

@@ -196,6 +196,17 @@ def test_matmul_register_tiles_over_packed_panels_give_the_spec_bits(be, monkeyp
         assert_same(spec.matmul_accumulate(acc, a, b), be.matmul_accumulate(acc, a, b), "matmul_accumulate")
 
 
+@pytest.mark.parametrize("transposed", [False, True], ids=["w", "w.T"])
+def test_a_batch_against_one_matrix_is_one_tall_matmul_with_the_spec_bits(be, transposed):
+    """A linear layer's (B, T, K) x (K, N) runs as one (B * T, K) matmul (b not copied per batch entry):
+    the spec's bits, with a transposed b (the backward's ``w.T``), rows whose products reach the flush
+    range, and a batch whose rows cross the tiles' row blocks (T = 13)."""
+    a = _tiny_values(20, (3, 13, 70), -4, 2)
+    a[1, 5] = _tiny_values(21, (70,), -70, -60)
+    b = _tiny_values(22, (40, 70), -4, 2).T if transposed else _tiny_values(22, (70, 40), -4, 2)
+    assert_same(spec.matmul(a, b), be.matmul(a, b), "batch x matrix")
+
+
 @pytest.mark.parametrize("m,k,n", [(1100, 24, 16), (8, 16, 1100), (7, 12, 5)])
 def test_int8_linear_chunked_and_odd_shapes(be, m, k, n):
     """M > 1024 and N > 1024 split the backward GEMMs into K-chunks; odd M has Hadamard block 1."""

@@ -32,7 +32,7 @@ from lockstep.spec.reduce import LANES
 from . import int8gemm
 from .fp import (CANONICAL_NAN_BITS, ONE, SAFE_PRODUCT, ZERO, cn, contiguous_f32, entered, fl, from_bits, min_nonzero_abs,
                  safe_products, total_key)
-from .tasks import (block_bounds, column_block, column_blocks, column_bounds, element_blocks, host_cpu_features,
+from .tasks import (block_bounds, column_block, column_blocks, column_bounds, contiguous, element_blocks, host_cpu_features,
                     inlined, kernel, parallel_kernel, rows)
 from .tiles import tile_4x16_ymm, tile_4x64
 
@@ -349,7 +349,7 @@ def canonical_copy(x, shape=None) -> np.ndarray:
     a = np.asarray(x, dtype=np.float32)
     if shape is not None and a.shape != tuple(shape):
         a = np.broadcast_to(a, shape)
-    out = np.array(a, dtype=np.float32, order="C", copy=True)
+    out = contiguous(a, copy=True)
     canon_inplace(out.reshape(-1))
     return out
 
@@ -376,6 +376,13 @@ def matmul(a, b) -> np.ndarray:
         return out
     if k == 0:
         out[...] = 0.0
+        return out
+    if b.ndim == 2 and a.shape == batch + (m, k):
+        # One b for the whole batch (a linear layer): the batch's rows are one (B * M, K) matrix. Each
+        # output is the same ascending sum, so the same bits, and b is not copied once per batch entry.
+        a3 = entered(a)[0].reshape(1, -1, k)
+        b3 = entered(b)[0].reshape(1, k, n)
+        _matmul_kernel(a3, b3, out.reshape(1, -1, n), YMM_TILES)
         return out
     a3 = (entered(a)[0] if a.shape == batch + (m, k) else canonical_copy(a, batch + (m, k))).reshape(-1, m, k)
     b3 = (entered(b)[0] if b.shape == batch + (k, n) else canonical_copy(b, batch + (k, n))).reshape(-1, k, n)

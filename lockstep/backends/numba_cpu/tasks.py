@@ -281,13 +281,13 @@ def split(run, count: int, parts: int) -> None:
         team.busy.release()
 
 
-def contiguous(a: np.ndarray) -> np.ndarray:
-    """``np.ascontiguousarray(a)``; a large copy of a strided view (a head split, a transpose) is
-    shared among the threads along the first axis (NumPy's copy releases the GIL). The same
-    values: a copy is a copy."""
+def contiguous(a: np.ndarray, copy: bool = False) -> np.ndarray:
+    """``np.ascontiguousarray(a)`` (with ``copy``, always a fresh array); a large copy (of a head
+    split, a transpose, a broadcast) is shared among the threads along the first axis (NumPy's copy
+    releases the GIL). The same values: a copy is a copy."""
     parts = min(num_threads(), a.shape[0]) if a.ndim else 1
-    if a.flags.c_contiguous or parts <= 1 or a.size < PARALLEL_MIN_WORK:
-        return np.ascontiguousarray(a)
+    if (a.flags.c_contiguous and not copy) or parts <= 1 or a.size < PARALLEL_MIN_WORK:
+        return np.array(a, order="C", copy=True) if copy else np.ascontiguousarray(a)
     out = np.empty(a.shape, dtype=a.dtype)
     split(lambda lo, hi: np.copyto(out[lo:hi], a[lo:hi]), a.shape[0], parts)
     return out

@@ -11,7 +11,7 @@ not copied) and the spec ``log`` (``transcendental.log1``). Compiled without
 on (stream key, i, bound) only, so how the tasks split the counters changes no bit;
 ``tests/test_rng_backend.py`` compares the bits with the spec's.
 
-Tasks run on the ``tasks.TaskKernel`` thread pool (the backend's stand-in for
+Tasks run on the ``tasks.TaskKernel`` threads (the caller and its helpers: the backend's stand-in for
 ``prange``, for the reasons given there).
 """
 

@@ -128,3 +128,20 @@ def test_named_cpu_features_decide_the_backends_paths():
     assert (got["gemm"], got["ymm"], got["in_parts"]) == ("avx2", True, True)
     portable = _features_probe({"NUMBA_CPU_NAME": "generic"})
     assert portable["features"] == {} and portable["gemm"] == "blas"
+
+
+def test_a_kernels_helper_share_says_when_it_let_the_gil_go(monkeypatch):
+    """A ``TaskKernel``'s helper share runs ``announced``: it stores the share's number once the GIL is
+    let go (``_Helper.post`` polls for that), and computes what the plain kernel computes."""
+    from lockstep.backends.numba_cpu import fp
+
+    monkeypatch.setattr(tasks, "num_threads", lambda: 2)
+    monkeypatch.setattr(tasks, "PARALLEL_MIN_WORK", 0)
+    a = np.arange(3 * tasks.BLOCK, dtype=np.float32) - 1000
+    b = np.full(a.size, 0.5, dtype=np.float32)
+    out = np.empty_like(a)
+    for _ in range(50):
+        assert fp._add_kernel(a, b, out) == 3  # three blocks of tasks: one here, two on the helper
+        assert out.tobytes() == (a + b).tobytes()  # exact: halves added to integers below 2**23
+        helper = tasks._TEAM.helpers[0]
+        assert helper.slots[24] == helper.slots[0] == helper.slots[8]

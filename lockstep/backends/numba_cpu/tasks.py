@@ -19,6 +19,7 @@ import functools
 import os
 import threading
 import time
+from types import FunctionType
 
 import numba
 import numpy as np
@@ -44,6 +45,7 @@ BLOCK = 16384  # elements per task of an elementwise kernel
 # helper's share to start or finish (``_Helper``).
 SPIN_US = 1000
 START_US = 100  # how long a caller polls for a polling helper to take the share it posted
+SETTLE_US = 2  # and then polls more, while the helper's call starts (it holds the GIL for that)
 
 
 def num_threads() -> int:
@@ -117,7 +119,9 @@ class _Helper:
     """
 
     def __init__(self, index: int, polls: int):
-        self.slots = np.zeros(24, dtype=np.int64)  # the shares posted [0], finished [8], started [16] last
+        # the shares posted [0], finished [8], started [16] and under way without the GIL [24] last; [32]
+        # is never written (``post`` polls it to wait a set time). One cache line each.
+        self.slots = np.zeros(40, dtype=np.int64)
         self.addr = self.slots.ctypes.data
         self.polls = polls
         self.job = None
@@ -150,25 +154,31 @@ class _Helper:
                     self.slots[8] = finished
                     self.cond.notify_all()
 
-    def post(self, job, settle: int, start_polls: int) -> tuple[int, bool]:
-        """Hands ``job`` over; returns its number and whether the helper slept (for ``wait``).
+    def post(self, run, lo: int, hi: int, announced, settle: int, start_polls: int) -> tuple[int, bool]:
+        """Hands ``run(lo, hi)`` over; returns its number and whether the helper slept (for ``wait``).
 
         The number is stored once the GIL is let go (``_store_then_poll``), so that the helper, which
-        sees it at once, finds the GIL free; then the caller polls, without the GIL, until the helper
-        has taken the GIL and started, and ``settle`` polls more (about the start of a call, which
-        holds the GIL). A sleeping helper is woken instead: then the caller must not poll, or Linux,
+        sees it at once, finds the GIL free. Then the caller polls, without the GIL, until the helper
+        has let the GIL go again: with ``announced`` (``announced(lo, hi, flag_addr, number)`` runs
+        ``run(lo, hi)`` after storing the number at ``flag_addr`` without the GIL,
+        ``TaskKernel.announced``) until it says so; without, until it started, and ``settle`` polls
+        more. A thread that asks for the GIL while another holds it sleeps, and waking costs tens of
+        microseconds. A sleeping helper is woken instead: then the caller must not poll, or Linux,
         which wakes a thread on its waker's CPU, may keep the helper waiting behind the poll.
         """
         with self.cond:
-            self.job = job
             posted = int(self.slots[0]) + 1
+            self.job = (functools.partial(announced, lo, hi, self.addr + 192, posted) if announced is not None
+                        else functools.partial(run, lo, hi))
             if self.asleep:
                 self.slots[0] = posted
                 self.cond.notify_all()
                 return posted, True
-        if _store_then_poll(self.addr, posted, self.addr + 128, posted - 1, start_polls) == posted:
-            _poll(self.addr + 192, 0, settle)
-        else:  # it had stopped polling before the number was stored: wake it
+        if announced is not None:
+            seen = _store_then_poll(self.addr, posted, self.addr + 192, posted - 1, start_polls)
+        elif (seen := _store_then_poll(self.addr, posted, self.addr + 128, posted - 1, start_polls)) == posted:
+            _poll(self.addr + 256, 0, settle)
+        if seen != posted:  # it had stopped polling before the number was stored: wake it
             with self.cond:
                 self.cond.notify_all()
         return posted, False
@@ -223,6 +233,11 @@ def _new_team_in_child() -> None:
 os.register_at_fork(after_in_child=_new_team_in_child)
 
 
+def _announced_template(flag, value, t0, t1, *args):
+    _store_release(flag, value)
+    kernel_fn(t0, t1, *args)  # noqa: F821 - ``kernel_fn`` is bound by ``TaskKernel``
+
+
 class TaskKernel:
     """A kernel over independent tasks (rows, heads, column blocks), run on a few threads.
 
@@ -240,6 +255,14 @@ class TaskKernel:
 
     def __init__(self, fn, tasks, weight: int = 1):
         self.dispatcher = njit(cache=True, nogil=True, error_model="numpy", fastmath=False)(fn)
+        # The same kernel, which first stores ``value`` at ``flag`` once the GIL is let go (for a
+        # helper's share: ``_Helper.post``). A fresh function with the kernel as a global, named after
+        # it, so that Numba caches it on disk (as ``fp.elementwise`` does).
+        name = f"_announced__{fn.__module__.rsplit('.', 1)[-1]}__{fn.__name__}"
+        wrapper = FunctionType(_announced_template.__code__, {**_announced_template.__globals__,
+                                                             "kernel_fn": self.dispatcher}, name)
+        wrapper.__qualname__ = name
+        self.announced = njit(cache=True, nogil=True, error_model="numpy", fastmath=False)(wrapper)
         self.tasks = tasks
         self.weight = weight
         functools.update_wrapper(self, fn)
@@ -252,13 +275,15 @@ class TaskKernel:
         if parts <= 1 or work < PARALLEL_MIN_WORK:
             self.dispatcher(0, ntasks, *args)
             return ntasks
-        split(lambda lo, hi: self.dispatcher(lo, hi, *args), ntasks, parts)
+        split(lambda lo, hi: self.dispatcher(lo, hi, *args), ntasks, parts,
+              lambda lo, hi, flag, value: self.announced(flag, value, lo, hi, *args))
         return ntasks
 
 
-def split(run, count: int, parts: int) -> None:
+def split(run, count: int, parts: int, announced=None) -> None:
     """``run(lo, hi)`` over ``parts`` contiguous shares of ``range(count)``: the first on this
-    thread, the others on the team's helpers (``run`` must release the GIL to run alongside).
+    thread, the others on the team's helpers (``run`` must release the GIL to run alongside;
+    ``announced``, if given, is ``run`` that first says it let the GIL go: ``_Helper.post``).
     While another split runs (another thread's), this one runs its shares itself."""
     bounds = [count * i // parts for i in range(parts + 1)]
     team = _TEAM
@@ -268,8 +293,8 @@ def split(run, count: int, parts: int) -> None:
         return
     try:
         helpers = team.helpers_for(parts - 1)
-        settle, start_polls = 2 * team.polls_per_us, START_US * team.polls_per_us
-        posted = [h.post(functools.partial(run, bounds[i + 1], bounds[i + 2]), settle, start_polls)
+        settle, start_polls = SETTLE_US * team.polls_per_us, START_US * team.polls_per_us
+        posted = [h.post(run, bounds[i + 1], bounds[i + 2], announced, settle, start_polls)
                   for i, h in enumerate(helpers)]
         try:
             run(bounds[0], bounds[1])

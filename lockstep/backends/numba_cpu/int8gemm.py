@@ -145,6 +145,33 @@ def vnni_tile(typingctx, out_addr, ldo, a_addr, lda, b_addr, k4, corr_addr):
     return sig, codegen
 
 
+def _rescaled_epilogue(builder, lanes: int, sa_i, sa_step_v, sb_i, factor_v):
+    """The epilogue of a rescaled integer tile of ``lanes``-wide int32 vectors (two per row):
+    ``((float32(v) * sa[r * sa_step]) * sb[c]) * factor``, each product one IEEE multiplication."""
+    f32, i32, i64 = ir.FloatType(), ir.IntType(32), ir.IntType(64)
+    vf = ir.VectorType(f32, lanes)
+    sa_p = builder.inttoptr(sa_i, f32.as_pointer())
+    sb_p = builder.inttoptr(sb_i, f32.as_pointer())
+    zero_idx = ir.Constant(ir.VectorType(i32, lanes), None)
+
+    def splat(x):
+        v = builder.insert_element(ir.Constant(vf, ir.Undefined), x, ir.Constant(i32, 0))
+        return builder.shuffle_vector(v, ir.Constant(vf, ir.Undefined), zero_idx)
+
+    factor_vec = splat(factor_v)
+    sb_vecs = [builder.load(builder.bitcast(builder.gep(sb_p, [ir.Constant(i64, lanes * h)]), vf.as_pointer()),
+                            align=4) for h in range(2)]
+
+    def epilogue(r, h, v):
+        sa_r = builder.load(builder.gep(sa_p, [builder.mul(sa_step_v, ir.Constant(i64, r))]), align=4)
+        x = builder.sitofp(v, vf)  # int32 -> float32, round to nearest even
+        x = builder.fmul(x, splat(sa_r))
+        x = builder.fmul(x, sb_vecs[h])
+        return builder.fmul(x, factor_vec), f32
+
+    return epilogue
+
+
 @intrinsic
 def vnni_tile_rescaled(typingctx, out_addr, ldo, a_addr, lda, b_addr, k4, corr_addr, sa_addr, sa_step, sb_addr,
                        factor):
@@ -156,27 +183,7 @@ def vnni_tile_rescaled(typingctx, out_addr, ldo, a_addr, lda, b_addr, k4, corr_a
 
     def codegen(context, builder, sig, args):
         out_i, ldo_v, a_i, lda_v, b_i, k4_v, corr_i, sa_i, sa_step_v, sb_i, factor_v = args
-        f32, i32, i64 = ir.FloatType(), ir.IntType(32), ir.IntType(64)
-        vf = ir.VectorType(f32, 16)
-        sa_p = builder.inttoptr(sa_i, f32.as_pointer())
-        sb_p = builder.inttoptr(sb_i, f32.as_pointer())
-        zero_idx = ir.Constant(ir.VectorType(i32, 16), None)
-
-        def splat(x):
-            v = builder.insert_element(ir.Constant(vf, ir.Undefined), x, ir.Constant(i32, 0))
-            return builder.shuffle_vector(v, ir.Constant(vf, ir.Undefined), zero_idx)
-
-        factor_vec = splat(factor_v)
-        sb_vecs = [builder.load(builder.bitcast(builder.gep(sb_p, [ir.Constant(i64, 16 * h)]), vf.as_pointer()),
-                                align=4) for h in range(2)]
-
-        def epilogue(r, h, v):
-            sa_r = builder.load(builder.gep(sa_p, [builder.mul(sa_step_v, ir.Constant(i64, r))]), align=4)
-            x = builder.sitofp(v, vf)  # int32 -> float32, round to nearest even
-            x = builder.fmul(x, splat(sa_r))
-            x = builder.fmul(x, sb_vecs[h])
-            return builder.fmul(x, factor_vec), f32
-
+        epilogue = _rescaled_epilogue(builder, 16, sa_i, sa_step_v, sb_i, factor_v)
         _vnni_tile_codegen(builder, out_i, ldo_v, a_i, lda_v, b_i, k4_v, corr_i, epilogue)
         return context.get_dummy_value()
 
@@ -404,27 +411,7 @@ def avx2_tile_rescaled(typingctx, out_addr, ldo, a_addr, lda, b_addr, k2, sa_add
 
     def codegen(context, builder, sig, args):
         out_i, ldo_v, a_i, lda_v, b_i, k2_v, sa_i, sa_step_v, sb_i, factor_v = args
-        f32, i32, i64 = ir.FloatType(), ir.IntType(32), ir.IntType(64)
-        vf = ir.VectorType(f32, 8)
-        sa_p = builder.inttoptr(sa_i, f32.as_pointer())
-        sb_p = builder.inttoptr(sb_i, f32.as_pointer())
-        zero_idx = ir.Constant(ir.VectorType(i32, 8), None)
-
-        def splat(x):
-            v = builder.insert_element(ir.Constant(vf, ir.Undefined), x, ir.Constant(i32, 0))
-            return builder.shuffle_vector(v, ir.Constant(vf, ir.Undefined), zero_idx)
-
-        factor_vec = splat(factor_v)
-        sb_vecs = [builder.load(builder.bitcast(builder.gep(sb_p, [ir.Constant(i64, 8 * h)]), vf.as_pointer()),
-                                align=4) for h in range(2)]
-
-        def epilogue(r, h, v):
-            sa_r = builder.load(builder.gep(sa_p, [builder.mul(sa_step_v, ir.Constant(i64, r))]), align=4)
-            x = builder.sitofp(v, vf)  # int32 -> float32, round to nearest even
-            x = builder.fmul(x, splat(sa_r))
-            x = builder.fmul(x, sb_vecs[h])
-            return builder.fmul(x, factor_vec), f32
-
+        epilogue = _rescaled_epilogue(builder, 8, sa_i, sa_step_v, sb_i, factor_v)
         _avx2_tile_codegen(builder, out_i, ldo_v, a_i, lda_v, b_i, k2_v, epilogue)
         return context.get_dummy_value()
 

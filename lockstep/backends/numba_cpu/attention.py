@@ -48,8 +48,7 @@ from .quant import abs_bits_entered, quantize1, scale_from_abs_max_bits
 from .fp import CANONICAL_NAN_BITS, EXPONENT_MASK, ONE, ZERO, bits, cn, entered, fl, from_bits, min_nonzero_abs, safe_products
 from .reduce import LANES, YMM_TILES, accumulate_rows, lane_tree, row_max_total
 from .tasks import kernel, parallel_kernel
-from .tiles import (FIXED_POINT_IN_PARTS, fixed_point_tile_4x8_ymm, fixed_point_tile_4x8_ymm_in_parts,
-                    fixed_point_tile_4x32, int8_tile_4x16, int8_tile_4x16_ymm, int8_tile_4x64,
+from .tiles import (fixed_point_tile_4x32, fixed_point_tile_ymm, int8_tile_4x16, int8_tile_4x16_ymm, int8_tile_4x64,
                     tile_4x16, tile_4x16_ymm, tile_4x64, tile_8x32)
 from .transcendental import exp_diff_row
 
@@ -287,12 +286,9 @@ def _fixed_point_rows(ds, klo, khi, i0, nr, window, kg, k_max, k_finite, lbits, 
         lda = ds.shape[1]
         for r0 in range(0, QB, 4):
             for d0 in range(0, dh, w):
-                if YMM_TILES and FIXED_POINT_IN_PARTS:
-                    fixed_point_tile_4x8_ymm_in_parts(acc[r0, d0:].ctypes.data, dh, ds[r0, klo:].ctypes.data, lda,
-                                                      kg[klo, d0:].ctypes.data, dh, khi - klo, inv[r0:].ctypes.data)
-                elif YMM_TILES:
-                    fixed_point_tile_4x8_ymm(acc[r0, d0:].ctypes.data, dh, ds[r0, klo:].ctypes.data, lda,
-                                             kg[klo, d0:].ctypes.data, dh, khi - klo, inv[r0:].ctypes.data)
+                if YMM_TILES:
+                    fixed_point_tile_ymm(acc[r0, d0:].ctypes.data, dh, ds[r0, klo:].ctypes.data, lda,
+                                         kg[klo, d0:].ctypes.data, dh, khi - klo, inv[r0:].ctypes.data)
                 else:
                     fixed_point_tile_4x32(acc[r0, d0:].ctypes.data, dh, ds[r0, klo:].ctypes.data, lda,
                                           kg[klo, d0:].ctypes.data, dh, khi - klo, inv[r0:].ctypes.data)

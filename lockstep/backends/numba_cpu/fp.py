@@ -320,8 +320,9 @@ def canonical(a: np.ndarray) -> np.ndarray:
     scan finds no subnormal and no non-canonical NaN, else a canonical copy (same shape)."""
     if a.size == 0:
         return a
-    noncanonical, _finite, _mx = scan(contiguous(a).reshape(-1))
-    return f32(a) if noncanonical else a
+    flat = contiguous(a).reshape(-1)
+    noncanonical, _finite, _mx = scan(flat)
+    return f32(flat).reshape(a.shape) if noncanonical else a
 
 
 def f32(x) -> np.ndarray:

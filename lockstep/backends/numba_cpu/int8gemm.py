@@ -39,15 +39,15 @@ from __future__ import annotations
 
 import os
 
-import numba
 import numpy as np
 from llvmlite import ir
 from numba import types
+from numba.core import cgutils
 from numba.extending import intrinsic
 
 from .fp import cn, fl
 from .irloop import accumulator_loop
-from .tasks import host_cpu_features, inlined, kernel, parallel_kernel, rows
+from .tasks import host_cpu_features, inlined, parallel_kernel, rows
 
 MR = 8  # rows of A per micro-kernel call: 8 x 2 accumulators = 16 of the 32 AVX-512 registers
 NR = 32  # columns of a B panel: two 16-lane int32 vectors
@@ -80,51 +80,66 @@ def available() -> tuple[str, ...]:
 
 # ---------------------------------------------------------------- the VNNI micro-kernel
 
+def _splat(builder, x, lanes: int):
+    """``x`` in every lane of a ``lanes``-wide vector."""
+    i32 = ir.IntType(32)
+    vec = ir.VectorType(x.type, lanes)
+    v = builder.insert_element(ir.Constant(vec, ir.Undefined), x, ir.Constant(i32, 0))
+    return builder.shuffle_vector(v, ir.Constant(vec, ir.Undefined), ir.Constant(ir.VectorType(i32, lanes), None))
+
+
+def _int_tile_codegen(builder, name: str, rows: int, lanes: int, elem, a_i, lda_v, b_i, groups_v, init: list,
+                      combine, out_i, ldo_v, epilogue) -> None:
+    """Emit an integer micro-kernel: ``rows`` x 2 vectors of ``lanes`` int32 accumulators from ``init``;
+    each of ``groups`` steps broadcasts 32 bits of each row of a (a group of k: 4 int8 or 2 int16,
+    ``elem`` a's element type) over the two vectors of b it meets in the packed panel, and
+    ``combine(acc, a_all, b_vec)`` gives the new accumulator. Then the results go through
+    ``epilogue(r, h, vector) -> (vector, element type)`` to ``out + r * ldo + lanes * h`` (elements)."""
+    i32, i64 = ir.IntType(32), ir.IntType(64)
+    per_group = 32 // elem.width  # k per group
+    b_vec = ir.VectorType(elem, lanes * per_group)  # one b vector: ``lanes`` columns x one group of k
+    a_p = builder.inttoptr(a_i, elem.as_pointer())
+    b_p = builder.inttoptr(b_i, elem.as_pointer())
+
+    def step(g, acc):
+        panel_off = builder.mul(g, ir.Constant(i64, 2 * b_vec.count))
+        b_vecs = [builder.load(builder.bitcast(builder.gep(b_p, [builder.add(panel_off, ir.Constant(i64, b_vec.count * h))]),
+                                               b_vec.as_pointer()), align=elem.width // 8) for h in range(2)]
+        a_off = builder.mul(g, ir.Constant(i64, per_group))
+        new = []
+        for r in range(rows):
+            a_ptr = builder.gep(a_p, [builder.add(a_off, builder.mul(lda_v, ir.Constant(i64, r)))])
+            group = builder.load(builder.bitcast(a_ptr, i32.as_pointer()), align=elem.width // 8)  # row r's group
+            a_all = builder.bitcast(_splat(builder, group, lanes), b_vec)
+            for h in range(2):
+                new.append(combine(acc[2 * r + h], a_all, b_vecs[h]))
+        return new
+
+    accs = accumulator_loop(builder, name, groups_v, init, step)
+    for r in range(rows):
+        for h in range(2):
+            vec, out_elem = epilogue(r, h, accs[2 * r + h])
+            base = builder.inttoptr(out_i, out_elem.as_pointer())
+            ptr = builder.gep(base, [builder.add(builder.mul(ldo_v, ir.Constant(i64, r)), ir.Constant(i64, lanes * h))])
+            builder.store(vec, builder.bitcast(ptr, vec.type.as_pointer()), align=4)
+
+
 def _vnni_tile_codegen(builder, out_i, ldo_v, a_i, lda_v, b_i, k4_v, corr_i, epilogue):
     """Emit the tile loop: accumulators start at ``-corr[r]`` (so the row correction costs nothing:
     int32 wraps, the final value is the same), then ``k4`` steps of 2 x MR ``vpdpbusd``; the MR x 32
     int32 results go to ``epilogue(r, h, vector) -> (vector, element type)``, stored at
     ``out + r * ldo + 16 * h`` (elements)."""
     i8, i32, i64 = ir.IntType(8), ir.IntType(32), ir.IntType(64)
-    v16 = ir.VectorType(i32, 16)
-    v64b = ir.VectorType(i8, 64)
-    name = "llvm.x86.avx512.vpdpbusd.512"
-    dpbusd = builder.module.globals.get(name) or ir.Function(builder.module, ir.FunctionType(v16, [v16, v64b, v64b]),
-                                                             name)
-    a_p = builder.inttoptr(a_i, i8.as_pointer())
-    b_p = builder.inttoptr(b_i, i8.as_pointer())
+    v16, v64b = ir.VectorType(i32, 16), ir.VectorType(i8, 64)
+    dpbusd = cgutils.get_or_insert_function(builder.module, ir.FunctionType(v16, [v16, v64b, v64b]),
+                                            "llvm.x86.avx512.vpdpbusd.512")
     corr_p = builder.inttoptr(corr_i, i32.as_pointer())
-    zero_idx = ir.Constant(v16, None)
-
-    def splat(x, vec_type):
-        v = builder.insert_element(ir.Constant(vec_type, ir.Undefined), x, ir.Constant(i32, 0))
-        return builder.shuffle_vector(v, ir.Constant(vec_type, ir.Undefined), zero_idx)
-
     init = []
     for r in range(MR):
-        start = splat(builder.neg(builder.load(builder.gep(corr_p, [ir.Constant(i64, r)]), align=4)), v16)
+        start = _splat(builder, builder.neg(builder.load(builder.gep(corr_p, [ir.Constant(i64, r)]), align=4)), 16)
         init += [start, start]
-    def step(g, acc):  # one group of 4 k
-        panel_off = builder.mul(g, ir.Constant(i64, 4 * NR))
-        b_vecs = [builder.load(builder.bitcast(builder.gep(b_p, [builder.add(panel_off, ir.Constant(i64, 64 * h))]),
-                                               v64b.as_pointer()), align=1) for h in range(2)]
-        a_off = builder.mul(g, ir.Constant(i64, 4))
-        new = []
-        for r in range(MR):
-            a_ptr = builder.gep(a_p, [builder.add(a_off, builder.mul(lda_v, ir.Constant(i64, r)))])
-            a4 = builder.load(builder.bitcast(a_ptr, i32.as_pointer()), align=1)  # 4 bytes of row r
-            a_all = builder.bitcast(splat(a4, v16), v64b)
-            for h in range(2):
-                new.append(builder.call(dpbusd, [acc[2 * r + h], b_vecs[h], a_all]))
-        return new
-
-    new = accumulator_loop(builder, "vnni", k4_v, init, step)
-    for r in range(MR):
-        for h in range(2):
-            vec, elem = epilogue(r, h, new[2 * r + h])
-            base = builder.inttoptr(out_i, elem.as_pointer())
-            ptr = builder.gep(base, [builder.add(builder.mul(ldo_v, ir.Constant(i64, r)), ir.Constant(i64, 16 * h))])
-            builder.store(vec, builder.bitcast(ptr, vec.type.as_pointer()), align=4)
+    _int_tile_codegen(builder, "vnni", MR, 16, i8, a_i, lda_v, b_i, k4_v, init,
+                      lambda acc, a_all, b_vec: builder.call(dpbusd, [acc, b_vec, a_all]), out_i, ldo_v, epilogue)
 
 
 @intrinsic
@@ -148,24 +163,18 @@ def vnni_tile(typingctx, out_addr, ldo, a_addr, lda, b_addr, k4, corr_addr):
 def _rescaled_epilogue(builder, lanes: int, sa_i, sa_step_v, sb_i, factor_v):
     """The epilogue of a rescaled integer tile of ``lanes``-wide int32 vectors (two per row):
     ``((float32(v) * sa[r * sa_step]) * sb[c]) * factor``, each product one IEEE multiplication."""
-    f32, i32, i64 = ir.FloatType(), ir.IntType(32), ir.IntType(64)
+    f32, i64 = ir.FloatType(), ir.IntType(64)
     vf = ir.VectorType(f32, lanes)
     sa_p = builder.inttoptr(sa_i, f32.as_pointer())
     sb_p = builder.inttoptr(sb_i, f32.as_pointer())
-    zero_idx = ir.Constant(ir.VectorType(i32, lanes), None)
-
-    def splat(x):
-        v = builder.insert_element(ir.Constant(vf, ir.Undefined), x, ir.Constant(i32, 0))
-        return builder.shuffle_vector(v, ir.Constant(vf, ir.Undefined), zero_idx)
-
-    factor_vec = splat(factor_v)
+    factor_vec = _splat(builder, factor_v, lanes)
     sb_vecs = [builder.load(builder.bitcast(builder.gep(sb_p, [ir.Constant(i64, lanes * h)]), vf.as_pointer()),
                             align=4) for h in range(2)]
 
     def epilogue(r, h, v):
         sa_r = builder.load(builder.gep(sa_p, [builder.mul(sa_step_v, ir.Constant(i64, r))]), align=4)
         x = builder.sitofp(v, vf)  # int32 -> float32, round to nearest even
-        x = builder.fmul(x, splat(sa_r))
+        x = builder.fmul(x, _splat(builder, sa_r, lanes))
         x = builder.fmul(x, sb_vecs[h])
         return builder.fmul(x, factor_vec), f32
 
@@ -348,38 +357,12 @@ def _avx2_tile_codegen(builder, out_i, ldo_v, a_i, lda_v, b_i, k2_v, epilogue):
     """Emit the AVX2 tile loop: ``k2`` steps of 2 x MR2 ``vpmaddwd`` + ``vpaddd``; the MR2 x 16 int32
     results go to ``epilogue(r, h, vector) -> (vector, element type)``, stored at
     ``out + r * ldo + 8 * h`` (elements)."""
-    i16, i32, i64 = ir.IntType(16), ir.IntType(32), ir.IntType(64)
-    v8 = ir.VectorType(i32, 8)
-    v16s = ir.VectorType(i16, 16)
-    name = "llvm.x86.avx2.pmadd.wd"
-    pmaddwd = builder.module.globals.get(name) or ir.Function(builder.module, ir.FunctionType(v8, [v16s, v16s]), name)
-    a_p = builder.inttoptr(a_i, i16.as_pointer())
-    b_p = builder.inttoptr(b_i, i16.as_pointer())
-    zero_idx = ir.Constant(v8, None)
-    init = [ir.Constant(v8, None)] * (2 * MR2)
-
-    def step(g, acc):  # one pair of k
-        panel_off = builder.mul(g, ir.Constant(i64, 2 * NR2))
-        b_vecs = [builder.load(builder.bitcast(builder.gep(b_p, [builder.add(panel_off, ir.Constant(i64, 16 * h))]),
-                                               v16s.as_pointer()), align=2) for h in range(2)]
-        a_off = builder.mul(g, ir.Constant(i64, 2))
-        new = []
-        for r in range(MR2):
-            a_ptr = builder.gep(a_p, [builder.add(a_off, builder.mul(lda_v, ir.Constant(i64, r)))])
-            pair = builder.load(builder.bitcast(a_ptr, i32.as_pointer()), align=2)  # a[r, 2g], a[r, 2g + 1]
-            v = builder.insert_element(ir.Constant(v8, ir.Undefined), pair, ir.Constant(i32, 0))
-            a_all = builder.bitcast(builder.shuffle_vector(v, ir.Constant(v8, ir.Undefined), zero_idx), v16s)
-            for h in range(2):
-                new.append(builder.add(acc[2 * r + h], builder.call(pmaddwd, [a_all, b_vecs[h]])))
-        return new
-
-    new = accumulator_loop(builder, "avx2", k2_v, init, step)
-    for r in range(MR2):
-        for h in range(2):
-            vec, elem = epilogue(r, h, new[2 * r + h])
-            base = builder.inttoptr(out_i, elem.as_pointer())
-            ptr = builder.gep(base, [builder.add(builder.mul(ldo_v, ir.Constant(i64, r)), ir.Constant(i64, 8 * h))])
-            builder.store(vec, builder.bitcast(ptr, vec.type.as_pointer()), align=4)
+    i16, i32 = ir.IntType(16), ir.IntType(32)
+    v8, v16s = ir.VectorType(i32, 8), ir.VectorType(i16, 16)
+    pmaddwd = cgutils.get_or_insert_function(builder.module, ir.FunctionType(v8, [v16s, v16s]), "llvm.x86.avx2.pmadd.wd")
+    _int_tile_codegen(builder, "avx2", MR2, 8, i16, a_i, lda_v, b_i, k2_v, [ir.Constant(v8, None)] * (2 * MR2),
+                      lambda acc, a_all, b_vec: builder.add(acc, builder.call(pmaddwd, [a_all, b_vec])),
+                      out_i, ldo_v, epilogue)
 
 
 @intrinsic
@@ -418,11 +401,7 @@ def avx2_tile_rescaled(typingctx, out_addr, ldo, a_addr, lda, b_addr, k2, sa_add
     return sig, codegen
 
 
-def _panels2(b, bp) -> int:
-    return bp.shape[0]
-
-
-@parallel_kernel(_panels2)
+@parallel_kernel(_panels)
 def _pack_b16(t0, t1, b, bp):
     """bp[p, g, jj, t] = int16(b[2g + t, 16p + jj]) (0 past the edges); tasks are panels. The K
     padding meets A's zero padding; the N padding lands in columns that are never stored."""

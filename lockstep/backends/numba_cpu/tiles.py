@@ -30,6 +30,7 @@ from __future__ import annotations
 import numpy as np
 from llvmlite import ir
 from numba import types
+from numba.core import cgutils
 from numba.extending import intrinsic
 
 from .irloop import accumulator_loop
@@ -192,8 +193,7 @@ def _rint_to_int64_in_parts(builder, x, lanes: int):
     dvec, ivec = ir.VectorType(f64, lanes), ir.VectorType(i64, lanes)
 
     def intrinsic_fn(name):
-        full = f"llvm.{name}.v{lanes}f64"
-        return builder.module.globals.get(full) or ir.Function(builder.module, ir.FunctionType(dvec, [dvec]), full)
+        return cgutils.get_or_insert_function(builder.module, ir.FunctionType(dvec, [dvec]), f"llvm.{name}.v{lanes}f64")
 
     def splat_d(v):
         return ir.Constant(dvec, [ir.Constant(f64, v)] * lanes)
@@ -239,9 +239,8 @@ def _fixed_point_tile(mr: int, nv: int, lanes: int, in_parts: bool = False):
                 def to_int(x):
                     return _rint_to_int64_in_parts(builder, x, lanes)
             else:
-                name = f"llvm.llrint.v{lanes}i64.v{lanes}f64"
-                llrint = builder.module.globals.get(name) or ir.Function(
-                    builder.module, ir.FunctionType(t.out_vec, [dvec]), name)
+                llrint = cgutils.get_or_insert_function(builder.module, ir.FunctionType(t.out_vec, [dvec]),
+                                                        f"llvm.llrint.v{lanes}i64.v{lanes}f64")
 
                 def to_int(x):
                     return builder.call(llrint, [x])
@@ -273,3 +272,5 @@ fixed_point_tile_4x8_ymm = _fixed_point_tile(4, 2, 4)
 fixed_point_tile_4x8_ymm_in_parts = _fixed_point_tile(4, 2, 4, in_parts=True)
 _FEATURES = host_cpu_features()
 FIXED_POINT_IN_PARTS = bool(_FEATURES.get("avx2")) and not _FEATURES.get("avx512dq", False)
+# The 16-register fixed-point tile this CPU runs (``reduce.YMM_TILES``): in parts on x86 without AVX-512DQ.
+fixed_point_tile_ymm = fixed_point_tile_4x8_ymm_in_parts if FIXED_POINT_IN_PARTS else fixed_point_tile_4x8_ymm

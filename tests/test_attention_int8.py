@@ -202,9 +202,8 @@ def _call_tile(name: str):
             tile(out.ctypes.data, out.shape[1], a.ctypes.data, a.shape[1], b.ctypes.data, b.shape[1], k)
     else:
         @numba.njit
-        def run(out, a, b, k, inv):
-            tile(out.ctypes.data, out.shape[1], a.ctypes.data, a.shape[1], b.ctypes.data, b.shape[1], k,
-                 inv.ctypes.data)
+        def run(out, a, b, k):
+            tile(out.ctypes.data, out.shape[1], a.ctypes.data, a.shape[1], b.ctypes.data, b.shape[1], k)
     return run
 
 
@@ -230,7 +229,7 @@ def test_the_int8_pv_tiles_give_the_exact_int32_sums(name, width):
 @pytest.mark.parametrize("name, width", [("fixed_point_tile_4x32", 32), ("fixed_point_tile_4x8_ymm", 8),
                                          ("fixed_point_tile_4x8_ymm_in_parts", 8)])
 def test_the_fixed_point_tiles_round_each_term_once_half_even_and_sum_exactly(name, width):
-    """The numba dq tiles: ``sum_k rint((a[r, k] * b[k, c]) * inv[r])`` in int64, terms that are exact
+    """The numba dq tiles: ``sum_k rint((a[r, k] * inv[r]) * b[k, c])`` in int64, terms that are exact
     ties (rounded to even), terms below half the grid (0), a row of zeros and a row whose terms reach
     2**52 and +-2**60 (with low bits set) among them, against the same terms summed one by one in int64.
     ``_in_parts`` converts without a float64 -> int64 instruction; the test runs it on every CPU."""
@@ -248,10 +247,42 @@ def test_the_fixed_point_tiles_round_each_term_once_half_even_and_sum_exactly(na
     a[3, 2], b[2, 3] = np.float32(-(2**24 - 1)), np.float32((2**24 - 3) * 2.0**12)  # about -2**60, low bits set
     inv = np.array([1.0, 2.0**-3, 2.0**10, 1.0])
     out = np.full((4, width), -1, np.int64)
-    run(out, a, b, k, inv)
+    run(out, a.astype(np.float64) * inv[:, None], b, k)  # the rows scaled by their grids: exact
     want = np.zeros((4, width), np.int64)
     a64, b64 = a.astype(np.float64), b.astype(np.float64)
     for kk in range(k):
         want += np.rint((a64[:, kk:kk + 1] * b64[kk:kk + 1, :]) * inv[:, None]).astype(np.int64)
     assert out.tobytes() == want.tobytes()
     assert want[0, 0] == sum(int(np.rint(x)) for x in a64[0, :k])  # the ties went to even
+
+
+@pytest.mark.parametrize("name, width", [("fixed_point_tile_4x32", 32), ("fixed_point_tile_4x8_ymm", 8),
+                                         ("fixed_point_tile_4x8_ymm_in_parts", 8)])
+def test_the_fixed_point_tiles_round_terms_of_every_size_the_grid_allows(name, width):
+    """Terms spread over every magnitude from 2**-4 to 2**57, one per row near the contract's bound 2**61
+    (the in-parts conversion's split at 2**11 and its two magic constants see both ends), and ties
+    (an odd number of halves) at magnitudes up to 2**52: the tile's int64 sums are the terms rounded
+    half-even one by one, summed in Python integers (every sum stays below 2**62)."""
+    run = _call_tile(name)
+    rng = np.random.default_rng(width + 7)
+    k = 41
+    mant_a = rng.integers(2**23, 2**24, (4, k)) * rng.choice([-1, 1], (4, k))  # 24-bit significands
+    mant_b = rng.integers(2**23, 2**24, (k, width)) * rng.choice([-1, 1], (k, width))
+    b = (mant_b * 2.0**-23).astype(np.float32)  # |b| in [1, 2)
+    exps = rng.integers(-28, 34, (4, k))  # |a * b| in [2**-4, 2**57)
+    a = mant_a * np.ldexp(1.0, exps - 23)  # float64, each a float32 significand times a power of two
+    a[:, 0] = np.ldexp(mant_a[:, 0].astype(np.float64), 60 - 23)  # one term per row at about 2**60-2**61
+    b[0, :] = np.where(rng.random(width) < 0.5, -1.0, 1.0)
+    b[1, :] = 1.0
+    halves = rng.integers(0, 2**52, 4) * 2 + 1  # odd: x.5 exactly, below 2**52
+    a[:, 1] = halves * 0.5
+    out = np.full((4, width), -1, np.int64)
+    run(out, a, b, k)
+    want = np.zeros((4, width), dtype=object)
+    for kk in range(k):
+        for r in range(4):
+            for c in range(width):
+                x = a[r, kk] * np.float64(b[kk, c])  # exact: 24 x 24 significant bits
+                want[r, c] += int(np.rint(x))
+    assert all(abs(int(v)) < 2**62 for v in want.ravel())
+    assert out.tolist() == want.tolist()

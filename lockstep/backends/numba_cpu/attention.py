@@ -254,12 +254,13 @@ def _fixed_point_width(dh):
 
 
 @kernel
-def _fixed_point_rows(ds, klo, khi, i0, nr, window, kg, k_max, k_finite, lbits, grid, inv, acc, out):
+def _fixed_point_rows(ds, klo, khi, i0, nr, window, kg, k_max, k_finite, lbits, grid, inv, scaled, acc, out):
     """``dq = ds k`` of a block's rows in 64-bit fixed point: ``spec.attention.fixed_point_contract``
     (one grid per row from its largest |ds| and the head's largest |k|; int64 sums, exact in any order).
     A full block whose rows and keys are all finite runs as fixed-point register tiles over all its keys
-    [klo, khi) (``tiles.fixed_point_tile_*``: masked pairs are zeros in ds and add nothing); otherwise row
-    by row. grid (QB,) int64, inv (QB,) float64 and acc (QB, Dh) int64 are scratch."""
+    [klo, khi) (``tiles.fixed_point_tile_*``: masked pairs are zeros in ds and add nothing), from ds's rows
+    scaled by their grids in float64 (exact: powers of two); otherwise row by row. grid (QB,) int64, inv
+    (QB,) float64, scaled (QB, ds.shape[1]) float64 and acc (QB, Dh) int64 are scratch."""
     dh = out.shape[1]
     _, eb = math.frexp(np.float64(k_max))
     tiled = k_finite and nr == QB
@@ -283,15 +284,20 @@ def _fixed_point_rows(ds, klo, khi, i0, nr, window, kg, k_max, k_finite, lbits, 
             tiled = False
     w = _fixed_point_width(dh)
     if tiled and w > 0:
-        lda = ds.shape[1]
+        lda = scaled.shape[1]
+        for r in range(QB):
+            src = ds[r]
+            dst = scaled[r]
+            for j in range(klo, khi):
+                dst[j] = np.float64(src[j]) * inv[r]
         for r0 in range(0, QB, 4):
             for d0 in range(0, dh, w):
                 if YMM_TILES:
-                    fixed_point_tile_ymm(acc[r0, d0:].ctypes.data, dh, ds[r0, klo:].ctypes.data, lda,
-                                         kg[klo, d0:].ctypes.data, dh, khi - klo, inv[r0:].ctypes.data)
+                    fixed_point_tile_ymm(acc[r0, d0:].ctypes.data, dh, scaled[r0, klo:].ctypes.data, lda,
+                                         kg[klo, d0:].ctypes.data, dh, khi - klo)
                 else:
-                    fixed_point_tile_4x32(acc[r0, d0:].ctypes.data, dh, ds[r0, klo:].ctypes.data, lda,
-                                          kg[klo, d0:].ctypes.data, dh, khi - klo, inv[r0:].ctypes.data)
+                    fixed_point_tile_4x32(acc[r0, d0:].ctypes.data, dh, scaled[r0, klo:].ctypes.data, lda,
+                                          kg[klo, d0:].ctypes.data, dh, khi - klo)
     else:
         for r in range(nr):
             i = i0 + r
@@ -513,6 +519,7 @@ def _backward_kernel(t0, t1, do, q, k, v, o, m, l, window, dq, dk, dv, int8, lbi
     acc64 = np.empty((QB, dh), dtype=np.int64)
     grid = np.empty(QB, dtype=np.int64)
     inv = np.empty(QB, dtype=np.float64)
+    scaled = np.empty((QB, width), dtype=np.float64)
     d_rows = np.empty(t, dtype=np.float32)
     lanes = np.empty(LANES, dtype=np.float32)
     tmp = np.empty(dh, dtype=np.float32)
@@ -608,7 +615,7 @@ def _backward_kernel(t0, t1, do, q, k, v, o, m, l, window, dq, dk, dv, int8, lbi
                     # dq[i] = sum_{j allowed} ds[j] k[j, :], ascending j
                     ds_min = _block_min(ds[:nr], klo, khi)
                     if int8:
-                        _fixed_point_rows(ds, klo, khi, i0, nr, window, kg, k_max, k_finite, lbits, grid, inv, acc64,
+                        _fixed_point_rows(ds, klo, khi, i0, nr, window, kg, k_max, k_finite, lbits, grid, inv, scaled, acc64,
                                           dq[b, h])
                     else:
                         tiled_dq = full and k_finite and safe_products(ds_min, min_k)

@@ -176,86 +176,84 @@ int8_tile_4x16_ymm = _int8_tile(4, 2, lanes=8)
 
 
 MAGIC_INT = 6755399441055744.0  # 2**52 + 2**51: v + MAGIC_INT, read as an integer, is MAGIC's bits + v for |v| < 2**51
+SPLIT_BITS = 11  # the in-parts conversion splits a term at 2**11
+MAGIC_HIGH = 2.0**63 + 2.0**62  # x + MAGIC_HIGH lies in [2**63, 2**64), whose unit is 2**SPLIT_BITS, for |x| < 2**62
+_MAGIC_INT_BITS = int(np.float64(MAGIC_INT).view(np.int64))
+_MAGIC_HIGH_BITS = int(np.float64(MAGIC_HIGH).view(np.int64))
+# What ``_biased_rint_in_parts`` adds to every term: an int64, modulo 2**64.
+IN_PARTS_BIAS = ((_MAGIC_HIGH_BITS << SPLIT_BITS) + _MAGIC_INT_BITS + 2**63) % 2**64 - 2**63
 
 
-def _rint_to_int64_in_parts(builder, x, lanes: int):
-    """``llrint(x)`` for a vector of float64 with |x| < 2**62, without a float64 -> int64 conversion
-    instruction (x86 has one only with AVX-512DQ; without it LLVM converts lane by lane).
+def _biased_rint_in_parts(builder, x, lanes: int):
+    """``llrint(x) + IN_PARTS_BIAS`` (int64, modulo 2**64) for a vector of float64 that are exact products
+    with |x| <= 2**61, in four float additions and two integer operations, without a float64 -> int64
+    conversion instruction (x86 has one only with AVX-512DQ; without it LLVM converts lane by lane).
 
-    ``r = rint(x)`` (the default rounding mode, as ``llrint``); ``hi = trunc(r * 2**-32)``;
-    ``lo = r - hi * 2**32``. Each step is exact: the products are by powers of two, and ``lo`` is an
-    integer below 2**32 in magnitude, so the difference is representable. ``hi`` and ``lo`` are
-    integers below 2**51 in magnitude, each turned into int64 exactly by adding 2**52 + 2**51 (the
-    sum stays in [2**52, 2**53), where float64's unit is 1) and subtracting that constant's bits
-    from the sum's. The result is ``(hi << 32) + lo``: ``r`` as int64.
+    ``s = x + MAGIC_HIGH`` rounds x to a multiple of 2**11 (s lies in [2**63, 2**64), whose unit is 2**11:
+    MAGIC_HIGH = 1.5 * 2**63 and |x| < 2**62), so ``h = s - MAGIC_HIGH`` is that multiple, exactly, and
+    ``bits(s) - bits(MAGIC_HIGH)`` is ``h / 2**11`` as an integer. ``l = x - h`` is exact (|l| <= 2**10,
+    its digits are x's below 2**11), and ``r = l + MAGIC_INT`` rounds it to an integer, ties to even (r
+    lies in [2**52, 2**53), unit 1), ``bits(r) - bits(MAGIC_INT)`` being that integer. h is an even
+    integer, so rounding x is rounding l: ``rint(x) = h + rint(l)``. The result is
+    ``(bits(s) << 11) + bits(r)``: ``rint(x)`` plus ``(bits(MAGIC_HIGH) << 11) + bits(MAGIC_INT)``, which
+    the caller removes once per term from the sum (integers modulo 2**64: the true sum fits int64, so
+    what is left is that sum exactly).
     """
     f64, i64 = ir.DoubleType(), ir.IntType(64)
     dvec, ivec = ir.VectorType(f64, lanes), ir.VectorType(i64, lanes)
 
-    def intrinsic_fn(name):
-        return cgutils.get_or_insert_function(builder.module, ir.FunctionType(dvec, [dvec]), f"llvm.{name}.v{lanes}f64")
-
     def splat_d(v):
         return ir.Constant(dvec, [ir.Constant(f64, v)] * lanes)
 
-    def splat_i(v):
-        return ir.Constant(ivec, [ir.Constant(i64, v)] * lanes)
-
-    magic_bits = int(np.float64(MAGIC_INT).view(np.int64))
-    r = builder.call(intrinsic_fn("rint"), [x])
-    hi = builder.call(intrinsic_fn("trunc"), [builder.fmul(r, splat_d(2.0**-32))])
-    lo = builder.fsub(r, builder.fmul(hi, splat_d(2.0**32)))
-
-    def small_to_int(v):
-        return builder.sub(builder.bitcast(builder.fadd(v, splat_d(MAGIC_INT)), ivec), splat_i(magic_bits))
-
-    return builder.add(builder.shl(small_to_int(hi), splat_i(32)), small_to_int(lo))
+    high = splat_d(MAGIC_HIGH)
+    s = builder.fadd(x, high)
+    low = builder.fsub(x, builder.fsub(s, high))
+    r = builder.fadd(low, splat_d(MAGIC_INT))
+    shift = ir.Constant(ivec, [ir.Constant(i64, SPLIT_BITS)] * lanes)
+    return builder.add(builder.shl(builder.bitcast(s, ivec), shift), builder.bitcast(r, ivec))
 
 
 def _fixed_point_tile(mr: int, nv: int, lanes: int, in_parts: bool = False):
-    """The intrinsic ``f(out_addr, ldo, a_addr, lda, b_addr, ldb, k, inv_addr)`` for one fixed-point tile:
-    ``mr`` rows x ``nv`` vectors of ``lanes`` int64, ``out[r, c] = sum_k rint((a[r, k] * b[k, c]) * inv[r])``
-    with ``a``, ``b`` float32 widened to float64 and ``inv`` float64 powers of two: the product of the
-    three is exact in float64 in either order (24 x 24 significant bits, scaled by a power of two far
-    inside float64's range), so it is computed as ``(a[r, k] * inv[r]) * b[k, c]``, one product per
-    element; then one rounding to the nearest integer, ties to even, and the conversion to int64 in one
-    step (``llvm.llrint``, the default rounding mode: ``vcvtpd2qq`` with AVX-512DQ; with ``in_parts``,
-    ``_rint_to_int64_in_parts``, the same integers), and int64 sums:
-    ``spec.attention.fixed_point_contract``'s terms, summed exactly, so in any order. The caller
-    guarantees finite operands and the contract's grid (every term and sum below 2**62); a zero ``a``
-    adds nothing, so masked pairs may be zeros."""
+    """The intrinsic ``f(out_addr, ldo, a_addr, lda, b_addr, ldb, k)`` for one fixed-point tile: ``mr`` rows
+    x ``nv`` vectors of ``lanes`` int64, ``out[r, c] = sum_k rint(a[r, k] * b[k, c])`` with ``a`` float64
+    (the caller's float32 scaled by its row's power of two, ``a[r, k] * inv[r]``: exact) and ``b`` float32
+    widened to float64: the product is exact in float64 (24 x 24 significant bits, scaled by a power of
+    two far inside float64's range), then one rounding to the nearest integer, ties to even, and the
+    conversion to int64 in one step (``llvm.llrint``, the default rounding mode: ``vcvtpd2qq`` with
+    AVX-512DQ; with ``in_parts``, ``_biased_rint_in_parts``, the same integers, each with a bias the
+    sums start without), and int64 sums: ``spec.attention.fixed_point_contract``'s terms, summed
+    exactly, so in any order. The caller guarantees finite operands and the contract's grid (every term
+    at most 2**61 and every sum below 2**62: terms below ``2**(62 - L)`` for L >= 1); a zero ``a`` adds
+    nothing, so masked pairs may be zeros."""
 
     @intrinsic
-    def fixed_point_tile(typingctx, out_addr, ldo, a_addr, lda, b_addr, ldb, k, inv_addr):
-        sig = types.void(types.uintp, types.intp, types.uintp, types.intp, types.uintp, types.intp, types.intp,
-                         types.uintp)
+    def fixed_point_tile(typingctx, out_addr, ldo, a_addr, lda, b_addr, ldb, k):
+        sig = types.void(types.uintp, types.intp, types.uintp, types.intp, types.uintp, types.intp, types.intp)
 
         def codegen(context, builder, sig, args):
-            out_i, ldo_v, a_i, lda_v, b_i, ldb_v, k_v, inv_i = args
+            out_i, ldo_v, a_i, lda_v, b_i, ldb_v, k_v = args
             f32, f64, i64 = ir.FloatType(), ir.DoubleType(), ir.IntType(64)
             t = _TileIR(builder, mr, nv, lanes, out_i, i64, ldo_v)
             dvec = ir.VectorType(f64, lanes)
             if in_parts:
                 def to_int(x):
-                    return _rint_to_int64_in_parts(builder, x, lanes)
+                    return _biased_rint_in_parts(builder, x, lanes)
+
+                # every term carries IN_PARTS_BIAS: the sums start from -k of them (modulo 2**64)
+                init = [t.splat(builder.mul(k_v, ir.Constant(i64, -IN_PARTS_BIAS)))] * (mr * nv)
             else:
                 llrint = cgutils.get_or_insert_function(builder.module, ir.FunctionType(t.out_vec, [dvec]),
                                                         f"llvm.llrint.v{lanes}i64.v{lanes}f64")
 
                 def to_int(x):
                     return builder.call(llrint, [x])
-            a_p, b_p, inv_p = t.pointer(a_i, f32), t.pointer(b_i, f32), t.pointer(inv_i, f64)
-            invs = [builder.load(builder.gep(inv_p, [t.c64(r)]), align=8) for r in range(mr)]
 
-            def a_scaled(kk, r):  # a[r, k] * inv[r]: exact, a power of two
-                a_val = builder.fpext(t.element(a_p, builder.add(kk, builder.mul(lda_v, t.c64(r))), 4), f64)
-                return builder.fmul(a_val, invs[r])
-
-            init = [ir.Constant(t.out_vec, None)] * (mr * nv)
+                init = [ir.Constant(t.out_vec, None)] * (mr * nv)
+            a_p, b_p = t.pointer(a_i, f64), t.pointer(b_i, f32)
             t.accumulate("fxtile", k_v, init,
                          lambda kk: [builder.fpext(v, dvec) for v in t.row_vectors(b_p, builder.mul(kk, ldb_v), f32, 4)],
-                         a_scaled, lambda acc, a_all, b_vec: builder.add(acc, to_int(builder.fmul(a_all, b_vec))),
-                         align=8)
+                         lambda kk, r: t.element(a_p, builder.add(kk, builder.mul(lda_v, t.c64(r))), 8),
+                         lambda acc, a_all, b_vec: builder.add(acc, to_int(builder.fmul(a_all, b_vec))), align=8)
             return context.get_dummy_value()
 
         return sig, codegen

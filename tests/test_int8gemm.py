@@ -83,11 +83,12 @@ def test_empty_and_wrong_dtypes():
 
 
 @pytest.mark.parametrize("impl", IMPLEMENTATIONS)
-@pytest.mark.parametrize("m,k,n", [(5, 7, 15), (6, 2, 16), (7, 1023, 17), (13, 257, 49), (70, 688, 33)])
+@pytest.mark.parametrize("m,k,n", [(5, 7, 15), (6, 2, 16), (7, 1023, 17), (13, 257, 49), (70, 688, 33), (100, 40, 1100)])
 def test_paths_give_the_same_bytes_at_the_int8_extremes(impl, m, k, n):
     """Every path against the spec's ``int8_matmul``, byte for byte, with +-127 (the quantizer's
     range, every product at its largest) and -128 mixed in, on shapes that are neither whole
-    tiles (6 x 16 for AVX2, 8 x 32 for VNNI) nor whole k pairs or groups of 4."""
+    tiles (6 x 16 for AVX2, 8 x 32 for VNNI) nor whole k pairs or groups of 4; 100 x 40 x 1100 runs as
+    blocks of a few rows (``_rows_per_block``: C's width bounds them), each meeting every panel."""
     a = np.where(_int8(m, (m, k)) >= 0, 127, -127).astype(np.int8)
     b = np.where(_int8(n + 1, (k, n)) >= 0, 127, -127).astype(np.int8)
     a[0, ::3] = -128
@@ -133,7 +134,7 @@ def test_int8_linear_layers_give_the_spec_bits_with_either_gemm(monkeypatch):
 
 
 @pytest.mark.parametrize("impl", IMPLEMENTATIONS)
-@pytest.mark.parametrize("m,k,n", [(8, 64, 32), (13, 20, 45), (64, 256, 96)])
+@pytest.mark.parametrize("m,k,n", [(8, 64, 32), (13, 20, 45), (64, 256, 96), (100, 40, 1100)])
 def test_rescaled_gemm_is_the_spec_rescale(monkeypatch, impl, m, k, n):
     """``matmul_rescaled`` = the spec's ``((float32(acc) * sa) * sb) * factor``, with per-row and scalar
     ``sa``, on the fast path (scales that cannot flush) and the tested one (scales near 2**-126)."""

@@ -38,6 +38,7 @@ VNNI CPU; ``matmul(..., impl=...)`` picks one per call (tests compare them).
 from __future__ import annotations
 
 import os
+from types import FunctionType
 
 import numpy as np
 from llvmlite import ir
@@ -47,7 +48,7 @@ from numba.extending import intrinsic
 
 from .fp import cn, fl
 from .irloop import accumulator_loop
-from .tasks import host_cpu_features, inlined, parallel_kernel, rows
+from .tasks import TaskKernel, host_cpu_features, inlined, parallel_kernel, rows
 
 MR = 8  # rows of A per micro-kernel call: 8 x 2 accumulators = 16 of the 32 AVX-512 registers
 NR = 32  # columns of a B panel: two 16-lane int32 vectors
@@ -89,10 +90,11 @@ def _splat(builder, x, lanes: int):
     return builder.shuffle_vector(v, ir.Constant(vec, ir.Undefined), ir.Constant(ir.VectorType(i32, lanes), None))
 
 
-def _int_tile_codegen(builder, name: str, rows: int, lanes: int, elem, a_i, lda_v, b_i, groups_v, init: list,
+def _int_tile_codegen(builder, name: str, rows: int, lanes: int, elem, a_i, lda_v, b_i, groups_v, corr_i,
                       combine, out_i, ldo_v, epilogue) -> None:
-    """Emit an integer micro-kernel: ``rows`` x 2 vectors of ``lanes`` int32 accumulators from ``init``;
-    each of ``groups`` steps broadcasts 32 bits of each row of a (a group of k: 4 int8 or 2 int16,
+    """Emit an integer micro-kernel: ``rows`` x 2 vectors of ``lanes`` int32 accumulators, row r's
+    starting at ``-corr[r]`` (``corr_addr``: ``rows`` int32; int32 wraps, so a correction subtracted
+    first gives the same final value as one subtracted last, and costs nothing); each of ``groups`` steps broadcasts 32 bits of each row of a (a group of k: 4 int8 or 2 int16,
     ``elem`` a's element type) over the two vectors of b it meets in the packed panel, and
     ``combine(acc, a_all, b_vec)`` gives the new accumulator. Then the results go through
     ``epilogue(r, h, vector) -> (vector, element type)`` to ``out + r * ldo + lanes * h`` (elements)."""
@@ -101,6 +103,11 @@ def _int_tile_codegen(builder, name: str, rows: int, lanes: int, elem, a_i, lda_
     b_vec = ir.VectorType(elem, lanes * per_group)  # one b vector: ``lanes`` columns x one group of k
     a_p = builder.inttoptr(a_i, elem.as_pointer())
     b_p = builder.inttoptr(b_i, elem.as_pointer())
+    corr_p = builder.inttoptr(corr_i, i32.as_pointer())
+    init = []
+    for r in range(rows):
+        start = _splat(builder, builder.neg(builder.load(builder.gep(corr_p, [ir.Constant(i64, r)]), align=4)), lanes)
+        init += [start, start]
 
     def step(g, acc):
         panel_off = builder.mul(g, ir.Constant(i64, 2 * b_vec.count))
@@ -126,20 +133,14 @@ def _int_tile_codegen(builder, name: str, rows: int, lanes: int, elem, a_i, lda_
 
 
 def _vnni_tile_codegen(builder, out_i, ldo_v, a_i, lda_v, b_i, k4_v, corr_i, epilogue):
-    """Emit the tile loop: accumulators start at ``-corr[r]`` (so the row correction costs nothing:
-    int32 wraps, the final value is the same), then ``k4`` steps of 2 x MR ``vpdpbusd``; the MR x 32
-    int32 results go to ``epilogue(r, h, vector) -> (vector, element type)``, stored at
-    ``out + r * ldo + 16 * h`` (elements)."""
-    i8, i32, i64 = ir.IntType(8), ir.IntType(32), ir.IntType(64)
+    """Emit the tile loop: accumulators start at ``-corr[r]`` (the row correction), then ``k4`` steps
+    of 2 x MR ``vpdpbusd``; the MR x 32 int32 results go to ``epilogue(r, h, vector) -> (vector,
+    element type)``, stored at ``out + r * ldo + 16 * h`` (elements)."""
+    i8, i32 = ir.IntType(8), ir.IntType(32)
     v16, v64b = ir.VectorType(i32, 16), ir.VectorType(i8, 64)
     dpbusd = cgutils.get_or_insert_function(builder.module, ir.FunctionType(v16, [v16, v64b, v64b]),
                                             "llvm.x86.avx512.vpdpbusd.512")
-    corr_p = builder.inttoptr(corr_i, i32.as_pointer())
-    init = []
-    for r in range(MR):
-        start = _splat(builder, builder.neg(builder.load(builder.gep(corr_p, [ir.Constant(i64, r)]), align=4)), 16)
-        init += [start, start]
-    _int_tile_codegen(builder, "vnni", MR, 16, i8, a_i, lda_v, b_i, k4_v, init,
+    _int_tile_codegen(builder, "vnni", MR, 16, i8, a_i, lda_v, b_i, k4_v, corr_i,
                       lambda acc, a_all, b_vec: builder.call(dpbusd, [acc, b_vec, a_all]), out_i, ldo_v, epilogue)
 
 
@@ -254,78 +255,6 @@ def rescale1(v, sa, sb, factor, fast):
     return cn(fl(fl(fl(x * sa) * sb) * factor))
 
 
-def _row_tiles(a, *args) -> int:
-    """Tasks of ``_vnni_gemm``: blocks of MR rows of A."""
-    return -(-a.shape[0] // MR)
-
-
-@parallel_kernel(_row_tiles, weight=64)
-def _vnni_gemm(t0, t1, a, bp, corr, n, rows_per_block, out, rescale, sa, sb, factor, fast, out_f32):
-    """out (M, N) int32 = a (M, Kp) int8 @ B, B packed in bp; tasks are blocks of MR rows.
-
-    With ``rescale``, ``out_f32[i, j] = rescale1(C[i, j], sa[i or 0], sb[j], factor, fast)``
-    is written instead of ``out`` (in the micro-kernel when ``fast``). Within this call's
-    rows: blocks of ``rows_per_block`` rows of A (kept in L2) meet every panel of B in
-    turn. Full tiles are stored in place; edge tiles (last rows, last columns) go
-    through a zero-padded copy of A and a tile buffer.
-    """
-    m, kp = a.shape
-    k4 = kp // 4
-    npanel = bp.shape[0]
-    per_row = sa.size > 1
-    tile = np.empty((MR, NR), dtype=np.int32)
-    tile_f = np.empty((MR, NR), dtype=np.float32)
-    spare = np.zeros((MR, kp), dtype=np.int8)
-    spare_corr = np.zeros(MR, dtype=np.int32)
-    spare_sa = np.ones(MR, dtype=np.float32)
-    sb_pad = np.zeros(npanel * NR, dtype=np.float32)
-    sb_pad[:n] = sb[:n]
-    per_block = max(1, rows_per_block // MR)
-    for blk0 in range(t0, t1, per_block):
-        blk1 = min(t1, blk0 + per_block)
-        for p in range(npanel):
-            j0 = p * NR
-            jn = min(NR, n - j0)
-            panel = bp[p]
-            for rb in range(blk0, blk1):
-                i0 = rb * MR
-                rows = min(MR, m - i0)
-                a_addr = a[i0:].ctypes.data
-                c_addr = corr[i0:].ctypes.data
-                sa_addr = sa[i0:].ctypes.data if per_row else sa.ctypes.data
-                if rows < MR:
-                    spare[:rows] = a[i0:m]
-                    spare_corr[:rows] = corr[i0:m]
-                    a_addr = spare.ctypes.data
-                    c_addr = spare_corr.ctypes.data
-                    if per_row:
-                        spare_sa[:rows] = sa[i0:m]
-                        sa_addr = spare_sa.ctypes.data
-                edge = rows < MR or jn < NR
-                if rescale and fast:
-                    if edge:
-                        vnni_tile_rescaled(tile_f.ctypes.data, NR, a_addr, kp, panel.ctypes.data, k4, c_addr,
-                                           sa_addr, 1 if per_row else 0, sb_pad[j0:].ctypes.data, factor)
-                        out_f32[i0:i0 + rows, j0:j0 + jn] = tile_f[:rows, :jn]
-                    else:
-                        vnni_tile_rescaled(out_f32[i0, j0:].ctypes.data, n, a_addr, kp, panel.ctypes.data, k4,
-                                           c_addr, sa_addr, 1 if per_row else 0, sb_pad[j0:].ctypes.data, factor)
-                elif rescale:
-                    vnni_tile(tile.ctypes.data, NR, a_addr, kp, panel.ctypes.data, k4, c_addr)
-                    for r in range(rows):
-                        s_row = sa[i0 + r] if per_row else sa[0]
-                        dst_f = out_f32[i0 + r, j0:j0 + jn]
-                        src = tile[r]
-                        s_col = sb[j0:j0 + jn]
-                        for jj in range(jn):
-                            dst_f[jj] = rescale1(src[jj], s_row, s_col[jj], factor, False)
-                elif edge:
-                    vnni_tile(tile.ctypes.data, NR, a_addr, kp, panel.ctypes.data, k4, c_addr)
-                    out[i0:i0 + rows, j0:j0 + jn] = tile[:rows, :jn]
-                else:
-                    vnni_tile(out[i0, j0:].ctypes.data, n, a_addr, kp, panel.ctypes.data, k4, c_addr)
-
-
 def _rows_per_block(a_row_bytes: int, n: int, mr: int) -> int:
     """Rows of A per block of the GEMM drivers: the block (A_BLOCK_BYTES) stays in L2 while it meets
     every panel of B, and the C it writes over that sweep (4 bytes per element) stays within
@@ -363,29 +292,30 @@ def _vnni_matmul(a: np.ndarray, b: np.ndarray, scales=None) -> np.ndarray:
 
 # ---------------------------------------------------------------- the AVX2 micro-kernel
 
-def _avx2_tile_codegen(builder, out_i, ldo_v, a_i, lda_v, b_i, k2_v, epilogue):
-    """Emit the AVX2 tile loop: ``k2`` steps of 2 x MR2 ``vpmaddwd`` + ``vpaddd``; the MR2 x 16 int32
-    results go to ``epilogue(r, h, vector) -> (vector, element type)``, stored at
+def _avx2_tile_codegen(builder, out_i, ldo_v, a_i, lda_v, b_i, k2_v, corr_i, epilogue):
+    """Emit the AVX2 tile loop: accumulators start at ``-corr[r]``, then ``k2`` steps of 2 x MR2
+    ``vpmaddwd`` + ``vpaddd``; the MR2 x 16 int32 results go to ``epilogue(r, h, vector) -> (vector, element type)``, stored at
     ``out + r * ldo + 8 * h`` (elements)."""
     i16, i32 = ir.IntType(16), ir.IntType(32)
     v8, v16s = ir.VectorType(i32, 8), ir.VectorType(i16, 16)
     pmaddwd = cgutils.get_or_insert_function(builder.module, ir.FunctionType(v8, [v16s, v16s]), "llvm.x86.avx2.pmadd.wd")
-    _int_tile_codegen(builder, "avx2", MR2, 8, i16, a_i, lda_v, b_i, k2_v, [ir.Constant(v8, None)] * (2 * MR2),
+    _int_tile_codegen(builder, "avx2", MR2, 8, i16, a_i, lda_v, b_i, k2_v, corr_i,
                       lambda acc, a_all, b_vec: builder.add(acc, builder.call(pmaddwd, [a_all, b_vec])),
                       out_i, ldo_v, epilogue)
 
 
 @intrinsic
-def avx2_tile(typingctx, out_addr, ldo, a_addr, lda, b_addr, k2):
-    """``out[r, c] = sum_g a[r, 2g] * panel[g, c, 0] + a[r, 2g + 1] * panel[g, c, 1]`` for r < MR2,
-    c < 16 (int32, every product and sum exact).
+def avx2_tile(typingctx, out_addr, ldo, a_addr, lda, b_addr, k2, corr_addr):
+    """``out[r, c] = sum_g a[r, 2g] * panel[g, c, 0] + a[r, 2g + 1] * panel[g, c, 1] - corr[r]`` for
+    r < MR2, c < 16 (int32, every product and sum exact; the GEMM passes zeros as ``corr``).
 
     ``a_addr``: MR2 rows of int16, ``lda`` elements apart; ``b_addr``: a packed panel
-    (k2, 16 columns, 2 int16); ``out_addr``: int32 rows ``ldo`` elements apart. Each step
-    broadcasts one pair of a row (as one int32) and issues 2 x MR2 ``vpmaddwd`` + ``vpaddd``.
-    The caller guarantees ``k2 >= 1`` and AVX2.
+    (k2, 16 columns, 2 int16); ``out_addr``: int32 rows ``ldo`` elements apart; ``corr_addr``: MR2
+    int32. Each step broadcasts one pair of a row (as one int32) and issues 2 x MR2 ``vpmaddwd`` +
+    ``vpaddd``. The caller guarantees ``k2 >= 1`` and AVX2: the signature is ``vnni_tile``'s, so that
+    one GEMM driver (``_gemm_driver``) runs either.
     """
-    sig = types.void(types.uintp, types.intp, types.uintp, types.intp, types.uintp, types.intp)
+    sig = types.void(types.uintp, types.intp, types.uintp, types.intp, types.uintp, types.intp, types.uintp)
 
     def codegen(context, builder, sig, args):
         _avx2_tile_codegen(builder, *args, epilogue=lambda r, h, v: (v, ir.IntType(32)))
@@ -395,17 +325,18 @@ def avx2_tile(typingctx, out_addr, ldo, a_addr, lda, b_addr, k2):
 
 
 @intrinsic
-def avx2_tile_rescaled(typingctx, out_addr, ldo, a_addr, lda, b_addr, k2, sa_addr, sa_step, sb_addr, factor):
+def avx2_tile_rescaled(typingctx, out_addr, ldo, a_addr, lda, b_addr, k2, corr_addr, sa_addr, sa_step, sb_addr,
+                       factor):
     """``avx2_tile`` whose results are stored as ``((float32(v) * sa[r * sa_step]) * sb[c]) * factor``
     (float32), each product one IEEE multiplication: ``rescale1`` without flush tests, for callers
     that proved none can fire (``vnni_tile_rescaled``'s epilogue on 8-lane vectors)."""
     sig = types.void(types.uintp, types.intp, types.uintp, types.intp, types.uintp, types.intp, types.uintp,
-                     types.intp, types.uintp, types.float32)
+                     types.uintp, types.intp, types.uintp, types.float32)
 
     def codegen(context, builder, sig, args):
-        out_i, ldo_v, a_i, lda_v, b_i, k2_v, sa_i, sa_step_v, sb_i, factor_v = args
+        out_i, ldo_v, a_i, lda_v, b_i, k2_v, corr_i, sa_i, sa_step_v, sb_i, factor_v = args
         epilogue = _rescaled_epilogue(builder, 8, sa_i, sa_step_v, sb_i, factor_v)
-        _avx2_tile_codegen(builder, out_i, ldo_v, a_i, lda_v, b_i, k2_v, epilogue)
+        _avx2_tile_codegen(builder, out_i, ldo_v, a_i, lda_v, b_i, k2_v, corr_i, epilogue)
         return context.get_dummy_value()
 
     return sig, codegen
@@ -448,65 +379,99 @@ def _widen_a(t0, t1, a, a16):
             dst[kk] = np.int16(0)
 
 
-def _avx2_row_tiles(a, *args) -> int:
-    """Tasks of ``_avx2_gemm``: blocks of MR2 rows of A."""
-    return -(-a.shape[0] // MR2)
+# ---------------------------------------------------------------- one driver for both micro-kernels
 
-
-@parallel_kernel(_avx2_row_tiles, weight=64)
-def _avx2_gemm(t0, t1, a, bp, n, rows_per_block, out, rescale, sa, sb, factor, out_f32):
-    """out (M, N) int32 = a (M, Kp) int16 @ B, B packed in bp (panels, Kp/2, 16, 2); tasks are
-    blocks of MR2 rows. With ``rescale``, ``out_f32[i, j] = rescale1(C[i, j], sa[i or 0], sb[j], factor,
-    fast=True)`` is written instead, in the micro-kernel (callers rescale here only when no product can
-    be subnormal or NaN). Within this call's rows: blocks of ``rows_per_block`` rows of A (kept in
-    L2) meet every panel of B in turn. Full tiles are stored in place; edge tiles (last rows,
-    last columns) go through a zero-padded copy of A and a tile buffer."""
+def _gemm_template(t0, t1, a, bp, corr, n, rows_per_block, out, rescale, sa, sb, factor, fast, out_f32):
+    """The body of ``_gemm_driver``'s kernels."""
+    tm, tn = TILE_M, TILE_N  # noqa: F821 - these, ``tile`` and ``tile_rescaled`` are bound by ``_gemm_driver``
     m, kp = a.shape
-    k2 = kp // 2
+    groups = bp.shape[1]
     npanel = bp.shape[0]
-    per_row = sa.size > 1
-    tile = np.empty((MR2, NR2), dtype=np.int32)
-    tile_f = np.empty((MR2, NR2), dtype=np.float32)
-    spare = np.zeros((MR2, kp), dtype=np.int16)
-    spare_sa = np.ones(MR2, dtype=np.float32)
-    sb_pad = np.zeros(npanel * NR2, dtype=np.float32)
+    sa_step = 1 if sa.size > 1 else 0
+    tile_i = np.empty((tm, tn), dtype=np.int32)
+    tile_f = np.empty((tm, tn), dtype=np.float32)
+    spare = np.zeros((tm, kp), dtype=a.dtype)
+    spare_corr = np.zeros(tm, dtype=np.int32)
+    spare_sa = np.ones(tm, dtype=np.float32)
+    sb_pad = np.zeros(npanel * tn, dtype=np.float32)
     sb_pad[:sb.size] = sb
-    per_block = max(1, rows_per_block // MR2)
+    per_block = max(1, rows_per_block // tm)
+    a_row = kp * a.itemsize
+    a_base, corr_base, sa_base = a.ctypes.data, corr.ctypes.data, sa.ctypes.data
+    out_base, out_f_base, sb_base = out.ctypes.data, out_f32.ctypes.data, sb_pad.ctypes.data
     for blk0 in range(t0, t1, per_block):
         blk1 = min(t1, blk0 + per_block)
         for p in range(npanel):
-            j0 = p * NR2
-            jn = min(NR2, n - j0)
-            panel = bp[p]
+            j0 = p * tn
+            jn = min(tn, n - j0)
+            panel = bp[p].ctypes.data
+            sb_addr = sb_base + 4 * j0
             for rb in range(blk0, blk1):
-                i0 = rb * MR2
-                rows = min(MR2, m - i0)
-                a_addr = a[i0:].ctypes.data
-                sa_addr = sa[i0:].ctypes.data if per_row else sa.ctypes.data
-                if rows < MR2:
+                i0 = rb * tm
+                rows = min(tm, m - i0)
+                a_addr = a_base + i0 * a_row
+                c_addr = corr_base + 4 * i0
+                sa_addr = sa_base + 4 * i0 * sa_step
+                if rows < tm:
                     spare[:rows] = a[i0:m]
-                    a_addr = spare.ctypes.data
-                    if per_row:
+                    spare_corr[:rows] = corr[i0:m]
+                    a_addr, c_addr = spare.ctypes.data, spare_corr.ctypes.data
+                    if sa_step:
                         spare_sa[:rows] = sa[i0:m]
                         sa_addr = spare_sa.ctypes.data
-                edge = rows < MR2 or jn < NR2
-                if rescale:
-                    if edge:
-                        avx2_tile_rescaled(tile_f.ctypes.data, NR2, a_addr, kp, panel.ctypes.data, k2, sa_addr,
-                                           1 if per_row else 0, sb_pad[j0:].ctypes.data, factor)
-                        out_f32[i0:i0 + rows, j0:j0 + jn] = tile_f[:rows, :jn]
+                full = rows == tm and jn == tn
+                if rescale and fast:
+                    if full:
+                        tile_rescaled(out_f_base + 4 * (i0 * n + j0), n, a_addr, kp, panel, groups,  # noqa: F821
+                                      c_addr, sa_addr, sa_step, sb_addr, factor)
                     else:
-                        avx2_tile_rescaled(out_f32[i0, j0:].ctypes.data, n, a_addr, kp, panel.ctypes.data, k2,
-                                           sa_addr, 1 if per_row else 0, sb_pad[j0:].ctypes.data, factor)
-                elif edge:
-                    avx2_tile(tile.ctypes.data, NR2, a_addr, kp, panel.ctypes.data, k2)
-                    out[i0:i0 + rows, j0:j0 + jn] = tile[:rows, :jn]
+                        tile_rescaled(tile_f.ctypes.data, tn, a_addr, kp, panel, groups, c_addr,  # noqa: F821
+                                      sa_addr, sa_step, sb_addr, factor)
+                        out_f32[i0:i0 + rows, j0:j0 + jn] = tile_f[:rows, :jn]
+                elif full and not rescale:
+                    tile(out_base + 4 * (i0 * n + j0), n, a_addr, kp, panel, groups, c_addr)  # noqa: F821
                 else:
-                    avx2_tile(out[i0, j0:].ctypes.data, n, a_addr, kp, panel.ctypes.data, k2)
+                    tile(tile_i.ctypes.data, tn, a_addr, kp, panel, groups, c_addr)  # noqa: F821
+                    if rescale:
+                        for r in range(rows):
+                            s_row = sa[(i0 + r) * sa_step]
+                            dst_f = out_f32[i0 + r, j0:j0 + jn]
+                            src = tile_i[r]
+                            s_col = sb[j0:j0 + jn]
+                            for jj in range(jn):
+                                dst_f[jj] = rescale1(src[jj], s_row, s_col[jj], factor, False)
+                    else:
+                        out[i0:i0 + rows, j0:j0 + jn] = tile_i[:rows, :jn]
+
+
+def _gemm_driver(name: str, tile, tile_rescaled, tile_m: int, tile_n: int) -> TaskKernel:
+    """The GEMM driver of one micro-kernel: ``out (M, N) int32 = a (M, Kp) @ B`` (a int8 or int16,
+    its rows read in place; B packed in ``bp``: panels of ``tile_n`` columns, then groups of k;
+    ``corr``: the rows' corrections, which the tile subtracts), tasks blocks of ``tile_m`` rows.
+
+    With ``rescale``, ``out_f32[i, j] = rescale1(C[i, j], sa[i or 0], sb[j], factor, fast)`` is
+    written instead of ``out`` (in the micro-kernel when ``fast``, else from a tile buffer with
+    every flush test). Within the call's rows, blocks of ``rows_per_block`` rows of A (kept in
+    L2, ``_rows_per_block``) meet every panel of B in turn. Full tiles are stored in place, by
+    address; edge tiles (last rows, last columns) go through a zero-padded copy of A's rows and
+    a tile buffer. ``tile(out, ldo, a, lda, panel, groups, corr)`` and ``tile_rescaled(..., corr,
+    sa, sa_step, sb, factor)`` are the micro-kernel's intrinsics (``vnni_tile``, ``avx2_tile``).
+    One template, compiled per micro-kernel under ``name`` (as ``fp.elementwise`` does): a kernel
+    is compiled only where it runs, so the VNNI one never meets a CPU without VNNI."""
+    fn = FunctionType(_gemm_template.__code__, {**_gemm_template.__globals__, "tile": tile,
+                                                 "tile_rescaled": tile_rescaled, "TILE_M": tile_m,
+                                                 "TILE_N": tile_n}, name)
+    fn.__qualname__ = name
+    fn.__doc__ = _gemm_driver.__doc__
+    return TaskKernel(fn, lambda a, *args: -(-a.shape[0] // tile_m), weight=64)
+
+
+_vnni_gemm = _gemm_driver("_vnni_gemm", vnni_tile, vnni_tile_rescaled, MR, NR)
+_avx2_gemm = _gemm_driver("_avx2_gemm", avx2_tile, avx2_tile_rescaled, MR2, NR2)
 
 
 def _avx2_matmul(a: np.ndarray, b: np.ndarray, scales=None) -> np.ndarray:
-    """int32 ``a @ b``; with ``scales = (sa, sb, factor)`` (the fast rescale only), float32 rescaled."""
+    """int32 ``a @ b``; with ``scales = (sa, sb, factor, fast)``, float32 rescaled (``_gemm_driver``)."""
     m, k = a.shape
     n = b.shape[1]
     kp = k + k % 2
@@ -516,14 +481,15 @@ def _avx2_matmul(a: np.ndarray, b: np.ndarray, scales=None) -> np.ndarray:
     bp = np.empty((npanel, kp // 2, NR2, 2), dtype=np.int16)
     _pack_b16(b, bp)
     rows = _rows_per_block(2 * kp, n, MR2)
+    corr = np.zeros(m, dtype=np.int32)  # int16 pairs need no correction
     if scales is None:
         out = np.empty((m, n), dtype=np.int32)
         one = np.ones(1, dtype=np.float32)
-        _avx2_gemm(a16, bp, n, rows, out, False, one, one, np.float32(1), np.empty((0, 0), np.float32))
+        _avx2_gemm(a16, bp, corr, n, rows, out, False, one, one, np.float32(1), True, np.empty((0, 0), np.float32))
         return out
-    sa, sb, factor = scales
+    sa, sb, factor, fast = scales
     out_f = np.empty((m, n), dtype=np.float32)
-    _avx2_gemm(a16, bp, n, rows, np.empty((0, 0), np.int32), True, sa, sb, np.float32(factor), out_f)
+    _avx2_gemm(a16, bp, corr, n, rows, np.empty((0, 0), np.int32), True, sa, sb, np.float32(factor), fast, out_f)
     return out_f
 
 
@@ -593,8 +559,8 @@ def matmul_rescaled(a: np.ndarray, b: np.ndarray, sa: np.ndarray, sb: np.ndarray
     impl = implementation()
     if impl == "vnni" and m and n and k:
         return _vnni_matmul(a, b, (sa, sb, np.float32(factor), bool(fast)))
-    if impl == "avx2" and fast and m and n and k:
-        return _avx2_matmul(a, b, (sa, sb, factor))
+    if impl == "avx2" and m and n and k:
+        return _avx2_matmul(a, b, (sa, sb, np.float32(factor), bool(fast)))
     acc = matmul(a, b, impl=impl)
     out = np.empty((m, n), dtype=np.float32)
     if out.size:

@@ -98,6 +98,29 @@ def exp_entered(x):
     return exp_result(y, kf, x)
 
 
+POW2_MAGIC = np.float32(2.0**23 + 127)  # k + POW2_MAGIC holds k + 127 in its low mantissa bits (|k| < 2**22)
+
+
+@inlined
+def pow2_float(kf):
+    """2**k for a float32 holding an integer -126 <= k <= 127 (exact bits): ``pow2`` without leaving
+    float32 lanes (k + 2**23 + 127 is exact, and its mantissa's low bits are k + 127)."""
+    return from_bits((bits(kf + POW2_MAGIC) & MANTISSA_MASK) << np.uint32(23))
+
+
+@inlined
+def exp_result_fast(y, kf, x):
+    """``exp_result`` for exp's own k: ``kf`` = rint(xc / ln 2) with xc in [-104, 89], so -151 < k < 129.
+    ``ldexp_exact``'s clamps to +-300 never bind, its second factor 2**(k - k1) has -25 < k - k1 < 2
+    (no clamp), and its third is 2**0: a product by 1 of a flushed value, which changes nothing. So
+    two rounded, flushed products, the same bits (``check_exp_fast`` compares every input)."""
+    k1 = min(max(kf, np.float32(-126.0)), np.float32(127.0))
+    result = fmul(fmul(y, pow2_float(k1)), pow2_float(kf - k1))
+    if x != x:
+        return from_bits(CANONICAL_NAN_BITS)
+    return result
+
+
 @inlined
 def exp_entered_fast(x):
     """``exp_entered`` with the flush tests only where a result can be subnormal *and* matter.
@@ -134,7 +157,7 @@ def exp_entered_fast(x):
     e2 = (y1 - y2) + h2_hi
     tail = (e1 + e2) + ((h2_lo + c3) + r_err * y1)
     y = y2 + tail
-    return exp_result(y, kf, x)
+    return exp_result_fast(y, kf, x)
 
 
 def _chunks(first, count, stride, chunks, mismatches) -> int:

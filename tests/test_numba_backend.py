@@ -165,6 +165,34 @@ def test_hadamard_in_registers_along_rows_and_down_columns(n):
         assert dst.tobytes() == hadamard_transform(col_in, axis=0).tobytes()
 
 
+def test_both_column_butterflies_give_the_spec_bits():
+    """``radix16_columns`` (16 columns: AVX-512) and ``radix16_columns_ymm`` (8 columns: CPUs with 16
+    registers of 8 floats) are both compiled on every CPU (LLVM splits or keeps the vectors), so both are
+    checked here: stages 1, 2, 4, 8 down 16 rows are the whole transform of a block of 16, for values
+    far from the flush range, on rows 24 columns apart (a 16-column block inside a wider array)."""
+    numba = pytest.importorskip("numba")
+    from lockstep.backends.numba_cpu import butterflies as nb
+    from lockstep.spec.quant import hadamard_transform
+
+    r16, r8 = nb.radix16_columns, nb.radix16_columns_ymm
+
+    @numba.njit
+    def run(x, wide):
+        if wide:
+            r16(x[:, 4:].ctypes.data, x.shape[1], 1)
+        else:
+            r8(x[:, 4:].ctypes.data, x.shape[1], 1)
+            r8(x[:, 12:].ctypes.data, x.shape[1], 1)
+
+    x = _tiny_values(7, (16, 24), -20, 5)
+    want = x.copy()
+    want[:, 4:20] = hadamard_transform(x[:, 4:20], axis=0)
+    for wide in (True, False):
+        got = x.copy()
+        run(got, wide)
+        assert got.tobytes() == want.tobytes(), wide
+
+
 def test_matmul_rows_with_and_without_the_flush_tests(be):
     """Rows whose products reach the flush range take the flushed loop; the others skip it."""
     a = _tiny_values(1, (6, 40), -3, 3)

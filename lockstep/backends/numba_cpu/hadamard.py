@@ -16,9 +16,12 @@ and the flush tests can be left out (``fast``) with the same bits.
 
 from __future__ import annotations
 
-from .butterflies import radix16_columns, transform16, transform32, transform64, transform128, transform256
+from .butterflies import radix16_columns, radix16_columns_ymm, transform16, transform32, transform64, transform128, transform256
 from .fp import fl, min_nonzero_abs
-from .tasks import inlined, kernel
+from .tasks import host_cpu_features, inlined, kernel
+
+# Columns per ``radix16_columns`` pass: 8 where the CPU has 16 vector registers of 8 floats (no AVX-512).
+COLUMN_LANES = 16 if host_cpu_features().get("avx512f", False) else 8
 
 ADDITIVE_SAFE = 2.0**-103
 
@@ -170,19 +173,22 @@ def _column_stages(dst, r0, blk, lo, hi, h, fast):
 def hadamard_columns(dst, r0, blk, lo, hi, fast):
     """The transform down rows [r0, r0 + blk) of dst on columns [lo, hi), in place.
 
-    ``fast`` (no flush can happen, see the module docstring): groups of 16 columns take
-    four stages per pass in registers (``radix16_columns``); the other stages and
-    columns go through ``_column_stages``.
+    ``fast`` (no flush can happen, see the module docstring): groups of ``COLUMN_LANES`` columns
+    take four stages per pass in registers (``radix16_columns``, or ``radix16_columns_ymm``); the
+    other stages and columns go through ``_column_stages``.
     """
     c = dst.shape[1]
-    c16 = lo + ((hi - lo) // 16) * 16 if (fast and blk >= 16) else lo
+    c16 = lo + ((hi - lo) // COLUMN_LANES) * COLUMN_LANES if (fast and blk >= 16) else lo
     h = 1
     if c16 > lo:
         while 16 * h <= blk:
             for g in range(r0, r0 + blk, 16 * h):
                 for i in range(g, g + h):
-                    for col in range(lo, c16, 16):
-                        radix16_columns(dst[i, col:].ctypes.data, c, h)
+                    for col in range(lo, c16, COLUMN_LANES):
+                        if COLUMN_LANES == 16:
+                            radix16_columns(dst[i, col:].ctypes.data, c, h)
+                        else:
+                            radix16_columns_ymm(dst[i, col:].ctypes.data, c, h)
             h *= 16
         _column_stages(dst, r0, blk, lo, c16, h, fast)
     _column_stages(dst, r0, blk, c16, hi, 1, fast)

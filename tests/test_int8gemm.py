@@ -73,6 +73,27 @@ def test_biased_sums_that_wrap_int32_still_give_the_exact_result(impl):
     assert np.array_equal(int8gemm.matmul(a, b, impl=impl), want)
 
 
+@pytest.mark.parametrize("k,n", [(64, 96), (37, 45), (8, 32), (3, 16)])
+def test_both_packers_lay_b_out_as_their_micro_kernels_read_it(k, n):
+    """``_pack_b`` (VNNI: groups of 4 k x 32 columns, ``B + 128`` as unsigned bytes) and ``_pack_b16``
+    (AVX2: groups of 2 k x 16 columns, int16), zero (biased zero) past K and N, against the layout built
+    in NumPy; b in rows (the vector path) and transposed (the scalar one), with -128 and 127. Plain
+    vector code without VNNI or AVX2 instructions, so both run on every CPU."""
+    b = _int8(k * n, (k, n))
+    b[0, 0], b[-1, -1] = -128, 127
+    for nrows, nr, pack, dtype in ((4, int8gemm.NR, int8gemm._pack_b, np.uint8),
+                                   (2, int8gemm.NR2, int8gemm._pack_b16, np.int16)):
+        groups, panels = -(-k // nrows), -(-n // nr)
+        padded = np.zeros((groups * nrows, panels * nr), dtype=np.int64)
+        padded[:k, :n] = b
+        want = padded.reshape(groups, nrows, panels, nr).transpose(2, 0, 3, 1)  # (panel, group, column, k)
+        want = (want + 128).astype(np.uint8) if dtype == np.uint8 else want.astype(np.int16)
+        for operand in (b, np.asfortranarray(b)):
+            got = np.full((panels, groups, nr, nrows), 99, dtype=dtype)
+            pack(operand, got)
+            assert got.tobytes() == want.tobytes()
+
+
 def test_empty_and_wrong_dtypes():
     assert int8gemm.matmul(np.zeros((0, 4), np.int8), np.zeros((4, 3), np.int8)).shape == (0, 3)
     assert not int8gemm.matmul(np.zeros((2, 0), np.int8), np.zeros((0, 3), np.int8)).any()

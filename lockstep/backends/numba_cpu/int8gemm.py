@@ -58,7 +58,8 @@ MR = 8  # rows of A per micro-kernel call: 8 x 2 accumulators = 16 of the 32 AVX
 NR = 32  # columns of a B panel: two 16-lane int32 vectors
 BLAS_CHUNK_K = 1024  # sgemm on int8 values is exact while K * 127 * 127 < 2**24 (K <= 1040)
 A_BLOCK_BYTES = 1 << 18  # rows of A per L2 block: the block is reused across all panels
-OUT_BLOCK_BYTES = 1 << 16  # and at most this much of C per block (see ``_rows_per_block``)
+OUT_BLOCK_BYTES = 1 << 16  # and at most this much of C per block, where B stays in L2 (see ``_rows_per_block``)
+B_RESIDENT_BYTES = 1 << 19  # packed B up to this size stays in L2 while blocks of A sweep it
 MR2 = 6  # rows of the AVX2 micro-kernel: 6 x 2 accumulators = 12 of the 16 AVX2 registers
 NR2 = 16  # columns of an AVX2 B panel: two 8-lane int32 vectors
 
@@ -311,13 +312,19 @@ def rescale1(v, sa, sb, factor, fast):
     return cn(fl(fl(fl(x * sa) * sb) * factor))
 
 
-def _rows_per_block(a_row_bytes: int, n: int, mr: int) -> int:
-    """Rows of A per block of the GEMM drivers: the block (A_BLOCK_BYTES) stays in L2 while it meets
-    every panel of B, and the C it writes over that sweep (4 bytes per element) stays within
-    OUT_BLOCK_BYTES. Measured (one thread, RESULTS.md): a block bounded by A alone writes up to
-    1024 x 768 of C on the ``small`` linears' shapes, and those lines push the block out of L2:
-    2048 x 256 x 768 ran at 3.4x sgemm on VNNI and 1.25x on AVX2, 4.1x and 1.47x with C bounded."""
-    return max(mr, min(A_BLOCK_BYTES // a_row_bytes, OUT_BLOCK_BYTES // (4 * max(n, 1))))
+def _rows_per_block(a_row_bytes: int, n: int, mr: int, b_bytes: int) -> int:
+    """Rows of A per block of the GEMM driver: the block (A_BLOCK_BYTES) stays in L2 while it meets
+    every panel of B. Where the packed B (``b_bytes``) is small enough to stay in L2 too
+    (B_RESIDENT_BYTES), the C a block writes over that sweep (4 bytes per element) is also kept
+    within OUT_BLOCK_BYTES: measured (one thread, RESULTS.md), a block bounded by A alone writes up
+    to 1024 x 768 of C on the ``small`` linears' shapes, and those lines push the block out of L2
+    (2048 x 256 x 768: 3.4x sgemm on VNNI and 1.25x on AVX2, 4.1x and 1.47x with C bounded). A large
+    B is read from memory once per block, so there the blocks stay as large as A allows
+    (512 x 2048 x 2048 on AVX2: 1.03x sgemm with blocks of 6 rows)."""
+    rows = A_BLOCK_BYTES // a_row_bytes
+    if b_bytes <= B_RESIDENT_BYTES:
+        rows = min(rows, OUT_BLOCK_BYTES // (4 * max(n, 1)))
+    return max(mr, rows)
 
 
 def _vnni_matmul(a: np.ndarray, b: np.ndarray, scales=None) -> np.ndarray:
@@ -334,7 +341,7 @@ def _vnni_matmul(a: np.ndarray, b: np.ndarray, scales=None) -> np.ndarray:
     _pack_b(b, bp)
     corr = np.empty(m, dtype=np.int32)
     _row_corrections(a, corr)
-    rows = _rows_per_block(kp, n, MR)
+    rows = _rows_per_block(kp, n, MR, bp.nbytes)
     if scales is None:
         out = np.empty((m, n), dtype=np.int32)
         one = np.ones(1, dtype=np.float32)
@@ -541,7 +548,7 @@ def _avx2_matmul(a: np.ndarray, b: np.ndarray, scales=None) -> np.ndarray:
     _widen_a(a, a16)
     bp = np.empty((npanel, kp // 2, NR2, 2), dtype=np.int16)
     _pack_b16(b, bp)
-    rows = _rows_per_block(2 * kp, n, MR2)
+    rows = _rows_per_block(2 * kp, n, MR2, bp.nbytes)
     corr = np.zeros(m, dtype=np.int32)  # int16 pairs need no correction
     if scales is None:
         out = np.empty((m, n), dtype=np.int32)

@@ -149,24 +149,6 @@ def _vnni_tile_codegen(builder, out_i, ldo_v, a_i, lda_v, b_i, k4_v, corr_i, epi
                       lambda acc, a_all, b_vec: builder.call(dpbusd, [acc, b_vec, a_all]), out_i, ldo_v, epilogue)
 
 
-@intrinsic
-def vnni_tile(typingctx, out_addr, ldo, a_addr, lda, b_addr, k4, corr_addr):
-    """``out[r, c] = sum_g dot4(a[r, 4g:4g+4], panel[g, c, 0:4]) - corr[r]`` for r < MR, c < 32 (int32).
-
-    ``a_addr``: MR rows of signed bytes, ``lda`` bytes apart; ``b_addr``: a packed
-    panel (k4, 32 columns, 4 bytes: ``B + 128`` as unsigned bytes); ``out_addr``: int32
-    rows ``ldo`` elements apart; ``corr_addr``: MR int32. The caller guarantees
-    ``k4 >= 1`` and the CPU features.
-    """
-    sig = types.void(types.uintp, types.intp, types.uintp, types.intp, types.uintp, types.intp, types.uintp)
-
-    def codegen(context, builder, sig, args):
-        _vnni_tile_codegen(builder, *args, epilogue=lambda r, h, v: (v, ir.IntType(32)))
-        return context.get_dummy_value()
-
-    return sig, codegen
-
-
 def _rescaled_epilogue(builder, lanes: int, sa_i, sa_step_v, sb_i, factor_v):
     """The epilogue of a rescaled integer tile of ``lanes``-wide int32 vectors (two per row):
     ``((float32(v) * sa[r * sa_step]) * sb[c]) * factor``, each product one IEEE multiplication."""
@@ -188,22 +170,43 @@ def _rescaled_epilogue(builder, lanes: int, sa_i, sa_step_v, sb_i, factor_v):
     return epilogue
 
 
-@intrinsic
-def vnni_tile_rescaled(typingctx, out_addr, ldo, a_addr, lda, b_addr, k4, corr_addr, sa_addr, sa_step, sb_addr,
-                       factor):
-    """``vnni_tile`` whose results are stored as ``((float32(v) * sa[r * sa_step]) * sb[c]) * factor``
-    (float32), each product one IEEE multiplication: ``rescale1`` without flush tests, for
-    callers that proved none can fire."""
-    sig = types.void(types.uintp, types.intp, types.uintp, types.intp, types.uintp, types.intp, types.uintp,
-                     types.uintp, types.intp, types.uintp, types.float32)
+def _tile_intrinsics(tile_codegen, lanes: int):
+    """The two intrinsics of one micro-kernel, both with the signature ``_gemm_driver`` calls:
+    ``tile(out_addr, ldo, a_addr, lda, b_addr, groups, corr_addr)`` stores the int32 tile, and
+    ``tile_rescaled(..., corr_addr, sa_addr, sa_step, sb_addr, factor)`` stores it as
+    ``((float32(v) * sa[r * sa_step]) * sb[c]) * factor`` (float32), each product one IEEE
+    multiplication: ``rescale1`` without flush tests, for callers that proved none can fire.
+    ``tile_codegen(builder, out, ldo, a, lda, b, groups, corr, epilogue)`` emits the loop, on
+    vectors of ``lanes`` int32."""
+    ptr, n = types.uintp, types.intp
 
-    def codegen(context, builder, sig, args):
-        out_i, ldo_v, a_i, lda_v, b_i, k4_v, corr_i, sa_i, sa_step_v, sb_i, factor_v = args
-        epilogue = _rescaled_epilogue(builder, 16, sa_i, sa_step_v, sb_i, factor_v)
-        _vnni_tile_codegen(builder, out_i, ldo_v, a_i, lda_v, b_i, k4_v, corr_i, epilogue)
-        return context.get_dummy_value()
+    @intrinsic
+    def tile(typingctx, out_addr, ldo, a_addr, lda, b_addr, groups, corr_addr):
+        def codegen(context, builder, sig, args):
+            tile_codegen(builder, *args, epilogue=lambda r, h, v: (v, ir.IntType(32)))
+            return context.get_dummy_value()
 
-    return sig, codegen
+        return types.void(ptr, n, ptr, n, ptr, n, ptr), codegen
+
+    @intrinsic
+    def tile_rescaled(typingctx, out_addr, ldo, a_addr, lda, b_addr, groups, corr_addr, sa_addr, sa_step, sb_addr,
+                      factor):
+        def codegen(context, builder, sig, args):
+            sa_i, sa_step_v, sb_i, factor_v = args[7:]
+            epilogue = _rescaled_epilogue(builder, lanes, sa_i, sa_step_v, sb_i, factor_v)
+            tile_codegen(builder, *args[:7], epilogue=epilogue)
+            return context.get_dummy_value()
+
+        return types.void(ptr, n, ptr, n, ptr, n, ptr, ptr, n, ptr, types.float32), codegen
+
+    return tile, tile_rescaled
+
+
+# ``vnni_tile``: ``out[r, c] = sum_g dot4(a[r, 4g:4g+4], panel[g, c, 0:4]) - corr[r]`` for r < MR, c < 32 (int32).
+# ``a_addr``: MR rows of signed bytes, ``lda`` bytes apart; ``b_addr``: a packed panel (k4, 32 columns, 4 bytes:
+# ``B + 128`` as unsigned bytes); ``out_addr``: int32 rows ``ldo`` elements apart; ``corr_addr``: MR int32. The
+# caller guarantees ``k4 >= 1`` and the CPU features.
+vnni_tile, vnni_tile_rescaled = _tile_intrinsics(_vnni_tile_codegen, 16)
 
 
 def _interleave_rows(nrows: int, lanes: int, widen: bool):
@@ -367,42 +370,12 @@ def _avx2_tile_codegen(builder, out_i, ldo_v, a_i, lda_v, b_i, k2_v, corr_i, epi
                       out_i, ldo_v, epilogue)
 
 
-@intrinsic
-def avx2_tile(typingctx, out_addr, ldo, a_addr, lda, b_addr, k2, corr_addr):
-    """``out[r, c] = sum_g a[r, 2g] * panel[g, c, 0] + a[r, 2g + 1] * panel[g, c, 1] - corr[r]`` for
-    r < MR2, c < 16 (int32, every product and sum exact; the GEMM passes zeros as ``corr``).
-
-    ``a_addr``: MR2 rows of int16, ``lda`` elements apart; ``b_addr``: a packed panel
-    (k2, 16 columns, 2 int16); ``out_addr``: int32 rows ``ldo`` elements apart; ``corr_addr``: MR2
-    int32. Each step broadcasts one pair of a row (as one int32) and issues 2 x MR2 ``vpmaddwd`` +
-    ``vpaddd``. The caller guarantees ``k2 >= 1`` and AVX2: the signature is ``vnni_tile``'s, so that
-    one GEMM driver (``_gemm_driver``) runs either.
-    """
-    sig = types.void(types.uintp, types.intp, types.uintp, types.intp, types.uintp, types.intp, types.uintp)
-
-    def codegen(context, builder, sig, args):
-        _avx2_tile_codegen(builder, *args, epilogue=lambda r, h, v: (v, ir.IntType(32)))
-        return context.get_dummy_value()
-
-    return sig, codegen
-
-
-@intrinsic
-def avx2_tile_rescaled(typingctx, out_addr, ldo, a_addr, lda, b_addr, k2, corr_addr, sa_addr, sa_step, sb_addr,
-                       factor):
-    """``avx2_tile`` whose results are stored as ``((float32(v) * sa[r * sa_step]) * sb[c]) * factor``
-    (float32), each product one IEEE multiplication: ``rescale1`` without flush tests, for callers
-    that proved none can fire (``vnni_tile_rescaled``'s epilogue on 8-lane vectors)."""
-    sig = types.void(types.uintp, types.intp, types.uintp, types.intp, types.uintp, types.intp, types.uintp,
-                     types.uintp, types.intp, types.uintp, types.float32)
-
-    def codegen(context, builder, sig, args):
-        out_i, ldo_v, a_i, lda_v, b_i, k2_v, corr_i, sa_i, sa_step_v, sb_i, factor_v = args
-        epilogue = _rescaled_epilogue(builder, 8, sa_i, sa_step_v, sb_i, factor_v)
-        _avx2_tile_codegen(builder, out_i, ldo_v, a_i, lda_v, b_i, k2_v, corr_i, epilogue)
-        return context.get_dummy_value()
-
-    return sig, codegen
+# ``avx2_tile``: ``out[r, c] = sum_g a[r, 2g] * panel[g, c, 0] + a[r, 2g + 1] * panel[g, c, 1] - corr[r]`` for
+# r < MR2, c < 16 (int32, every product and sum exact; the GEMM passes zeros as ``corr``). ``a_addr``: MR2 rows of
+# int16, ``lda`` elements apart; ``b_addr``: a packed panel (k2, 16 columns, 2 int16); ``out_addr``: int32 rows
+# ``ldo`` elements apart; ``corr_addr``: MR2 int32. Each step broadcasts one pair of a row (as one int32) and
+# issues 2 x MR2 ``vpmaddwd`` + ``vpaddd``. The caller guarantees ``k2 >= 1`` and AVX2.
+avx2_tile, avx2_tile_rescaled = _tile_intrinsics(_avx2_tile_codegen, 8)
 
 
 @parallel_kernel(_panels)
@@ -418,8 +391,8 @@ def _pack_b16(t0, t1, b, bp):
         jn = min(NR2, n - j0)
         for g in range(k2):
             if jn == NR2 and 2 * g + 1 < k and in_rows:  # rows of b in place
-                _interleave2_int16(bp.ctypes.data + 2 * (p * k2 + g) * (2 * NR2), b.ctypes.data + 2 * g * row_stride + j0,
-                                   row_stride)
+                dst_addr = bp.ctypes.data + 2 * (p * k2 + g) * (2 * NR2)  # bytes: int16
+                _interleave2_int16(dst_addr, b.ctypes.data + 2 * g * row_stride + j0, row_stride)
                 continue
             dst = bp[p, g]
             if jn == NR2 and 2 * g + 1 < k:  # a transposed b (a weight's rotated codes)

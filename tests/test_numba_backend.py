@@ -203,14 +203,14 @@ def test_matmul_rows_with_and_without_the_flush_tests(be):
     assert_same(spec.matmul(a, b), be.matmul(a, b), "matmul inf")
 
 
-@pytest.mark.parametrize("ymm", [False, True], ids=["4x64", "4x16-ymm"])
+@pytest.mark.parametrize("ymm", [False, True], ids=["4x64", "6x16-ymm"])
 @pytest.mark.parametrize("batch,m,k,n", [((), 35, 2500, 70), ((2,), 16, 1025, 128), ((), 64, 1024, 33),
                                          ((3,), 9, 7, 100), ((), 24, 1, 17)])
 def test_matmul_register_tiles_over_packed_panels_give_the_spec_bits(be, monkeypatch, ymm, batch, m, k, n):
     """The tiled path packs b in panels of ``K_PANEL`` k by ``PANEL_N`` columns and continues each output's
     sum from panel to panel: K past several panels (and one past them), K = 1, N a multiple of 64 and not, partial
     row blocks beside full ones, a batch, and the same for ``matmul_accumulate`` from a nonzero start;
-    with each 8 x 64 block as two 4 x 64 tiles (AVX-512) and as eight 4 x 16 tiles of 8-lane vectors (AVX2):
+    with each 12 x 64 block as three 4 x 64 tiles (AVX-512) and as eight 6 x 16 tiles of 8-lane vectors (AVX2):
     both are compiled on every CPU (LLVM splits wider vectors), so both are checked here."""
     from lockstep.backends.numba_cpu import reduce as nr
 

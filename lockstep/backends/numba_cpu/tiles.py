@@ -132,8 +132,10 @@ tile_8x32 = _contract_tile(8, 2)  # scores and dp: 8 queries x 32 keys, contract
 tile_4x64 = _contract_tile(4, 4)  # o, dq, dk, dv (4 rows x 64 head-dim columns), and ``reduce``'s matmul blocks
 tile_4x16 = _contract_tile(4, 1)  # the same for a head dim that is a multiple of 16 but not of 64
 # AVX2 (16 registers of 8 lanes): 4 rows x 2 vectors = 8 accumulators, enough independent adds to keep
-# both adders busy; ``reduce``'s 8 x 64 blocks run as eight of these where the CPU lacks AVX-512.
+# both adders busy (attention's blocks); ``reduce``'s 12 x 64 blocks run as eight 6 x 16 tiles where the CPU
+# lacks AVX-512: 12 accumulators, two vectors of b and a broadcast, 15 of the 16 registers.
 tile_4x16_ymm = _contract_tile(4, 2, lanes=8)
+tile_6x16_ymm = _contract_tile(6, 2, lanes=8)
 
 
 def _int8_tile(mr: int, nv: int, lanes: int = LANES16):

@@ -258,38 +258,64 @@ def _panels(b, bp) -> int:
     return bp.shape[0]
 
 
-@parallel_kernel(_panels)
-def _pack_b(t0, t1, b, bp):
-    """bp[p, g, jj, t] = b[4g + t, 32p + jj] + 128 as uint8 (0 + 128 past the edges); tasks are panels.
+@inlined
+def _biased_byte(v):
+    """A VNNI panel's byte: ``v + 128`` as an unsigned byte (``vpdpbusd``'s first operand is unsigned)."""
+    return np.uint8(np.int32(v) + np.int32(128))
 
-    The padding's products meet zeros of A (K padding) or land in columns that are
-    never stored (N padding).
-    """
+
+@inlined
+def _int16(v):
+    """An AVX2 panel's element: ``v`` as int16 (``vpmaddwd``'s operands)."""
+    return np.int16(v)
+
+
+def _pack_template(t0, t1, b, bp):
+    """The body of ``_packer``'s kernels."""
+    nr, kpg = PANEL_COLUMNS, GROUP_K  # noqa: F821 - these, ``interleave`` and ``element``: bound by ``_packer``
     k, n = b.shape
-    k4 = bp.shape[1]
-    bias = np.int32(128)
+    groups = bp.shape[1]
     row_stride = b.strides[0]
     in_rows = b.strides[1] == 1
+    group_bytes = nr * kpg * bp.itemsize
     for p in range(t0, t1):
-        j0 = p * NR
-        jn = min(NR, n - j0)
-        for g in range(k4):
-            if jn == NR and 4 * g + 3 < k and in_rows:  # rows of b in place
-                _interleave4_biased(bp.ctypes.data + (p * k4 + g) * (4 * NR), b.ctypes.data + 4 * g * row_stride + j0,
-                                    row_stride)
+        j0 = p * nr
+        jn = min(nr, n - j0)
+        for g in range(groups):
+            full = jn == nr and kpg * (g + 1) <= k
+            if full and in_rows:  # rows of b in place: one shuffle
+                interleave(bp.ctypes.data + (p * groups + g) * group_bytes,  # noqa: F821
+                           b.ctypes.data + kpg * g * row_stride + j0, row_stride)
                 continue
             dst = bp[p, g]
-            if jn == NR and 4 * g + 3 < k:  # a transposed b (a weight's rotated codes)
-                for t in range(4):
-                    src = b[4 * g + t, j0:j0 + NR]
-                    for jj in range(NR):
-                        dst[jj, t] = np.uint8(np.int32(src[jj]) + bias)
-                continue
-            for t in range(4):
-                kk = 4 * g + t
-                for jj in range(NR):
-                    v = np.int32(b[kk, j0 + jj]) if (kk < k and jj < jn) else np.int32(0)
-                    dst[jj, t] = np.uint8(v + bias)
+            for t in range(kpg):
+                kk = kpg * g + t
+                if full:  # a transposed b (a weight's rotated codes)
+                    src = b[kk, j0:j0 + nr]
+                    for jj in range(nr):
+                        dst[jj, t] = element(src[jj])  # noqa: F821
+                else:  # the edges: zeros past K and N
+                    for jj in range(nr):
+                        dst[jj, t] = element(b[kk, j0 + jj] if (kk < k and jj < jn) else np.int8(0))  # noqa: F821
+
+
+def _packer(name: str, panel_columns: int, group_k: int, interleave, element) -> TaskKernel:
+    """The kernel ``f(b, bp)`` that packs b (K, N) int8, any strides, for one micro-kernel:
+    ``bp[p, g, jj, t] = element(b[group_k * g + t, panel_columns * p + jj])``, ``element(0)`` past the
+    edges (the K padding meets A's zero padding; the N padding lands in columns never stored); tasks
+    are panels. A group whose rows lie in place in b is one ``interleave`` (``_interleave_rows``); the
+    others go element by element. One template, compiled per micro-kernel (as ``_gemm_driver``)."""
+    fn = FunctionType(_pack_template.__code__, {**_pack_template.__globals__, "PANEL_COLUMNS": panel_columns,
+                                                 "GROUP_K": group_k, "interleave": interleave,
+                                                 "element": element}, name)
+    fn.__qualname__ = name
+    fn.__doc__ = _packer.__doc__
+    return TaskKernel(fn, _panels)
+
+
+# VNNI: bp[p, g, jj, t] = b[4g + t, 32p + jj] + 128 as uint8. AVX2: int16(b[2g + t, 16p + jj]).
+_pack_b = _packer("_pack_b", NR, 4, _interleave4_biased, _biased_byte)
+_pack_b16 = _packer("_pack_b16", NR2, 2, _interleave2_int16, _int16)
 
 
 @parallel_kernel(rows)
@@ -344,16 +370,7 @@ def _vnni_matmul(a: np.ndarray, b: np.ndarray, scales=None) -> np.ndarray:
     _pack_b(b, bp)
     corr = np.empty(m, dtype=np.int32)
     _row_corrections(a, corr)
-    rows = _rows_per_block(kp, n, MR, bp.nbytes)
-    if scales is None:
-        out = np.empty((m, n), dtype=np.int32)
-        one = np.ones(1, dtype=np.float32)
-        _vnni_gemm(a, bp, corr, n, rows, out, False, one, one, np.float32(1), True, np.empty((0, 0), np.float32))
-        return out
-    sa, sb, factor, fast = scales
-    out_f = np.empty((m, n), dtype=np.float32)
-    _vnni_gemm(a, bp, corr, n, rows, np.empty((0, 0), np.int32), True, sa, sb, factor, fast, out_f)
-    return out_f
+    return _run_driver(_vnni_gemm, a, bp, corr, n, _rows_per_block(kp, n, MR, bp.nbytes), scales)
 
 
 # ---------------------------------------------------------------- the AVX2 micro-kernel
@@ -376,35 +393,6 @@ def _avx2_tile_codegen(builder, out_i, ldo_v, a_i, lda_v, b_i, k2_v, corr_i, epi
 # ``ldo`` elements apart; ``corr_addr``: MR2 int32. Each step broadcasts one pair of a row (as one int32) and
 # issues 2 x MR2 ``vpmaddwd`` + ``vpaddd``. The caller guarantees ``k2 >= 1`` and AVX2.
 avx2_tile, avx2_tile_rescaled = _tile_intrinsics(_avx2_tile_codegen, 8)
-
-
-@parallel_kernel(_panels)
-def _pack_b16(t0, t1, b, bp):
-    """bp[p, g, jj, t] = int16(b[2g + t, 16p + jj]) (0 past the edges); tasks are panels. The K
-    padding meets A's zero padding; the N padding lands in columns that are never stored."""
-    k, n = b.shape
-    k2 = bp.shape[1]
-    row_stride = b.strides[0]
-    in_rows = b.strides[1] == 1
-    for p in range(t0, t1):
-        j0 = p * NR2
-        jn = min(NR2, n - j0)
-        for g in range(k2):
-            if jn == NR2 and 2 * g + 1 < k and in_rows:  # rows of b in place
-                dst_addr = bp.ctypes.data + 2 * (p * k2 + g) * (2 * NR2)  # bytes: int16
-                _interleave2_int16(dst_addr, b.ctypes.data + 2 * g * row_stride + j0, row_stride)
-                continue
-            dst = bp[p, g]
-            if jn == NR2 and 2 * g + 1 < k:  # a transposed b (a weight's rotated codes)
-                for t in range(2):
-                    src = b[2 * g + t, j0:j0 + NR2]
-                    for jj in range(NR2):
-                        dst[jj, t] = np.int16(src[jj])
-                continue
-            for t in range(2):
-                kk = 2 * g + t
-                for jj in range(NR2):
-                    dst[jj, t] = np.int16(b[kk, j0 + jj]) if (kk < k and jj < jn) else np.int16(0)
 
 
 @parallel_kernel(rows)
@@ -521,16 +509,22 @@ def _avx2_matmul(a: np.ndarray, b: np.ndarray, scales=None) -> np.ndarray:
     _widen_a(a, a16)
     bp = np.empty((npanel, kp // 2, NR2, 2), dtype=np.int16)
     _pack_b16(b, bp)
-    rows = _rows_per_block(2 * kp, n, MR2, bp.nbytes)
     corr = np.zeros(m, dtype=np.int32)  # int16 pairs need no correction
+    return _run_driver(_avx2_gemm, a16, bp, corr, n, _rows_per_block(2 * kp, n, MR2, bp.nbytes), scales)
+
+
+def _run_driver(driver: TaskKernel, a, bp, corr, n: int, rows: int, scales) -> np.ndarray:
+    """``driver`` (``_vnni_gemm``, ``_avx2_gemm``) over all of a: the int32 C, or with ``scales = (sa, sb,
+    factor, fast)`` the rescaled float32 C."""
+    m = a.shape[0]
     if scales is None:
         out = np.empty((m, n), dtype=np.int32)
         one = np.ones(1, dtype=np.float32)
-        _avx2_gemm(a16, bp, corr, n, rows, out, False, one, one, np.float32(1), True, np.empty((0, 0), np.float32))
+        driver(a, bp, corr, n, rows, out, False, one, one, np.float32(1), True, np.empty((0, 0), np.float32))
         return out
     sa, sb, factor, fast = scales
     out_f = np.empty((m, n), dtype=np.float32)
-    _avx2_gemm(a16, bp, corr, n, rows, np.empty((0, 0), np.int32), True, sa, sb, np.float32(factor), fast, out_f)
+    driver(a, bp, corr, n, rows, np.empty((0, 0), np.int32), True, sa, sb, np.float32(factor), bool(fast), out_f)
     return out_f
 
 

@@ -10,8 +10,8 @@
   (in parallel), for k ascending, for n vectorized: ``acc[n] += a[m, k] * b[k, n]``,
   which keeps every element's ascending order while SIMD runs across outputs.
   A block of rows whose products provably never flush (``fp.safe_products``) runs
-  without the flush tests (same bits, faster), as register tiles over blocks of 8 rows x 64
-  columns (``tiles``: two of 4 x 64; eight of 4 x 16 where the CPU lacks AVX-512) when the
+  without the flush tests (same bits, faster), as register tiles over blocks of 12 rows x 64
+  columns (``tiles``: three of 4 x 64; eight of 6 x 16 where the CPU lacks AVX-512) when the
   block is full.
 * ``int8_matmul``: exact, so it may use any order: ``int8gemm.matmul`` (AVX-512
   VNNI or AVX2 ``vpmaddwd`` where the CPU has it, else float32 BLAS on int8 values in

@@ -26,7 +26,7 @@ from lockstep.spec.reduce import LANES
 from . import int8gemm
 from .fp import ABS_MASK, CANONICAL_NAN_BITS, ZERO, bits, cn, contiguous_f32, fl, from_bits, min_nonzero_abs
 from .hadamard import ADDITIVE_SAFE, hadamard_columns, hadamard_row
-from .tasks import column_block, column_blocks, column_bounds, kernel, parallel_kernel, rows
+from .tasks import column_block, column_blocks, column_bounds, inlined, kernel, parallel_kernel, rows
 
 NEG_QMAX = -QMAX
 SQRT_QMAX = np.float32(np.sqrt(QMAX))  # fp.sqrt(127): IEEE sqrt, one rounding, normal
@@ -48,10 +48,25 @@ def quantize1(x, s):
     return r
 
 
-@kernel
-def quantize_i8(x, s):
-    """``quantize1`` as the int8 the spec stores."""
-    return np.int8(np.int32(quantize1(x, s)))
+@inlined
+def codes_by_columns(src, scales, dst, tmp):
+    """``dst[j] = quantize(fl(src[j]), scales[j])`` as int8 (``quantize1``'s integer), in two passes: the
+    int32 codes into ``tmp`` (at least as long), then narrowed to int8. The same values as one pass.
+    Where the CPU lacks AVX-512, LLVM left the one-pass loop scalar (``vdivss``); these two vectorize
+    (0.58 -> 0.33 ns an element, AVX2 stood in; 0.29 -> 0.28 with AVX-512)."""
+    for j in range(src.size):
+        tmp[j] = np.int32(quantize1(fl(src[j]), scales[j]))
+    for j in range(src.size):
+        dst[j] = np.int8(tmp[j])
+
+
+@inlined
+def codes_by_scale(src, s, dst, tmp):
+    """``dst[j] = quantize(src[j], s)`` as int8 (src already entered), in two passes (``codes_by_columns``)."""
+    for j in range(src.size):
+        tmp[j] = np.int32(quantize1(src[j], s))
+    for j in range(src.size):
+        dst[j] = np.int8(tmp[j])
 
 
 @kernel
@@ -158,9 +173,9 @@ def weight_scale(w2) -> np.ndarray:
 @parallel_kernel(rows)
 def _quantize_by_columns(t0, t1, x, scales, q):
     """``q[r, j] = quantize(f32(x[r, j]), scales[j])`` (int8), rows in parallel."""
+    tmp = np.empty(x.shape[1], dtype=np.int32)
     for r in range(t0, t1):
-        for j in range(x.shape[1]):
-            q[r, j] = quantize_i8(fl(x[r, j]), scales[j])
+        codes_by_columns(x[r], scales, q[r], tmp)
 
 
 TRANSPOSE_ROWS = 64  # rows of x per task of ``_quantize_columns_transposed``: 64 int8 = one line of qt
@@ -178,6 +193,7 @@ def _quantize_columns_transposed(t0, t1, x, scales, qt):
     its rows into a square int8 tile (the loop vectorizes), which is then written out transposed."""
     m, c = x.shape
     tile = np.empty((TRANSPOSE_ROWS, TRANSPOSE_ROWS), dtype=np.int8)
+    tmp = np.empty(TRANSPOSE_ROWS, dtype=np.int32)
     for t in range(t0, t1):
         r0 = t * TRANSPOSE_ROWS
         nr = min(m, r0 + TRANSPOSE_ROWS) - r0
@@ -185,10 +201,7 @@ def _quantize_columns_transposed(t0, t1, x, scales, qt):
             nc = min(c, j0 + TRANSPOSE_ROWS) - j0
             s = scales[j0:j0 + nc]
             for r in range(nr):
-                src = x[r0 + r, j0:j0 + nc]
-                dst = tile[r]
-                for j in range(nc):
-                    dst[j] = quantize_i8(fl(src[j]), s[j])
+                codes_by_columns(x[r0 + r, j0:j0 + nc], s, tile[r, :nc], tmp)
             for j in range(nc):
                 out = qt[j0 + j, r0:r0 + nr]
                 for r in range(nr):
@@ -297,17 +310,16 @@ def int8_linear_forward(x, w) -> np.ndarray:
 
 
 @kernel
-def _rotate_quantize_row(row, blk, rotate, q):
+def _rotate_quantize_row(row, blk, rotate, q, tmp):
     """Rotate the entered row in place (optional), then quantize it by ``max|row| / 127`` into q;
-    returns that scale."""
+    returns that scale. ``tmp``: int32 scratch as long as the row."""
     if rotate:
         hadamard_row(row, blk)
     mx = np.uint32(0)
     for j in range(row.size):
         mx = max(mx, np.uint32(bits(row[j]) & ABS_MASK))
     s = scale_from_abs_max_bits(mx)
-    for j in range(row.size):
-        q[j] = quantize_i8(row[j], s)
+    codes_by_scale(row, s, q, tmp)
     return s
 
 
@@ -316,11 +328,12 @@ def _rows_rotate_quantize(t0, t1, a, blk, rotate, q, sa):
     """Rows of a (M, C), contracted along C: enter (flush), rotate (optional),
     ``sa[m] = max|.| / 127``, quantize. ``q`` (int8) receives the quantized rows."""
     row = np.empty(a.shape[1], dtype=np.float32)
+    tmp = np.empty(a.shape[1], dtype=np.int32)
     for r in range(t0, t1):
         src = a[r]
         for j in range(row.size):
             row[j] = fl(src[j])
-        sa[r] = cn(_rotate_quantize_row(row, blk, rotate, q[r]))
+        sa[r] = cn(_rotate_quantize_row(row, blk, rotate, q[r], tmp))
 
 
 @parallel_kernel(rows, weight=4)
@@ -330,11 +343,12 @@ def _weight_rows_rotate_quantize(t0, t1, w, sw, blk, rotate, q, sb):
     ``wdq[k, n] = quantize(w[k, n], sw[n]) * sw[n]`` (one rounded product). Rows in parallel.
     """
     row = np.empty(w.shape[1], dtype=np.float32)
+    tmp = np.empty(w.shape[1], dtype=np.int32)
     for r in range(t0, t1):
         src = w[r]
         for j in range(row.size):
             row[j] = fl(quantize1(fl(src[j]), sw[j]) * sw[j])
-        sb[r] = cn(_rotate_quantize_row(row, blk, rotate, q[r]))
+        sb[r] = cn(_rotate_quantize_row(row, blk, rotate, q[r], tmp))
 
 
 COL_CHUNK = 256  # columns per task of the column transform: a 256 x 256 tile stays in L2

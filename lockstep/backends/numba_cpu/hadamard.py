@@ -20,8 +20,10 @@ from .butterflies import radix16_columns, radix16_columns_ymm, transform16, tran
 from .fp import fl, min_nonzero_abs
 from .tasks import host_cpu_features, inlined, kernel
 
-# Columns per ``radix16_columns`` pass: 8 where the CPU has 16 vector registers of 8 floats (no AVX-512).
+# Columns per radix-16 pass, and that pass: 8 (``radix16_columns_ymm``) where the CPU has 16 vector
+# registers of 8 floats (no AVX-512), else 16 (``radix16_columns``).
 COLUMN_LANES = 16 if host_cpu_features().get("avx512f", False) else 8
+_radix16_pass = radix16_columns if COLUMN_LANES == 16 else radix16_columns_ymm
 
 ADDITIVE_SAFE = 2.0**-103
 
@@ -185,10 +187,7 @@ def hadamard_columns(dst, r0, blk, lo, hi, fast):
             for g in range(r0, r0 + blk, 16 * h):
                 for i in range(g, g + h):
                     for col in range(lo, c16, COLUMN_LANES):
-                        if COLUMN_LANES == 16:
-                            radix16_columns(dst[i, col:].ctypes.data, c, h)
-                        else:
-                            radix16_columns_ymm(dst[i, col:].ctypes.data, c, h)
+                        _radix16_pass(dst[i, col:].ctypes.data, c, h)
             h *= 16
         _column_stages(dst, r0, blk, lo, c16, h, fast)
     _column_stages(dst, r0, blk, c16, hi, 1, fast)

@@ -51,7 +51,7 @@ from numba.core import cgutils
 from numba.extending import intrinsic
 
 from .fp import cn, fl
-from .irloop import accumulator_loop
+from .irloop import accumulator_loop, splat
 from .tasks import TaskKernel, host_cpu_features, inlined, parallel_kernel, rows
 
 MR = 8  # rows of A per micro-kernel call: 8 x 2 accumulators = 16 of the 32 AVX-512 registers
@@ -87,14 +87,6 @@ def available() -> tuple[str, ...]:
 
 # ---------------------------------------------------------------- the VNNI micro-kernel
 
-def _splat(builder, x, lanes: int):
-    """``x`` in every lane of a ``lanes``-wide vector."""
-    i32 = ir.IntType(32)
-    vec = ir.VectorType(x.type, lanes)
-    v = builder.insert_element(ir.Constant(vec, ir.Undefined), x, ir.Constant(i32, 0))
-    return builder.shuffle_vector(v, ir.Constant(vec, ir.Undefined), ir.Constant(ir.VectorType(i32, lanes), None))
-
-
 def _int_tile_codegen(builder, name: str, rows: int, lanes: int, elem, a_i, lda_v, b_i, groups_v, corr_i,
                       combine, out_i, ldo_v, epilogue) -> None:
     """Emit an integer micro-kernel: ``rows`` x 2 vectors of ``lanes`` int32 accumulators, row r's
@@ -111,7 +103,7 @@ def _int_tile_codegen(builder, name: str, rows: int, lanes: int, elem, a_i, lda_
     corr_p = builder.inttoptr(corr_i, i32.as_pointer())
     init = []
     for r in range(rows):
-        start = _splat(builder, builder.neg(builder.load(builder.gep(corr_p, [ir.Constant(i64, r)]), align=4)), lanes)
+        start = splat(builder, builder.neg(builder.load(builder.gep(corr_p, [ir.Constant(i64, r)]), align=4)), lanes)
         init += [start, start]
 
     def step(g, acc):
@@ -123,7 +115,7 @@ def _int_tile_codegen(builder, name: str, rows: int, lanes: int, elem, a_i, lda_
         for r in range(rows):
             a_ptr = builder.gep(a_p, [builder.add(a_off, builder.mul(lda_v, ir.Constant(i64, r)))])
             group = builder.load(builder.bitcast(a_ptr, i32.as_pointer()), align=elem.width // 8)  # row r's group
-            a_all = builder.bitcast(_splat(builder, group, lanes), b_vec)
+            a_all = builder.bitcast(splat(builder, group, lanes), b_vec)
             for h in range(2):
                 new.append(combine(acc[2 * r + h], a_all, b_vecs[h]))
         return new
@@ -156,14 +148,14 @@ def _rescaled_epilogue(builder, lanes: int, sa_i, sa_step_v, sb_i, factor_v):
     vf = ir.VectorType(f32, lanes)
     sa_p = builder.inttoptr(sa_i, f32.as_pointer())
     sb_p = builder.inttoptr(sb_i, f32.as_pointer())
-    factor_vec = _splat(builder, factor_v, lanes)
+    factor_vec = splat(builder, factor_v, lanes)
     sb_vecs = [builder.load(builder.bitcast(builder.gep(sb_p, [ir.Constant(i64, lanes * h)]), vf.as_pointer()),
                             align=4) for h in range(2)]
 
     def epilogue(r, h, v):
         sa_r = builder.load(builder.gep(sa_p, [builder.mul(sa_step_v, ir.Constant(i64, r))]), align=4)
         x = builder.sitofp(v, vf)  # int32 -> float32, round to nearest even
-        x = builder.fmul(x, _splat(builder, sa_r, lanes))
+        x = builder.fmul(x, splat(builder, sa_r, lanes))
         x = builder.fmul(x, sb_vecs[h])
         return builder.fmul(x, factor_vec), f32
 

@@ -1,5 +1,6 @@
 """The loop every register intrinsic (``tiles``, ``int8gemm``) emits, in LLVM IR: a counted loop
-whose accumulators stay in vector registers from the first step to the last."""
+whose accumulators stay in vector registers from the first step to the last; and the broadcast
+(``splat``) they all use."""
 
 from __future__ import annotations
 
@@ -33,3 +34,11 @@ def accumulator_loop(builder, name: str, count, init: list, step) -> list:
 
     builder.position_at_end(done)
     return new
+
+
+def splat(builder, value, lanes: int):
+    """``value`` in every lane of a ``lanes``-wide vector (an insert, then an all-zero shuffle)."""
+    i32 = ir.IntType(32)
+    vec = ir.VectorType(value.type, lanes)
+    one = builder.insert_element(ir.Constant(vec, ir.Undefined), value, ir.Constant(i32, 0))
+    return builder.shuffle_vector(one, ir.Constant(vec, ir.Undefined), ir.Constant(ir.VectorType(i32, lanes), None))

@@ -33,7 +33,7 @@ from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-from .irloop import accumulator_loop
+from .irloop import accumulator_loop, splat
 from .tasks import host_cpu_features
 
 LANES16 = 16  # float32 lanes of one AVX-512 register (LLVM splits it where the CPU is narrower)
@@ -70,9 +70,7 @@ class _TileIR:
 
     def splat(self, value):
         """``value`` in every lane."""
-        vec = ir.VectorType(value.type, self.lanes)
-        one = self.b.insert_element(ir.Constant(vec, ir.Undefined), value, ir.Constant(self.i32, 0))
-        return self.b.shuffle_vector(one, ir.Constant(vec, ir.Undefined), ir.Constant(ir.VectorType(self.i32, self.lanes), None))
+        return splat(self.b, value, self.lanes)
 
     def element(self, base_p, index, align: int):
         return self.b.load(self.b.gep(base_p, [index]), align=align)

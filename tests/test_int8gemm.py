@@ -94,6 +94,24 @@ def test_both_packers_lay_b_out_as_their_micro_kernels_read_it(k, n):
             assert got.tobytes() == want.tobytes()
 
 
+@pytest.mark.parametrize("m,k", [(12, 32), (13, 7), (6, 17), (7, 33), (50, 40), (5, 1)])
+def test_a_packer_lays_a_out_as_the_avx2_micro_kernel_reads_it(m, k):
+    """``_pack_a16``: blocks of MR2 rows widened to int16, each pair of k of the block's rows adjacent,
+    zero past M and K, against the layout built in NumPy; a in rows (whole blocks go 8 pairs of k a
+    shuffle, the rest element by element) and transposed (all element by element), with -128 and 127.
+    Plain vector code, so it runs on every CPU."""
+    a = _int8(m * k + 1, (m, k))
+    a[0, 0], a[-1, -1] = -128, 127
+    blocks, groups = -(-m // int8gemm.MR2), -(-k // 2)
+    padded = np.zeros((blocks * int8gemm.MR2, 2 * groups), dtype=np.int16)
+    padded[:m, :k] = a
+    want = padded.reshape(blocks, int8gemm.MR2, groups, 2).transpose(0, 2, 1, 3)  # (block, pair, row, k)
+    for operand in (a, np.asfortranarray(a)):
+        got = np.full((blocks, groups, int8gemm.MR2, 2), 99, dtype=np.int16)
+        int8gemm._pack_a16(operand, got)
+        assert got.tobytes() == np.ascontiguousarray(want).tobytes()
+
+
 def test_empty_and_wrong_dtypes():
     assert int8gemm.matmul(np.zeros((0, 4), np.int8), np.zeros((4, 3), np.int8)).shape == (0, 3)
     assert not int8gemm.matmul(np.zeros((2, 0), np.int8), np.zeros((0, 3), np.int8)).any()

@@ -23,7 +23,8 @@ Three implementations, the same integers (``implementation()`` names the one thi
   ``vpmaddwd`` multiplies 16 int16 pairs and adds each pair into one of 8 int32 lanes,
   exact for any int16 operands (a pair sum of int8 values is at most 2 x 128 x 128);
   twice the multiply-adds of a float32 FMA per instruction. A is widened to int16 once
-  per call (K padded to even with zeros), B packed into int16 panels of 16 columns with
+  per call and packed in blocks of MR2 rows, each pair of k of the block's rows adjacent
+  (K padded to even, rows to MR2, with zeros: ``_pack_a16``), B packed into int16 panels of 16 columns with
   each pair of consecutive k adjacent; the micro-kernel (``avx2_tile``) keeps an
   ``MR2 x 16`` tile of C in 12 of the 16 AVX2 registers over the whole K, broadcasting
   one pair of A per row and step.
@@ -72,7 +73,7 @@ HAVE_VNNI = _FORCED not in ("blas", "avx2") and all(_FEATURES.get(f, False)
 IMPLEMENTATIONS = ("vnni", "avx2", "blas")
 # the kernels only one path calls: on a CPU without its instructions they are never compiled
 VNNI_ONLY_KERNELS = ("_pack_b", "_row_corrections", "_vnni_gemm")
-AVX2_ONLY_KERNELS = ("_pack_b16", "_widen_a", "_avx2_gemm")
+AVX2_ONLY_KERNELS = ("_pack_b16", "_pack_a16", "_avx2_gemm")
 
 
 def implementation() -> str:
@@ -88,13 +89,19 @@ def available() -> tuple[str, ...]:
 # ---------------------------------------------------------------- the VNNI micro-kernel
 
 def _int_tile_codegen(builder, name: str, rows: int, lanes: int, elem, a_i, lda_v, b_i, groups_v, corr_i,
-                      combine, out_i, ldo_v, epilogue) -> None:
+                      combine, out_i, ldo_v, epilogue, packed_a: bool = False) -> None:
     """Emit an integer micro-kernel: ``rows`` x 2 vectors of ``lanes`` int32 accumulators, row r's
     starting at ``-corr[r]`` (``corr_addr``: ``rows`` int32; int32 wraps, so a correction subtracted
-    first gives the same final value as one subtracted last, and costs nothing); each of ``groups`` steps broadcasts 32 bits of each row of a (a group of k: 4 int8 or 2 int16,
-    ``elem`` a's element type) over the two vectors of b it meets in the packed panel, and
-    ``combine(acc, a_all, b_vec)`` gives the new accumulator. Then the results go through
-    ``epilogue(r, h, vector) -> (vector, element type)`` to ``out + r * ldo + lanes * h`` (elements)."""
+    first gives the same final value as one subtracted last, and costs nothing); each of ``groups``
+    steps broadcasts 32 bits of each row of a (a group of k: 4 int8 or 2 int16, ``elem`` a's element
+    type) over the two vectors of b it meets in the packed panel, and ``combine(acc, a_all, b_vec)``
+    gives the new accumulator. Then the results go through ``epilogue(r, h, vector) -> (vector,
+    element type)`` to ``out + r * ldo + lanes * h`` (elements).
+
+    a's rows are ``lda`` elements apart, or with ``packed_a`` interleaved by group (group g of row r
+    at group ``g * rows + r``; ``lda`` unused): then every broadcast of a step is a constant offset
+    from one pointer, which leaves the general registers free (with rows read in place the AVX2
+    tile ran out of them and reloaded ``lda`` from the stack on every row)."""
     i32, i64 = ir.IntType(32), ir.IntType(64)
     per_group = 32 // elem.width  # k per group
     b_vec = ir.VectorType(elem, lanes * per_group)  # one b vector: ``lanes`` columns x one group of k
@@ -110,10 +117,11 @@ def _int_tile_codegen(builder, name: str, rows: int, lanes: int, elem, a_i, lda_
         panel_off = builder.mul(g, ir.Constant(i64, 2 * b_vec.count))
         b_vecs = [builder.load(builder.bitcast(builder.gep(b_p, [builder.add(panel_off, ir.Constant(i64, b_vec.count * h))]),
                                                b_vec.as_pointer()), align=elem.width // 8) for h in range(2)]
-        a_off = builder.mul(g, ir.Constant(i64, per_group))
+        a_off = builder.mul(g, ir.Constant(i64, per_group * (rows if packed_a else 1)))
         new = []
         for r in range(rows):
-            a_ptr = builder.gep(a_p, [builder.add(a_off, builder.mul(lda_v, ir.Constant(i64, r)))])
+            row_off = ir.Constant(i64, per_group * r) if packed_a else builder.mul(lda_v, ir.Constant(i64, r))
+            a_ptr = builder.gep(a_p, [builder.add(a_off, row_off)])
             group = builder.load(builder.bitcast(a_ptr, i32.as_pointer()), align=elem.width // 8)  # row r's group
             a_all = builder.bitcast(splat(builder, group, lanes), b_vec)
             for h in range(2):
@@ -201,11 +209,12 @@ def _tile_intrinsics(tile_codegen, lanes: int):
 vnni_tile, vnni_tile_rescaled = _tile_intrinsics(_vnni_tile_codegen, 16)
 
 
-def _interleave_rows(nrows: int, lanes: int, widen: bool):
+def _interleave_rows(nrows: int, lanes: int, widen: bool, unit: int = 1):
     """The intrinsic ``f(dst_addr, src_addr, stride)``: ``nrows`` rows of ``lanes`` int8 (``stride`` bytes
-    apart) stored interleaved, ``dst[jj, t] = row_t[jj]``: each widened to int16 (``widen``), or as the
-    unsigned byte ``row_t[jj] + 128`` (the int8's bits with the top one flipped). One load per row, one
-    shuffle, one store: the packers' inner loop, which scalar code ran at about 2 cycles an element."""
+    apart) stored interleaved by units of ``unit`` elements, ``dst[u, t, e] = row_t[unit * u + e]``:
+    each widened to int16 (``widen``), or as the unsigned byte ``row_t[jj] + 128`` (the int8's bits with
+    the top one flipped). One load per row, one shuffle, one store: the packers' inner loop, which
+    scalar code ran at about 2 cycles an element."""
 
     @intrinsic
     def interleave(typingctx, dst_addr, src_addr, stride):
@@ -224,15 +233,20 @@ def _interleave_rows(nrows: int, lanes: int, widen: bool):
                     v = builder.sext(v, ir.VectorType(ir.IntType(16), lanes))
                 else:
                     v = builder.xor(v, ir.Constant(vin, [ir.Constant(i8, 0x80)] * lanes))
+                if unit > 1:
+                    v = builder.bitcast(v, ir.VectorType(ir.IntType(v.type.element.width * unit), lanes // unit))
                 rows.append(v)
+            units = lanes // unit
+            while len(rows) & (len(rows) - 1):  # a power of two of vectors (the padding is never read)
+                rows.append(ir.Constant(rows[0].type, ir.Undefined))
             while len(rows) > 1:  # concatenated: rows[0] ++ rows[1] ++ ...
                 width = 2 * rows[0].type.count
                 rows = [builder.shuffle_vector(a, b, ir.Constant(ir.VectorType(i32, width), list(range(width))))
                         for a, b in zip(rows[0::2], rows[1::2])]
             whole = rows[0]
-            order = [t * lanes + jj for jj in range(lanes) for t in range(nrows)]
+            order = [t * units + u for u in range(units) for t in range(nrows)]
             out = builder.shuffle_vector(whole, ir.Constant(whole.type, ir.Undefined),
-                                         ir.Constant(ir.VectorType(i32, nrows * lanes), order))
+                                         ir.Constant(ir.VectorType(i32, nrows * units), order))
             dst_p = builder.inttoptr(dst_i, out.type.element.as_pointer())
             builder.store(out, builder.bitcast(dst_p, out.type.as_pointer()), align=1)
             return context.get_dummy_value()
@@ -244,6 +258,8 @@ def _interleave_rows(nrows: int, lanes: int, widen: bool):
 
 _interleave4_biased = _interleave_rows(4, NR, widen=False)  # a VNNI panel's group: 4 k x 32 columns
 _interleave2_int16 = _interleave_rows(2, NR2, widen=True)  # an AVX2 panel's group: 2 k x 16 columns
+A16_GROUPS = 8  # pairs of k of a block of A per interleave: 16 int8 of each of MR2 rows
+_interleave_a16 = _interleave_rows(MR2, 2 * A16_GROUPS, widen=True, unit=2)  # A's pairs of k, MR2 rows
 
 
 def _panels(b, bp) -> int:
@@ -376,7 +392,7 @@ def _avx2_tile_codegen(builder, out_i, ldo_v, a_i, lda_v, b_i, k2_v, corr_i, epi
     pmaddwd = cgutils.get_or_insert_function(builder.module, ir.FunctionType(v8, [v16s, v16s]), "llvm.x86.avx2.pmadd.wd")
     _int_tile_codegen(builder, "avx2", MR2, 8, i16, a_i, lda_v, b_i, k2_v, corr_i,
                       lambda acc, a_all, b_vec: builder.add(acc, builder.call(pmaddwd, [a_all, b_vec])),
-                      out_i, ldo_v, epilogue)
+                      out_i, ldo_v, epilogue, packed_a=True)
 
 
 # ``avx2_tile``: ``out[r, c] = sum_g a[r, 2g] * panel[g, c, 0] + a[r, 2g + 1] * panel[g, c, 1] - corr[r]`` for
@@ -387,17 +403,40 @@ def _avx2_tile_codegen(builder, out_i, ldo_v, a_i, lda_v, b_i, k2_v, corr_i, epi
 avx2_tile, avx2_tile_rescaled = _tile_intrinsics(_avx2_tile_codegen, 8)
 
 
-@parallel_kernel(rows)
-def _widen_a(t0, t1, a, a16):
-    """a16[i, :k] = int16(a[i]), a16[i, k:] = 0 (K padded to even); tasks are rows."""
-    k = a.shape[1]
-    for i in range(t0, t1):
-        src = a[i]
-        dst = a16[i]
-        for kk in range(k):
-            dst[kk] = np.int16(src[kk])
-        for kk in range(k, a16.shape[1]):
-            dst[kk] = np.int16(0)
+def _a_blocks(a, ap) -> int:
+    return ap.shape[0]
+
+
+@parallel_kernel(_a_blocks)
+def _pack_a16(t0, t1, a, ap):
+    """A widened to int16 and packed for ``avx2_tile``: ``ap[blk, g, r, :] = a[blk * MR2 + r, 2g : 2g + 2]``
+    (ap (blocks, Kp / 2, MR2, 2)), zero past A's last row and column; tasks are blocks of MR2 rows."""
+    m, k = a.shape
+    groups = ap.shape[1]
+    lda = a.strides[0]
+    in_rows = a.strides[1] == 1
+    for blk in range(t0, t1):
+        dst = ap[blk]
+        g0 = 0
+        if in_rows and (blk + 1) * MR2 <= m:  # a whole block in place: A16_GROUPS pairs of k a shuffle
+            src_addr = a.ctypes.data + blk * MR2 * lda
+            for g0 in range(0, k // 2 - A16_GROUPS + 1, A16_GROUPS):
+                _interleave_a16(dst[g0].ctypes.data, src_addr + 2 * g0, lda)
+            g0 = (k // 2) // A16_GROUPS * A16_GROUPS
+        for r in range(MR2):
+            i = blk * MR2 + r
+            if i < m:
+                src = a[i]
+                for g in range(g0, k // 2):
+                    dst[g, r, 0] = np.int16(src[2 * g])
+                    dst[g, r, 1] = np.int16(src[2 * g + 1])
+                if k % 2:  # K padded to even with a zero
+                    dst[groups - 1, r, 0] = np.int16(src[k - 1])
+                    dst[groups - 1, r, 1] = np.int16(0)
+            else:
+                for g in range(groups):
+                    dst[g, r, 0] = np.int16(0)
+                    dst[g, r, 1] = np.int16(0)
 
 
 # ---------------------------------------------------------------- one driver for both micro-kernels
@@ -405,7 +444,8 @@ def _widen_a(t0, t1, a, a16):
 def _gemm_template(t0, t1, a, bp, corr, n, rows_per_block, out, rescale, sa, sb, factor, fast, out_f32):
     """The body of ``_gemm_driver``'s kernels."""
     tm, tn = TILE_M, TILE_N  # noqa: F821 - these, ``tile`` and ``tile_rescaled`` are bound by ``_gemm_driver``
-    m, kp = a.shape
+    m = corr.shape[0]
+    kp = a.shape[1]
     groups = bp.shape[1]
     npanel = bp.shape[0]
     sa_step = 1 if sa.size > 1 else 0
@@ -434,9 +474,11 @@ def _gemm_template(t0, t1, a, bp, corr, n, rows_per_block, out, rescale, sa, sb,
                 c_addr = corr_base + 4 * i0
                 sa_addr = sa_base + 4 * i0 * sa_step
                 if rows < tm:
-                    spare[:rows] = a[i0:m]
+                    if not A_PACKED:  # noqa: F821 - a packed A's last block is already padded with zero rows
+                        spare[:rows] = a[i0:m]
+                        a_addr = spare.ctypes.data
                     spare_corr[:rows] = corr[i0:m]
-                    a_addr, c_addr = spare.ctypes.data, spare_corr.ctypes.data
+                    c_addr = spare_corr.ctypes.data
                     if sa_step:
                         spare_sa[:rows] = sa[i0:m]
                         sa_addr = spare_sa.ctypes.data
@@ -465,10 +507,12 @@ def _gemm_template(t0, t1, a, bp, corr, n, rows_per_block, out, rescale, sa, sb,
                         out[i0:i0 + rows, j0:j0 + jn] = tile_i[:rows, :jn]
 
 
-def _gemm_driver(name: str, tile, tile_rescaled, tile_m: int, tile_n: int) -> TaskKernel:
-    """The GEMM driver of one micro-kernel: ``out (M, N) int32 = a (M, Kp) @ B`` (a int8 or int16,
-    its rows read in place; B packed in ``bp``: panels of ``tile_n`` columns, then groups of k;
-    ``corr``: the rows' corrections, which the tile subtracts), tasks blocks of ``tile_m`` rows.
+def _gemm_driver(name: str, tile, tile_rescaled, tile_m: int, tile_n: int, a_packed: bool) -> TaskKernel:
+    """The GEMM driver of one micro-kernel: ``out (M, N) int32 = a (M, Kp) @ B`` (a int8 or int16;
+    B packed in ``bp``: panels of ``tile_n`` columns, then groups of k; ``corr``: the M rows'
+    corrections, which the tile subtracts), tasks blocks of ``tile_m`` rows. a's rows are read in
+    place, or with ``a_packed`` a holds whole blocks of ``tile_m`` rows, each block's bytes in the
+    micro-kernel's order (``_pack_a16``; rows past M zero).
 
     With ``rescale``, ``out_f32[i, j] = rescale1(C[i, j], sa[i or 0], sb[j], factor, fast)`` is
     written instead of ``out`` (in the micro-kernel when ``fast``, else from a tile buffer with
@@ -481,14 +525,14 @@ def _gemm_driver(name: str, tile, tile_rescaled, tile_m: int, tile_n: int) -> Ta
     is compiled only where it runs, so the VNNI one never meets a CPU without VNNI."""
     fn = FunctionType(_gemm_template.__code__, {**_gemm_template.__globals__, "tile": tile,
                                                  "tile_rescaled": tile_rescaled, "TILE_M": tile_m,
-                                                 "TILE_N": tile_n}, name)
+                                                 "TILE_N": tile_n, "A_PACKED": a_packed}, name)
     fn.__qualname__ = name
     fn.__doc__ = _gemm_driver.__doc__
     return TaskKernel(fn, lambda a, *args: -(-a.shape[0] // tile_m), weight=64)
 
 
-_vnni_gemm = _gemm_driver("_vnni_gemm", vnni_tile, vnni_tile_rescaled, MR, NR)
-_avx2_gemm = _gemm_driver("_avx2_gemm", avx2_tile, avx2_tile_rescaled, MR2, NR2)
+_vnni_gemm = _gemm_driver("_vnni_gemm", vnni_tile, vnni_tile_rescaled, MR, NR, False)
+_avx2_gemm = _gemm_driver("_avx2_gemm", avx2_tile, avx2_tile_rescaled, MR2, NR2, True)
 
 
 def _avx2_matmul(a: np.ndarray, b: np.ndarray, scales=None) -> np.ndarray:
@@ -497,18 +541,19 @@ def _avx2_matmul(a: np.ndarray, b: np.ndarray, scales=None) -> np.ndarray:
     n = b.shape[1]
     kp = k + k % 2
     npanel = -(-n // NR2)
-    a16 = np.empty((m, kp), dtype=np.int16)
-    _widen_a(a, a16)
+    a16 = np.empty((-(-m // MR2), kp // 2, MR2, 2), dtype=np.int16)
+    _pack_a16(a, a16)
     bp = np.empty((npanel, kp // 2, NR2, 2), dtype=np.int16)
     _pack_b16(b, bp)
     corr = np.zeros(m, dtype=np.int32)  # int16 pairs need no correction
-    return _run_driver(_avx2_gemm, a16, bp, corr, n, _rows_per_block(2 * kp, n, MR2, bp.nbytes), scales)
+    return _run_driver(_avx2_gemm, a16.reshape(-1, kp), bp, corr, n, _rows_per_block(2 * kp, n, MR2, bp.nbytes),
+                       scales)
 
 
 def _run_driver(driver: TaskKernel, a, bp, corr, n: int, rows: int, scales) -> np.ndarray:
     """``driver`` (``_vnni_gemm``, ``_avx2_gemm``) over all of a: the int32 C, or with ``scales = (sa, sb,
     factor, fast)`` the rescaled float32 C."""
-    m = a.shape[0]
+    m = corr.shape[0]
     if scales is None:
         out = np.empty((m, n), dtype=np.int32)
         one = np.ones(1, dtype=np.float32)

@@ -193,6 +193,31 @@ def test_both_column_butterflies_give_the_spec_bits():
         assert got.tobytes() == want.tobytes(), wide
 
 
+@pytest.mark.parametrize("size", [1, 7, 16, 37, 1000])
+def test_the_entry_scan_finds_every_kind_of_element_wherever_it_lies(size):
+    """``fp.scan`` (every op's entry check): whether any element is not canonical (a subnormal, or a NaN
+    other than the canonical one), whether all are finite, and the largest finite magnitude, against
+    NumPy on the bits; each kind of element placed at the first, a middle and the last position, so
+    in the vector loop and in its scalar tail."""
+    from lockstep.backends.numba_cpu import fp as nfp
+
+    rng = np.random.default_rng(size)
+    specials = {"subnormal": 0x00000005, "negative subnormal": 0x80400000, "odd NaN": 0x7FC00001,
+                "negative NaN": 0xFFC00000, "canonical NaN": spec.fp.CANONICAL_NAN_BITS, "inf": 0x7F800000,
+                "-inf": 0xFF800000, "largest": 0x7F7FFFFF, "-0.0": 0x80000000, "smallest normal": 0x00800000}
+    for name, pattern in specials.items():
+        for where in sorted({0, size // 2, size - 1}):
+            x = rng.standard_normal(size).astype(np.float32)
+            x[where] = np.uint32(pattern).view(np.float32)
+            u = x.view(np.uint32)
+            mag = u & np.uint32(0x7FFFFFFF)
+            exp = u & np.uint32(0x7F800000)
+            want_bad = bool((((exp == 0) & (mag != 0)) | ((mag > 0x7F800000) & (u != spec.fp.CANONICAL_NAN_BITS))).any())
+            finite = exp != 0x7F800000
+            want_max = float(mag[finite].max().view(np.float32)) if finite.any() else 0.0
+            assert nfp.scan(x) == (want_bad, bool(finite.all()), want_max), (name, where)
+
+
 def test_matmul_rows_with_and_without_the_flush_tests(be):
     """Rows whose products reach the flush range take the flushed loop; the others skip it."""
     a = _tiny_values(1, (6, 40), -3, 3)

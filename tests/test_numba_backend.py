@@ -230,17 +230,19 @@ def test_matmul_rows_with_and_without_the_flush_tests(be):
 
 @pytest.mark.parametrize("ymm", [False, True], ids=["4x64", "6x16-ymm"])
 @pytest.mark.parametrize("batch,m,k,n", [((), 35, 2500, 70), ((2,), 16, 1025, 128), ((), 64, 1024, 33),
-                                         ((3,), 9, 7, 100), ((), 24, 1, 17)])
+                                         ((3,), 9, 7, 100), ((), 24, 1, 17), ((), 1600, 300, 70)])
 def test_matmul_register_tiles_over_packed_panels_give_the_spec_bits(be, monkeypatch, ymm, batch, m, k, n):
-    """The tiled path packs b in panels of ``K_PANEL`` k by ``PANEL_N`` columns and continues each output's
-    sum from panel to panel: K past several panels (and one past them), K = 1, N a multiple of 64 and not, partial
-    row blocks beside full ones, a batch, and the same for ``matmul_accumulate`` from a nonzero start;
-    with each 12 x 64 block as three 4 x 64 tiles (AVX-512) and as eight 6 x 16 tiles of 8-lane vectors (AVX2):
-    both are compiled on every CPU (LLVM splits wider vectors), so both are checked here."""
+    """The tiled path packs b in panels of ``K_PANEL`` (``K_PANEL_YMM``) k by ``PANEL_N`` columns, as strips,
+    packs the blocks' rows of a in groups of ``GROUP_BLOCKS``, and continues each output's sum from panel to
+    panel: K past several panels (and one past them), K = 1, N a multiple of 64 and not, partial row blocks
+    beside full ones, a batch, more blocks than a group holds (1600 rows: 133 blocks, more than a group
+    even split over two threads), and the same for ``matmul_accumulate`` from a nonzero start; with each
+    12 x 64 block as three 4 x 64 tiles (AVX-512) and as eight 6 x 16 tiles of 8-lane vectors (AVX2): both
+    are compiled on every CPU (LLVM splits wider vectors), so both are checked here."""
     from lockstep.backends.numba_cpu import reduce as nr
 
     monkeypatch.setattr(nr, "YMM_TILES", ymm)
-    assert k <= 5 * nr.K_PANEL and nr.PANEL_N == 64
+    assert k <= 5 * nr.K_PANEL and nr.PANEL_N == 64 and nr.K_PANEL_YMM < 300 and 1600 // nr.ROW_BLOCK > 2 * nr.GROUP_BLOCKS
     a = _tiny_values(10 + m, batch + (m, k), -4, 2)
     b = _tiny_values(11 + n, batch + (k, n), -4, 2)
     assert_same(spec.matmul(a, b), be.matmul(a, b), f"matmul {batch} {m}x{k}x{n}")

@@ -93,9 +93,12 @@ class _TileIR:
                 self.b.store(accs[r * self.nv + h], self.slot(r, h), align=align)
 
 
-def _contract_tile(mr: int, nv: int, lanes: int = LANES16):
+def _contract_tile(mr: int, nv: int, lanes: int = LANES16, packed_rows: int = 0):
     """The intrinsic ``f(out_addr, ldo, a_addr, lda, a_inc, b_addr, ldb, k, accumulate)`` for one tile shape:
-    ``mr`` rows x ``nv`` vectors of ``lanes`` float32."""
+    ``mr`` rows x ``nv`` vectors of ``lanes`` float32. With ``packed_rows`` a is a packed panel of that
+    many rows, k-major (``a[r, k]`` at ``a_addr + 4 * (k * packed_rows + r)``; ``lda`` and ``a_inc``
+    unused): every broadcast of a step is then a constant offset from one pointer, where rows ``lda``
+    apart cost a general register each (and with 16 vector registers, address arithmetic in the loop)."""
 
     @intrinsic
     def contract_tile(typingctx, out_addr, ldo, a_addr, lda, a_inc, b_addr, ldb, k, accumulate):
@@ -115,9 +118,13 @@ def _contract_tile(mr: int, nv: int, lanes: int = LANES16):
             def term(acc, a_all, b_vec):  # a[r, k] * b[k, c] rounded, then the sum rounded: never an FMA
                 return builder.fadd(acc, builder.fmul(a_all, b_vec))
 
+            def a_value(kk, r):
+                if packed_rows:
+                    return t.element(a_p, builder.add(builder.mul(kk, t.c64(packed_rows)), t.c64(r)), 4)
+                return t.element(a_p, builder.add(builder.mul(kk, ainc_v), builder.mul(lda_v, t.c64(r))), 4)
+
             t.accumulate("tile", k_v, init, lambda kk: t.row_vectors(b_p, builder.mul(kk, ldb_v), f32, 4),
-                         lambda kk, r: t.element(a_p, builder.add(builder.mul(kk, ainc_v), builder.mul(lda_v, t.c64(r))), 4),
-                         term, align=4)
+                         a_value, term, align=4)
             return context.get_dummy_value()
 
         return sig, codegen
@@ -133,7 +140,10 @@ tile_4x16 = _contract_tile(4, 1)  # the same for a head dim that is a multiple o
 # both adders busy (attention's blocks); ``reduce``'s 12 x 64 blocks run as eight 6 x 16 tiles where the CPU
 # lacks AVX-512: 12 accumulators, two vectors of b and a broadcast, 15 of the 16 registers.
 tile_4x16_ymm = _contract_tile(4, 2, lanes=8)
-tile_6x16_ymm = _contract_tile(6, 2, lanes=8)
+# ``reduce``'s matmul blocks read a from a packed panel of PANEL_ROWS rows (k-major).
+PANEL_ROWS = 12
+tile_4x64_panel = _contract_tile(4, 4, packed_rows=PANEL_ROWS)
+tile_6x16_ymm_panel = _contract_tile(6, 2, lanes=8, packed_rows=PANEL_ROWS)
 
 
 def _int8_tile(mr: int, nv: int, lanes: int = LANES16):
@@ -272,3 +282,31 @@ _FEATURES = host_cpu_features()
 FIXED_POINT_IN_PARTS = bool(_FEATURES.get("avx2")) and not _FEATURES.get("avx512dq", False)
 # The 16-register fixed-point tile this CPU runs (``reduce.YMM_TILES``): in parts on x86 without AVX-512DQ.
 fixed_point_tile_ymm = fixed_point_tile_4x8_ymm_in_parts if FIXED_POINT_IN_PARTS else fixed_point_tile_4x8_ymm
+
+
+
+def _prefetch(write: bool):
+    """The intrinsic ``f(addr)``: ask the cache for the line holding byte ``addr`` (``llvm.prefetch``, a hint
+    with no effect on any value: x86 ``prefetcht0``, or ``prefetchw`` for a line about to be written)."""
+
+    @intrinsic
+    def prefetch(typingctx, addr):
+        sig = types.void(types.uintp)
+
+        def codegen(context, builder, sig, args):
+            i8p, i32 = ir.IntType(8).as_pointer(), ir.IntType(32)
+            fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(ir.VoidType(), [i8p, i32, i32, i32]),
+                                                "llvm.prefetch.p0i8")
+            builder.call(fn, [builder.inttoptr(args[0], i8p), ir.Constant(i32, int(write)), ir.Constant(i32, 3),
+                              ir.Constant(i32, 1)])
+            return context.get_dummy_value()
+
+        return sig, codegen
+
+    return prefetch
+
+
+# A tile's first adds wait for the accumulators it loads: fetched while the previous tile runs, they no
+# longer wait on L3 or memory. Rows of b far apart (a large N) defeat the hardware's prefetchers when packing.
+prefetch_for_write = _prefetch(True)
+prefetch_for_read = _prefetch(False)

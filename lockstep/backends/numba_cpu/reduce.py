@@ -30,8 +30,8 @@ from lockstep.spec.checks import check_int8_operands, check_matmul_accumulate_sh
 from lockstep.spec.reduce import LANES
 
 from . import int8gemm
-from .fp import (CANONICAL_NAN_BITS, ONE, SAFE_PRODUCT, ZERO, cn, contiguous_f32, entered, fl, from_bits, min_nonzero_abs,
-                 safe_products, total_key)
+from .fp import (CANONICAL_NAN_BITS, ONE, SAFE_PRODUCT, ZERO, abs_bits, cn, contiguous_f32, entered, fl, from_bits,
+                 min_nonzero_abs, safe_products, total_key)
 from .tasks import (block_bounds, column_block, column_blocks, column_bounds, contiguous, element_blocks, host_cpu_features,
                     inlined, kernel, parallel_kernel, rows)
 from .tiles import PANEL_ROWS, prefetch_for_read, prefetch_for_write, tile_4x64_panel, tile_6x16_ymm_panel
@@ -327,7 +327,7 @@ def _tiled_group(a, b, out, starts, pack, apack, tile, accumulate, ymm):
                     out[r0 : r0 + ROW_BLOCK, c0:] = tile[:, :w]
 
 
-def _row_blocks(a, b, out, ymm) -> int:
+def _row_blocks(a, *rest) -> int:
     """Tasks of ``_matmul_kernel``: blocks of ROW_BLOCK output rows of each batch element."""
     return a.shape[0] * -(-a.shape[1] // ROW_BLOCK)
 
@@ -370,12 +370,27 @@ def _matmul_kernel(t0, t1, a, b, out, ymm):
         task = end
 
 
+@inlined
+def _entered_row_min(src, dst):
+    """``dst = cn(src)`` (the accumulators as the spec enters them), returning ``min_nonzero_abs(dst)``."""
+    m = np.uint32(0xFFFFFFFF)
+    for j in range(src.size):
+        v = cn(src[j])
+        dst[j] = v
+        m = min(m, abs_bits(v))
+    if m == np.uint32(0xFFFFFFFF):
+        return np.inf
+    return np.float64(from_bits(m))
+
+
 @parallel_kernel(_row_blocks, weight=16)
-def _accumulate_kernel(t0, t1, a, b, out, ymm):
-    """``_matmul_kernel`` continued from out's contents: a (1, M, K), b (1, K, N) canonical; out
-    (1, M, N) holding the canonical accumulators. A block runs without flush tests when its
-    products provably never flush and its accumulators are multiples of 2**-126 (every nonzero
-    |acc| >= 2**-103: ``fp.safe_products``' argument then holds for the continued sum too)."""
+def _accumulate_kernel(t0, t1, a, b, acc, out, ymm):
+    """``_matmul_kernel`` continued from acc: a (1, M, K), b (1, K, N) canonical; acc (1, M, N) any float32,
+    entered (``cn``) into out (1, M, N) a block at a time just before the block's sums continue from
+    it (one pass over acc, its lines still in cache when the tiles load them). A block runs without
+    flush tests when its products provably never flush and its accumulators are multiples of
+    2**-126 (every nonzero |acc| >= 2**-103: ``fp.safe_products``' argument then holds for the
+    continued sum too)."""
     m, kk = a.shape[1], a.shape[2]
     blocks = (m + ROW_BLOCK - 1) // ROW_BLOCK
     min_b = min_nonzero_abs(b[0].reshape(-1))
@@ -389,7 +404,8 @@ def _accumulate_kernel(t0, t1, a, b, out, ymm):
         r1 = min(m, r0 + ROW_BLOCK)
         fast = True
         for r in range(r0, r1):
-            fast = fast and safe_products(min_nonzero_abs(a[0, r]), min_b) and min_nonzero_abs(out[0, r]) >= SAFE_PRODUCT
+            min_acc = _entered_row_min(acc[0, r], out[0, r])
+            fast = fast and safe_products(min_nonzero_abs(a[0, r]), min_b) and min_acc >= SAFE_PRODUCT
         if fast and r1 - r0 == ROW_BLOCK:
             starts[count] = r0
             count += 1
@@ -397,10 +413,10 @@ def _accumulate_kernel(t0, t1, a, b, out, ymm):
             continue_rows(a[0, r0:r1], b[0], out[0, r0:r1])
         else:
             for r in range(r0, r1):
-                acc = out[0, r]
-                accumulate_rows(acc, a[0, r], b[0], 0, False)
-                for j in range(acc.size):
-                    acc[j] = cn(acc[j])
+                row = out[0, r]
+                accumulate_rows(row, a[0, r], b[0], 0, False)
+                for j in range(row.size):
+                    row[j] = cn(row[j])
     if count > 0:
         _tiled_blocks(a[0], b[0], out[0], starts, count, pack, apack, tile, True, ymm)
 
@@ -456,12 +472,13 @@ def matmul_accumulate(acc, a, b) -> np.ndarray:
     check_matmul_accumulate_shapes(acc, a, b)
     a = np.asarray(a, dtype=np.float32)
     b = np.asarray(b, dtype=np.float32)
-    out = canonical_copy(acc)
-    if out.size == 0 or a.shape[1] == 0:
-        return out
+    if a.shape[1] == 0 or a.shape[0] == 0 or b.shape[1] == 0:
+        return canonical_copy(acc)
+    acc = contiguous(np.asarray(acc, dtype=np.float32))
+    out = np.empty(acc.shape, dtype=np.float32)
     a3 = entered(a)[0].reshape(1, *a.shape)
     b3 = entered(b)[0].reshape(1, *b.shape)
-    _accumulate_kernel(a3, b3, out.reshape(1, *out.shape), YMM_TILES)
+    _accumulate_kernel(a3, b3, acc.reshape(1, *acc.shape), out.reshape(1, *out.shape), YMM_TILES)
     return out
 
 

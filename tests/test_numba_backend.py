@@ -116,6 +116,22 @@ def test_attention_near_the_flush_range_and_with_nonfinite_inputs(be):
                 "bwd non-finite")
 
 
+@pytest.mark.parametrize("window", [None, 280])
+def test_attention_rows_continue_their_sums_across_chunks_of_keys(be, window):
+    """``o = p v`` and ``dq = ds k`` run their 16-column tiles over chunks of ``KEY_CHUNK`` keys, each sum
+    continued from the value stored after the previous chunk: T = 300 (one chunk and part of another),
+    head dim 16 (the 16-column tiles on every CPU), causal and with a window."""
+    from lockstep.backends.numba_cpu import attention as na
+
+    b, h, g, t, dh = 1, 2, 1, 300, 16
+    assert na.KEY_CHUNK < t < 2 * na.KEY_CHUNK
+    q, k, v, do = (_tiny_values(30 + i, (b, n, t, dh), -2, 2) for i, n in enumerate((h, g, g, h)))
+    fw = spec.attention_forward(q, k, v, window)
+    assert_same(fw, be.attention_forward(q, k, v, window), f"fwd W={window}")
+    assert_same(spec.attention_backward(do, q, k, v, *fw, window), be.attention_backward(do, q, k, v, *fw, window),
+                f"bwd W={window}")
+
+
 @pytest.mark.parametrize("dh", [16, 64])
 def test_attention_register_tiles_and_their_fallbacks_give_the_spec_bits(be, dh):
     """Head dims that tile (``numba_cpu.tiles``), T = 43 (a partial last block of queries), and

@@ -54,6 +54,7 @@ from .transcendental import exp_diff_row
 
 QB = 8  # queries per block (the rows of a score tile)
 KEY_PAD = 32  # score tiles run over keys in steps of 32: key-indexed buffers carry this much slack
+KEY_CHUNK = 256  # keys per pass of ``_block_rows``' 16-column tiles
 
 @kernel
 def attention_scale(head_dim):
@@ -140,14 +141,21 @@ def _block_rows(a, klo, n, rows, out):
     rows: n contiguous rows of the head dim (values or keys from key klo on)."""
     dh = out.shape[1]
     w = _tiled_width(dh)
-    for r0 in range(0, QB, 4):
-        for d0 in range(0, dh, w):
-            if w == 64:
+    if w == 64:
+        for r0 in range(0, QB, 4):
+            for d0 in range(0, dh, w):
                 tile_4x64(out[r0, d0:].ctypes.data, dh, a[r0, klo:].ctypes.data, a.shape[1], 1,
                           rows[0, d0:].ctypes.data, dh, n, False)
-            else:
-                tile_4x16(out[r0, d0:].ctypes.data, dh, a[r0, klo:].ctypes.data, a.shape[1], 1,
-                          rows[0, d0:].ctypes.data, dh, n, False)
+        return
+    # 16 columns: both 4-row tiles of a chunk of keys meet the same 16 columns of rows (KEY_CHUNK x 64
+    # bytes) in turn, so the second reads them from L1; each sum continues from the value stored at
+    # the end of the previous chunk, in the same ascending order
+    for c0 in range(0, n, KEY_CHUNK):
+        cnt = min(KEY_CHUNK, n - c0)
+        for d0 in range(0, dh, w):
+            for r0 in range(0, QB, 4):
+                tile_4x16(out[r0, d0:].ctypes.data, dh, a[r0, klo + c0:].ctypes.data, a.shape[1], 1,
+                          rows[c0, d0:].ctypes.data, dh, cnt, c0 > 0)
 
 
 @kernel

@@ -83,17 +83,27 @@ def _rmsnorm_backward_dx_kernel(t0, t1, dy, x, gain, has_gain, rstd, dx, dy_xhat
     for r in range(t0, t1):
         rs = fl(rstd[r])
         gr = r if g_rows > 1 else 0
-        for j in range(d):
-            xh[j] = fl(fl(x[r, j]) * rs)
-            if has_gain:
-                gy[j] = fl(fl(dy[r, j]) * gain[gr, j])
-                dy_xhat[r, j] = fl(fl(dy[r, j]) * xh[j])
-            else:
-                gy[j] = fl(dy[r, j])
-            t[j] = fl(gy[j] * xh[j])
+        x_r, dy_r, dx_r = x[r], dy[r], dx[r]
+        if has_gain:  # the branch outside the loops, each loop over rows: they vectorize
+            g_r, dyx_r = gain[gr], dy_xhat[r]
+            for j in range(d):
+                xv = fl(fl(x_r[j]) * rs)
+                dv = fl(dy_r[j])
+                gv = fl(dv * g_r[j])
+                xh[j] = xv
+                gy[j] = gv
+                dyx_r[j] = fl(dv * xv)
+                t[j] = fl(gv * xv)
+        else:
+            for j in range(d):
+                xv = fl(fl(x_r[j]) * rs)
+                gv = fl(dy_r[j])
+                xh[j] = xv
+                gy[j] = gv
+                t[j] = fl(gv * xv)
         m = fl(lane_tree(t, 0, lanes) / df)
         for j in range(d):
-            dx[r, j] = cn(fl(rs * fl(gy[j] - fl(xh[j] * m))))
+            dx_r[j] = cn(fl(rs * fl(gy[j] - fl(xh[j] * m))))
 
 
 def rmsnorm_backward(dy, x, gain, rstd):

@@ -57,9 +57,12 @@ def _attention_drivers():
     @parallel_kernel(heads, weight=64)
     def rows(t0, t1, p, v, out):  # out[h] (T, Dh) = p[h] (T, T + KEY_PAD) v[h]
         t = v.shape[1]
+        strips = at._strips(v.shape[2], t, at._tiled_width(v.shape[2]))
         for h in range(t0, t1):
+            if at._tiled_width(v.shape[2]) == 16:
+                at._pack_strips(v[h], strips)  # as the attention kernels do, once per head
             for i0 in range(0, t, at.QB):
-                at._block_rows(p[h, i0:i0 + at.QB], 0, t, v[h], out[h, i0:i0 + at.QB])
+                at._block_rows(p[h, i0:i0 + at.QB], 0, t, v[h], strips, out[h, i0:i0 + at.QB])
 
     @parallel_kernel(heads, weight=64)
     def keys(t0, t1, ds, q, acc):  # acc[h] (T + 4, Dh) += ds[h]^T q[h], queries ascending

@@ -67,9 +67,10 @@ def _attention_drivers():
     @parallel_kernel(heads, weight=64)
     def keys(t0, t1, ds, q, acc):  # acc[h] (T + 4, Dh) += ds[h]^T q[h], queries ascending
         t = q.shape[1]
+        step = at.QB * at.KV_BLOCKS  # as the backward adds them: KV_BLOCKS blocks of queries at a time
         for h in range(t0, t1):
-            for i0 in range(0, t, at.QB):
-                at._block_keys_accumulate(ds[h, i0:i0 + at.QB], 0, t, q[h, i0:i0 + at.QB], acc[h])
+            for i0 in range(0, t, step):
+                at._block_keys_accumulate(ds[h, i0:i0 + step], 0, t, q[h, i0:i0 + step], acc[h])
 
     return at.KEY_PAD, scores, rows, keys
 

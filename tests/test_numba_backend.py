@@ -116,15 +116,20 @@ def test_attention_near_the_flush_range_and_with_nonfinite_inputs(be):
                 "bwd non-finite")
 
 
+@pytest.mark.parametrize("t", [300, 304])
 @pytest.mark.parametrize("window", [None, 280])
-def test_attention_rows_continue_their_sums_across_chunks_of_keys(be, window):
+def test_attention_sums_continue_across_chunks_of_keys_and_held_blocks_of_queries(be, window, t):
     """``o = p v`` and ``dq = ds k`` run their 16-column tiles over chunks of ``KEY_CHUNK`` keys, each sum
-    continued from the value stored after the previous chunk: T = 300 (one chunk and part of another),
-    head dim 16 (the 16-column tiles on every CPU), causal and with a window."""
+    continued from the value stored after the previous chunk: T past one chunk, head dim 16 (the
+    16-column tiles on every CPU), causal and with a window. With T a multiple of QB (304) the backward
+    keeps its tiles for dk and dv (a partial last block sends the whole group to the flush-tested
+    path), adding the terms of ``KV_BLOCKS`` blocks of queries at a time: full groups of blocks,
+    a last group of fewer at each head's end, two heads of one KV group, and with the window
+    blocks of one group whose keys start at different places."""
     from lockstep.backends.numba_cpu import attention as na
 
-    b, h, g, t, dh = 1, 2, 1, 300, 16
-    assert na.KEY_CHUNK < t < 2 * na.KEY_CHUNK
+    b, h, g, dh = 1, 2, 1, 16
+    assert na.KEY_CHUNK < t < 2 * na.KEY_CHUNK and (t // na.QB) % na.KV_BLOCKS != 0
     q, k, v, do = (_tiny_values(30 + i, (b, n, t, dh), -2, 2) for i, n in enumerate((h, g, g, h)))
     fw = spec.attention_forward(q, k, v, window)
     assert_same(fw, be.attention_forward(q, k, v, window), f"fwd W={window}")

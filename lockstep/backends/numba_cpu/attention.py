@@ -55,6 +55,7 @@ from .transcendental import exp_diff_row
 QB = 8  # queries per block (the rows of a score tile)
 KEY_PAD = 32  # score tiles run over keys in steps of 32: key-indexed buffers carry this much slack
 KEY_CHUNK = 256  # keys per pass of ``_block_rows``' 16-column tiles
+KV_BLOCKS = 4  # blocks of queries whose dk/dv terms the backward adds in one pass (tiles over 32 queries)
 
 @kernel
 def attention_scale(head_dim):
@@ -207,20 +208,45 @@ def _block_contract(w, klo, khi, i0, nr, window, rows, strips, min_rows, tiled, 
 
 @kernel
 def _block_keys_accumulate(a, klo, n, rows, acc):
-    """``acc[klo + j, :] += a[r, klo + j] * rows[r, :]`` for r < QB ascending, j < n rounded up to 4.
+    """``acc[klo + j, :] += a[r, klo + j] * rows[r, :]`` for r < a.shape[0] ascending, j < n rounded up to 4.
 
     The continuation of each key's ascending sum over (head, query), no flush tests;
-    acc has 4 spare rows, a is zero past the block's keys."""
+    acc has 4 spare rows, a is zero past the keys it has (masked pairs are zeros)."""
     dh = acc.shape[1]
     w = _tiled_width(dh)
+    nq = a.shape[0]
     for j0 in range(0, n, 4):
         for d0 in range(0, dh, w):
             if w == 64:
                 tile_4x64(acc[klo + j0, d0:].ctypes.data, dh, a[0, klo + j0:].ctypes.data, 1, a.shape[1],
-                          rows[0, d0:].ctypes.data, dh, QB, True)
+                          rows[0, d0:].ctypes.data, dh, nq, True)
             else:
                 tile_4x16(acc[klo + j0, d0:].ctypes.data, dh, a[0, klo + j0:].ctypes.data, 1, a.shape[1],
-                          rows[0, d0:].ctypes.data, dh, QB, True)
+                          rows[0, d0:].ctypes.data, dh, nq, True)
+
+
+@kernel
+def _flush_keys(slots, klos, khis, i0_first, dsbuf, pwbuf, qh, doh, dk_acc, dv_acc):
+    """dk/dv's terms of ``slots`` consecutive full blocks of queries (from query ``i0_first`` on), held in
+    dsbuf/pwbuf (block s in rows [s QB, (s + 1) QB), its keys [klos[s], khis[s])), added in one pass:
+    ``_block_keys_accumulate`` over all their queries, ascending, on the union of their keys. Each
+    block's rows are first zeroed outside its own keys within that union (below its klo, and from
+    its khi + 4, where its score tiles left other values): zeros add nothing (``tiles``), so every
+    key's sum receives the same terms in the same order as block by block, and each tile contracts
+    over slots x QB queries instead of QB, its accumulators loaded and stored once for all of them."""
+    klo = klos[0]
+    khi = khis[slots - 1]
+    for sl in range(slots):
+        for r in range(sl * QB, (sl + 1) * QB):
+            for jj in range(klo, klos[sl]):
+                dsbuf[r, jj] = ZERO
+                pwbuf[r, jj] = ZERO
+            for jj in range(khis[sl] + 4, khi + 4):
+                dsbuf[r, jj] = ZERO
+                pwbuf[r, jj] = ZERO
+    rows = slots * QB
+    _block_keys_accumulate(dsbuf[:rows], klo, khi - klo, qh[i0_first:i0_first + rows], dk_acc)
+    _block_keys_accumulate(pwbuf[:rows], klo, khi - klo, doh[i0_first:i0_first + rows], dv_acc)
 
 
 
@@ -545,9 +571,14 @@ def _backward_kernel(t0, t1, do, q, k, v, o, m, l, window, dq, dk, dv, int8, lbi
     tiled_width = _tiled_width(dh)
     width = t + KEY_PAD
     sc = np.zeros((QB, width), dtype=np.float32)
-    p = np.zeros((QB, width), dtype=np.float32)
-    ds = np.zeros((QB, width), dtype=np.float32)
-    pd = np.zeros((QB, width), dtype=np.float32)  # pdq (int8): zero at the block's masked keys, as p
+    # p, ds and pdq of KV_BLOCKS blocks of queries: each block writes its slot, and dk/dv take the
+    # slots' terms together (``_flush_keys``) where they run as tiles
+    pbuf = np.zeros((QB * KV_BLOCKS, width), dtype=np.float32)
+    dsbuf = np.zeros((QB * KV_BLOCKS, width), dtype=np.float32)
+    pdbuf = np.zeros((QB * KV_BLOCKS, width), dtype=np.float32)  # pdq (int8): zero at the block's masked keys, as p
+    pwbuf = pdbuf if int8 else pbuf  # the weights of dv: pdq in the int8 recipe
+    klos = np.empty(KV_BLOCKS, dtype=np.int64)
+    khis = np.empty(KV_BLOCKS, dtype=np.int64)
     acc64 = np.empty((QB, dh), dtype=np.int64)
     grid = np.empty(QB, dtype=np.int64)
     inv = np.empty(QB, dtype=np.float64)
@@ -599,12 +630,17 @@ def _backward_kernel(t0, t1, do, q, k, v, o, m, l, window, dq, dk, dv, int8, lbi
                     for d in range(dh):
                         tmp[d] = fl(dor[d] * orow[d])
                     d_rows[i] = lane_tree(tmp, 0, lanes)
+                slots = 0  # blocks held for dk/dv (fast_kv)
+                i0_first = 0
                 for i0 in range(0, t, QB):
                     nr = min(QB, t - i0)
                     klo = max(0, i0 - window + 1)
                     khi = i0 + nr
                     n = khi - klo
                     full = nr == QB and tiled_width > 0
+                    p = pbuf[slots * QB:(slots + 1) * QB]
+                    ds = dsbuf[slots * QB:(slots + 1) * QB]
+                    pd = pdbuf[slots * QB:(slots + 1) * QB]
                     tiled_s = full and safe_products(min_nonzero_abs(qh[i0:khi].reshape(-1)), min_k)
                     tiled_dp = full and safe_products(min_nonzero_abs(doh[i0:khi].reshape(-1)), min_v)
                     if tiled_s:
@@ -662,14 +698,22 @@ def _backward_kernel(t0, t1, do, q, k, v, o, m, l, window, dq, dk, dv, int8, lbi
                                                                                          min_do)):
                             ok = False
                             break
-                        _block_keys_accumulate(ds, klo, n, qh[i0:khi], dk_acc)
-                        _block_keys_accumulate(pw, klo, n, doh[i0:khi], dv_acc)
+                        if slots == 0:
+                            i0_first = i0
+                        klos[slots] = klo
+                        khis[slots] = khi
+                        slots += 1
+                        if slots == KV_BLOCKS:
+                            _flush_keys(slots, klos, khis, i0_first, dsbuf, pwbuf, qh, doh, dk_acc, dv_acc)
+                            slots = 0
                     else:
                         for r in range(nr):
                             i = i0 + r
                             for j in range(max(0, i - window + 1), i + 1):
                                 _accumulate(dk_acc[j], ds[r, j], qh[i], False)
                                 _accumulate(dv_acc[j], pw[r, j], doh[i], False)
+                if ok and slots > 0:  # the head's last blocks, before the next head's terms
+                    _flush_keys(slots, klos, khis, i0_first, dsbuf, pwbuf, qh, doh, dk_acc, dv_acc)
             if ok:
                 break
             fast_kv = False

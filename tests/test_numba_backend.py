@@ -250,6 +250,30 @@ def test_matmul_rows_with_and_without_the_flush_tests(be):
 
 
 @pytest.mark.parametrize("ymm", [False, True], ids=["4x64", "6x16-ymm"])
+def test_matmul_register_tiles_store_the_canonical_nan(be, monkeypatch, ymm):
+    """The tiles of a matmul's last panel of k store NaN sums as the canonical NaN (x86 makes a negative
+    one from inf - inf), in place of a pass of ``cn`` over the output: full blocks of rows, one whose
+    two infinite terms have opposite signs in every column (NaN), one with one infinite term (inf),
+    a NaN with a payload in b, over one panel of k and over several, plain and continued from acc."""
+    from lockstep.backends.numba_cpu import reduce as nr
+
+    monkeypatch.setattr(nr, "YMM_TILES", ymm)
+    for k in (40, 600):
+        a = _tiny_values(40 + k, (36, k), -3, 3)
+        b = _tiny_values(41 + k, (k, 70), -3, 3)
+        a[3, 7] = a[3, 8] = np.inf  # + inf from b[7] > 0 and - inf from b[8] < 0: NaN in all of row 3
+        b[7], b[8] = np.abs(b[7]), -np.abs(b[8])
+        a[14, 2] = -np.inf  # row 14: -inf where b[2] > 0 (b[7], b[8] meet finite values there)
+        b[2] = np.abs(b[2])
+        b[5, 60] = np.uint32(0x7FC12345).view(np.float32)  # a NaN with a payload: column 60
+        want = spec.matmul(a, b)
+        assert np.isnan(want[3]).all() and np.isneginf(want[14, :60]).all() and np.isnan(want[:, 60]).all()
+        assert_same(want, be.matmul(a, b), f"matmul k={k}")
+        acc = _tiny_values(42, (36, 70), -2, 2)
+        assert_same(spec.matmul_accumulate(acc, a, b), be.matmul_accumulate(acc, a, b), f"matmul_accumulate k={k}")
+
+
+@pytest.mark.parametrize("ymm", [False, True], ids=["4x64", "6x16-ymm"])
 @pytest.mark.parametrize("batch,m,k,n", [((), 35, 2500, 70), ((2,), 16, 1025, 128), ((), 64, 1024, 33),
                                          ((3,), 9, 7, 100), ((), 24, 1, 17), ((), 1600, 300, 70)])
 def test_matmul_register_tiles_over_packed_panels_give_the_spec_bits(be, monkeypatch, ymm, batch, m, k, n):

@@ -217,18 +217,20 @@ PACK_AHEAD = 8  # rows of b ahead that packing asks the cache for
 
 
 @inlined
-def _strip(out_addr, ldo, a_addr, strip_addr, kb, cont, ymm):
+def _strip(out_addr, ldo, a_addr, strip_addr, kb, cont, last, ymm):
     """One block's ROW_BLOCK rows of accumulators by one strip of a packed panel, over ``kb`` k, its rows of
     a packed too (``a_addr``: kb x ROW_BLOCK, k-major). With ``ymm`` (``YMM_TILES``: 16 vector registers)
     the strip is 16 columns and two 6 x 16 tiles of 8-lane vectors cover it (12 accumulators, two
     vectors of b and a broadcast); otherwise the strip is the whole 64-column panel and three 4 x 64
-    tiles cover it (4 broadcasts of a per 16 vector products: measured faster than one 8 x 32 tile)."""
+    tiles cover it (4 broadcasts of a per 16 vector products: measured faster than one 8 x 32 tile).
+    ``last``: the last panel of k, whose sums are final: stored canonical."""
     if ymm:
         for r in range(0, ROW_BLOCK, 6):
-            tile_6x16_ymm_panel(out_addr + 4 * r * ldo, ldo, a_addr + 4 * r, 0, 0, strip_addr, STRIP_YMM, kb, cont)
+            tile_6x16_ymm_panel(out_addr + 4 * r * ldo, ldo, a_addr + 4 * r, 0, 0, strip_addr, STRIP_YMM, kb, cont,
+                                last)
     else:
         for r in range(0, ROW_BLOCK, 4):
-            tile_4x64_panel(out_addr + 4 * r * ldo, ldo, a_addr + 4 * r, 0, 0, strip_addr, PANEL_N, kb, cont)
+            tile_4x64_panel(out_addr + 4 * r * ldo, ldo, a_addr + 4 * r, 0, 0, strip_addr, PANEL_N, kb, cont, last)
 
 
 @inlined
@@ -277,21 +279,16 @@ def _tiled_blocks(a, b, out, starts, count, pack, apack, tile, accumulate, ymm):
     register each, and on a large K the same L1 set). Each output's sum still runs over
     ascending k in one accumulator: the tile starts from +0.0 (or out's contents when
     ``accumulate``) on the first panel and continues from the value it stored on the next, so
-    the bits are those of one pass. No flush tests (the caller proved none can fire); canonical
-    output."""
-    n = out.shape[1]
+    the bits are those of one pass. No flush tests (the caller proved none can fire, so no sum is
+    ever subnormal); canonical output: the tiles of the last panel store NaNs as the canonical one,
+    all that ``cn`` would do to these sums (a pass over the output less)."""
     for g0 in range(0, count, apack.shape[0]):
         _tiled_group(a, b, out, starts[g0:min(count, g0 + apack.shape[0])], pack, apack, tile, accumulate, ymm)
-    for i in range(count):
-        for r in range(starts[i], starts[i] + ROW_BLOCK):
-            acc = out[r]
-            for j in range(n):
-                acc[j] = cn(acc[j])
 
 
 @kernel
 def _tiled_group(a, b, out, starts, pack, apack, tile, accumulate, ymm):
-    """``_tiled_blocks`` for at most ``apack.shape[0]`` blocks, without the final canonicalization."""
+    """``_tiled_blocks`` for at most ``apack.shape[0]`` blocks."""
     kk = a.shape[1]
     n = out.shape[1]
     count = starts.size
@@ -300,6 +297,7 @@ def _tiled_group(a, b, out, starts, pack, apack, tile, accumulate, ymm):
     for k0 in range(0, kk, k_panel):
         kb = min(k_panel, kk - k0)
         cont = accumulate or k0 > 0
+        last = k0 + kb == kk
         for i in range(count):
             _pack_rows(a, starts[i], k0, kb, apack[i])
         for c0 in range(0, n, PANEL_N):
@@ -315,7 +313,7 @@ def _tiled_group(a, b, out, starts, pack, apack, tile, accumulate, ymm):
                                 prefetch_for_write(nxt + 4 * r * n)
                                 prefetch_for_write(nxt + 4 * r * n + 4 * (strip - 1))
                         _strip(out[starts[i], c0 + s * strip:].ctypes.data, n, apack[i].ctypes.data, strip_addr, kb,
-                               cont, ymm)
+                               cont, last, ymm)
             else:  # the last columns: through a block-wide buffer
                 for i in range(count):
                     r0 = starts[i]
@@ -323,7 +321,7 @@ def _tiled_group(a, b, out, starts, pack, apack, tile, accumulate, ymm):
                         tile[:, :w] = out[r0 : r0 + ROW_BLOCK, c0:]
                     for s in range(PANEL_N // strip):
                         _strip(tile[:, s * strip:].ctypes.data, PANEL_N, apack[i].ctypes.data,
-                               pack.ctypes.data + 4 * s * kb * strip, kb, cont, ymm)
+                               pack.ctypes.data + 4 * s * kb * strip, kb, cont, last, ymm)
                     out[r0 : r0 + ROW_BLOCK, c0:] = tile[:, :w]
 
 

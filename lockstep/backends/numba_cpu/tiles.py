@@ -33,6 +33,8 @@ from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
+from lockstep.spec.fp import CANONICAL_NAN_BITS
+
 from .irloop import accumulator_loop, splat
 from .tasks import host_cpu_features
 
@@ -75,9 +77,10 @@ class _TileIR:
     def element(self, base_p, index, align: int):
         return self.b.load(self.b.gep(base_p, [index]), align=align)
 
-    def accumulate(self, name: str, k_v, init: list, b_row, a_value, term, align: int) -> None:
-        """The tile's loop over k, then its store: per k, ``b_row(k)`` (the ``nv`` vectors of b's row k),
-        and per row r ``acc[r, h] = term(acc[r, h], splat(a_value(k, r)), b_vecs[h])``."""
+    def accumulate(self, name: str, k_v, init: list, b_row, a_value, term, align: int, finish=None) -> None:
+        """The tile's loop over k, then its store (of ``finish(vector)`` when given): per k, ``b_row(k)``
+        (the ``nv`` vectors of b's row k), and per row r ``acc[r, h] = term(acc[r, h], splat(a_value(k, r)),
+        b_vecs[h])``."""
         def step(kk, accs):
             b_vecs = b_row(kk)
             new = []
@@ -90,7 +93,8 @@ class _TileIR:
         accs = accumulator_loop(self.b, name, k_v, init, step)
         for r in range(self.mr):
             for h in range(self.nv):
-                self.b.store(accs[r * self.nv + h], self.slot(r, h), align=align)
+                v = accs[r * self.nv + h]
+                self.b.store(finish(v) if finish else v, self.slot(r, h), align=align)
 
 
 def _contract_tile(mr: int, nv: int, lanes: int = LANES16, packed_rows: int = 0):
@@ -98,15 +102,17 @@ def _contract_tile(mr: int, nv: int, lanes: int = LANES16, packed_rows: int = 0)
     ``mr`` rows x ``nv`` vectors of ``lanes`` float32. With ``packed_rows`` a is a packed panel of that
     many rows, k-major (``a[r, k]`` at ``a_addr + 4 * (k * packed_rows + r)``; ``lda`` and ``a_inc``
     unused): every broadcast of a step is then a constant offset from one pointer, where rows ``lda``
-    apart cost a general register each (and with 16 vector registers, address arithmetic in the loop)."""
+    apart cost a general register each (and with 16 vector registers, address arithmetic in the loop).
+    Those tiles take one more argument, ``canonical``: store every NaN as the canonical one, which is
+    all ``fp.cn`` does to a sum that provably never flushes (the sums end in the tile, and no pass
+    over the output is left to canonicalize them)."""
 
-    @intrinsic
-    def contract_tile(typingctx, out_addr, ldo, a_addr, lda, a_inc, b_addr, ldb, k, accumulate):
-        sig = types.void(types.uintp, types.intp, types.uintp, types.intp, types.intp, types.uintp, types.intp,
-                         types.intp, types.boolean)
+    sig = types.void(types.uintp, types.intp, types.uintp, types.intp, types.intp, types.uintp, types.intp,
+                     types.intp, types.boolean, *([types.boolean] if packed_rows else []))
 
+    def generate(typingctx, *arg_types):
         def codegen(context, builder, sig, args):
-            out_i, ldo_v, a_i, lda_v, ainc_v, b_i, ldb_v, k_v, acc_flag = args
+            out_i, ldo_v, a_i, lda_v, ainc_v, b_i, ldb_v, k_v, acc_flag = args[:9]
             f32 = ir.FloatType()
             t = _TileIR(builder, mr, nv, lanes, out_i, f32, ldo_v)
             a_p, b_p = t.pointer(a_i, f32), t.pointer(b_i, f32)
@@ -123,12 +129,31 @@ def _contract_tile(mr: int, nv: int, lanes: int = LANES16, packed_rows: int = 0)
                     return t.element(a_p, builder.add(builder.mul(kk, t.c64(packed_rows)), t.c64(r)), 4)
                 return t.element(a_p, builder.add(builder.mul(kk, ainc_v), builder.mul(lda_v, t.c64(r))), 4)
 
+            finish = None
+            if packed_rows:
+                canon = builder.icmp_unsigned("!=", args[9], ir.Constant(args[9].type, 0))
+                i32v = ir.VectorType(ir.IntType(32), lanes)
+                nan = builder.bitcast(ir.Constant(i32v, [ir.Constant(ir.IntType(32), int(CANONICAL_NAN_BITS))] * lanes),
+                                      t.out_vec)
+
+                def finish(v):  # NaN lanes (unordered with themselves) -> the canonical NaN, when asked
+                    is_nan = builder.fcmp_unordered("uno", v, v)
+                    return builder.select(builder.and_(is_nan, t.splat(canon)), nan, v)
+
             t.accumulate("tile", k_v, init, lambda kk: t.row_vectors(b_p, builder.mul(kk, ldb_v), f32, 4),
-                         a_value, term, align=4)
+                         a_value, term, align=4, finish=finish)
             return context.get_dummy_value()
 
         return sig, codegen
 
+    if packed_rows:
+        @intrinsic
+        def contract_tile(typingctx, out_addr, ldo, a_addr, lda, a_inc, b_addr, ldb, k, accumulate, canonical):
+            return generate(typingctx)
+    else:
+        @intrinsic
+        def contract_tile(typingctx, out_addr, ldo, a_addr, lda, a_inc, b_addr, ldb, k, accumulate):
+            return generate(typingctx)
     return contract_tile
 
 

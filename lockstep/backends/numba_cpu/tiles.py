@@ -97,6 +97,19 @@ class _TileIR:
                 self.b.store(finish(v) if finish else v, self.slot(r, h), align=align)
 
 
+def _canonical_nan_store(builder, t, flag, lanes: int):
+    """The store's ``finish`` of a float tile: NaN lanes (unordered with themselves) become the canonical
+    NaN where the i1/i8 ``flag`` is set."""
+    canon = builder.icmp_unsigned("!=", flag, ir.Constant(flag.type, 0))
+    i32v = ir.VectorType(ir.IntType(32), lanes)
+    nan = builder.bitcast(ir.Constant(i32v, [ir.Constant(ir.IntType(32), int(CANONICAL_NAN_BITS))] * lanes), t.out_vec)
+
+    def finish(v):
+        return builder.select(builder.and_(builder.fcmp_unordered("uno", v, v), t.splat(canon)), nan, v)
+
+    return finish
+
+
 def _contract_tile(mr: int, nv: int, lanes: int = LANES16, packed_rows: int = 0):
     """The intrinsic ``f(out_addr, ldo, a_addr, lda, a_inc, b_addr, ldb, k, accumulate)`` for one tile shape:
     ``mr`` rows x ``nv`` vectors of ``lanes`` float32. With ``packed_rows`` a is a packed panel of that
@@ -129,17 +142,7 @@ def _contract_tile(mr: int, nv: int, lanes: int = LANES16, packed_rows: int = 0)
                     return t.element(a_p, builder.add(builder.mul(kk, t.c64(packed_rows)), t.c64(r)), 4)
                 return t.element(a_p, builder.add(builder.mul(kk, ainc_v), builder.mul(lda_v, t.c64(r))), 4)
 
-            finish = None
-            if packed_rows:
-                canon = builder.icmp_unsigned("!=", args[9], ir.Constant(args[9].type, 0))
-                i32v = ir.VectorType(ir.IntType(32), lanes)
-                nan = builder.bitcast(ir.Constant(i32v, [ir.Constant(ir.IntType(32), int(CANONICAL_NAN_BITS))] * lanes),
-                                      t.out_vec)
-
-                def finish(v):  # NaN lanes (unordered with themselves) -> the canonical NaN, when asked
-                    is_nan = builder.fcmp_unordered("uno", v, v)
-                    return builder.select(builder.and_(is_nan, t.splat(canon)), nan, v)
-
+            finish = _canonical_nan_store(builder, t, args[9], lanes) if packed_rows else None
             t.accumulate("tile", k_v, init, lambda kk: t.row_vectors(b_p, builder.mul(kk, ldb_v), f32, 4),
                          a_value, term, align=4, finish=finish)
             return context.get_dummy_value()

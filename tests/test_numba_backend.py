@@ -254,7 +254,8 @@ def test_matmul_register_tiles_store_the_canonical_nan(be, monkeypatch, ymm):
     """The tiles of a matmul's last panel of k store NaN sums as the canonical NaN (x86 makes a negative
     one from inf - inf), in place of a pass of ``cn`` over the output: full blocks of rows, one whose
     two infinite terms have opposite signs in every column (NaN), one with one infinite term (inf),
-    a NaN with a payload in b, over one panel of k and over several, plain and continued from acc."""
+    a NaN with a payload in b, over one panel of k and over several, plain and continued from acc
+    (with a NaN with a payload, and a subnormal that enters as a zero where no term follows)."""
     from lockstep.backends.numba_cpu import reduce as nr
 
     monkeypatch.setattr(nr, "YMM_TILES", ymm)
@@ -270,7 +271,13 @@ def test_matmul_register_tiles_store_the_canonical_nan(be, monkeypatch, ymm):
         assert np.isnan(want[3]).all() and np.isneginf(want[14, :60]).all() and np.isnan(want[:, 60]).all()
         assert_same(want, be.matmul(a, b), f"matmul k={k}")
         acc = _tiny_values(42, (36, 70), -2, 2)
-        assert_same(spec.matmul_accumulate(acc, a, b), be.matmul_accumulate(acc, a, b), f"matmul_accumulate k={k}")
+        acc[20, 5] = np.uint32(0xFFC0BEEF).view(np.float32)  # a NaN with a payload
+        acc[30, 3] = np.uint32(0x00000009).view(np.float32)  # a subnormal, which enters as a zero,
+        b3 = b.copy()
+        b3[:, 3] = 0.0  # and with no other term in its column, +0.0 is the result
+        want = spec.matmul_accumulate(acc, a, b3)
+        assert np.isnan(want[20, 5]) and want[30, 3].view(np.uint32) == 0
+        assert_same(want, be.matmul_accumulate(acc, a, b3), f"matmul_accumulate k={k}")
 
 
 @pytest.mark.parametrize("ymm", [False, True], ids=["4x64", "6x16-ymm"])

@@ -325,6 +325,15 @@ def _tiled_group(a, b, out, starts, pack, apack, tile, accumulate, ymm):
                     out[r0 : r0 + ROW_BLOCK, c0:] = tile[:, :w]
 
 
+@inlined
+def _tile_buffers(tasks, kk):
+    """The scratch of ``_tiled_blocks`` for up to ``tasks`` blocks over K = kk: b's packed panel, a group's
+    packed rows of a, a block-wide edge tile, and the blocks' first rows."""
+    return (np.empty(min(K_PANEL, kk) * PANEL_N, dtype=np.float32),
+            np.empty((min(tasks, GROUP_BLOCKS), min(K_PANEL, kk), ROW_BLOCK), dtype=np.float32),
+            np.empty((ROW_BLOCK, PANEL_N), dtype=np.float32), np.empty(tasks, dtype=np.int64))
+
+
 def _row_blocks(a, *rest) -> int:
     """Tasks of ``_matmul_kernel``: blocks of ROW_BLOCK output rows of each batch element."""
     return a.shape[0] * -(-a.shape[1] // ROW_BLOCK)
@@ -339,10 +348,7 @@ def _matmul_kernel(t0, t1, a, b, out, ymm):
     fast path runs as ``contract_rows``; any other block row by row with the flush tests."""
     nb, m, kk = a.shape
     blocks = (m + ROW_BLOCK - 1) // ROW_BLOCK
-    pack = np.empty(min(K_PANEL, kk) * PANEL_N, dtype=np.float32)
-    apack = np.empty((min(t1 - t0, GROUP_BLOCKS), min(K_PANEL, kk), ROW_BLOCK), dtype=np.float32)
-    tile = np.empty((ROW_BLOCK, PANEL_N), dtype=np.float32)
-    starts = np.empty(t1 - t0, dtype=np.int64)
+    pack, apack, tile, starts = _tile_buffers(t1 - t0, kk)
     task = t0
     while task < t1:
         bi = task // blocks
@@ -392,10 +398,7 @@ def _accumulate_kernel(t0, t1, a, b, acc, out, ymm):
     m, kk = a.shape[1], a.shape[2]
     blocks = (m + ROW_BLOCK - 1) // ROW_BLOCK
     min_b = min_nonzero_abs(b[0].reshape(-1))
-    pack = np.empty(min(K_PANEL, kk) * PANEL_N, dtype=np.float32)
-    apack = np.empty((min(t1 - t0, GROUP_BLOCKS), min(K_PANEL, kk), ROW_BLOCK), dtype=np.float32)
-    tile = np.empty((ROW_BLOCK, PANEL_N), dtype=np.float32)
-    starts = np.empty(t1 - t0, dtype=np.int64)
+    pack, apack, tile, starts = _tile_buffers(t1 - t0, kk)
     count = 0
     for task in range(t0, t1):
         r0 = (task % blocks) * ROW_BLOCK

@@ -30,8 +30,8 @@ from lockstep.spec.checks import check_int8_operands, check_matmul_accumulate_sh
 from lockstep.spec.reduce import LANES
 
 from . import int8gemm
-from .fp import (CANONICAL_NAN_BITS, ONE, SAFE_PRODUCT, ZERO, abs_bits, cn, contiguous_f32, entered, fl, from_bits,
-                 min_nonzero_abs, safe_products, total_key)
+from .fp import (CANONICAL_NAN_BITS, ONE, SAFE_PRODUCT, ZERO, cn, contiguous_f32, entered, fl, from_bits, min_nonzero_abs,
+                 safe_products, total_key)
 from .tasks import (block_bounds, column_block, column_blocks, column_bounds, contiguous, element_blocks, host_cpu_features,
                     inlined, kernel, parallel_kernel, rows)
 from .tiles import PANEL_ROWS, prefetch_for_read, prefetch_for_write, tile_4x64_panel, tile_6x16_ymm_panel
@@ -376,22 +376,19 @@ def _matmul_kernel(t0, t1, a, b, out, ymm):
 
 @inlined
 def _entered_row_min(src, dst):
-    """``dst = cn(src)`` (the accumulators as the spec enters them), returning ``min_nonzero_abs(dst)``."""
-    m = np.uint32(0xFFFFFFFF)
+    """``dst = cn(src)`` (the accumulators as the spec enters them), returning ``min_nonzero_abs(dst)``
+    (a second pass over a row still in L1)."""
     for j in range(src.size):
-        v = cn(src[j])
-        dst[j] = v
-        m = min(m, abs_bits(v))
-    if m == np.uint32(0xFFFFFFFF):
-        return np.inf
-    return np.float64(from_bits(m))
+        dst[j] = cn(src[j])
+    return min_nonzero_abs(dst)
 
 
 @parallel_kernel(_row_blocks, weight=16)
 def _accumulate_kernel(t0, t1, a, b, acc, out, ymm):
     """``_matmul_kernel`` continued from acc: a (1, M, K), b (1, K, N) canonical; acc (1, M, N) any float32,
-    entered (``cn``) into out (1, M, N) a block at a time just before the block's sums continue from
-    it (one pass over acc, its lines still in cache when the tiles load them). A block runs without
+    entered (``cn``) into out (1, M, N) row by row as the task's blocks are sorted into tiled and
+    row-by-row ones, the flush test's minimum taken on the entered row (one pass over acc in place
+    of a canonical copy, an in-place pass and a scan). A block runs without
     flush tests when its products provably never flush and its accumulators are multiples of
     2**-126 (every nonzero |acc| >= 2**-103: ``fp.safe_products``' argument then holds for the
     continued sum too)."""

@@ -262,8 +262,9 @@ A16_GROUPS = 8  # pairs of k of a block of A per interleave: 16 int8 of each of 
 _interleave_a16 = _interleave_rows(MR2, 2 * A16_GROUPS, widen=True, unit=2)  # A's pairs of k, MR2 rows
 
 
-def _panels(b, bp) -> int:
-    return bp.shape[0]
+def _packed_blocks(src, packed) -> int:
+    """Tasks of a packer: the packed array's first axis (panels of B, blocks of A's rows)."""
+    return packed.shape[0]
 
 
 @inlined
@@ -318,7 +319,7 @@ def _packer(name: str, panel_columns: int, group_k: int, interleave, element) ->
                                                  "element": element}, name)
     fn.__qualname__ = name
     fn.__doc__ = _packer.__doc__
-    return TaskKernel(fn, _panels)
+    return TaskKernel(fn, _packed_blocks)
 
 
 # VNNI: bp[p, g, jj, t] = b[4g + t, 32p + jj] + 128 as uint8. AVX2: int16(b[2g + t, 16p + jj]).
@@ -396,18 +397,15 @@ def _avx2_tile_codegen(builder, out_i, ldo_v, a_i, lda_v, b_i, k2_v, corr_i, epi
 
 
 # ``avx2_tile``: ``out[r, c] = sum_g a[r, 2g] * panel[g, c, 0] + a[r, 2g + 1] * panel[g, c, 1] - corr[r]`` for
-# r < MR2, c < 16 (int32, every product and sum exact; the GEMM passes zeros as ``corr``). ``a_addr``: MR2 rows of
-# int16, ``lda`` elements apart; ``b_addr``: a packed panel (k2, 16 columns, 2 int16); ``out_addr``: int32 rows
-# ``ldo`` elements apart; ``corr_addr``: MR2 int32. Each step broadcasts one pair of a row (as one int32) and
-# issues 2 x MR2 ``vpmaddwd`` + ``vpaddd``. The caller guarantees ``k2 >= 1`` and AVX2.
+# r < MR2, c < 16 (int32, every product and sum exact; the GEMM passes zeros as ``corr``). ``a_addr``: a block
+# of MR2 rows of int16 packed by ``_pack_a16`` (``lda`` unused); ``b_addr``: a packed panel (k2, 16 columns,
+# 2 int16); ``out_addr``: int32 rows ``ldo`` elements apart; ``corr_addr``: MR2 int32. Each step broadcasts one
+# pair of a row (as one int32) and issues 2 x MR2 ``vpmaddwd`` + ``vpaddd``. The caller guarantees ``k2 >= 1``
+# and AVX2.
 avx2_tile, avx2_tile_rescaled = _tile_intrinsics(_avx2_tile_codegen, 8)
 
 
-def _a_blocks(a, ap) -> int:
-    return ap.shape[0]
-
-
-@parallel_kernel(_a_blocks)
+@parallel_kernel(_packed_blocks)
 def _pack_a16(t0, t1, a, ap):
     """A widened to int16 and packed for ``avx2_tile``: ``ap[blk, g, r, :] = a[blk * MR2 + r, 2g : 2g + 2]``
     (ap (blocks, Kp / 2, MR2, 2)), zero past A's last row and column; tasks are blocks of MR2 rows."""

@@ -261,7 +261,7 @@ def _scan_part(x):
     """(any element not canonical, any inf or NaN, max |x| of the finite ones as bits) of a flat
     float32 array. Branch-free (flags accumulated as integers), so the loop vectorizes; every value
     is cast back to uint32, since Numba widens integer arithmetic to 64 bits, which halved the
-    lanes (0.57 ns an element with AVX2 before, 0.06 after)."""
+    lanes (0.57 ns an element with AVX2 stood in before, 0.17 after)."""
     zero = np.uint32(0)
     exponent, magnitude, canonical_nan = np.uint32(EXPONENT_MASK), np.uint32(ABS_MASK), np.uint32(CANONICAL_NAN_BITS)
     bad = zero

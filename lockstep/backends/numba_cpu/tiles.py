@@ -123,7 +123,7 @@ def _contract_tile(mr: int, nv: int, lanes: int = LANES16, packed_rows: int = 0)
     sig = types.void(types.uintp, types.intp, types.uintp, types.intp, types.intp, types.uintp, types.intp,
                      types.intp, types.boolean, *([types.boolean] if packed_rows else []))
 
-    def generate(typingctx, *arg_types):
+    def generate():
         def codegen(context, builder, sig, args):
             out_i, ldo_v, a_i, lda_v, ainc_v, b_i, ldb_v, k_v, acc_flag = args[:9]
             f32 = ir.FloatType()
@@ -152,11 +152,11 @@ def _contract_tile(mr: int, nv: int, lanes: int = LANES16, packed_rows: int = 0)
     if packed_rows:
         @intrinsic
         def contract_tile(typingctx, out_addr, ldo, a_addr, lda, a_inc, b_addr, ldb, k, accumulate, canonical):
-            return generate(typingctx)
+            return generate()
     else:
         @intrinsic
         def contract_tile(typingctx, out_addr, ldo, a_addr, lda, a_inc, b_addr, ldb, k, accumulate):
-            return generate(typingctx)
+            return generate()
     return contract_tile
 
 
@@ -310,7 +310,6 @@ _FEATURES = host_cpu_features()
 FIXED_POINT_IN_PARTS = bool(_FEATURES.get("avx2")) and not _FEATURES.get("avx512dq", False)
 # The 16-register fixed-point tile this CPU runs (``reduce.YMM_TILES``): in parts on x86 without AVX-512DQ.
 fixed_point_tile_ymm = fixed_point_tile_4x8_ymm_in_parts if FIXED_POINT_IN_PARTS else fixed_point_tile_4x8_ymm
-
 
 
 def _prefetch(write: bool):
